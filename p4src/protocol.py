@@ -1,0 +1,216 @@
+"""The packet format and constants of the P4 program, for every Python component.
+
+Nothing here is a second copy: enums and constants are parsed from
+``shared/define.p4`` and ``shared/size.p4``, and the header layout, the number of
+values per packet and the pool size are read from the compiled BMv2 JSON. If the
+program changes, the controller, the worker and the tests follow.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+P4SRC_DIR = Path(__file__).resolve().parent
+SOURCE_DIR_NAMES = ("shared", "v1model")
+BUILD_DIR = P4SRC_DIR / "build"
+PROGRAM_NAME = "aggregation"
+PROGRAM_JSON = BUILD_DIR / f"{PROGRAM_NAME}.json"
+P4INFO = BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
+
+
+def _read(name: str) -> str:
+    return (P4SRC_DIR / "shared" / name).read_text()
+
+
+def _strip_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def parse_defines(text: str) -> dict[str, int]:
+    """Integer ``#define``s (plain literals only; expressions are not evaluated)."""
+    found = {}
+    for name, value in re.findall(r"^\s*#define\s+(\w+)\s+(0x[0-9a-fA-F]+|\d+)\s*$",
+                                  _strip_comments(text), flags=re.M):
+        found[name] = int(value, 0)
+    return found
+
+
+def parse_consts(text: str) -> dict[str, int]:
+    """``const <type> NAME = <int>;`` declarations."""
+    found = {}
+    pattern = r"\bconst\s+[\w<>]+\s+(\w+)\s*=\s*(-?(?:0x[0-9a-fA-F]+|\d+))\s*;"
+    for name, value in re.findall(pattern, _strip_comments(text)):
+        found[name] = int(value, 0)
+    return found
+
+
+def parse_enums(text: str) -> dict[str, dict[str, int]]:
+    """Serializable ``enum bit<N> Name { A = 1, ... }`` blocks."""
+    enums = {}
+    for name, body in re.findall(r"\benum\s+bit<\d+>\s+(\w+)\s*\{([^}]*)\}",
+                                 _strip_comments(text)):
+        members = {}
+        for member, value in re.findall(r"(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)", body):
+            members[member] = int(value, 0)
+        enums[name] = members
+    return enums
+
+
+_DEFINE_P4 = _read("define.p4")
+_ENUMS = parse_enums(_DEFINE_P4)
+_CONSTS = parse_consts(_DEFINE_P4)
+_SIZES = parse_defines(_read("size.p4"))
+
+MsgType = IntEnum("MsgType", _ENUMS["MsgType"])
+RegisterOp = IntEnum("RegisterOp", _ENUMS["RegisterOp"])
+NextStep = IntEnum("NextStep", _ENUMS["NextStep"])
+IngressOutcome = IntEnum("IngressOutcome", _ENUMS["IngressOutcome"])
+EgressOutcome = IntEnum("EgressOutcome", _ENUMS["EgressOutcome"])
+
+AGG_UDP_PORT_BASE = _CONSTS["AGG_UDP_PORT_BASE"]
+AGG_UDP_PORT_MASK = _CONSTS["AGG_UDP_PORT_MASK"]
+FLOOD_MCAST_GROUP = _CONSTS["FLOOD_MCAST_GROUP"]
+EXPONENT_OF_ZERO = _CONSTS["EXPONENT_OF_ZERO"]
+MAX_WORKERS = _SIZES["MAX_WORKERS"]
+MAX_JOBS = _SIZES["MAX_JOBS"]
+AGG_UDP_PORTS = range(AGG_UDP_PORT_BASE, AGG_UDP_PORT_BASE + ((~AGG_UDP_PORT_MASK) & 0xFFFF) + 1)
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    width: int
+    signed: bool
+
+
+@dataclass(frozen=True)
+class _Word:
+    """Fields that together fill whole bytes, packed as one big-endian integer."""
+    fields: tuple[Field, ...]
+
+    @property
+    def name(self) -> str:
+        return "_".join(f.name for f in self.fields)
+
+    @property
+    def width(self) -> int:
+        return sum(f.width for f in self.fields)
+
+    def dtype(self) -> str:
+        signed = len(self.fields) == 1 and self.fields[0].signed
+        return f">{'i' if signed else 'u'}{self.width // 8}"
+
+
+def _words(fields: list[Field]) -> list[_Word]:
+    words, pending = [], []
+    for field in fields:
+        pending.append(field)
+        width = sum(f.width for f in pending)
+        if width % 8 == 0:
+            if width not in (8, 16, 32, 64):
+                raise ValueError(f"fields {[f.name for f in pending]} span {width} bits")
+            words.append(_Word(tuple(pending)))
+            pending = []
+    if pending:
+        raise ValueError(f"header ends mid-byte after {[f.name for f in pending]}")
+    return words
+
+
+class PacketFormat:
+    """Layout of the UDP payload of an aggregation packet, from the compiled program.
+
+    ``dtype`` describes one packet (agg_h then the values), so a whole batch of
+    packets is one numpy structured array: packing and unpacking are vectorized.
+    """
+
+    def __init__(self, program: dict):
+        types = {t["name"]: t for t in program["header_types"]}
+        self.header_fields = [Field(n, w, bool(s)) for n, w, s in types["agg_h"]["fields"]]
+        value_fields = types["values_h"]["fields"]
+        if any(w != 32 for _, w, _ in value_fields):
+            raise ValueError("values_h must hold 32-bit values")
+        self.values_per_packet = len(value_fields)
+        registers = {r["name"]: r["size"] for r in program["register_arrays"]}
+        bitmaps = [size for name, size in registers.items() if name.endswith("bitmaps")]
+        if len(bitmaps) != 1:
+            raise ValueError("expected exactly one bitmaps register in the program")
+        self.pool_size = bitmaps[0]
+        self._words = _words(self.header_fields)
+        self.header_bytes = sum(w.width for w in self._words) // 8
+        self.dtype = np.dtype([(w.name, w.dtype()) for w in self._words]
+                              + [("values", ">i4", (self.values_per_packet,))])
+        self.payload_bytes = self.dtype.itemsize
+
+    @classmethod
+    def load(cls, path: Path = PROGRAM_JSON) -> "PacketFormat":
+        try:
+            return cls(json.loads(Path(path).read_text()))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} is missing: run 'make p4' to compile the program") from None
+
+    def pack(self, values: np.ndarray, **fields) -> np.ndarray:
+        """Build packets: ``values`` is (n, values_per_packet) int32; each header
+        field is a scalar or an array of n."""
+        values = np.asarray(values)
+        if values.ndim != 2 or values.shape[1] != self.values_per_packet:
+            raise ValueError(f"values must have shape (n, {self.values_per_packet})")
+        unknown = set(fields) - {f.name for f in self.header_fields}
+        if unknown:
+            raise ValueError(f"unknown header fields: {sorted(unknown)}")
+        packets = np.zeros(len(values), dtype=self.dtype)
+        packets["values"] = values
+        for word in self._words:
+            acc = np.zeros(len(values), dtype=np.int64)
+            shift = word.width
+            for field in word.fields:
+                shift -= field.width
+                raw = np.asarray(fields.get(field.name, 0), dtype=np.int64)
+                acc |= (raw & ((1 << field.width) - 1)) << shift
+            if word.dtype().startswith(">i"):
+                acc = np.where(acc >= 1 << (word.width - 1), acc - (1 << word.width), acc)
+            packets[word.name] = acc
+        return packets
+
+    def unpack(self, packets: np.ndarray) -> dict[str, np.ndarray]:
+        """Header fields of a packet array, as int64 arrays (signed fields signed)."""
+        out = {}
+        for word in self._words:
+            raw = packets[word.name].astype(np.int64) & ((1 << word.width) - 1)
+            shift = word.width
+            for field in word.fields:
+                shift -= field.width
+                value = (raw >> shift) & ((1 << field.width) - 1)
+                if field.signed:
+                    value = np.where(value >= 1 << (field.width - 1),
+                                     value - (1 << field.width), value)
+                out[field.name] = value
+        return out
+
+    def decode(self, payload: bytes) -> np.ndarray:
+        """View UDP payloads (one packet, or several back to back) as packets."""
+        if len(payload) % self.payload_bytes:
+            raise ValueError(f"payload of {len(payload)} B is not a whole number of "
+                             f"{self.payload_bytes} B packets")
+        return np.frombuffer(payload, dtype=self.dtype)
+
+
+class _Lazy:
+    @cached_property
+    def packet_format(self) -> PacketFormat:
+        return PacketFormat.load()
+
+
+_lazy = _Lazy()
+
+
+def packet_format() -> PacketFormat:
+    """The format of the committed build (loaded once)."""
+    return _lazy.packet_format

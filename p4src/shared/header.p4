@@ -1,0 +1,113 @@
+/*
+ * Packet headers and metadata.
+ *
+ * Aggregation packet (UDP destination port in AGG_UDP_PORT_BASE/MASK):
+ *
+ *   | Ethernet 14 | IPv4 20 | UDP 8 | agg_h 10 | values_h 4*VALUES_PER_PACKET |
+ *
+ * p4src/protocol.py reads agg_h and values_h from the compiled BMv2 JSON, so the
+ * worker packs exactly these fields.
+ */
+#ifndef _HEADER_P4_
+#define _HEADER_P4_
+
+#include "define.p4"
+#include "unroll.p4"
+
+header ethernet_h {
+    mac_addr_t dst_addr;
+    mac_addr_t src_addr;
+    bit<16>    ether_type;
+}
+
+// ARP for Ethernet/IPv4 only (htype 1, ptype 0x0800), the only kind we answer.
+header arp_h {
+    bit<16>     htype;
+    bit<16>     ptype;
+    bit<8>      hlen;
+    bit<8>      plen;
+    bit<16>     oper;
+    mac_addr_t  sender_mac;
+    ipv4_addr_t sender_ip;
+    mac_addr_t  target_mac;
+    ipv4_addr_t target_ip;
+}
+
+header ipv4_h {
+    bit<4>      version;
+    bit<4>      ihl;
+    bit<8>      diffserv;
+    bit<16>     total_len;
+    bit<16>     identification;
+    bit<3>      flags;
+    bit<13>     frag_offset;
+    bit<8>      ttl;
+    bit<8>      protocol;
+    bit<16>     hdr_checksum;
+    ipv4_addr_t src_addr;
+    ipv4_addr_t dst_addr;
+}
+
+header udp_h {
+    bit<16> src_port;
+    bit<16> dst_port;
+    bit<16> length;
+    bit<16> checksum;
+}
+
+header agg_h {
+    MsgType    msg_type;       // CONTRIBUTION from a worker, RESULT from the switch
+    job_id_t   job_id;
+    set_t      set;            // shadow set; a contribution to one re-arms the other
+    slot_t     slot;           // pool index, absolute, within the job's slot range
+    pkt_id_t   pkt_id;         // chosen by the worker, echoed in the result
+    exponent_t exponent;       // in: the sender's block exponent; out: max over workers
+    count_t    contributions;  // out: how many workers the result sums
+}
+
+#define VALUE_FIELD(i) value_t v##i;
+header values_h {
+    FOR_EACH_VALUE(VALUE_FIELD)
+}
+#undef VALUE_FIELD
+
+// UDP length of a well-formed aggregation packet: UDP 8 + agg_h 10 + values.
+const bit<16> AGG_UDP_LENGTH = 8 + 10 + 4 * VALUES_PER_PACKET;
+
+struct headers_t {
+    ethernet_h ethernet;
+    arp_h      arp;
+    ipv4_h     ipv4;
+    udp_h      udp;
+    agg_h      agg;
+    values_h   values;
+}
+
+// Ingress state. v1model carries it to egress, standing in for Tofino's bridged
+// metadata: egress reads next_step, job_id and worker_id.
+struct metadata_t {
+    bool            is_agg;          // UDP to the aggregation port range
+    NextStep        next_step;
+    IngressOutcome  outcome;
+    // from the jobs table
+    count_t         num_workers;
+    mcast_group_t   job_group;
+    slot_t          first_slot;
+    slot_t          num_slots;
+    // from the senders table: who sent it, never taken from the packet
+    bool            known_sender;
+    worker_id_t     worker_id;
+    worker_bitmap_t worker_bit;
+    // per (slot, set) state
+    cell_t          cell;
+    bit<1>          seen;            // the sender's bit was already set: a retransmission
+    bit<1>          first;           // no worker had contributed to this (slot, set)
+    bit<1>          done;            // all num_workers have contributed
+    count_t         count;
+    RegisterOp      register_op;
+    // loss simulator
+    drop_probability_t drop_probability;
+    bool            flooded;
+}
+
+#endif  // _HEADER_P4_

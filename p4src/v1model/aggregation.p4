@@ -1,0 +1,147 @@
+/*
+ * In-network gradient aggregation for BMv2 (v1model), after SwitchML (NSDI'21).
+ *
+ * Workers send CONTRIBUTION packets of VALUES_PER_PACKET int32 values to a slot of
+ * the pool. The switch sums them per (slot, shadow set); the last contribution
+ * leaves as a RESULT multicast to every worker of the job. A worker that
+ * retransmits for a finished slot gets the stored result back by unicast.
+ * Everything else is switched at L2.
+ */
+#include <core.p4>
+#include <v1model.p4>
+
+#include "../shared/header.p4"
+#include "parser.p4"
+#include "control/l2_forwarding.p4"
+#include "control/arp_responder.p4"
+#include "control/drop_simulator.p4"
+#include "control/job_lookup.p4"
+#include "control/sender_identification.p4"
+#include "control/bitmap_checker.p4"
+#include "control/contribution_counter.p4"
+#include "control/next_step_selector.p4"
+#include "control/value_aggregator.p4"
+#include "control/exponent_max.p4"
+#include "control/result_rewrite.p4"
+
+control AggIngress(inout headers_t hdr,
+                   inout metadata_t meta,
+                   inout standard_metadata_t standard_metadata) {
+    DropSimulator()        ingress_loss;
+    ArpResponder()         arp_responder;
+    L2Forwarding()         l2_forwarding;
+    JobLookup()            job_lookup;
+    SenderIdentification() sender_identification;
+    BitmapChecker()        bitmap_checker;
+    ContributionCounter()  contribution_counter;
+    NextStepSelector()     next_step_selector;
+    ValueAggregator()      value_aggregator;
+    ExponentMax()          exponent_max;
+
+    counter(NUM_INGRESS_OUTCOMES, CounterType.packets_and_bytes) ingress_outcomes;
+
+    // The packet leaves as a result: from the service address it was sent to.
+    action become_result() {
+        hdr.agg.msg_type = MsgType.RESULT;
+        hdr.agg.contributions = meta.count;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.checksum = 0;  // the payload changed; 0 means "none" in IPv4
+    }
+
+    apply {
+        // BMv2 sends to port 0 when nothing sets egress_spec (behavioral-model #992).
+        mark_to_drop(standard_metadata);
+        meta.next_step = NextStep.FORWARD_L2;
+
+        if (meta.is_agg) {
+            bool lost;
+            bool job_found;
+            meta.next_step = NextStep.DROP;
+            ingress_loss.apply(standard_metadata.ingress_port, lost);
+            if (lost) {
+                meta.outcome = IngressOutcome.SIMULATED_DROP;
+            } else if (standard_metadata.parser_error != error.NoError
+                       || !hdr.values.isValid()
+                       || hdr.udp.length != AGG_UDP_LENGTH
+                       || hdr.agg.msg_type != MsgType.CONTRIBUTION) {
+                meta.outcome = IngressOutcome.MALFORMED;
+            } else {
+                job_lookup.apply(hdr, meta, job_found);
+                if (!job_found) {
+                    meta.outcome = IngressOutcome.UNKNOWN_JOB;
+                } else if ((bit<32>)hdr.agg.slot >= POOL_SIZE
+                           || hdr.agg.slot - meta.first_slot >= meta.num_slots) {
+                    // The second test also catches slot < first_slot, by wrap-around.
+                    meta.outcome = IngressOutcome.BAD_SLOT;
+                } else {
+                    sender_identification.apply(hdr, meta, standard_metadata);
+                    if (!meta.known_sender) {
+                        meta.outcome = IngressOutcome.UNKNOWN_SENDER;
+                    } else {
+                        meta.cell = hdr.agg.slot ++ hdr.agg.set;
+                        bitmap_checker.apply(hdr, meta);
+                        contribution_counter.apply(meta);
+                        next_step_selector.apply(meta);
+                        value_aggregator.apply(hdr, meta);
+                        exponent_max.apply(hdr, meta);
+                    }
+                }
+            }
+            ingress_outcomes.count((bit<32>)meta.outcome);
+        }
+
+        if (meta.next_step == NextStep.FORWARD_L2) {
+            bool replied;
+            arp_responder.apply(hdr, standard_metadata, replied);
+            if (!replied) {
+                l2_forwarding.apply(hdr, meta, standard_metadata);
+            }
+        } else if (meta.next_step == NextStep.MULTICAST) {
+            become_result();
+            standard_metadata.mcast_grp = meta.job_group;
+        } else if (meta.next_step == NextStep.UNICAST) {
+            become_result();
+            standard_metadata.egress_spec = standard_metadata.ingress_port;
+        }
+    }
+}
+
+control AggEgress(inout headers_t hdr,
+                  inout metadata_t meta,
+                  inout standard_metadata_t standard_metadata) {
+    DropSimulator() egress_loss;
+    ResultRewrite() result_rewrite;
+
+    counter(NUM_EGRESS_OUTCOMES, CounterType.packets_and_bytes) egress_outcomes;
+
+    apply {
+        if (meta.next_step == NextStep.MULTICAST || meta.next_step == NextStep.UNICAST) {
+            bool lost;
+            egress_loss.apply(standard_metadata.egress_port, lost);
+            if (lost) {
+                mark_to_drop(standard_metadata);
+                egress_outcomes.count((bit<32>)EgressOutcome.SIMULATED_DROP);
+            } else if (meta.next_step == NextStep.MULTICAST) {
+                result_rewrite.apply(hdr, standard_metadata, hdr.agg.job_id,
+                                     (worker_id_t)standard_metadata.egress_rid);
+                egress_outcomes.count((bit<32>)EgressOutcome.MULTICAST_COPY);
+            } else {
+                result_rewrite.apply(hdr, standard_metadata, hdr.agg.job_id,
+                                     meta.worker_id);
+                egress_outcomes.count((bit<32>)EgressOutcome.UNICAST_RESEND);
+            }
+        } else if (meta.flooded
+                   && standard_metadata.egress_port == standard_metadata.ingress_port) {
+            mark_to_drop(standard_metadata);  // never flood back where it came from
+        }
+    }
+}
+
+V1Switch(AggParser(),
+         AggVerifyChecksum(),
+         AggIngress(),
+         AggEgress(),
+         AggComputeChecksum(),
+         AggDeparser()) main;

@@ -1,0 +1,34 @@
+/*
+ * Per slot, which workers have contributed to each shadow set.
+ *
+ * One register word per slot holds both sets' bitmaps, so one read-modify-write
+ * marks the sender in its set and clears it in the other: contributing to set s
+ * re-arms set 1-s, and workers reuse slots forever without any reset (SwitchML).
+ */
+#ifndef _BITMAP_CHECKER_P4_
+#define _BITMAP_CHECKER_P4_
+
+control BitmapChecker(in headers_t hdr, inout metadata_t meta) {
+    register<bitmap_pair_t>(POOL_SIZE) bitmaps;
+
+    action check_and_mark() {
+        bitmap_pair_t pair;
+        bitmaps.read(pair, (bit<32>)hdr.agg.slot);
+        worker_bitmap_t set0 = pair[31:0];
+        worker_bitmap_t set1 = pair[63:32];
+        worker_bitmap_t before = (hdr.agg.set == 0) ? set0 : set1;
+        worker_bitmap_t new0 = (hdr.agg.set == 0) ? (set0 | meta.worker_bit)
+                                                  : (set0 & ~meta.worker_bit);
+        worker_bitmap_t new1 = (hdr.agg.set == 0) ? (set1 & ~meta.worker_bit)
+                                                  : (set1 | meta.worker_bit);
+        bitmaps.write((bit<32>)hdr.agg.slot, new1 ++ new0);
+        meta.seen = ((before & meta.worker_bit) != 0) ? 1w1 : 1w0;
+        meta.first = (before == 0) ? 1w1 : 1w0;
+    }
+
+    apply {
+        check_and_mark();
+    }
+}
+
+#endif  // _BITMAP_CHECKER_P4_

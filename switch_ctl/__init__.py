@@ -1,0 +1,1 @@
+"""Controller: installs the aggregation program and a job's configuration over P4Runtime."""

@@ -1,0 +1,109 @@
+"""switch-ctl: push the program, apply a job, set loss, read counters, remove a job.
+
+    python -m switch_ctl push --grpc-addr 127.0.0.1:9559
+    python -m switch_ctl apply job.toml [--push]
+    python -m switch_ctl counters job.toml [--json]
+    python -m switch_ctl loss job.toml --ingress 0.01 --egress 0.01
+    python -m switch_ctl remove job.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from p4src import protocol
+
+from . import config as config_mod
+from .client import P4RuntimeError, SwitchConnection
+from .controller import Controller
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="switch_ctl", description=__doc__.splitlines()[0])
+    parser.add_argument("--election-id", type=int, default=1,
+                        help="P4Runtime election id (higher wins primary)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def target(p, config_required):
+        if config_required:
+            p.add_argument("config", type=Path, help="job configuration (TOML)")
+        else:
+            p.add_argument("config", type=Path, nargs="?", help="job configuration (TOML)")
+        p.add_argument("--grpc-addr", help="overrides the config's switch.grpc_addr")
+        p.add_argument("--device-id", type=int, help="overrides the config's switch.device_id")
+
+    push = sub.add_parser("push", help="install the compiled program")
+    target(push, False)
+    push.add_argument("--json", type=Path, default=protocol.PROGRAM_JSON)
+    push.add_argument("--p4info", type=Path, default=protocol.P4INFO)
+    apply = sub.add_parser("apply", help="install (or update) the job in CONFIG")
+    target(apply, True)
+    apply.add_argument("--push", action="store_true", help="push the program first")
+    counters = sub.add_parser("counters", help="print the program's counters")
+    target(counters, False)
+    counters.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    loss = sub.add_parser("loss", help="set simulated loss on the config's switch ports")
+    target(loss, True)
+    loss.add_argument("--ingress", type=float)
+    loss.add_argument("--egress", type=float)
+    remove = sub.add_parser("remove", help="remove the job in CONFIG")
+    target(remove, True)
+    return parser
+
+
+def _connection(args, config) -> SwitchConnection:
+    addr = args.grpc_addr or (config.switch.grpc_addr if config else None)
+    if not addr:
+        raise SystemExit("switch_ctl: give a CONFIG or --grpc-addr")
+    device = args.device_id if args.device_id is not None else (
+        config.switch.device_id if config else 0)
+    return SwitchConnection(addr, device, (0, args.election_id))
+
+
+def run(args) -> None:
+    config = config_mod.load(args.config) if args.config else None
+    with _connection(args, config) as conn:
+        if not conn.is_primary and args.command != "counters":
+            raise P4RuntimeError(f"another controller is primary on {conn.grpc_addr} "
+                                 f"(election id {args.election_id} is too low to write)")
+        ctl = Controller(conn)
+        if args.command == "push" or getattr(args, "push", False):
+            ctl.push(*((args.json, args.p4info) if args.command == "push" else ()))
+            print(f"pushed {protocol.PROGRAM_NAME} to {conn.grpc_addr}")
+            if args.command == "push":
+                return
+        conn.load_p4info()
+        if args.command == "apply":
+            changes = ctl.apply(config)
+            print(f"job {config.job.id}: {changes.inserted} inserted, {changes.modified} "
+                  f"modified, {changes.deleted} deleted")
+        elif args.command == "remove":
+            changes = ctl.remove(config)
+            print(f"job {config.job.id} removed: {changes.deleted} entries deleted")
+        elif args.command == "loss":
+            if args.ingress is None and args.egress is None:
+                raise SystemExit("switch_ctl loss: give --ingress and/or --egress")
+            changes = ctl.set_loss(config.switch.ports, args.ingress, args.egress)
+            print(f"loss set: {changes.total} entries written")
+        elif args.command == "counters":
+            counts = ctl.counters()
+            if args.json:
+                print(json.dumps(counts, indent=2, sort_keys=True))
+            else:
+                width = max(map(len, counts), default=10)
+                print(f"{'counter':<{width}}  {'packets':>12}  {'bytes':>14}")
+                for name, c in counts.items():
+                    print(f"{name:<{width}}  {c['packets']:>12}  {c['bytes']:>14}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        run(args)
+    except (P4RuntimeError, config_mod.ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"switch_ctl: {exc}", file=sys.stderr)
+        return 1
+    return 0

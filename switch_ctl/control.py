@@ -1,0 +1,139 @@
+"""Base of the per-control classes: desired entries in, minimal writes out.
+
+Each subclass names the P4 control it configures and says which entries a job
+should have. ``sync`` reads what the switch holds and writes only the difference,
+so applying a configuration twice changes nothing, and a restarted controller picks
+up where the last one left off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from p4runtime_sh import shell as sh
+from p4runtime_sh.context import P4Type
+
+from .client import SwitchConnection
+from .config import Config
+
+
+@dataclass
+class Changes:
+    inserted: int = 0
+    modified: int = 0
+    deleted: int = 0
+
+    def __add__(self, other: "Changes") -> "Changes":
+        return Changes(self.inserted + other.inserted, self.modified + other.modified,
+                       self.deleted + other.deleted)
+
+    @property
+    def total(self) -> int:
+        return self.inserted + self.modified + self.deleted
+
+
+def _int(data: bytes) -> int:
+    return int.from_bytes(data, "big")
+
+
+def _field_value(fm) -> tuple:
+    kind = fm.WhichOneof("field_match")
+    m = getattr(fm, kind)
+    if kind in ("exact", "optional"):
+        return (kind, _int(m.value))
+    if kind == "ternary":
+        return (kind, _int(m.value), _int(m.mask))
+    if kind == "lpm":
+        return (kind, _int(m.value), m.prefix_len)
+    return (kind, _int(m.low), _int(m.high))
+
+
+def entry_key(msg) -> tuple:
+    """Identity of a table entry, independent of how bytestrings were padded."""
+    return (msg.priority, tuple(sorted((fm.field_id, _field_value(fm)) for fm in msg.match)))
+
+
+def entry_action(msg) -> tuple:
+    action = msg.action.action
+    return (action.action_id, tuple(sorted((p.param_id, _int(p.value)) for p in action.params)))
+
+
+def match_values(table: str, msg) -> dict[str, int]:
+    """Exact-match field values by P4Info name, for ownership tests."""
+    names = {mf.id: mf.name for mf in sh.context.get_obj(P4Type.table, table).match_fields}
+    return {names[fm.field_id]: _field_value(fm)[1] for fm in msg.match}
+
+
+class Control:
+    """One P4 control instance: install a job's entries, clear them, read its counters."""
+
+    def __init__(self, conn: SwitchConnection):
+        self.conn = conn
+
+    def install(self, config: Config) -> Changes:
+        return Changes()
+
+    def clear(self, config: Config) -> Changes:
+        return Changes()
+
+    def read_counters(self) -> dict[str, dict[str, int]]:
+        return {}
+
+    # -- helpers for subclasses ----------------------------------------------
+    def entry(self, table: str, action: str, match: dict, params: dict,
+              priority: int = 0) -> sh.TableEntry:
+        te = self.conn.table_entry(table, action)
+        for name, value in match.items():
+            te.match[name] = str(value)
+        for name, value in params.items():
+            te.action[name] = str(value)
+        if priority:
+            te.priority = priority
+        return te
+
+    def sync(self, table: str, desired: Iterable[sh.TableEntry],
+             owned: Callable[[dict[str, int]], bool]) -> Changes:
+        """Make the entries of ``table`` that ``owned`` selects equal ``desired``."""
+        changes = Changes()
+        present = {}
+        for te in self.conn.read(self.conn.table_entry(table)):
+            msg = te.msg()
+            if owned(match_values(table, msg)):
+                present[entry_key(msg)] = te
+        for te in desired:
+            msg = te.msg()
+            key = entry_key(msg)
+            existing = present.pop(key, None)
+            if existing is None:
+                self.conn.insert(te)
+                changes.inserted += 1
+            elif entry_action(existing.msg()) != entry_action(msg):
+                self.conn.modify(te)
+                changes.modified += 1
+        for te in present.values():
+            self.conn.delete(te)
+            changes.deleted += 1
+        return changes
+
+    def sync_multicast_group(self, group_id: int, replicas: set[tuple[int, int]] | None) -> Changes:
+        """Make PRE group ``group_id`` hold exactly ``replicas`` (port, rid); None deletes it."""
+        current = None
+        for group in self.conn.read(self.conn.multicast_group(0)):
+            if group.group_id == group_id:
+                current = {(r.egress_port, r.instance) for r in group.replicas}
+        wanted = self.conn.multicast_group(group_id)
+        for port, rid in sorted(replicas or ()):
+            wanted.add(port, rid)
+        if replicas is None:
+            if current is None:
+                return Changes()
+            self.conn.delete(wanted)
+            return Changes(deleted=1)
+        if current is None:
+            self.conn.insert(wanted)
+            return Changes(inserted=1)
+        if current != replicas:
+            self.conn.modify(wanted)
+            return Changes(modified=1)
+        return Changes()

@@ -1,0 +1,56 @@
+"""Puts the program on a switch and a job's configuration into it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from p4src import protocol
+
+from .client import SwitchConnection
+from .config import Config
+from .control import Changes
+from .controls import (ArpResponder, DropSimulator, JobLookup, L2Forwarding,
+                       OutcomeCounters, ResultRewrite, SenderIdentification)
+
+
+class Controller:
+    """Every operation is idempotent: it writes only what differs from the switch."""
+
+    def __init__(self, conn: SwitchConnection):
+        self.conn = conn
+        self.l2_forwarding = L2Forwarding(conn)
+        self.arp_responder = ArpResponder(conn)
+        self.job_lookup = JobLookup(conn)
+        self.sender_identification = SenderIdentification(conn)
+        self.result_rewrite = ResultRewrite(conn)
+        self.drop_simulator = DropSimulator(conn)
+        self.outcome_counters = OutcomeCounters(conn)
+        # Install order: addresses and groups before the tables that make workers
+        # known, so no packet is admitted before its result can be delivered.
+        self._job_controls = [self.l2_forwarding, self.arp_responder, self.result_rewrite,
+                              self.sender_identification, self.job_lookup]
+
+    def push(self, bmv2_json: Path = protocol.PROGRAM_JSON, p4info: Path = protocol.P4INFO) -> None:
+        self.conn.push_pipeline(bmv2_json, p4info)
+
+    def apply(self, config: Config) -> Changes:
+        changes = Changes()
+        for control in self._job_controls:
+            changes += control.install(config)
+        return changes + self.drop_simulator.install(config)
+
+    def remove(self, config: Config) -> Changes:
+        changes = Changes()
+        for control in reversed(self._job_controls):
+            changes += control.clear(config)
+        return changes + self.drop_simulator.clear(config)
+
+    def set_loss(self, ports, ingress: float | None = None, egress: float | None = None) -> Changes:
+        wanted = {name: p for name, p in (("ingress", ingress), ("egress", egress)) if p is not None}
+        for name, p in wanted.items():
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} loss must be a probability in 0..1, not {p}")
+        return self.drop_simulator.set(ports, wanted)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return self.outcome_counters.read_counters()

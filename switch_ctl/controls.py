@@ -1,0 +1,146 @@
+"""One class per P4 control the controller configures, named as in p4src/v1model/control/.
+
+Table paths are the P4Info names: <pipeline control>.<instance>.<table>.
+"""
+
+from __future__ import annotations
+
+from p4src import protocol
+
+from .config import Config
+from .control import Changes, Control
+
+
+class L2Forwarding(Control):
+    """Workers' MACs to their ports; the flood group over every switch port."""
+    TABLE = "AggIngress.l2_forwarding.mac_table"
+
+    def install(self, config: Config) -> Changes:
+        desired = [self.entry(self.TABLE, "AggIngress.l2_forwarding.forward",
+                              {"dst_mac": w.mac}, {"port": w.switch_port})
+                   for w in config.job.workers]
+        macs = {int(w.mac.replace(":", ""), 16) for w in config.job.workers}
+        changes = self.sync(self.TABLE, desired, lambda m: m["dst_mac"] in macs)
+        flood = {(port, 0) for port in config.switch.ports}
+        return changes + self.sync_multicast_group(protocol.FLOOD_MCAST_GROUP, flood)
+
+    def clear(self, config: Config) -> Changes:
+        macs = {int(w.mac.replace(":", ""), 16) for w in config.job.workers}
+        return self.sync(self.TABLE, [], lambda m: m["dst_mac"] in macs)
+
+
+class ArpResponder(Control):
+    """The job's service address, answered by the switch itself."""
+    TABLE = "AggIngress.arp_responder.arp_table"
+
+    def _owned(self, config: Config):
+        ip = int.from_bytes(bytes(map(int, config.job.service_ip.split("."))), "big")
+        return lambda m: m["target_ip"] == ip
+
+    def install(self, config: Config) -> Changes:
+        desired = [self.entry(self.TABLE, "AggIngress.arp_responder.reply",
+                              {"target_ip": config.job.service_ip},
+                              {"mac": config.job.service_mac})]
+        return self.sync(self.TABLE, desired, self._owned(config))
+
+    def clear(self, config: Config) -> Changes:
+        return self.sync(self.TABLE, [], self._owned(config))
+
+
+class JobLookup(Control):
+    """The job: worker count, multicast group, slot range, UDP port."""
+    TABLE = "AggIngress.job_lookup.jobs"
+
+    def install(self, config: Config) -> Changes:
+        job = config.job
+        desired = [self.entry(self.TABLE, "AggIngress.job_lookup.set_job",
+                              {"job_id": job.id, "udp_port": job.udp_port},
+                              {"num_workers": job.num_workers, "group": job.multicast_group,
+                               "first_slot": job.first_slot, "num_slots": job.num_slots})]
+        return self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
+
+    def clear(self, config: Config) -> Changes:
+        return self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
+
+
+class SenderIdentification(Control):
+    """Who may contribute: (port, source IP, source UDP port) -> worker id."""
+    TABLE = "AggIngress.sender_identification.senders"
+
+    def install(self, config: Config) -> Changes:
+        job = config.job
+        desired = [self.entry(self.TABLE, "AggIngress.sender_identification.set_sender",
+                              {"ingress_port": w.switch_port, "src_ip": w.ip,
+                               "src_udp_port": w.udp_port, "job_id": job.id},
+                              {"worker_id": w.id, "worker_bit": 1 << w.id})
+                   for w in job.workers]
+        return self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
+
+    def clear(self, config: Config) -> Changes:
+        return self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
+
+
+class ResultRewrite(Control):
+    """Where each worker's copy of a result goes; the job's PRE group (rid = worker id)."""
+    TABLE = "AggEgress.result_rewrite.workers"
+
+    def install(self, config: Config) -> Changes:
+        job = config.job
+        desired = [self.entry(self.TABLE, "AggEgress.result_rewrite.set_worker_address",
+                              {"job_id": job.id, "worker_id": w.id},
+                              {"mac": w.mac, "ip": w.ip, "udp_port": w.udp_port})
+                   for w in job.workers]
+        changes = self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
+        replicas = {(w.switch_port, w.id) for w in job.workers}
+        return changes + self.sync_multicast_group(job.multicast_group, replicas)
+
+    def clear(self, config: Config) -> Changes:
+        changes = self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
+        return changes + self.sync_multicast_group(config.job.multicast_group, None)
+
+
+class DropSimulator(Control):
+    """Loss simulator probabilities, per port, for the ingress and egress instances."""
+    INSTANCES = {"ingress": "AggIngress.ingress_loss", "egress": "AggEgress.egress_loss"}
+
+    @staticmethod
+    def encode(probability: float) -> int:
+        """P(drop) = value / 2^32, as the program compares a 32-bit random draw."""
+        return min(round(probability * 2**32), 2**32 - 1)
+
+    def install(self, config: Config) -> Changes:
+        return self.set(config.switch.ports,
+                        {"ingress": config.loss.ingress, "egress": config.loss.egress})
+
+    def set(self, ports, probabilities: dict[str, float]) -> Changes:
+        changes = Changes()
+        ports = set(ports)
+        for direction, probability in probabilities.items():
+            control = self.INSTANCES[direction]
+            table = f"{control}.drop_probability"
+            desired = [] if probability == 0 else [
+                self.entry(table, f"{control}.set_drop_probability", {"port": port},
+                           {"p": self.encode(probability)}) for port in sorted(ports)]
+            changes += self.sync(table, desired, lambda m: m["port"] in ports)
+        return changes
+
+    def clear(self, config: Config) -> Changes:
+        return self.set(config.switch.ports, {"ingress": 0.0, "egress": 0.0})
+
+
+class OutcomeCounters(Control):
+    """The pipeline-level counters: one cell per outcome enum member."""
+    COUNTERS = {"AggIngress.ingress_outcomes": protocol.IngressOutcome,
+                "AggEgress.egress_outcomes": protocol.EgressOutcome}
+
+    def read_counters(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for counter, outcomes in self.COUNTERS.items():
+            entry = self.conn.counter_entry(counter)
+            for cell in self.conn.read(entry):
+                index = cell.index
+                if index in outcomes._value2member_map_:
+                    name = f"{counter.split('.')[0].removeprefix('Agg').lower()}." \
+                           f"{outcomes(index).name.lower()}"
+                    out[name] = {"packets": cell.packet_count, "bytes": cell.byte_count}
+        return out

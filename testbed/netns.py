@@ -1,0 +1,139 @@
+"""Hosts in network namespaces, wired to a switch by veth pairs (no Mininet needed).
+
+Each host gets its own namespace with one interface, eth0; the switch side of each
+pair stays in the root namespace with no address, as Mininet does, so a switch
+process started there reads and writes them with AF_PACKET. Names carry the pid,
+so concurrent runs never touch each other's interfaces, and teardown deletes only
+what this object made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import subprocess
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+ETH_P_ALL = 0x0003
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+    return result
+
+
+@contextmanager
+def in_netns(name: str):
+    """Run the calling thread inside namespace ``name``; sockets opened here stay there."""
+    with open("/proc/thread-self/ns/net") as own, open(f"/var/run/netns/{name}") as target:
+        if _libc.setns(target.fileno(), CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {name} failed")
+        try:
+            yield
+        finally:
+            if _libc.setns(own.fileno(), CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to the original namespace failed")
+
+
+def open_raw_socket(netns: str | None, ifname: str) -> socket.socket:
+    """An AF_PACKET socket bound to ``ifname`` (in ``netns``, or here if None)."""
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        sock.bind((ifname, 0))
+        return sock
+    if netns is None:
+        return make()
+    with in_netns(netns):
+        return make()
+
+
+@dataclass
+class Host:
+    index: int
+    netns: str
+    ip: str
+    mac: str
+    switch_port: int
+    switch_ifname: str
+    ifname: str = "eth0"
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], **kwargs)
+
+    def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.netns, *argv], **kwargs)
+
+    def raw_socket(self) -> socket.socket:
+        return open_raw_socket(self.netns, self.ifname)
+
+
+@dataclass
+class Topology:
+    """``num_hosts`` hosts, host i on switch port i+1, addresses 10.0.0.(i+1)/24."""
+    num_hosts: int
+    tag: str = field(default_factory=lambda: f"ag{os.getpid() % 100000}")
+    subnet_prefix: str = "10.0.0."
+    hosts: list[Host] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not 1 <= self.num_hosts <= 250:
+            raise ValueError("num_hosts must be between 1 and 250")
+        if len(self.tag) > 9:
+            raise ValueError("tag must be at most 9 characters (interface names are 15)")
+
+    @property
+    def switch_ports(self) -> dict[int, str]:
+        return {h.switch_port: h.switch_ifname for h in self.hosts}
+
+    def create(self) -> "Topology":
+        if os.geteuid() != 0:
+            raise PermissionError("creating network namespaces needs root")
+        try:
+            for i in range(self.num_hosts):
+                self._add_host(i)
+        except Exception:
+            self.destroy()
+            raise
+        return self
+
+    def _add_host(self, i: int) -> None:
+        host = Host(index=i, netns=f"{self.tag}h{i}", ip=f"{self.subnet_prefix}{i + 1}",
+                    mac=f"02:00:00:00:{(i + 1) >> 8:02x}:{(i + 1) & 0xff:02x}",
+                    switch_port=i + 1, switch_ifname=f"{self.tag}s{i}")
+        peer = f"{self.tag}p{i}"
+        _run("ip", "netns", "add", host.netns)
+        self.hosts.append(host)  # so destroy() removes it even if the rest fails
+        _run("ip", "link", "add", host.switch_ifname, "type", "veth", "peer", "name", peer)
+        _run("ip", "link", "set", peer, "netns", host.netns)
+        ns = ("ip", "netns", "exec", host.netns)
+        _run(*ns, "ip", "link", "set", peer, "name", host.ifname)
+        _run(*ns, "ip", "link", "set", host.ifname, "address", host.mac)
+        _run(*ns, "ip", "addr", "add", f"{host.ip}/24", "dev", host.ifname)
+        _run(*ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1")
+        _run(*ns, "ip", "link", "set", "lo", "up")
+        _run(*ns, "ip", "link", "set", host.ifname, "up")
+        # A user-space switch forwards what the kernel hands it; with TX checksum
+        # offload the checksum is never filled in and the receiver drops the packet.
+        _run(*ns, "ethtool", "-K", host.ifname, "tx", "off")
+        _run("ethtool", "-K", host.switch_ifname, "tx", "off")
+        Path(f"/proc/sys/net/ipv6/conf/{host.switch_ifname}/disable_ipv6").write_text("1")
+        _run("ip", "link", "set", host.switch_ifname, "up")
+
+    def destroy(self) -> None:
+        for host in self.hosts:
+            _run("ip", "link", "del", host.switch_ifname, check=False)  # removes the peer too
+            _run("ip", "netns", "del", host.netns, check=False)
+        self.hosts = []
+
+    def __enter__(self) -> "Topology":
+        return self.create()
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()

@@ -1,0 +1,120 @@
+"""Start a switch target: real BMv2 (simple_switch_grpc) or the embedded softswitch.
+
+Both get the same command line, so everything above this module (tests, Mininet,
+benchmarks) is indifferent to which one runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BMV2_BINARY = "simple_switch_grpc"
+TARGETS = ("softswitch", "bmv2")
+
+
+def bmv2_path() -> str | None:
+    return shutil.which(BMV2_BINARY)
+
+
+def available_targets() -> list[str]:
+    return ["softswitch"] + (["bmv2"] if bmv2_path() else [])
+
+
+def default_target() -> str:
+    """AGG_SWITCH=softswitch|bmv2 chooses; otherwise BMv2 when installed."""
+    wanted = os.environ.get("AGG_SWITCH")
+    if wanted:
+        if wanted not in TARGETS:
+            raise ValueError(f"AGG_SWITCH must be one of {TARGETS}, not {wanted!r}")
+        return wanted
+    return "bmv2" if bmv2_path() else "softswitch"
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: str) -> list[str]:
+    """simple_switch_grpc's command line, for either target."""
+    if target == "bmv2":
+        binary = bmv2_path()
+        if binary is None:
+            raise FileNotFoundError(f"{BMV2_BINARY} is not on PATH")
+        program = [binary]
+    elif target == "softswitch":
+        program = [sys.executable, "-m", "softswitch"]
+    else:
+        raise ValueError(f"unknown switch target {target!r}; choose from {TARGETS}")
+    argv = list(program)
+    for port, ifname in sorted(ports.items()):
+        argv += ["-i", f"{port}@{ifname}"]
+    argv += ["--device-id", str(device_id), "--no-p4"]
+    if target == "bmv2":
+        # Each instance needs its own Thrift port, or a second one fails to start.
+        argv += ["--thrift-port", str(free_tcp_port())]
+    return argv + ["--", "--grpc-server-addr", grpc_addr]
+
+
+class SwitchProcess:
+    """A running switch; ``start()`` returns once its P4Runtime port accepts connections."""
+
+    def __init__(self, target: str, ports: dict[int, str], *, device_id: int = 0,
+                 grpc_addr: str | None = None, log_path: Path | None = None):
+        self.target = target
+        self.grpc_addr = grpc_addr or f"127.0.0.1:{free_tcp_port()}"
+        self.argv = switch_argv(target, ports, device_id, self.grpc_addr)
+        self.device_id = device_id
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix=f"{target}-", suffix=".log")[1])
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> "SwitchProcess":
+        repo = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                            env=env)
+        host, port = self.grpc_addr.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.target} exited with {self.process.returncode}:\n"
+                                   f"{self.log_tail()}")
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"{self.target} did not listen on {self.grpc_addr} within "
+                           f"{timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> "SwitchProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
