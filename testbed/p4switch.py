@@ -1,0 +1,88 @@
+"""Mininet glue: import Mininet from Debian's package, and a switch node that runs a P4 target.
+
+Debian installs Mininet for the system Python only (/usr/lib/python3/dist-packages);
+the project's venv is built on another interpreter. Mininet is pure Python, so the
+package alone is loaded from there, without putting the rest of dist-packages (with
+its older copies of libraries the venv also has) on sys.path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+MININET_DIRS = ("/usr/lib/python3/dist-packages", "/usr/local/lib/python3/dist-packages")
+
+
+def import_mininet() -> None:
+    """Make ``import mininet`` work; raises ImportError (with the fix) when it is not installed."""
+    if "mininet" in sys.modules:
+        return
+    if importlib.util.find_spec("mininet") is not None:
+        return
+    for base in MININET_DIRS:
+        package = Path(base) / "mininet"
+        if (package / "__init__.py").exists():
+            spec = importlib.util.spec_from_file_location(
+                "mininet", package / "__init__.py", submodule_search_locations=[str(package)])
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["mininet"] = module
+            spec.loader.exec_module(module)
+            return
+    raise ImportError("Mininet is not installed: run 'make apt-deps' (Debian package 'mininet')")
+
+
+import_mininet()
+
+from mininet.net import Mininet  # noqa: E402
+from mininet.node import Switch  # noqa: E402
+
+from .targets import SwitchProcess, default_target  # noqa: E402
+
+
+class QuietMininet(Mininet):
+    """Mininet without its start-up tuning, which raises system-wide sysctls and rlimits
+    that would outlive the run; nothing here needs them."""
+
+    @classmethod
+    def init(cls):
+        if os.geteuid() != 0:
+            raise PermissionError("Mininet needs root (network namespaces, veth, tc)")
+        cls.inited = True
+
+
+class P4Switch(Switch):
+    """A Mininet switch whose datapath is a P4 target (BMv2 or the embedded softswitch).
+
+    Mininet port n is the target's port n (``-i n@<name>-eth<n>``), so the job
+    configuration can name switch ports by the numbers Mininet assigned. The target
+    runs in the root namespace; its P4Runtime server listens on ``grpc_addr``.
+    """
+
+    def __init__(self, name, target: str | None = None, device_id: int = 0,
+                 grpc_addr: str | None = None, log_path: Path | None = None, **params):
+        super().__init__(name, **params)
+        self.target = target or default_target()
+        self.device_id = device_id
+        self.grpc_addr = grpc_addr
+        self.log_path = log_path
+        self.process: SwitchProcess | None = None
+
+    def port_map(self) -> dict[int, str]:
+        return {self.ports[intf]: intf.name for intf in self.intfList() if intf.name != "lo"}
+
+    def start(self, controllers):
+        for ifname in self.port_map().values():
+            # No router solicitations or MLD reports from the switch side into the pipeline.
+            Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
+        self.process = SwitchProcess(self.target, self.port_map(), device_id=self.device_id,
+                                     grpc_addr=self.grpc_addr, log_path=self.log_path)
+        self.process.start()
+        self.grpc_addr = self.process.grpc_addr
+
+    def stop(self, deleteIntfs=True):
+        if self.process is not None:
+            self.process.stop()
+        super().stop(deleteIntfs)

@@ -1,0 +1,253 @@
+"""The Mininet testbed: one P4 switch, N worker hosts, the job installed by the controller.
+
+    python -m testbed.topology --workers 4          # Mininet CLI, everything configured
+
+Host hN is worker N-1 on switch port N, at 10.0.0.N with MAC 02:00:00:00:00:0N.
+Links are rate-limited by tc (HTB through Mininet's TCLink); no Open vSwitch and no
+Mininet controller are involved, so nothing outside this topology is touched. The
+job's TOML configuration is generated from the topology and written next to the
+switch log, so ``python -m switch_ctl counters <job.toml>`` works from another shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from p4src import protocol
+from switch_ctl import config as config_mod
+from switch_ctl.client import SwitchConnection
+from switch_ctl.controller import Controller
+
+from .p4switch import P4Switch, QuietMininet
+from .targets import default_target, free_tcp_port
+
+from mininet.cli import CLI  # noqa: E402  (importable once testbed.p4switch ran)
+from mininet.link import TCIntf, TCLink  # noqa: E402
+from mininet.log import setLogLevel  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SERVICE_IP = "10.0.0.254"
+SERVICE_MAC = "02:00:00:00:00:fe"
+WORKER_UDP_PORT = 40000
+_instances = itertools.count()
+
+
+def host_mac(i: int) -> str:
+    return f"02:00:00:00:{i >> 8:02x}:{i & 0xff:02x}"
+
+
+def netem_available() -> bool:
+    """Whether this kernel has sch_netem (needed for link delay and loss); probed in a
+    throwaway network namespace so no real interface is touched."""
+    probe = subprocess.run(["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root",
+                            "netem", "delay", "0ms"], capture_output=True)
+    return probe.returncode == 0
+
+
+def job_config_dict(ports: dict[int, str], grpc_addr: str, device_id: int, job_id: int = 1,
+                    num_slots: int | None = None, loss: tuple[float, float] = (0.0, 0.0)) -> dict:
+    """The job's configuration (switch_ctl.config format) for worker i on port i+1."""
+    pool = protocol.packet_format().pool_size
+    workers = [{"id": port - 1, "mac": host_mac(port), "ip": f"10.0.0.{port}",
+                "udp_port": WORKER_UDP_PORT, "switch_port": port} for port in sorted(ports)]
+    return {
+        "switch": {"grpc_addr": grpc_addr, "device_id": device_id, "ports": sorted(ports)},
+        "job": {"id": job_id, "udp_port": protocol.AGG_UDP_PORTS.start, "service_ip": SERVICE_IP,
+                "service_mac": SERVICE_MAC, "first_slot": 0,
+                "num_slots": min(num_slots or pool, pool), "workers": workers},
+        "loss": {"ingress": loss[0], "egress": loss[1]},
+    }
+
+
+def to_toml(raw: dict) -> str:
+    """Enough TOML for a job configuration: tables, arrays of tables, scalars, lists."""
+    def value(v) -> str:
+        if isinstance(v, str):
+            return f'"{v}"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = []
+    for section, body in raw.items():
+        lines.append(f"[{section}]")
+        nested = {k: v for k, v in body.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+        lines += [f"{k} = {value(v)}" for k, v in body.items() if k not in nested]
+        for key, tables in nested.items():
+            for table in tables:
+                lines += ["", f"[[{section}.{key}]]"] + [f"{k} = {value(v)}" for k, v in table.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+class ShapedIntf(TCIntf):
+    """Mininet's HTB shaping with an explicit quantum: the default (rate / r2q) exceeds
+    the kernel's limit above ~16 Mbit/s and every link setup prints a warning."""
+
+    def bwCmds(self, *args, **kwargs):
+        cmds, parent = super().bwCmds(*args, **kwargs)
+        return [c + " quantum 1514" if " htb rate " in c else c for c in cmds], parent
+
+
+class ShapedLink(TCLink):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("cls1", ShapedIntf)
+        kwargs.setdefault("cls2", ShapedIntf)
+        super().__init__(*args, **kwargs)
+
+
+@dataclass
+class Testbed:
+    """Build, start, configure and tear down the topology (a context manager).
+
+    ``bw`` is each link's rate in Mbit/s (None: unlimited). ``delay`` (e.g. "1ms")
+    and ``link_loss`` (percent) need netem in the kernel; without it they raise.
+    """
+    workers: int
+    bw: float | None = 20.0
+    target: str = field(default_factory=default_target)
+    delay: str | None = None
+    link_loss: float | None = None
+    num_slots: int | None = None
+    job_id: int = 1
+    workdir: Path | None = None
+    log_level: str = "warning"
+
+    def __post_init__(self):
+        if not 1 <= self.workers <= min(protocol.MAX_WORKERS, 250):
+            raise ValueError(f"workers must be 1..{min(protocol.MAX_WORKERS, 250)}, "
+                             f"not {self.workers}")
+        self.net = None
+        self.switch: P4Switch | None = None
+        self.conn: SwitchConnection | None = None
+        self.controller: Controller | None = None
+        self.config: config_mod.Config | None = None
+        self._own_workdir = self.workdir is None
+        self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="testbed-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "job.toml"
+
+    @property
+    def hosts(self) -> list:
+        return self.net.hosts if self.net else []
+
+    def start(self) -> "Testbed":
+        if os.geteuid() != 0:
+            raise PermissionError("the testbed needs root (Mininet)")
+        if (self.delay or self.link_loss) and not netem_available():
+            raise RuntimeError("this kernel has no netem (sch_netem): link delay and loss are "
+                               "unavailable; use the switch's loss simulator instead")
+        setLogLevel(self.log_level)
+        try:
+            self._build()
+            self._configure_job()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _build(self) -> None:
+        self.net = QuietMininet(controller=None, switch=P4Switch, link=ShapedLink, build=False,
+                                autoSetMacs=False, waitConnected=False)
+        name = f"s{os.getpid() % 100000}n{next(_instances) % 10}"
+        self.switch = self.net.addSwitch(name, cls=P4Switch, target=self.target,
+                                         grpc_addr=f"127.0.0.1:{free_tcp_port()}",
+                                         log_path=self.workdir / "switch.log")
+        link = {"bw": self.bw, "txo": False}  # no TX checksum offload: see netns.py
+        if self.delay:
+            link["delay"] = self.delay
+        if self.link_loss:
+            link["loss"] = self.link_loss
+        for i in range(1, self.workers + 1):
+            host = self.net.addHost(f"h{i}", ip=f"10.0.0.{i}/24", mac=host_mac(i))
+            self.net.addLink(host, self.switch, port2=i, cls=ShapedLink, **link)
+        self.net.build()
+        for host in self.net.hosts:
+            host.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
+        self.net.start()
+
+    def _configure_job(self) -> None:
+        raw = job_config_dict(self.switch.port_map(), self.switch.grpc_addr,
+                              self.switch.device_id, self.job_id, self.num_slots)
+        self.config = config_mod.parse(raw)
+        self.config_path.write_text(to_toml(raw))
+        self.conn = SwitchConnection(self.switch.grpc_addr, self.switch.device_id).connect()
+        self.controller = Controller(self.conn)
+        self.controller.push()
+        self.controller.apply(self.config)
+
+    def set_loss(self, ingress: float | None = None, egress: float | None = None) -> None:
+        """Simulated drop probability (0..1) in the switch, on every worker port."""
+        self.controller.set_loss(self.config.switch.ports, ingress, egress)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return self.controller.counters()
+
+    def interfaces(self) -> list[str]:
+        """The switch-side interfaces (the only ones in the root namespace)."""
+        return sorted(self.switch.port_map().values()) if self.switch else []
+
+    def stop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.net is not None:
+            if self.switch is not None and self.switch.process is not None:
+                self.switch.process.stop()  # before its interfaces disappear
+            self.net.stop()
+            self.net = None
+        if self._own_workdir and self.workdir.exists():
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "Testbed":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Mininet testbed with a P4 aggregation switch")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--bw", type=float, default=20.0, help="link rate, Mbit/s (default 20)")
+    parser.add_argument("--delay", help="link delay, e.g. 1ms (needs netem in the kernel)")
+    parser.add_argument("--link-loss", type=float, help="link loss %% (needs netem)")
+    parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
+                        help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="testbed-"))
+    try:
+        testbed = Testbed(args.workers, bw=args.bw, target=args.target or default_target(),
+                          delay=args.delay, link_loss=args.link_loss, workdir=workdir,
+                          log_level="info")
+        with testbed:
+            print(f"\n{args.workers} workers on a {testbed.target} switch "
+                  f"(P4Runtime {testbed.switch.grpc_addr}), links {args.bw} Mbit/s")
+            print(f"job configuration: {testbed.config_path}   switch log: {workdir}/switch.log")
+            print(f"counters from another shell: {sys.executable} -m switch_ctl counters "
+                  f"{testbed.config_path}")
+            print("try: h1 ping -c1 h2    (hosts h1..hN are workers 0..N-1)\n")
+            CLI(testbed.net)
+    except (RuntimeError, PermissionError, ValueError, OSError) as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
