@@ -1,0 +1,156 @@
+"""``python -m softswitch``: simple_switch_grpc's command line, run in Python.
+
+    python -m softswitch -i 1@veth1 -i 2@veth2 --device-id 0 --no-p4 \\
+        -- --grpc-server-addr 127.0.0.1:9559
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+          "warn": logging.WARNING, "error": logging.ERROR, "off": logging.CRITICAL + 1}
+DEFAULT_GRPC = "0.0.0.0:9559"
+
+
+class ArgumentError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ArgumentError(message)
+
+
+def _interface(text: str) -> tuple[int, str]:
+    number, sep, ifname = text.partition("@")
+    if not sep or not ifname or not number.isdigit():
+        raise argparse.ArgumentTypeError(f"expected PORT@IFACE, got {text!r}")
+    port = int(number)
+    if port >= 511:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range (0..510; 511 drops)")
+    return port, ifname
+
+
+def _grpc_addr(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    if "--" in argv:
+        cut = argv.index("--")
+        main_argv, target_argv = argv[:cut], argv[cut + 1:]
+    else:
+        main_argv, target_argv = argv, []
+    parser = _Parser(prog="python -m softswitch",
+                     description="Embedded software switch with simple_switch_grpc's command "
+                                 "line. Target options follow '--'.")
+    parser.add_argument("json", nargs="?", help="BMv2 JSON to load at start")
+    parser.add_argument("-i", "--interface", action="append", type=_interface, default=[],
+                        metavar="PORT@IFACE", help="attach IFACE as switch port PORT")
+    parser.add_argument("--device-id", type=int, default=0)
+    parser.add_argument("-L", "--log-level", choices=sorted(LEVELS), default="info")
+    parser.add_argument("--log-console", action="store_true", help="log to stderr (always on)")
+    parser.add_argument("--log-file", help="also log to this file")
+    parser.add_argument("--no-p4", action="store_true",
+                        help="start with no program; wait for SetForwardingPipelineConfig")
+    parser.add_argument("--grpc-server-addr", type=_grpc_addr)
+    # Accepted so that Mininet's and BMv2's usual command lines work; they have no effect.
+    for option in ("--thrift-port", "--nanolog", "--notifications-addr", "--pcap",
+                   "--max-port-count"):
+        parser.add_argument(option, help=argparse.SUPPRESS)
+    args = parser.parse_args(main_argv)
+    target = _Parser(prog="python -m softswitch ... --", add_help=False)
+    target.add_argument("--grpc-server-addr", type=_grpc_addr)
+    target.add_argument("--cpu-port", type=int)
+    targs = target.parse_args(target_argv)
+    args.grpc_server_addr = targs.grpc_server_addr or args.grpc_server_addr or DEFAULT_GRPC
+    args.cpu_port = targs.cpu_port
+    if args.json is None and not args.no_p4:
+        raise ArgumentError("give a BMv2 JSON file or --no-p4")
+    if args.json is not None and args.no_p4:
+        raise ArgumentError("give either a BMv2 JSON file or --no-p4, not both")
+    ports = {}
+    for port, ifname in args.interface:
+        if port in ports:
+            raise ArgumentError(f"port {port} is given twice")
+        ports[port] = ifname
+    args.ports = ports
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+    except ArgumentError as exc:
+        print(f"softswitch: error: {exc}", file=sys.stderr)
+        return 2
+    handlers = [logging.StreamHandler()]
+    if args.log_file:
+        handlers.append(logging.FileHandler(args.log_file))
+    logging.basicConfig(level=LEVELS[args.log_level], handlers=handlers,
+                        format="%(asctime)s softswitch %(levelname)s %(message)s")
+    log = logging.getLogger("softswitch")
+
+    from softswitch.compiler import Unsupported
+    from softswitch.dataplane import DataPlane, check_interface
+    from softswitch.p4runtime import Device, serve
+    from softswitch.pipeline import Pipeline
+
+    try:
+        for ifname in args.ports.values():
+            check_interface(ifname)
+    except ValueError as exc:
+        print(f"softswitch: error: {exc}", file=sys.stderr)
+        return 1
+    pipeline = None
+    if args.json is not None:
+        try:
+            with open(args.json, "rb") as f:
+                pipeline = Pipeline(f.read())
+        except OSError as exc:
+            print(f"softswitch: error: cannot read {args.json}: {exc}", file=sys.stderr)
+            return 1
+        except (Unsupported, ValueError) as exc:
+            print(f"softswitch: error: cannot load {args.json}: {exc}", file=sys.stderr)
+            return 1
+    if args.cpu_port is not None:
+        log.warning("--cpu-port %d ignored: this switch has no packet-in/out", args.cpu_port)
+    try:
+        dataplane = DataPlane(args.ports)
+    except (OSError, ValueError) as exc:
+        print(f"softswitch: error: cannot open the interfaces: {exc}", file=sys.stderr)
+        return 1
+    dataplane.set_pipeline(pipeline)
+    device = Device(args.device_id, on_pipeline=dataplane.set_pipeline)
+    try:
+        server = serve(device, args.grpc_server_addr)
+    except (OSError, RuntimeError) as exc:
+        print(f"softswitch: error: cannot serve P4Runtime on {args.grpc_server_addr}: {exc}",
+              file=sys.stderr)
+        dataplane.stop()
+        return 1
+    dataplane.start()
+    log.info("device %d: ports %s, P4Runtime on %s%s", args.device_id,
+             ", ".join(f"{p}@{i}" for p, i in sorted(args.ports.items())) or "none",
+             args.grpc_server_addr, "" if pipeline else ", waiting for a pipeline")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop(0.5)
+    dataplane.stop()
+    log.info("stopped after %d packets in, %d out", dataplane.received, dataplane.sent)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Packet I/O on Linux interfaces with AF_PACKET, one thread for every port."""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import struct
+import threading
+
+log = logging.getLogger("softswitch")
+
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_ADD_MEMBERSHIP = 1
+PACKET_MR_PROMISC = 1
+PACKET_IGNORE_OUTGOING = 23
+PACKET_OUTGOING = 4
+BATCH = 64
+
+
+def check_interface(ifname: str) -> int:
+    """The interface's index; raises ValueError if it does not exist here."""
+    try:
+        return socket.if_nametoindex(ifname)
+    except OSError:
+        raise ValueError(f"interface {ifname!r} does not exist in this network namespace") from None
+
+
+class Port:
+    def __init__(self, number: int, ifname: str):
+        self.number = number
+        self.ifname = ifname
+        ifindex = check_interface(ifname)
+        self.rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        self.rx.bind((ifname, ETH_P_ALL))
+        self.rx.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP,
+                           struct.pack("iHH8s", ifindex, PACKET_MR_PROMISC, 0, b""))
+        try:
+            self.rx.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+        except OSError:
+            pass   # older kernels: PACKET_OUTGOING frames are skipped by type below
+        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.rx.setblocking(False)
+        # Protocol 0: a send-only socket, so the kernel queues no received copies on it.
+        self.tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        self.tx.bind((ifname, 0))
+        self.tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+
+    def close(self) -> None:
+        self.rx.close()
+        self.tx.close()
+
+
+class DataPlane:
+    """Receives on every port, runs the current pipeline, sends what it returns."""
+
+    def __init__(self, ports: dict[int, str]):
+        self.ports = {n: Port(n, ifname) for n, ifname in ports.items()}
+        self.pipeline = None
+        self.stopping = threading.Event()
+        self.received = 0
+        self.sent = 0
+        self.thread = threading.Thread(target=self.run, daemon=True, name="dataplane")
+
+    def set_pipeline(self, pipeline) -> None:
+        self.pipeline = pipeline
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=2)
+        for port in self.ports.values():
+            port.close()
+
+    def run(self) -> None:
+        poller = select.epoll()
+        by_fd = {}
+        for port in self.ports.values():
+            poller.register(port.rx.fileno(), select.EPOLLIN)
+            by_fd[port.rx.fileno()] = port
+        tx = {n: p.tx for n, p in self.ports.items()}
+        buf = bytearray(1 << 16)
+        view = memoryview(buf)
+        debug = log.isEnabledFor(logging.DEBUG)
+        while not self.stopping.is_set():
+            try:
+                events = poller.poll(0.2)
+            except InterruptedError:
+                continue
+            for fd, _ in events:
+                port = by_fd[fd]
+                rx, number = port.rx, port.number
+                pipeline = self.pipeline
+                if pipeline is None:
+                    self._drain(rx, buf)
+                    continue
+                process = pipeline.process
+                with pipeline.lock:
+                    for _ in range(BATCH):
+                        try:
+                            n, addr = rx.recvfrom_into(buf)
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        except OSError as exc:
+                            log.warning("receive on %s failed: %s", port.ifname, exc)
+                            break
+                        if addr[2] == PACKET_OUTGOING:
+                            continue
+                        self.received += 1
+                        frame = bytes(view[:n])
+                        try:
+                            out = process(frame, number)
+                        except Exception:   # a bug must cost one packet, never the switch
+                            log.exception("dropped a %d-byte packet from port %d", n, number)
+                            continue
+                        if debug:
+                            log.debug("port %d: %d bytes in, out on %s", number, n,
+                                      [p for p, _ in out] or "nothing")
+                        for eport, data in out:
+                            sock = tx.get(eport)
+                            if sock is None:
+                                continue
+                            try:
+                                sock.send(data)
+                                self.sent += 1
+                            except OSError as exc:
+                                log.warning("send on port %d failed: %s", eport, exc)
+        poller.close()
+
+    @staticmethod
+    def _drain(rx, buf) -> None:
+        """No pipeline yet: what arrives is dropped, as BMv2 does with --no-p4."""
+        for _ in range(BATCH):
+            try:
+                rx.recvfrom_into(buf)
+            except OSError:
+                return

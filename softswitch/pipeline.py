@@ -1,0 +1,173 @@
+"""A loaded program's run-time state (tables, registers, counters, PRE) and packet path."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from softswitch.compiler import (DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION,
+                                 TableSpec, compile_json, mask)
+
+log = logging.getLogger("softswitch")
+
+CACHE_LIMIT = 4096
+
+
+class TableError(Exception):
+    """A control-plane request the table refuses; ``code`` is a grpc.StatusCode name."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class Entry:
+    """One match-action entry; ``values`` are already masked."""
+
+    __slots__ = ("values", "masks", "priority", "action", "const")
+
+    def __init__(self, values, masks, priority, action, const=False):
+        self.values, self.masks, self.priority, self.action, self.const = (
+            values, masks, priority, action, const)
+
+    @property
+    def ident(self):
+        return (self.values, self.masks, self.priority)
+
+
+class Table:
+    """Entries of one table, in the shapes the generated code reads.
+
+    Exact tables are one dict (key -> (action id, data)); ternary and LPM tables are
+    a priority-sorted list scanned on a miss of a per-key cache, which any write
+    clears, so a steady flow costs one dict lookup.
+    """
+
+    def __init__(self, spec: TableSpec, ns: dict):
+        self.spec = spec
+        self.single = len(spec.keys) == 1
+        self.entries: dict = {}            # ident -> Entry
+        self.exact: dict = {}              # key -> (aid, data), exact tables
+        self.scan: list = []               # [(values, masks, (aid, data))], ternary/lpm
+        self.cache: dict = {}
+        self.default = [spec.default if spec.default else (None, ())]
+        self.initial_default = self.default[0]
+        tid = spec.id
+        ns[f"E{tid}"] = self.exact
+        ns[f"C{tid}"] = self.cache
+        ns[f"L{tid}"] = self.lookup
+        ns[f"D{tid}"] = self.default
+        for values, masks, bmv2_priority, prefix, aid, data in spec.const_entries:
+            if spec.match_type == "lpm":
+                priority = prefix
+            elif spec.match_type == "ternary":
+                # BMv2: a smaller number wins; P4Runtime: a larger one does.
+                priority = (1 << 24) - bmv2_priority
+            else:
+                priority = 0
+            values = tuple(v & m for v, m in zip(values, masks))
+            self._add(Entry(values, masks, priority, (aid, data), const=True))
+
+    @property
+    def is_exact(self) -> bool:
+        return self.spec.match_type == "exact"
+
+    def key(self, values):
+        return values[0] if self.single else values
+
+    def lookup(self, key):
+        """Ternary/LPM: the highest-priority entry matching ``key``, cached."""
+        keys = (key,) if self.single else key
+        found = None
+        for values, masks, action in self.scan:
+            for k, v, m in zip(keys, values, masks):
+                if k & m != v:
+                    break
+            else:
+                found = action
+                break
+        if len(self.cache) >= CACHE_LIMIT:
+            self.cache.clear()
+        self.cache[key] = found
+        return found
+
+    def _rebuild_scan(self) -> None:
+        ordered = sorted(self.entries.values(), key=lambda e: -e.priority)
+        self.scan[:] = [(e.values, e.masks, e.action) for e in ordered]
+        self.cache.clear()
+
+    def _add(self, entry: Entry) -> None:
+        self.entries[entry.ident] = entry
+        if self.is_exact:
+            self.exact[self.key(entry.values)] = entry.action
+        else:
+            self._rebuild_scan()
+
+    # ------------------------------------------------------------------ control plane
+    def insert(self, entry: Entry) -> None:
+        if entry.ident in self.entries:
+            raise TableError("ALREADY_EXISTS", f"table {self.spec.name}: entry already exists")
+        if self.spec.max_size and len(self.entries) >= self.spec.max_size:
+            raise TableError("RESOURCE_EXHAUSTED", f"table {self.spec.name} is full "
+                             f"({self.spec.max_size} entries)")
+        self._add(entry)
+
+    def modify(self, entry: Entry) -> None:
+        old = self.entries.get(entry.ident)
+        if old is None:
+            raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
+        old.action = entry.action
+        if self.is_exact:
+            self.exact[self.key(entry.values)] = entry.action
+        else:
+            self._rebuild_scan()
+
+    def delete(self, ident) -> None:
+        if ident not in self.entries:
+            raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
+        entry = self.entries.pop(ident)
+        if self.is_exact:
+            del self.exact[self.key(entry.values)]
+        else:
+            self._rebuild_scan()
+
+    def set_default(self, action) -> None:
+        self.default[0] = action
+
+
+class Pipeline:
+    """One committed forwarding pipeline: ``process`` runs a frame through it."""
+
+    def __init__(self, json_text: str | bytes):
+        self.json_text = json_text
+        self.compiled = compile_json(json_text)
+        ns = self.compiled.namespace
+        self.tables = {name: Table(spec, ns) for name, spec in self.compiled.tables.items()}
+        self.registers = self.compiled.registers
+        self.counters = self.compiled.counters
+        self.actions = self.compiled.actions
+        self.groups: dict[int, list[tuple[int, int]]] = {}   # mgid -> [(port, rid)]
+        self.group_port_kind: dict[int, list[str]] = {}      # how each replica named its port
+        # Packets are processed under this lock, control-plane writes take it too.
+        self.lock = threading.Lock()
+        self._ingress = self.compiled.ingress
+        self._egress = self.compiled.egress
+
+    def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
+        """Ingress, PRE, egress, deparser: the frames to send, as (port, bytes)."""
+        spec, mgid, state = self._ingress(frame, port)
+        egress = self._egress
+        if mgid:
+            out = []
+            for eport, rid in self.groups.get(mgid, ()):
+                sent = egress(state, eport, rid, INSTANCE_REPLICATION)
+                if sent is not None:
+                    out.append((eport, sent))
+            return out
+        if spec == DROP_PORT:
+            return []
+        sent = egress(state, spec, None, INSTANCE_NORMAL)
+        return [] if sent is None else [(spec, sent)]
+
+    def register_cell_mask(self, name: str) -> int:
+        return mask(self.registers[name].width)
