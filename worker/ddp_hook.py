@@ -1,0 +1,37 @@
+"""A torch DDP communication hook that averages gradient buckets through the switch.
+
+    session = AggregationSession.from_config("job.toml", rank)
+    ddp_model.register_comm_hook(SwitchHookState(session), switch_allreduce_hook)
+
+DDP still needs a process group for its start-up (parameter broadcast); gloo is
+fine. Only the gradient buckets go through the switch. The hook keys on nothing
+per bucket (never on ``bucket.index()``), so DDP's bucket rebuild after the first
+iteration changes nothing: every rank sees the same sequence of buckets, and the
+session serializes them in that order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .session import AggregationSession
+
+
+class SwitchHookState:
+    """What the hook needs: the session, and how many buckets it has averaged."""
+    __slots__ = ("session", "buckets")
+
+    def __init__(self, session: AggregationSession):
+        self.session = session
+        self.buckets = 0
+
+
+def switch_allreduce_hook(state: SwitchHookState,
+                          bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average ``bucket`` over the workers, as torch's ``allreduce_hook`` does: the
+    future holds one tensor of the bucket's shape (the bucket's buffer, updated in
+    place). The work runs on the session's background thread; a CUDA bucket is
+    copied to the host and back."""
+    state.buckets += 1
+    return state.session.allreduce_async(bucket.buffer(), average=True)

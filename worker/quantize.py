@@ -1,0 +1,151 @@
+"""Block floating point: float gradients to the int32 the switch sums, and back.
+
+One block is the values of one packet. Each worker computes its block exponent
+``E`` (the smallest integer with ``max|x| < 2**E``, read from the float32 bits
+like SwitchML's quantizer); the switch keeps the maximum ``E_max`` over the
+workers, and every worker then scales by the same power of two:
+
+    b = 31 - ceil(log2 n)                 # n workers; n * (2**b - 1) < 2**31
+    q = rint(x * 2**(b - E_max))          # |q| <= 2**b - 1: the int32 sum never overflows
+    sum = q_1 + ... + q_n                 # in the switch
+    y = sum * 2**(E_max - b)              # (/ n for the mean), then cast to the output dtype
+
+Error bound, per element: each worker's rint is off by at most half a unit of
+``2**(E_max - b)`` and the scalings by powers of two are exact, so
+
+    |y - sum_i x_i| <= n * 2**(E_max - b - 1)          (divided by n for the mean)
+
+plus the final rounding to the output dtype (half an ulp for float32 and float16;
+for bfloat16 the float32 -> bfloat16 step adds another half ulp). The reference is
+the float64 sum of the float32-rounded inputs (float16/bfloat16 inputs are exact in
+float32; float64 inputs are rounded to float32 first).
+
+Policy for values the format cannot carry: NaN or Inf anywhere, or a magnitude of
+2**127 or more (the exponent is an int8), raises ``ValueError`` naming the first
+bad index, before anything is sent: a silently wrong sum is worse than a failed
+step. Blocks of zeros get ``EXPONENT_OF_ZERO``; float32 subnormals get -126.
+
+Dequantization is a fixed function of the switch's integer sum and ``E_max``, which
+every worker receives identically, so all workers get bit-identical results.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from p4src.protocol import EXPONENT_OF_ZERO
+
+MAX_EXPONENT = 127            # int8 on the wire
+_ABS_MASK = np.int32(0x7FFFFFFF)
+_NONFINITE_BITS = 0x7F800000  # |x| bits at or above this are Inf or NaN
+_TOO_LARGE_BITS = (MAX_EXPONENT + 127) << 23  # biased exponent 254: |x| >= 2**127
+
+
+def scale_bits(num_workers: int) -> int:
+    """Integer bits per worker value, leaving headroom for the sum of all workers."""
+    if not 1 <= num_workers <= 2**31:
+        raise ValueError(f"num_workers must be positive, not {num_workers}")
+    return 31 - math.ceil(math.log2(num_workers))
+
+
+def to_blocks(values: np.ndarray, values_per_packet: int) -> np.ndarray:
+    """A (blocks, values_per_packet) float32 array; a view when no copy is needed.
+
+    The last block is padded with zeros, which cost nothing in the bound."""
+    flat = np.asarray(values).reshape(-1)
+    if flat.dtype != np.float32:
+        if flat.dtype.kind != "f":
+            raise TypeError(f"can only aggregate floating point values, not {flat.dtype}")
+        flat = flat.astype(np.float32)
+    num_blocks = -(-flat.size // values_per_packet)
+    if flat.size == num_blocks * values_per_packet:
+        return flat.reshape(num_blocks, values_per_packet)
+    blocks = np.zeros((num_blocks, values_per_packet), dtype=np.float32)
+    blocks.reshape(-1)[:flat.size] = flat
+    return blocks
+
+
+def block_exponents(blocks: np.ndarray) -> np.ndarray:
+    """Per block (row) of float32, the int8 ``E`` with ``max|x| < 2**E``.
+
+    Works on the IEEE bits (no float math), so it is exact and fast; raises on
+    values the format cannot carry (see the module docstring)."""
+    bits = blocks.view(np.int32) & _ABS_MASK
+    largest = bits.max(axis=1)
+    if largest.size and int(largest.max()) >= _TOO_LARGE_BITS:
+        _refuse(blocks)
+    exponents = (largest >> 23) - 126
+    exponents[largest == 0] = EXPONENT_OF_ZERO
+    return exponents.astype(np.int8)
+
+
+def _refuse(blocks: np.ndarray) -> None:
+    flat = blocks.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"cannot aggregate {flat[i]} at index {i} (and {bad.size - 1} more "
+                         f"non-finite values): NaN/Inf are refused rather than summed")
+    i = int(np.flatnonzero(np.abs(flat) >= np.float32(2.0**MAX_EXPONENT))[0])
+    raise ValueError(f"cannot aggregate {flat[i]} at index {i}: magnitudes of 2**{MAX_EXPONENT}"
+                     f" or more do not fit the int8 block exponent")
+
+
+def quantize(blocks: np.ndarray, own: np.ndarray, agreed: np.ndarray, num_workers: int,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """int32 values to send: ``rint(x * 2**(b - E_max))`` per block.
+
+    ``own`` are this worker's block exponents, ``agreed`` the switch's maxima. ``out``
+    may be a (possibly big-endian, strided) view such as the packets' values field,
+    so the packets are filled without a temporary."""
+    own = np.asarray(own)
+    agreed = np.asarray(agreed, dtype=np.int32)
+    if np.any(agreed < own):
+        raise RuntimeError("the switch returned a block exponent below this worker's own: "
+                           "the workers disagree on the block layout")
+    # A block of zeros everywhere keeps EXPONENT_OF_ZERO; any shift quantizes it to 0.
+    shift = scale_bits(num_workers) - np.maximum(agreed, EXPONENT_OF_ZERO + 1)
+    scaled = np.ldexp(blocks, shift[:, None].astype(np.int32))  # 2**k itself is never formed
+    np.rint(scaled, out=scaled)
+    if out is None:
+        return scaled.astype(np.int32)
+    np.copyto(out, scaled, casting="unsafe")
+    return out
+
+
+def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, average: bool,
+               out: np.ndarray | None = None, dtype=np.float32) -> np.ndarray:
+    """Floats from the switch's int32 sums: ``sum * 2**(E_max - b)`` (/ n), rounded
+    once to ``out``'s dtype (or ``dtype``).
+
+    The exact value is formed in float64. When the factor is a power of two and
+    every result is a normal float32, rounding the sum to float32 first and then
+    scaling gives the same bits (scaling by 2**k commutes with rounding), at a
+    third less memory traffic; that path is taken then."""
+    exponent = np.asarray(agreed, dtype=np.int32) - scale_bits(num_workers)
+    if average:
+        power_of_two = num_workers & (num_workers - 1) == 0
+        if power_of_two:
+            exponent = exponent - (num_workers.bit_length() - 1)
+    if out is None:
+        out = np.empty(sums.shape, dtype=dtype)
+    if out.dtype == np.float32 and (not average or power_of_two) and exponent.size \
+            and exponent.min() >= -126 and exponent.max() <= 127 - 32:
+        factor32 = np.ldexp(np.float32(1), exponent)
+        np.multiply(sums, factor32[:, None], out=out, dtype=np.float32, casting="unsafe")
+        return out
+    factor = np.ldexp(1.0, exponent)
+    if average and not power_of_two:
+        factor /= num_workers
+    np.multiply(sums, factor[:, None], out=out, casting="unsafe")
+    return out
+
+
+def error_bound(agreed: np.ndarray, num_workers: int, *, average: bool) -> np.ndarray:
+    """Per block, the largest quantization error of an element of the result
+    (before the final rounding to the output dtype)."""
+    exponent = np.asarray(agreed, dtype=np.int32) - scale_bits(num_workers) - 1
+    bound = num_workers * np.ldexp(1.0, exponent)
+    return bound / num_workers if average else bound

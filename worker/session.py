@@ -1,0 +1,181 @@
+"""A worker's aggregation session: ``allreduce`` of tensors through the switch.
+
+Every rank of the job must issue the same calls, with tensors of the same sizes,
+in the same order: the switch matches contributions by slot and set, which follow
+from the call sequence alone. Calls run one at a time, in call order, on one
+background thread, so ``allreduce_async`` lets the caller (e.g. DDP's backward
+pass) continue while the packets fly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from p4src import protocol
+from switch_ctl import config as config_mod
+
+from . import quantize
+from .transport import RetransmitPolicy, Stats, Transport
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """What one allreduce cost."""
+    elements: int
+    blocks: int
+    seconds: float
+    counters: Stats
+    max_error_bound: float   # largest per-element quantization bound of the call (see quantize)
+
+    @property
+    def goodput_mbps(self) -> float:
+        """Megabytes of float32 gradient aggregated per second."""
+        return self.elements * 4 / self.seconds / 1e6 if self.seconds else 0.0
+
+
+class AggregationSession:
+    """One worker of one job: owns the transport and the background thread."""
+
+    def __init__(self, worker_id: int, num_workers: int, switch_ip: str, job_id: int,
+                 job_udp_port: int, first_slot: int, num_slots: int, local_ip: str,
+                 local_port: int, *, policy: RetransmitPolicy = RetransmitPolicy(),
+                 packet_format: protocol.PacketFormat | None = None):
+        if not 0 <= worker_id < protocol.MAX_WORKERS or not 1 <= num_workers <= protocol.MAX_WORKERS:
+            raise ValueError(f"worker_id {worker_id} / num_workers {num_workers} out of range "
+                             f"(at most {protocol.MAX_WORKERS} workers)")
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.fmt = packet_format or protocol.packet_format()
+        self.transport = Transport(self.fmt, job_id=job_id, num_workers=num_workers,
+                                   switch_ip=switch_ip, job_udp_port=job_udp_port,
+                                   local_ip=local_ip, local_port=local_port,
+                                   first_slot=first_slot, num_slots=num_slots, policy=policy)
+        self._executor = ThreadPoolExecutor(max_workers=1,
+                                            thread_name_prefix=f"aggregation-{worker_id}")
+        self._lock = threading.Lock()
+        self.last_call: CallStats | None = None
+
+    @classmethod
+    def from_config(cls, config: config_mod.Config | str | Path, worker_id: int,
+                    **kwargs) -> "AggregationSession":
+        """The session of worker ``worker_id`` of the job in a TOML file (or a Config):
+        the switch is the job's service address, reached through its ARP responder."""
+        fmt = kwargs.get("packet_format") or protocol.packet_format()
+        if not isinstance(config, config_mod.Config):
+            config = config_mod.load(config, pool_size=fmt.pool_size)
+        job = config.job
+        me = [w for w in job.workers if w.id == worker_id]
+        if not me:
+            raise ValueError(f"worker {worker_id} is not in job {job.id} "
+                             f"(workers {[w.id for w in job.workers]})")
+        kwargs["packet_format"] = fmt
+        return cls(worker_id, job.num_workers, job.service_ip, job.id, job.udp_port,
+                   job.first_slot, job.num_slots, me[0].ip, me[0].udp_port, **kwargs)
+
+    @property
+    def stats(self) -> Stats:
+        """Counters since the session started."""
+        return self.transport.stats.copy()
+
+    def allreduce(self, tensor, average: bool = False):
+        """Sum (or average) ``tensor`` over all workers, in place; returns it.
+
+        Accepts torch tensors (float32, float16, bfloat16, float64; CPU, or any
+        device by copying) and numpy float arrays."""
+        return self.allreduce_async(tensor, average=average).wait()
+
+    def allreduce_async(self, tensor, average: bool = False) -> torch.futures.Future:
+        """Like ``allreduce``, returning a future of the tensor at once."""
+        future: torch.futures.Future = torch.futures.Future()
+        try:
+            work, finish = _host_copy(tensor)   # on the caller's thread: device copies in order
+        except Exception as exc:
+            future.set_exception(exc)
+            return future
+
+        def run():
+            try:
+                self._reduce(work, average)
+                finish()
+            except BaseException as exc:  # delivered to whoever waits on the future
+                future.set_exception(exc)
+            else:
+                future.set_result(tensor)
+
+        with self._lock:
+            self._executor.submit(run)
+        return future
+
+    def _reduce(self, values: np.ndarray, average: bool) -> None:
+        """Aggregate a contiguous float array, writing the result into it."""
+        start = time.perf_counter()
+        before = self.transport.stats.copy()
+        blocks = quantize.to_blocks(values, self.fmt.values_per_packet)
+        own = quantize.block_exponents(blocks)
+        sums, agreed = self.transport.aggregate(blocks, own)
+        flat = values.reshape(-1)
+        if flat.size == sums.size:
+            quantize.dequantize(sums, agreed, self.num_workers, average=average,
+                                out=flat.reshape(sums.shape))
+        else:
+            result = quantize.dequantize(sums, agreed, self.num_workers, average=average,
+                                         dtype=flat.dtype)
+            flat[:] = result.reshape(-1)[:flat.size]
+        bound = quantize.error_bound(agreed, self.num_workers, average=average)
+        self.last_call = CallStats(elements=flat.size, blocks=len(blocks),
+                                   seconds=time.perf_counter() - start,
+                                   counters=self.transport.stats - before,
+                                   max_error_bound=float(bound.max()) if bound.size else 0.0)
+
+    def close(self) -> None:
+        """Wait for queued calls, then release the socket."""
+        with self._lock:
+            self._executor.shutdown(wait=True)
+        self.transport.close()
+
+    def __enter__(self) -> "AggregationSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_NUMPY_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def _host_copy(tensor):
+    """A contiguous numpy float array to aggregate in place, and what copies it back.
+
+    CPU float16/32/64 tensors and contiguous numpy arrays are used directly; bfloat16
+    (numpy has none) goes through float32, other devices and strided tensors through
+    a copy."""
+    if isinstance(tensor, np.ndarray):
+        if tensor.dtype.type not in _NUMPY_FLOATS:
+            raise TypeError(f"can only aggregate float16/32/64 arrays, not {tensor.dtype}")
+        if not tensor.flags.writeable:
+            raise ValueError("the array is read-only; allreduce works in place")
+        if tensor.flags.c_contiguous:
+            return tensor, lambda: None
+        work = np.ascontiguousarray(tensor)
+        return work, lambda: np.copyto(tensor, work)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch tensor or numpy array, not {type(tensor).__name__}")
+    if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"can only aggregate floating point tensors, not {tensor.dtype}")
+    data = tensor.detach()
+    host = data.to("cpu")
+    if host.dtype == torch.bfloat16:
+        host = host.float()
+    elif not host.is_contiguous():
+        host = host.contiguous()
+    work = host.numpy()
+    if host.data_ptr() == data.data_ptr():
+        return work, lambda: None
+    return work, lambda: data.copy_(torch.from_numpy(work))
