@@ -217,6 +217,47 @@ class Testbed:
         self.stop()
 
 
+class TestbedCLI(CLI):
+    """Mininet's CLI plus the testbed's own commands: counters, loss, allreduce."""
+
+    def __init__(self, testbed: Testbed, **kwargs):
+        self.testbed = testbed
+        self.agents = None
+        super().__init__(testbed.net, **kwargs)
+
+    def do_counters(self, _line):
+        """Print the switch's outcome counters."""
+        for name, c in self.testbed.counters().items():
+            print(f"{name:<28} {c['packets']:>10} packets {c['bytes']:>12} bytes")
+
+    def do_loss(self, line):
+        """loss PERCENT | loss INGRESS% EGRESS%: the switch's simulated loss on every worker port."""
+        try:
+            values = [float(x) / 100 for x in line.split()]
+            if not 1 <= len(values) <= 2:
+                raise ValueError("give one or two percentages")
+            self.testbed.set_loss(values[0], values[-1])
+        except (ValueError, RuntimeError) as exc:
+            print(f"loss: {exc}")
+
+    def do_allreduce(self, line):
+        """allreduce [SIZE]: every host sums SIZE integer-valued floats through the switch."""
+        from .agents import AgentError, HostAgents
+        try:
+            size = int(line or 4096)
+            if self.agents is None:
+                print("starting one worker process per host ...")
+                self.agents = HostAgents(self.testbed, gloo=False).start()
+            answers = self.agents.call({"op": "allreduce", "backend": "switch", "size": size,
+                                        "reps": 1, "seed": 0, "barrier": False})
+        except (ValueError, AgentError) as exc:
+            print(f"allreduce: {exc}")
+            return
+        for host, a in zip(self.testbed.hosts, answers):
+            print(f"{host.name}: {1000 * a['times'][0]:.1f} ms, exact {a['exact'][0]}, "
+                  f"{a['retransmissions'][0]} retransmissions, {a['tx_bytes'][0]} bytes sent")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Mininet testbed with a P4 aggregation switch")
     parser.add_argument("--workers", type=int, default=4)
@@ -241,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"job configuration: {testbed.config_path}   switch log: {workdir}/switch.log")
             print(f"counters from another shell: {sys.executable} -m switch_ctl counters "
                   f"{testbed.config_path}")
-            print("try: h1 ping -c1 h2    (hosts h1..hN are workers 0..N-1)\n")
-            CLI(testbed.net)
+            print("try: h1 ping -c1 h2 | allreduce 4096 | loss 1 | counters   "
+                  "(hosts h1..hN are workers 0..N-1)\n")
+            cli = TestbedCLI(testbed)
+            if cli.agents is not None:
+                cli.agents.stop()
     except (RuntimeError, PermissionError, ValueError, OSError) as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1

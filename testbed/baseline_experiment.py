@@ -1,0 +1,203 @@
+"""In-network aggregation against gloo's ring allreduce, same topology, same link rate.
+
+    python -m testbed.baseline_experiment                   # n = 2,4,8; a few minutes
+    python -m testbed.baseline_experiment --workers 2,4 --sizes 65536,1048576 --bw 20
+
+Why the ratio has a limit: a ring allreduce sends 2(n-1)/n times the tensor from
+every worker; in-network aggregation sends it once (and receives it once). When
+both are limited by the links, t_switch / t_gloo -> n / (2(n-1)): 1 for n = 2,
+0.67 for n = 4, 0.57 for n = 8. The "with headers" limit adds each protocol's
+per-packet overhead (308 B frames for 256 B of values, against 1514 B TCP frames
+for 1448 B).
+
+With a software switch (BMv2 or the embedded Python switch) the switch's packet
+rate, not the link, is usually the bottleneck: every aggregation packet is one
+pass through the pipeline, and gloo's TCP frames carry 5.7x more data per packet.
+The experiment prints the switch's measured packet rate beside the rate the links
+could carry, so the ratios can be read in that light. Choose --bw low enough
+(default 10 Mbit/s) that the links matter at all.
+
+Writes <out>/baseline.csv and <out>/baseline.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from p4src import protocol
+
+from .loss_experiment import csv_list
+from .targets import default_target
+
+ETH_IP_UDP = 14 + 20 + 8
+TCP_FRAME, TCP_PAYLOAD = 1514, 1448
+CSV_FIELDS = ["workers", "size", "bytes", "bw_mbit", "backend", "rep", "time_s"]
+
+
+def agg_frame_bytes() -> int:
+    return ETH_IP_UDP + protocol.packet_format().payload_bytes
+
+
+def limits(n: int) -> tuple[float, float]:
+    """(pure, with headers) limit of t_switch / t_gloo when both are link-bound."""
+    pure = n / (2 * (n - 1))
+    fmt = protocol.packet_format()
+    switch_overhead = agg_frame_bytes() / (4 * fmt.values_per_packet)
+    return pure, pure * switch_overhead / (TCP_FRAME / TCP_PAYLOAD)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("--workers", type=csv_list(int), default=[2, 4, 8],
+                        help="worker counts (default 2,4,8)")
+    parser.add_argument("--sizes", type=csv_list(int), default=[16384, 131072],
+                        help="tensor sizes in float32 values (default 16384,131072)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
+    parser.add_argument("--bw", type=float, default=10.0,
+                        help="link rate, Mbit/s (default 10)")
+    parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
+                        help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
+    parser.add_argument("--out", type=Path, default=Path("results/baseline"),
+                        help="results folder (default results/baseline)")
+    return parser
+
+
+def run(args) -> list[dict]:
+    from .agents import HostAgents
+    from .topology import Testbed
+
+    target = args.target or default_target()
+    rows = []
+    for n in args.workers:
+        print(f"[baseline] n = {n}: starting {n} hosts on a {target} switch, "
+              f"{args.bw:g} Mbit/s links", flush=True)
+        with Testbed(n, bw=args.bw, target=target) as testbed, HostAgents(testbed) as agents:
+            for size in args.sizes:
+                for backend in ("switch", "gloo"):
+                    answers = agents.call({"op": "allreduce", "backend": backend, "size": size,
+                                           "reps": args.reps, "seed": 0, "barrier": True},
+                                          timeout=1800)
+                    if not all(all(a["exact"]) for a in answers):
+                        raise RuntimeError(f"{backend} allreduce of {size} values on {n} "
+                                           f"workers returned a wrong sum")
+                    times = [max(a["times"][r] for a in answers) for r in range(args.reps)]
+                    rows += [{"workers": n, "size": size, "bytes": 4 * size, "bw_mbit": args.bw,
+                              "backend": backend, "rep": r, "time_s": t}
+                             for r, t in enumerate(times)]
+                    print(f"  n={n} size={size:>8} {backend:<6} median "
+                          f"{1000 * statistics.median(times):9.1f} ms", flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """One line per (n, size): medians, ratio, limits, goodputs, switch packet rate."""
+    med = {}
+    for r in rows:
+        med.setdefault((r["workers"], r["size"], r["backend"]), []).append(r["time_s"])
+    fmt = protocol.packet_format()
+    out = []
+    for (n, size, backend), times in med.items():
+        if backend != "switch":
+            continue
+        t_sw = statistics.median(times)
+        t_gloo = statistics.median(med[(n, size, "gloo")])
+        bw = rows[0]["bw_mbit"] * 1e6
+        packets = n * -(-size // fmt.values_per_packet)  # contributions into the switch
+        pure, with_headers = limits(n)
+        out.append({
+            "n": n, "size": size, "bw_mbit": bw / 1e6, "t_switch_ms": 1000 * t_sw, "t_gloo_ms": 1000 * t_gloo,
+            "ratio": t_sw / t_gloo, "limit": pure, "limit_headers": with_headers,
+            "goodput_switch": 32 * size / t_sw / bw, "goodput_gloo": 32 * size / t_gloo / bw,
+            "switch_kpps": packets / t_sw / 1000,
+            "link_kpps": n * bw / (8 * agg_frame_bytes()) / 1000,
+        })
+    return out
+
+
+def print_table(lines: list[dict]) -> None:
+    header = (f"{'n':>2} {'values':>8} {'switch ms':>10} {'gloo ms':>9} {'t_sw/t_gloo':>12} "
+              f"{'limit':>6} {'w/ hdrs':>8} {'goodput sw':>11} {'goodput gloo':>13} "
+              f"{'switch kpps':>12} {'links kpps':>11}")
+    print(header)
+    print("-" * len(header))
+    for l in lines:
+        print(f"{l['n']:>2} {l['size']:>8} {l['t_switch_ms']:>10.1f} {l['t_gloo_ms']:>9.1f} "
+              f"{l['ratio']:>12.2f} {l['limit']:>6.2f} {l['limit_headers']:>8.2f} "
+              f"{l['goodput_switch']:>11.1%} {l['goodput_gloo']:>13.1%} "
+              f"{l['switch_kpps']:>12.1f} {l['link_kpps']:>11.1f}")
+
+
+def plot(lines: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({l["size"] for l in lines})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for size in sizes:
+        mine = sorted((l for l in lines if l["size"] == size), key=lambda l: l["n"])
+        ns = [l["n"] for l in mine]
+        left.plot(ns, [l["ratio"] for l in mine], "o-", label=f"measured, {size} values")
+        right.plot(ns, [l["goodput_switch"] for l in mine], "o-", label=f"switch, {size}")
+        right.plot(ns, [l["goodput_gloo"] for l in mine], "s--", label=f"gloo, {size}")
+    ns = sorted({l["n"] for l in lines})
+    left.plot(ns, [limits(n)[0] for n in ns], "k:", label="limit n/(2(n-1))")
+    left.plot(ns, [limits(n)[1] for n in ns], "k-.", label="limit with headers")
+    left.set_xlabel("workers n")
+    left.set_ylabel("t_switch / t_gloo (lower: in-network faster)")
+    left.set_xticks(ns)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    right.set_xlabel("workers n")
+    right.set_ylabel("goodput (tensor bits / time) / link rate")
+    right.set_xticks(ns)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8)
+    fig.suptitle(f"in-network aggregation vs gloo allreduce, "
+                 f"{lines[0]['bw_mbit']:g} Mbit/s links")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if os.geteuid() != 0:
+        print("baseline_experiment: needs root (Mininet)", file=sys.stderr)
+        return 1
+    if any(n < 2 for n in args.workers):
+        print("baseline_experiment: every worker count must be at least 2", file=sys.stderr)
+        return 1
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        rows = run(args)
+        with open(args.out / "baseline.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        lines = table(rows)
+        plot(lines, args.out / "baseline.png")
+    except Exception as exc:
+        print(f"baseline_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print()
+    print_table(lines)
+    print(f"\nt_sw/t_gloo below 1: in-network aggregation finished first. limit: the ratio if "
+          f"both were link-bound;\ngoodput: tensor bits per second over the {args.bw:g} Mbit/s "
+          f"link rate (ring's ceiling is n/(2(n-1)), the switch's 1).\nswitch kpps: aggregation "
+          f"packets the switch took in per second; links kpps: what the n links "
+          f"could deliver at that frame size.\nWhen switch kpps is far below links kpps the software switch, not "
+          f"the link, sets the time.\nwrote {args.out / 'baseline.csv'}, "
+          f"{args.out / 'baseline.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

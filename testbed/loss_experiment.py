@@ -1,0 +1,229 @@
+"""Allreduce under simulated packet loss: completion time, retransmissions, exactness.
+
+    python -m testbed.loss_experiment                       # defaults: a few minutes
+    python -m testbed.loss_experiment --sizes 4096,262144 --reps 10 --workers 4
+
+The switch's loss simulator drops aggregation packets with the given probability
+on ingress (contributions lost before they are summed), egress (result copies
+lost on the way back), or both. For each point the workers allreduce
+integer-valued tensors, so a result is ``exact`` when it equals the true sum, and
+``identical`` when it is bit-identical to the no-loss run of the same inputs (the
+no-loss point runs first). Completion time is the slowest worker's.
+
+Writes <out>/loss.csv (one row per repetition), <out>/loss_time.png and
+<out>/loss_retransmissions.png, and prints a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from .targets import default_target
+
+DIRECTIONS = {"ingress": (1, 0), "egress": (0, 1), "both": (1, 1)}
+CSV_FIELDS = ["workers", "size", "direction", "loss_pct", "rep", "time_s", "retransmissions",
+              "exact", "identical", "dropped_ingress", "dropped_egress", "resent_by_switch",
+              "duplicates_dropped"]
+
+
+def csv_list(kind):
+    def parse(text: str):
+        return [kind(x) for x in text.split(",") if x.strip()]
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--loss", type=csv_list(float), default=[0, 0.01, 0.1, 1, 5, 10],
+                        help="loss rates in percent (default 0,0.01,0.1,1,5,10)")
+    parser.add_argument("--directions", type=csv_list(str), default=list(DIRECTIONS),
+                        help="ingress,egress,both (default all three)")
+    parser.add_argument("--sizes", type=csv_list(int), default=[1024, 16384],
+                        help="tensor sizes in float32 values (default 1024,16384)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per point (default 3)")
+    parser.add_argument("--bw", type=float, default=50.0, help="link rate, Mbit/s (default 50)")
+    parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
+                        help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
+    parser.add_argument("--out", type=Path, default=Path("results/loss"),
+                        help="results folder (default results/loss)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds one allreduce may take before the run is abandoned")
+    return parser
+
+
+def points(args) -> list[tuple[int, str, float]]:
+    """(size, direction, loss %), no-loss first for each size (it is the reference)."""
+    for d in args.directions:
+        if d not in DIRECTIONS:
+            raise ValueError(f"unknown direction {d!r}; choose from {', '.join(DIRECTIONS)}")
+    for p in args.loss:
+        if not 0 <= p <= 100:
+            raise ValueError(f"loss {p} is not a percentage in 0..100")
+    out = []
+    for size in args.sizes:
+        out.append((size, "none", 0.0))
+        out += [(size, d, p) for d in args.directions for p in sorted(args.loss) if p > 0]
+    return out
+
+
+def _count(counters: dict, name: str) -> int:
+    return counters.get(name, {}).get("packets", 0)
+
+
+def run(args) -> list[dict]:
+    from .agents import HostAgents
+    from .topology import Testbed
+
+    target = args.target or default_target()
+    todo = points(args)
+    print(f"[loss] {args.workers} workers, {target} switch, {len(todo)} points x {args.reps} "
+          f"repetitions", flush=True)
+    rows, reference = [], {}
+    with Testbed(args.workers, bw=args.bw, target=target) as testbed, \
+            HostAgents(testbed, gloo=False) as agents:
+        for n, (size, direction, loss) in enumerate(todo, 1):
+            ingress, egress = (f * loss / 100 for f in DIRECTIONS.get(direction, (0, 0)))
+            testbed.set_loss(ingress, egress)
+            started = time.monotonic()
+            for rep in range(args.reps):
+                before = testbed.counters()
+                answers = agents.call({"op": "allreduce", "backend": "switch", "size": size,
+                                       "reps": 1, "seed": rep, "barrier": False},
+                                      timeout=args.timeout)
+                after = testbed.counters()
+                delta = {k: _count(after, k) - _count(before, k) for k in after}
+                digests = {a["digests"][0] for a in answers}
+                if direction == "none":
+                    reference[(size, rep)] = digests.pop() if len(digests) == 1 else None
+                    digests = {reference[(size, rep)]}
+                rows.append({
+                    "workers": args.workers, "size": size, "direction": direction,
+                    "loss_pct": loss, "rep": rep,
+                    "time_s": max(a["times"][0] for a in answers),
+                    "retransmissions": sum(a["retransmissions"][0] for a in answers),
+                    "exact": all(a["exact"][0] for a in answers),
+                    "identical": digests == {reference.get((size, rep))},
+                    "dropped_ingress": delta.get("ingress.simulated_drop", 0),
+                    "dropped_egress": delta.get("egress.simulated_drop", 0),
+                    "resent_by_switch": delta.get("ingress.resent", 0),
+                    "duplicates_dropped": delta.get("ingress.duplicate_dropped", 0),
+                })
+            mine = rows[-args.reps:]
+            print(f"  [{n}/{len(todo)}] size {size:>8}  {direction:<7} loss {loss:>5g}%  "
+                  f"median {1000 * statistics.median(r['time_s'] for r in mine):8.1f} ms  "
+                  f"retransmissions {sum(r['retransmissions'] for r in mine):>5}  "
+                  f"exact {sum(r['exact'] for r in mine)}/{len(mine)}  "
+                  f"({time.monotonic() - started:.0f} s)", flush=True)
+        testbed.set_loss(0.0, 0.0)
+    return rows
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["size"], r["direction"], r["loss_pct"]), []).append(r)
+    return out
+
+
+def summary(rows: list[dict]) -> str:
+    header = (f"{'size':>8} {'direction':<9} {'loss %':>7} {'median ms':>10} {'max ms':>9} "
+              f"{'retrans/run':>12} {'switch drops':>13} {'exact':>6} {'identical':>10}")
+    lines = [header, "-" * len(header)]
+    for (size, direction, loss), rs in groups(rows).items():
+        times = [1000 * r["time_s"] for r in rs]
+        drops = sum(r["dropped_ingress"] + r["dropped_egress"] for r in rs) / len(rs)
+        lines.append(f"{size:>8} {direction:<9} {loss:>7g} {statistics.median(times):>10.1f} "
+                     f"{max(times):>9.1f} {statistics.mean(r['retransmissions'] for r in rs):>12.1f} "
+                     f"{drops:>13.1f} {sum(r['exact'] for r in rs):>3}/{len(rs):<2} "
+                     f"{sum(r['identical'] for r in rs):>7}/{len(rs):<2}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: Path) -> list[Path]:
+    """Median (bars: min..max) against loss, one panel per size, one line per direction.
+
+    The x axis is categorical: the loss rates span three decades and include 0."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = groups(rows)
+    sizes = sorted({r["size"] for r in rows})
+    losses = sorted({r["loss_pct"] for r in rows})
+    directions = [d for d in DIRECTIONS if any(r["direction"] == d for r in rows)]
+    paths = []
+    for metric, ylabel, name in (("time_s", "allreduce completion time (ms)", "loss_time.png"),
+                                 ("retransmissions", "retransmitted packets (all workers)",
+                                  "loss_retransmissions.png")):
+        fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
+        for ax, size in zip(axes[0], sizes):
+            for direction in directions:
+                xs, med, lo, hi = [], [], [], []
+                for i, loss in enumerate(losses):
+                    rs = by.get((size, "none" if loss == 0 else direction, loss))
+                    if not rs:
+                        continue
+                    scale = 1000 if metric == "time_s" else 1
+                    values = [scale * r[metric] for r in rs]
+                    m = statistics.median(values)
+                    xs.append(i)
+                    med.append(m)
+                    lo.append(m - min(values))
+                    hi.append(max(values) - m)
+                ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=direction)
+            inexact = [losses.index(k[2]) for k, rs in by.items()
+                       if k[0] == size and not all(r["exact"] and r["identical"] for r in rs)]
+            for i in inexact:
+                ax.axvline(i, color="red", alpha=0.3)
+            ax.set_xticks(range(len(losses)), [f"{p:g}" for p in losses])
+            ax.set_xlabel("simulated loss (%)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{size} values ({rows[0]['workers']} workers)")
+            ax.grid(alpha=0.3)
+            ax.legend(title="loss on")
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if os.geteuid() != 0:
+        print("loss_experiment: needs root (Mininet)", file=sys.stderr)
+        return 1
+    try:
+        points(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        rows = run(args)
+        write_csv(rows, args.out / "loss.csv")
+        paths = plot(rows, args.out)
+    except Exception as exc:
+        print(f"loss_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print("\n" + summary(rows))
+    print(f"\nexact: result equals the true integer sum on every worker; identical: bit-identical "
+          f"to the no-loss run.\nwrote {args.out / 'loss.csv'}, " + ", ".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
