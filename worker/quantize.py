@@ -20,10 +20,15 @@ for bfloat16 the float32 -> bfloat16 step adds another half ulp). The reference 
 the float64 sum of the float32-rounded inputs (float16/bfloat16 inputs are exact in
 float32; float64 inputs are rounded to float32 first).
 
-Policy for values the format cannot carry: NaN or Inf anywhere, or a magnitude of
-2**127 or more (the exponent is an int8), raises ``ValueError`` naming the first
-bad index, before anything is sent: a silently wrong sum is worse than a failed
-step. Blocks of zeros get ``EXPONENT_OF_ZERO``; float32 subnormals get -126.
+Policy for values the format cannot carry (NaN, Inf, or a magnitude of 2**126 or
+more): such a block is sent with the reserved exponent ``POISON_EXPONENT`` (127)
+and zero values, instead of failing on one worker alone, which would leave the
+others waiting for it. The switch's maximum then carries the poison to every
+worker, so every worker sees the same blocks as poisoned; dequantization makes
+them NaN, and the session raises ``NonFiniteError`` on every worker at the end of
+the same call (naming this worker's first bad index, if it had one). The sum is
+never silently wrong, and the workers stay in step for the next call. Blocks of
+zeros get ``EXPONENT_OF_ZERO``; float32 subnormals get -126.
 
 Dequantization is a fixed function of the switch's integer sum and ``E_max``, which
 every worker receives identically, so all workers get bit-identical results.
@@ -37,10 +42,14 @@ import numpy as np
 
 from p4src.protocol import EXPONENT_OF_ZERO
 
-MAX_EXPONENT = 127            # int8 on the wire
+POISON_EXPONENT = 127         # int8 maximum, reserved: "this block is not finite somewhere"
+MAX_EXPONENT = POISON_EXPONENT - 1   # so finite blocks need max|x| < 2**126
 _ABS_MASK = np.int32(0x7FFFFFFF)
-_NONFINITE_BITS = 0x7F800000  # |x| bits at or above this are Inf or NaN
-_TOO_LARGE_BITS = (MAX_EXPONENT + 127) << 23  # biased exponent 254: |x| >= 2**127
+_TOO_LARGE_BITS = (MAX_EXPONENT + 127) << 23  # float32 bits of 2**126 (Inf and NaN are above)
+
+
+class NonFiniteError(ValueError):
+    """Some worker's values held NaN, Inf or a magnitude the format cannot carry."""
 
 
 def scale_bits(num_workers: int) -> int:
@@ -68,29 +77,30 @@ def to_blocks(values: np.ndarray, values_per_packet: int) -> np.ndarray:
 
 
 def block_exponents(blocks: np.ndarray) -> np.ndarray:
-    """Per block (row) of float32, the int8 ``E`` with ``max|x| < 2**E``.
+    """Per block (row) of float32, the int8 ``E`` with ``max|x| < 2**E``, or
+    ``POISON_EXPONENT`` for a block the format cannot carry.
 
-    Works on the IEEE bits (no float math), so it is exact and fast; raises on
-    values the format cannot carry (see the module docstring)."""
+    Works on the IEEE bits (no float math), so it is exact and fast."""
     bits = blocks.view(np.int32) & _ABS_MASK
     largest = bits.max(axis=1)
-    if largest.size and int(largest.max()) >= _TOO_LARGE_BITS:
-        _refuse(blocks)
     exponents = (largest >> 23) - 126
     exponents[largest == 0] = EXPONENT_OF_ZERO
+    exponents[largest >= _TOO_LARGE_BITS] = POISON_EXPONENT
     return exponents.astype(np.int8)
 
 
-def _refuse(blocks: np.ndarray) -> None:
-    flat = blocks.reshape(-1)
-    bad = np.flatnonzero(~np.isfinite(flat))
+def describe_poison(values: np.ndarray, agreed: np.ndarray, values_per_packet: int) -> str:
+    """Why blocks came back poisoned: this worker's first bad value, or another's."""
+    poisoned = np.flatnonzero(np.asarray(agreed) == POISON_EXPONENT)
+    flat = np.asarray(values).reshape(-1).astype(np.float32)
+    bad = np.flatnonzero(~(np.abs(flat) < np.float32(2.0**MAX_EXPONENT)))
+    where = (f"{len(poisoned)} block(s) of {values_per_packet} values from index "
+             f"{poisoned[0] * values_per_packet} are NaN in the result")
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"cannot aggregate {flat[i]} at index {i} (and {bad.size - 1} more "
-                         f"non-finite values): NaN/Inf are refused rather than summed")
-    i = int(np.flatnonzero(np.abs(flat) >= np.float32(2.0**MAX_EXPONENT))[0])
-    raise ValueError(f"cannot aggregate {flat[i]} at index {i}: magnitudes of 2**{MAX_EXPONENT}"
-                     f" or more do not fit the int8 block exponent")
+        return (f"cannot aggregate {flat[i]} at index {i} ({bad.size} value(s) are NaN, Inf "
+                f"or of magnitude 2**{MAX_EXPONENT} or more); {where}")
+    return f"another worker sent NaN, Inf or a magnitude of 2**{MAX_EXPONENT} or more: {where}"
 
 
 def quantize(blocks: np.ndarray, own: np.ndarray, agreed: np.ndarray, num_workers: int,
@@ -109,6 +119,9 @@ def quantize(blocks: np.ndarray, own: np.ndarray, agreed: np.ndarray, num_worker
     shift = scale_bits(num_workers) - np.maximum(agreed, EXPONENT_OF_ZERO + 1)
     scaled = np.ldexp(blocks, shift[:, None].astype(np.int32))  # 2**k itself is never formed
     np.rint(scaled, out=scaled)
+    poisoned = agreed == POISON_EXPONENT
+    if poisoned.any():
+        scaled[poisoned] = 0
     if out is None:
         return scaled.astype(np.int32)
     np.copyto(out, scaled, casting="unsafe")
@@ -120,7 +133,8 @@ def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, averag
     """Floats from the switch's int32 sums: ``sum * 2**(E_max - b)`` (/ n), rounded
     once to ``out``'s dtype (or ``dtype``).
 
-    The exact value is formed in float64. When the factor is a power of two and
+    The exact value is formed in float64 (for a mean over a number of workers that is
+    not a power of two, the division rounds once in float64 before the final cast). When the factor is a power of two and
     every result is a normal float32, rounding the sum to float32 first and then
     scaling gives the same bits (scaling by 2**k commutes with rounding), at a
     third less memory traffic; that path is taken then."""
@@ -135,11 +149,14 @@ def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, averag
             and exponent.min() >= -126 and exponent.max() <= 127 - 32:
         factor32 = np.ldexp(np.float32(1), exponent)
         np.multiply(sums, factor32[:, None], out=out, dtype=np.float32, casting="unsafe")
-        return out
-    factor = np.ldexp(1.0, exponent)
-    if average and not power_of_two:
-        factor /= num_workers
-    np.multiply(sums, factor[:, None], out=out, casting="unsafe")
+    else:
+        exact = np.multiply(sums, np.ldexp(1.0, exponent)[:, None], dtype=np.float64)
+        if average and not power_of_two:
+            np.divide(exact, num_workers, out=exact)
+        np.copyto(out, exact, casting="unsafe")
+    poisoned = np.asarray(agreed) == POISON_EXPONENT
+    if poisoned.any():
+        out[poisoned] = np.nan
     return out
 
 

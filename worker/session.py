@@ -88,7 +88,10 @@ class AggregationSession:
         """Sum (or average) ``tensor`` over all workers, in place; returns it.
 
         Accepts torch tensors (float32, float16, bfloat16, float64; CPU, or any
-        device by copying) and numpy float arrays."""
+        device by copying) and numpy float arrays. If any worker's values hold NaN,
+        Inf or magnitudes of 2**126 or more, every worker raises ``NonFiniteError``
+        for this call (the affected blocks are NaN in the tensor) and the session
+        stays usable (see ``quantize``)."""
         return self.allreduce_async(tensor, average=average).wait()
 
     def allreduce_async(self, tensor, average: bool = False) -> torch.futures.Future:
@@ -120,6 +123,9 @@ class AggregationSession:
         blocks = quantize.to_blocks(values, self.fmt.values_per_packet)
         own = quantize.block_exponents(blocks)
         sums, agreed = self.transport.aggregate(blocks, own)
+        poisoned = agreed == quantize.POISON_EXPONENT
+        problem = (quantize.describe_poison(values, agreed, self.fmt.values_per_packet)
+                   if poisoned.any() else None)   # before the values are overwritten
         flat = values.reshape(-1)
         if flat.size == sums.size:
             quantize.dequantize(sums, agreed, self.num_workers, average=average,
@@ -128,11 +134,13 @@ class AggregationSession:
             result = quantize.dequantize(sums, agreed, self.num_workers, average=average,
                                          dtype=flat.dtype)
             flat[:] = result.reshape(-1)[:flat.size]
-        bound = quantize.error_bound(agreed, self.num_workers, average=average)
+        bound = quantize.error_bound(agreed[~poisoned], self.num_workers, average=average)
         self.last_call = CallStats(elements=flat.size, blocks=len(blocks),
                                    seconds=time.perf_counter() - start,
                                    counters=self.transport.stats - before,
                                    max_error_bound=float(bound.max()) if bound.size else 0.0)
+        if problem:
+            raise quantize.NonFiniteError(problem)
 
     def close(self) -> None:
         """Wait for queued calls, then release the socket."""

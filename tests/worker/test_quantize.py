@@ -1,0 +1,215 @@
+"""Block floating point, checked element by element against a float64 reference.
+
+The switch is played by numpy here: max of the exponents, int64 sum of the
+quantized values (then checked to fit int32, so its saturation never matters).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from p4src.protocol import EXPONENT_OF_ZERO
+from worker import quantize as q
+
+K = 64  # any block size works; the wire's comes from the compiled program
+
+
+def worker_inputs(n: int, blocks: int, seed: int) -> list[np.ndarray]:
+    """Per-worker float32 values whose blocks span the whole exponent range:
+    ordinary, tiny, huge, subnormal, zero, and single-worker-only blocks."""
+    rng = np.random.default_rng(seed)
+    scale = 2.0 ** rng.integers(-140, 120, size=(blocks, 1))
+    scale[:8] = 2.0 ** np.array([[0], [-126], [-149], [123], [-3], [10], [-60], [40]])
+    out = []
+    for w in range(n):
+        x = (rng.standard_normal((blocks, K)) * scale).astype(np.float32)
+        x[8] = 0                         # a block of zeros everywhere
+        if w:                             # a block only worker 0 has
+            x[9] = 0
+        x[10, ::3] = 0
+        out.append(x)
+    return out
+
+
+def aggregate(inputs: list[np.ndarray], average: bool, dtype=np.float32):
+    """What the workers and the switch compute together; also the exponents used."""
+    n = len(inputs)
+    own = [q.block_exponents(x) for x in inputs]
+    agreed = np.max(own, axis=0)
+    quantized = [q.quantize(x, e, agreed, n).astype(np.int64) for x, e in zip(inputs, own)]
+    limit = 2 ** q.scale_bits(n) - 1
+    assert all(np.abs(v).max() <= limit for v in quantized)
+    total = np.sum(quantized, axis=0)
+    assert np.abs(total).max() <= 2**31 - 1, "the int32 sum would overflow"
+    result = q.dequantize(total.astype(np.int32), agreed, n, average=average, dtype=dtype)
+    return result, agreed
+
+
+def check_bound(result, inputs, agreed, n, average, output_ulps):
+    reference = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    magnitude = np.sum([np.abs(x.astype(np.float64)) for x in inputs], axis=0)
+    if average:
+        reference, magnitude = reference / n, magnitude / n
+    bound = (q.error_bound(agreed, n, average=average)[:, None]
+             + output_ulps
+             + magnitude * n * 2.0**-52)          # rounding of the float64 reference itself
+    error = np.abs(result.astype(np.float64) - reference)
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert np.all(error <= bound), (f"element {worst}: error {error[worst]:.3e} > bound "
+                                    f"{bound[worst]:.3e} (E_max {agreed[worst[0]]})")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 16, 31, 32])
+@pytest.mark.parametrize("average", [False, True])
+def test_every_element_within_the_bound(n, average):
+    inputs = worker_inputs(n, 200, seed=n)
+    result, agreed = aggregate(inputs, average)
+    half_ulp = np.spacing(np.abs(result)).astype(np.float64) / 2
+    check_bound(result, inputs, agreed, n, average, half_ulp)
+
+
+def test_bound_is_tight_enough_to_mean_something():
+    inputs = worker_inputs(4, 50, seed=1)
+    result, agreed = aggregate(inputs, average=False)
+    reference = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    largest = np.abs(reference).max(axis=1)
+    nonzero = largest > 0
+    # 4 workers: b = 29, so the bound is 2 * 2**(E-30) <= 2**-27 of 2**E, i.e. ~1e-8 of
+    # the block's largest input. Every block is (nearly) full float32 precision.
+    assert np.all(q.error_bound(agreed, 4, average=False)[nonzero] <= 2.0**(agreed[nonzero] - 27))
+    assert np.all(np.abs(result - reference).max(axis=1)[nonzero]
+                  <= largest[nonzero] * 2.0**-20 + 2.0**-149)
+
+
+def test_float16_inputs_and_output():
+    rng = np.random.default_rng(3)
+    inputs = [(rng.standard_normal((100, K)) * 2.0**rng.integers(-20, 12, (100, 1)))
+              .astype(np.float16) for _ in range(4)]
+    as32 = [q.to_blocks(x, K) for x in inputs]
+    result, agreed = aggregate(as32, average=True, dtype=np.float16)
+    assert result.dtype == np.float16
+    half_ulp = np.spacing(np.abs(result)).astype(np.float64) / 2
+    check_bound(result, as32, agreed, 4, True, half_ulp)
+
+
+def test_bfloat16_through_float32():
+    gen = torch.Generator().manual_seed(4)
+    inputs = [torch.randn(100 * K, generator=gen, dtype=torch.float32).to(torch.bfloat16)
+              for _ in range(3)]
+    as32 = [q.to_blocks(t.float().numpy(), K) for t in inputs]
+    result32, agreed = aggregate(as32, average=True)
+    result = torch.from_numpy(result32).to(torch.bfloat16).double().numpy()
+    # Rounded to float32, then to bfloat16 (8 significant bits, float32 has 24).
+    spacing32 = np.spacing(np.abs(result32)).astype(np.float64)
+    check_bound(result, as32, agreed, 3, True, spacing32 / 2 + spacing32 * 2.0**16 / 2)
+
+
+def test_to_blocks_pads_with_zeros_and_views_when_it_can():
+    x = np.arange(K * 3, dtype=np.float32)
+    assert np.shares_memory(q.to_blocks(x, K), x)
+    blocks = q.to_blocks(np.ones(K + 5, dtype=np.float64), K)
+    assert blocks.shape == (2, K) and blocks.dtype == np.float32
+    assert blocks.sum() == K + 5 and np.all(blocks[1, 5:] == 0)
+    with pytest.raises(TypeError):
+        q.to_blocks(np.arange(5), K)
+
+
+def test_block_exponent_is_the_smallest_power_of_two_above_the_block():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((500, K)) * 2.0**rng.integers(-120, 120, (500, 1))).astype(np.float32)
+    x[0] = 0
+    x[1, :] = 0
+    x[1, 7] = np.float32(2.0**-149)     # smallest subnormal
+    x[2, :] = 2.0**5                    # exact powers of two: E is one more
+    e = q.block_exponents(x).astype(np.int64)
+    largest = np.abs(x.astype(np.float64)).max(axis=1)
+    assert e[0] == EXPONENT_OF_ZERO and e[1] == -126 and e[2] == 6
+    normal = slice(2, None)
+    assert np.all(largest[normal] < 2.0 ** e[normal])
+    assert np.all(largest[normal] >= 2.0 ** (e[normal] - 1))
+
+
+@pytest.mark.parametrize("bad, index", [(np.nan, 70), (np.inf, 3), (-np.inf, 64 * 9),
+                                        (np.float32(2.0**126), 200)])
+def test_nan_inf_and_huge_values_poison_their_block_on_every_worker(bad, index):
+    mine = np.ones((10, K), dtype=np.float32)
+    mine.reshape(-1)[index] = bad
+    other = np.ones((10, K), dtype=np.float32)
+    own = [q.block_exponents(x) for x in (mine, other)]
+    block = index // K
+    assert own[0][block] == q.POISON_EXPONENT
+    assert np.all(np.delete(own[0], block) == 1) and np.all(own[1] == 1)
+    agreed = np.max(own, axis=0)
+    sums = sum(q.quantize(x, e, agreed, 2).astype(np.int64) for x, e in zip((mine, other), own))
+    assert np.all(sums[block] == 0)           # nothing of the bad block reaches the switch
+    result = q.dequantize(sums.astype(np.int32), agreed, 2, average=False)
+    assert np.all(np.isnan(result[block]))
+    assert np.all(np.delete(result, block, axis=0) == 2)
+    assert q.describe_poison(mine, agreed, K).startswith(f"cannot aggregate {np.float32(bad)} "
+                                                         f"at index {index}")
+    assert q.describe_poison(other, agreed, K).startswith("another worker sent NaN")
+    assert f"from index {block * K} are NaN" in q.describe_poison(other, agreed, K)
+
+
+def test_largest_finite_magnitude_is_below_2_to_126():
+    x = np.ones((2, K), dtype=np.float32)
+    x[1, 5] = -np.nextafter(np.float32(2.0**126), np.float32(0))
+    assert q.block_exponents(x)[1] == 126 == q.MAX_EXPONENT
+
+
+def test_quantize_refuses_an_agreed_exponent_below_its_own():
+    x = np.ones((2, K), dtype=np.float32)
+    own = q.block_exponents(x)
+    with pytest.raises(RuntimeError, match="disagree"):
+        q.quantize(x, own, own - 1, 2)
+
+
+@pytest.mark.parametrize("n", list(range(1, 33)))
+def test_no_overflow_at_the_largest_values_for_up_to_32_workers(n):
+    # Every worker at the top of the block's range, same sign: the worst case.
+    x = np.full((3, K), np.nextafter(np.float32(2.0**10), np.float32(0)), dtype=np.float32)
+    x[1] *= -1
+    x[2] = np.nextafter(np.float32(2.0**q.MAX_EXPONENT), np.float32(0))
+    e = q.block_exponents(x)
+    v = q.quantize(x, e, e, n).astype(np.int64)
+    # The largest float32 below 2**E, scaled: 2**b - 2**(b-24), an integer below 2**b.
+    assert np.abs(v).max() == 2 ** q.scale_bits(n) - 2 ** (q.scale_bits(n) - 24)
+    assert n * np.abs(v).max() <= 2**31 - 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 8, 12, 32])
+@pytest.mark.parametrize("average", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_dequantize_is_one_rounding_of_the_exact_value(n, average, dtype):
+    """Whichever internal path it takes, every bit equals float64-exact then one cast:
+    a fixed function of (sum, E_max), so every worker gets the same bits."""
+    rng = np.random.default_rng(n)
+    sums = rng.integers(-2**31 + 1, 2**31, size=(300, K)).astype(np.int32)
+    sums[:, :8] = rng.integers(-300, 300, size=(300, 8))
+    agreed = rng.integers(-128, q.POISON_EXPONENT, size=300).astype(np.int8)
+    agreed[:100] = rng.integers(-20, 20, size=100)       # the usual gradient range
+    expected = sums.astype(np.float64) * np.ldexp(1.0, agreed.astype(np.int64)
+                                                  - q.scale_bits(n))[:, None]
+    if average:
+        expected /= n
+    with np.errstate(over="ignore"):      # float16 overflows to inf, both ways alike
+        expected = expected.astype(dtype)
+        got = q.dequantize(sums, agreed, n, average=average, dtype=dtype)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), expected.view(f"u{got.itemsize}"))
+    # Into a strided big-endian view, as the transport hands it over.
+    packets = np.zeros(300, dtype=[("h", "V10"), ("values", ">i4", (K,))])
+    packets["values"] = sums
+    with np.errstate(over="ignore"):
+        again = q.dequantize(packets["values"], agreed, n, average=average, dtype=dtype)
+    np.testing.assert_array_equal(again.view(f"u{got.itemsize}"), expected.view(f"u{got.itemsize}"))
+
+
+def test_quantize_into_big_endian_packet_field():
+    x = worker_inputs(1, 20, seed=9)[0]
+    e = q.block_exponents(x)
+    packets = np.zeros(20, dtype=[("h", "V10"), ("values", ">i4", (K,))])
+    q.quantize(x, e, e + 1, 3, out=packets["values"])
+    np.testing.assert_array_equal(packets["values"], q.quantize(x, e, e + 1, 3))
