@@ -1,0 +1,101 @@
+"""The ``python -m softswitch`` command line, and packets over real veth interfaces."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import p4runtime_sh.shell as sh
+import pytest
+
+from tests.softswitch.conftest import free_port, program_files
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "softswitch", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-i", "bogus", "--no-p4"], "PORT@IFACE"),
+    (["--device-id", "0"], "--no-p4"),
+    (["--no-p4", "--", "--grpc-server-addr", "nohost"], "HOST:PORT"),
+    (["--no-p4", "--", "--frobnicate"], "unrecognized"),
+    (["--no-p4", "-L", "loud"], "invalid choice"),
+])
+def test_bad_arguments_exit_with_a_message(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_missing_interface_is_named():
+    result = run_cli("-i", "1@nosuchif0", "--no-p4")
+    assert result.returncode == 1
+    assert "nosuchif0" in result.stderr
+
+
+def test_unsupported_program_is_refused_at_load():
+    json_path, _ = program_files("unsupported_meter")
+    result = run_cli(str(json_path), "--", "--grpc-server-addr", f"127.0.0.1:{free_port()}")
+    assert result.returncode == 1
+    assert "meter" in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
+def test_frames_cross_real_veth_pairs_under_p4runtime_control():
+    from testbed.netns import Topology
+    from testbed.targets import SwitchProcess
+
+    json_path, p4info_path = program_files("forwarding")
+    with Topology(3) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
+        sh.setup(device_id=0, grpc_addr=switch.grpc_addr, election_id=(0, 1),
+                 config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+        try:
+            for host in topo.hosts:
+                te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
+                te.match["dst"] = host.mac
+                te.action["port"] = str(host.switch_port)
+                te.insert()
+            group = sh.MulticastGroupEntry(1)
+            for host in topo.hosts:
+                group.add(host.switch_port, 0)
+            group.insert()
+            socks = [h.raw_socket() for h in topo.hosts]
+            src, dst = topo.hosts[0], topo.hosts[2]
+            frame = (bytes.fromhex(dst.mac.replace(":", "")) + bytes.fromhex(src.mac.replace(":", ""))
+                     + b"\x88\xb5" + b"unicast" + bytes(50))
+            time.sleep(0.2)
+            socks[0].send(frame)
+            assert frame in receive(socks[2])
+            broadcast = b"\xff" * 6 + frame[6:12] + b"\x88\xb5" + b"flood" + bytes(50)
+            socks[0].send(broadcast)
+            assert broadcast in receive(socks[1]) and broadcast in receive(socks[2])
+            ce = sh.CounterEntry("Ing.port_packets")
+            ce.index = src.switch_port
+            assert list(ce.read())[0].data.packet_count >= 2
+        finally:
+            sh.teardown()
+            for sock in locals().get("socks", []):
+                sock.close()
+        assert switch.process.poll() is None
+
+
+def receive(sock, timeout: float = 3.0) -> list[bytes]:
+    """Frames arriving on ``sock`` within ``timeout`` (stops early once one arrives)."""
+    frames = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sock], [], [], 0.1)
+        if ready:
+            frames.append(sock.recv(65536))
+        elif frames:
+            break
+    return frames

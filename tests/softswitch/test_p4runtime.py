@@ -1,0 +1,295 @@
+"""P4Runtime against the softswitch over real gRPC, driven by p4runtime-shell.
+
+Runs programs/forwarding.p4: exact, LPM and ternary tables, const entries, default
+actions, multicast, counters, registers, checksum update. Packets go straight into
+the pipeline the server committed.
+"""
+
+from __future__ import annotations
+
+import grpc
+import p4runtime_sh.shell as sh
+import pytest
+from google.protobuf import text_format
+from p4.config.v1 import p4info_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+from p4runtime_sh.p4runtime import P4RuntimeWriteException
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+
+from tests.softswitch.conftest import program_files
+
+MAC1, MAC2, MAC9 = "02:00:00:00:00:01", "02:00:00:00:00:02", "02:00:00:00:00:09"
+
+
+@pytest.fixture
+def shell(switch):
+    json_path, p4info_path = program_files("forwarding")
+    sh.setup(device_id=0, grpc_addr=switch.addr, election_id=(0, 1),
+             config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+    yield switch
+    sh.teardown()
+
+
+def ip_frame(src="10.0.0.5", dst="10.1.2.3", proto=17, tos=0, ttl=64, dst_mac=MAC9):
+    pkt = Ether(src=MAC1, dst=dst_mac) / IP(src=src, dst=dst, proto=proto, tos=tos, ttl=ttl)
+    if proto == 17:
+        pkt = pkt / UDP(sport=1, dport=2)
+    return bytes(pkt / b"payload")
+
+
+def checksum_ok(data: bytes) -> bool:
+    ip = Ether(data)[IP]
+    sent = ip.chksum
+    del ip.chksum
+    return IP(bytes(ip)).chksum == sent
+
+
+def add_route(prefix, plen, port, mac):
+    te = sh.TableEntry("Ing.routes")(action="Ing.route")
+    te.match["dst_addr"] = f"{prefix}/{plen}"
+    te.action["port"] = str(port)
+    te.action["next_mac"] = mac
+    te.insert()
+    return te
+
+
+def test_exact_table_and_flood_through_a_multicast_group(shell):
+    te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
+    te.match["dst"] = MAC2
+    te.action["port"] = "2"
+    te.insert()
+    group = sh.MulticastGroupEntry(1)
+    group.add(1, 0).add(2, 0).add(3, 0)
+    group.insert()
+    arp = bytes(Ether(src=MAC1, dst=MAC2, type=0x0806) / (b"\0" * 28))
+    assert shell.send(arp, 1) == [(2, arp)]
+    unknown = bytes(Ether(src=MAC1, dst=MAC9, type=0x0806) / (b"\0" * 28))
+    assert [p for p, _ in shell.send(unknown, 1)] == [2, 3]      # pruned at the ingress port
+    groups = list(sh.MulticastGroupEntry(1).read())
+    assert [(r.egress_port, r.instance) for r in groups[0]._entry.replicas] == \
+        [(1, 0), (2, 0), (3, 0)]
+    te.action["port"] = "3"
+    te.modify()
+    assert [p for p, _ in shell.send(arp, 1)] == [3]
+    te.delete()
+    assert [p for p, _ in shell.send(arp, 1)] == [2, 3]
+    assert list(sh.TableEntry("Ing.mac_table").read()) == []
+
+
+def test_lpm_prefers_the_longest_prefix_and_rewrites_with_a_valid_checksum(shell):
+    add_route("10.0.0.0", 8, 1, "02:00:00:00:00:aa")
+    add_route("10.1.0.0", 16, 2, "02:00:00:00:00:bb")
+    out = shell.send(ip_frame(dst="10.1.2.3", ttl=64), 5)
+    assert [p for p, _ in out] == [2]
+    pkt = Ether(out[0][1])
+    assert (pkt.dst, pkt.src, pkt[IP].ttl) == ("02:00:00:00:00:bb", MAC9, 63)
+    assert checksum_ok(out[0][1])
+    assert [p for p, _ in shell.send(ip_frame(dst="10.7.0.1"), 5)] == [1]
+    assert shell.send(ip_frame(dst="11.0.0.1"), 5) == []          # default: drop
+    entries = list(sh.TableEntry("Ing.routes").read())
+    assert sorted(e.match["dst_addr"].lpm.prefix_len for e in entries) == [8, 16]
+
+
+def test_default_action_can_be_changed_and_read_back(shell):
+    default = sh.TableEntry("Ing.routes")(action="Ing.route", is_default=True)
+    default.action["port"] = "4"
+    default.action["next_mac"] = "02:00:00:00:00:cc"
+    default.modify()
+    assert [p for p, _ in shell.send(ip_frame(dst="192.168.1.1"), 5)] == [4]
+    read = list(sh.TableEntry("Ing.routes")(is_default=True).read())
+    assert len(read) == 1 and read[0].is_default
+    assert read[0]._entry.action.action.params[0].value == b"\x00\x04"
+    const_default = sh.TableEntry("Ing.dscp")(action="NoAction", is_default=True)
+    with pytest.raises(P4RuntimeWriteException, match="PERMISSION_DENIED"):
+        const_default.modify()
+
+
+def test_ternary_priorities(shell):
+    add_route("10.0.0.0", 8, 1, MAC2)
+    deny = sh.TableEntry("Ing.acl")(action="Ing.drop")
+    deny.match["src_addr"] = "10.0.0.0&&&255.0.0.0"
+    deny.priority = 10
+    deny.insert()
+    allow = sh.TableEntry("Ing.acl")(action="Ing.set_port")
+    allow.match["src_addr"] = "10.0.0.5&&&255.255.255.255"
+    allow.match["protocol"] = "17&&&0xff"
+    allow.action["port"] = "3"
+    allow.priority = 20
+    allow.insert()
+    assert [p for p, _ in shell.send(ip_frame(src="10.0.0.5"), 5)] == [3]
+    assert shell.send(ip_frame(src="10.0.0.6"), 5) == []
+    assert shell.send(ip_frame(src="10.0.0.5", proto=6), 5) == []   # TCP: only deny matches
+    assert [p for p, _ in shell.send(ip_frame(src="20.0.0.1"), 5)] == [1]
+    allow.priority = 5
+    allow.insert()                                  # same match, other priority: new entry
+    assert len(list(sh.TableEntry("Ing.acl").read())) == 3
+
+
+def test_const_entries_are_visible_and_read_only(shell):
+    add_route("0.0.0.0", 1, 1, MAC2)
+    add_route("128.0.0.0", 1, 1, MAC2)
+    for tos, cls in ((0xB8, 3), (0xBB, 3), (0x04, 0), (0x24, 1), (0xC0, 2)):
+        out = shell.send(ip_frame(tos=tos), 5)
+        assert Ether(out[0][1])[IP].id == cls, hex(tos)
+    entries = list(sh.TableEntry("Ing.dscp").read())
+    assert len(entries) == 4 and all(e._entry.is_const for e in entries)
+    priorities = [e.priority for e in entries]
+    assert priorities == sorted(priorities, reverse=True) or len(set(priorities)) == 4
+    extra = sh.TableEntry("Ing.dscp")(action="Ing.classify")
+    extra.match["diffserv"] = "0x10&&&0xff"
+    extra.action["cls"] = "1"
+    extra.priority = 1
+    with pytest.raises(P4RuntimeWriteException, match="PERMISSION_DENIED"):
+        extra.insert()
+
+
+def test_counters_read_with_and_without_index(shell):
+    add_route("10.0.0.0", 8, 1, MAC2)
+    data = ip_frame(tos=0x24)
+    for _ in range(3):
+        shell.send(data, 7)
+    ce = sh.CounterEntry("Ing.port_packets")
+    ce.index = 7
+    (entry,) = list(ce.read())
+    assert (entry.data.packet_count, entry.data.byte_count) == (3, 3 * len(data))
+    everything = list(sh.CounterEntry("Ing.port_packets").read())
+    assert len(everything) == 512 and sum(e.data.packet_count for e in everything) == 3
+    classes = list(sh.CounterEntry("Ing.class_packets").read())
+    assert [e.data.packet_count for e in classes] == [0, 3, 0, 0]
+
+
+def raw_stub(switch):
+    channel = grpc.insecure_channel(switch.addr)
+    return channel, p4runtime_pb2_grpc.P4RuntimeStub(channel)
+
+
+def p4info_ids():
+    p4info = p4info_pb2.P4Info()
+    text_format.Parse(program_files("forwarding")[1].read_text(), p4info)
+    return {r.preamble.name: r.preamble.id for r in list(p4info.registers) + list(p4info.tables)}
+
+
+def test_registers_read_and_write(shell):
+    add_route("10.0.0.0", 8, 1, MAC2)
+    shell.send(ip_frame(ttl=42), 6)
+    reg_id = p4info_ids()["Ing.last_ttl"]
+    channel, stub = raw_stub(shell)
+    with channel:
+        req = p4runtime_pb2.ReadRequest(device_id=0)
+        entry = req.entities.add().register_entry
+        entry.register_id = reg_id
+        entry.index.index = 6
+        (resp,) = list(stub.Read(req))
+        assert resp.entities[0].register_entry.data.bitstring == b"\x2a"
+        write = p4runtime_pb2.WriteRequest(device_id=0)
+        write.election_id.low = 1
+        update = write.updates.add()
+        update.type = p4runtime_pb2.Update.MODIFY
+        update.entity.register_entry.register_id = reg_id
+        update.entity.register_entry.index.index = 9
+        update.entity.register_entry.data.bitstring = b"\x07"
+        stub.Write(write)
+        assert shell.pipeline.registers["Ing.last_ttl"].cells[9] == 7
+        del req.entities[0].register_entry.index.index
+        req.entities[0].register_entry.ClearField("index")
+        cells = [e.register_entry.data.bitstring for r in stub.Read(req) for e in r.entities]
+        assert len(cells) == 512 and cells[6] == b"\x2a" and cells[9] == b"\x07"
+
+
+def test_write_errors_come_back_per_update(shell):
+    te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
+    te.match["dst"] = MAC2
+    te.action["port"] = "2"
+    te.insert()
+    with pytest.raises(P4RuntimeWriteException, match="ALREADY_EXISTS"):
+        te.insert()
+    missing = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
+    missing.match["dst"] = MAC1
+    missing.action["port"] = "1"
+    with pytest.raises(P4RuntimeWriteException, match="NOT_FOUND"):
+        missing.modify()
+    with pytest.raises(P4RuntimeWriteException, match="NOT_FOUND"):
+        missing.delete()
+    lpm = sh.TableEntry("Ing.acl")(action="Ing.drop")
+    lpm.match["protocol"] = "6&&&0xff"
+    with pytest.raises(P4RuntimeWriteException, match="INVALID_ARGUMENT"):
+        lpm.insert()                                 # a ternary entry needs a priority
+
+
+def test_arbitration_only_the_primary_writes(shell):
+    channel, stub = raw_stub(shell)
+    with channel:
+        requests = [p4runtime_pb2.StreamMessageRequest()]
+        requests[0].arbitration.device_id = 0
+        requests[0].arbitration.election_id.low = 0   # lower than the shell's (0, 1)
+        import queue
+        q: queue.Queue = queue.Queue()
+        q.put(requests[0])
+        stream = stub.StreamChannel(iter(q.get, None))
+        reply = next(stream)
+        assert reply.arbitration.status.code == 6       # ALREADY_EXISTS: backup
+        assert reply.arbitration.election_id.low == 1   # the primary's id
+        write = p4runtime_pb2.WriteRequest(device_id=0)
+        write.election_id.low = 0
+        update = write.updates.add()
+        update.type = p4runtime_pb2.Update.INSERT
+        update.entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 3
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Write(write)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # Becoming primary with a higher id: both streams hear about it.
+        upgrade = p4runtime_pb2.StreamMessageRequest()
+        upgrade.arbitration.device_id = 0
+        upgrade.arbitration.election_id.low = 5
+        q.put(upgrade)
+        reply = next(stream)
+        assert reply.arbitration.status.code == 0 and reply.arbitration.election_id.low == 5
+        write.election_id.low = 5
+        stub.Write(write)
+        q.put(None)
+
+
+def test_pipeline_config_errors(switch):
+    channel, stub = raw_stub(switch)
+    json_path, p4info_path = program_files("forwarding")
+    with channel:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GetForwardingPipelineConfig(
+                p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=0))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+            device_id=0, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        text_format.Parse(p4info_path.read_text(), req.config.p4info)
+        req.config.p4_device_config = b"{not json"
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SetForwardingPipelineConfig(req)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        meter_json, meter_p4info = program_files("unsupported_meter")
+        req.config.p4_device_config = meter_json.read_bytes()
+        req.config.ClearField("p4info")
+        text_format.Parse(meter_p4info.read_text(), req.config.p4info)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SetForwardingPipelineConfig(req)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "meter" in err.value.details()
+        req.config.ClearField("p4info")
+        text_format.Parse(p4info_path.read_text(), req.config.p4info)
+        req.config.p4_device_config = json_path.read_bytes()
+        req.device_id = 3
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SetForwardingPipelineConfig(req)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        req.device_id = 0
+        stub.SetForwardingPipelineConfig(req)
+        got = stub.GetForwardingPipelineConfig(p4runtime_pb2.GetForwardingPipelineConfigRequest(
+            device_id=0, response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.ALL))
+        assert got.config.p4_device_config == json_path.read_bytes()
+        assert got.config.p4info == req.config.p4info
+        read = p4runtime_pb2.ReadRequest(device_id=0)
+        read.entities.add().meter_entry.meter_id = 1
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Read(read))
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        caps = stub.Capabilities(p4runtime_pb2.CapabilitiesRequest())
+        assert caps.p4runtime_api_version
