@@ -69,10 +69,13 @@ class SwitchConnection:
     def connect(self) -> "SwitchConnection":
         if SwitchConnection._active is not None:
             raise P4RuntimeError("another SwitchConnection is open in this process; close it first")
+        probe = grpc.insecure_channel(self.grpc_addr)
         try:
-            grpc.channel_ready_future(grpc.insecure_channel(self.grpc_addr)).result(timeout=10)
+            grpc.channel_ready_future(probe).result(timeout=10)
         except grpc.FutureTimeoutError:
             raise P4RuntimeError(f"cannot reach a P4Runtime server at {self.grpc_addr}") from None
+        finally:
+            probe.close()
         try:
             self._client = _Client(self.device_id, self.grpc_addr, self.election_id)
         except (P4RuntimeException, grpc.RpcError) as exc:

@@ -1,0 +1,33 @@
+"""Every committed P4 build matches its sources, so a build can never go stale.
+
+Runs everywhere (no p4c needed): it compares the source hashes recorded by
+tools/p4build.py with the files as they are now.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from p4build import stale_sources  # noqa: E402
+
+MANIFESTS = sorted(REPO.glob("p4src/build/*.manifest.json")) + sorted(
+    REPO.glob("tests/**/build/*.manifest.json"))
+
+
+def test_the_main_program_is_built():
+    assert (REPO / "p4src/build/aggregation.manifest.json") in MANIFESTS
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_build_matches_its_sources(manifest):
+    stale = stale_sources(manifest)
+    assert not stale, (f"{manifest.parent} is stale: {', '.join(stale)} changed since it was "
+                       f"compiled; run 'make p4' (or 'make p4-test-programs') with p4c and commit")
+    name = manifest.name.removesuffix(".manifest.json")
+    for suffix in (".json", ".p4info.txtpb"):
+        assert (manifest.parent / f"{name}{suffix}").exists()

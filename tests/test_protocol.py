@@ -1,0 +1,69 @@
+"""The Python view of the packet format agrees with the compiled program."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from p4src import protocol
+
+
+@pytest.fixture(scope="module")
+def program():
+    return json.loads(protocol.PROGRAM_JSON.read_text())
+
+
+def test_packet_format_matches_the_p4_definitions(program):
+    fmt = protocol.packet_format()
+    sizes = protocol.parse_defines((protocol.P4SRC_DIR / "shared/size.p4").read_text())
+    assert fmt.values_per_packet == sizes["VALUES_PER_PACKET"]
+    assert fmt.pool_size == sizes["POOL_SIZE"]
+    assert fmt.header_bytes == 10
+    assert fmt.payload_bytes == 10 + 4 * fmt.values_per_packet
+
+
+def test_counters_have_one_cell_per_outcome(program):
+    sizes = {c["name"]: c["size"] for c in program["counter_arrays"]}
+    assert sizes["AggIngress.ingress_outcomes"] == len(protocol.IngressOutcome)
+    assert sizes["AggEgress.egress_outcomes"] == len(protocol.EgressOutcome)
+
+
+def test_every_value_has_its_register(program):
+    fmt = protocol.packet_format()
+    names = {r["name"] for r in program["register_arrays"]}
+    for i in range(fmt.values_per_packet):
+        assert f"AggIngress.value_aggregator.value_{i}" in names
+
+
+def test_pack_unpack_round_trip():
+    fmt = protocol.packet_format()
+    rng = np.random.default_rng(0)
+    n = 50
+    values = rng.integers(-2**31, 2**31, size=(n, fmt.values_per_packet)).astype(np.int32)
+    fields = {"msg_type": 1, "job_id": rng.integers(0, 256, n), "set": rng.integers(0, 2, n),
+              "slot": rng.integers(0, 2**15, n), "pkt_id": rng.integers(0, 2**32, n),
+              "exponent": rng.integers(-128, 128, n), "contributions": rng.integers(0, 33, n)}
+    packets = fmt.decode(fmt.pack(values, **fields).tobytes())
+    got = fmt.unpack(packets)
+    for name, want in fields.items():
+        np.testing.assert_array_equal(got[name], np.broadcast_to(want, n))
+    np.testing.assert_array_equal(packets["values"], values)
+
+
+def test_wire_layout_is_big_endian_with_set_in_the_top_bit():
+    fmt = protocol.packet_format()
+    wire = fmt.pack(np.zeros((1, fmt.values_per_packet), dtype=np.int32), msg_type=2, job_id=3,
+                    set=1, slot=5, pkt_id=0x01020304, exponent=-2, contributions=4).tobytes()
+    assert wire[:10] == bytes([2, 3, 0x80, 5, 1, 2, 3, 4, 0xFE, 4])
+
+
+def test_bad_sizes_are_refused():
+    fmt = protocol.packet_format()
+    with pytest.raises(ValueError):
+        fmt.pack(np.zeros((1, 3), dtype=np.int32))
+    with pytest.raises(ValueError):
+        fmt.decode(b"\x00" * (fmt.payload_bytes + 1))
+    with pytest.raises(ValueError):
+        fmt.pack(np.zeros((1, fmt.values_per_packet), dtype=np.int32), bogus=1)
