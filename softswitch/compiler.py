@@ -204,6 +204,7 @@ class Generator:
         self.aliases: dict[str, tuple[str, str]] = {}
         self.structs: dict[str, tuple] = {}
         self.state_vars: list[str] = []
+        self.hoist = None
 
     # ------------------------------------------------------------------ declarations
     def load_declarations(self) -> None:
@@ -345,12 +346,16 @@ class Generator:
             rcode, rinfo = self.expr(right, src, params)
             return f"({lcode} if {cond} else {rcode})", _union(linfo, rinfo)
         if op in ("two_comp_mod", "sat_cast", "usat_cast"):
-            lcode, _ = self.expr(left, src, params)
+            lcode, linfo = self.expr(left, src, params)
             if right.get("type") != "hexstr":
                 raise Unsupported(f"{op} with a non-constant width")
             width = hexstr(right["value"])
             if op == "two_comp_mod":
                 half = 1 << (width - 1)
+                if _fits(linfo, width, True):
+                    return lcode, ("s", width)
+                if linfo[0] == "u" and linfo[1] == width and re.fullmatch(r"\w+", lcode):
+                    return f"({lcode} - {1 << width} if {lcode} >= {half} else {lcode})", ("s", width)
                 return f"((({lcode}) + {half}) & {mask(width)}) - {half}", ("s", width)
             tmp = src.temp()
             if op == "sat_cast":
@@ -494,34 +499,81 @@ class Generator:
         code, info = self.expr(node, src, params)
         if re.fullmatch(r"[A-Za-z_]\w*|\d+", code):
             return code, info
+        if self.hoist is not None:
+            var = self.hoist["indices"].get(code)
+            if var is None:
+                var = src.temp("ix")
+                self.hoist["indices"][code] = var
+            return var, info
         var = src.temp("ix")
         src.add(f"{var} = {code}")
         return var, info
 
-    @staticmethod
-    def guarded(src: Source, index, size: int, *stmts: str) -> None:
+    def guarded(self, src: Source, index, size: int, *stmts: str) -> None:
         """Statements indexing an array: BMv2 skips an out-of-range access."""
         idx, info = index
-        if info[0] == "u" and (1 << info[1]) <= size:
+        safe = info[0] == "u" and (1 << info[1]) <= size
+        if safe or (self.hoist is not None and not self.hoist["check"]):
             for stmt in stmts:
                 src.add(stmt)
             return
+        if self.hoist is not None:
+            self.hoist["guards"][(idx, size)] = None
         src.add(f"if {idx} < {size}:")
         for stmt in stmts:
             src.add(f"    {stmt}")
 
     def action_body(self, action_id: int, src: Source) -> None:
+        """An action inlined at ``src``.
+
+        Array indices that nothing in the action changes are computed once, up front;
+        when they are all in range (the normal case) a copy of the body without
+        per-access bounds checks runs, otherwise the checked copy.
+        """
         action = self.actions_json.get(action_id)
         if action is None:
             raise Unsupported(f"table refers to unknown action id {action_id}")
         params = [(p["name"], p["bitwidth"]) for p in action.get("runtime_data", [])]
-        for prim in action.get("primitives", []):
+        prims = action.get("primitives", [])
+        where = f"action {action['name']}"
+        for prim in prims:
             if prim["op"] in ("_jump", "_jump_if_zero"):
-                raise Unsupported(f"primitive {prim['op']!r} (in action {action['name']})")
-        for prim in action.get("primitives", []):
-            self.primitive(prim, src, params, f"action {action['name']}")
-        if not action.get("primitives"):
+                raise Unsupported(f"primitive {prim['op']!r} (in {where})")
+        if not prims:
             src.add("pass")
+            return
+        self.hoist = {"indices": {}, "guards": {}, "check": True}
+        checked = self._body(prims, src, params, where)
+        hoist, self.hoist = self.hoist, None
+        assigned = set(re.findall(r"^\s*(F_\w+) = ", "\n".join(checked.lines), re.M))
+        stable = all(not set(re.findall(r"\bF_\w+", code)) & assigned
+                     for code in hoist["indices"])
+        if not stable:
+            for prim in prims:
+                self.primitive(prim, src, params, where)
+            return
+        for code, var in hoist["indices"].items():
+            src.add(f"{var} = {code}")
+        if not hoist["guards"]:
+            src.add("if True:")
+            src.lines += checked.lines
+            return
+        self.hoist = {"indices": dict(hoist["indices"]), "guards": {}, "check": False}
+        fast = self._body(prims, src, params, where)
+        self.hoist = None
+        src.add("if " + " and ".join(f"{var} < {size}" for var, size in hoist["guards"]) + ":")
+        src.lines += fast.lines
+        src.add("else:")
+        src.lines += checked.lines
+
+    def _body(self, prims, src: Source, params, where: str) -> Source:
+        body = Source()
+        body.depth = src.depth + 1
+        body.counter = src.counter
+        for prim in prims:
+            self.primitive(prim, body, params, where)
+        src.counter = body.counter
+        return body
 
     # ------------------------------------------------------------------ parser
     def header_struct(self, header: Header):
@@ -1014,14 +1066,14 @@ class Generator:
         src.add("def ingress(pkt, ingress_port):")
         src.depth += 1
         src.add('"""Parse and run ingress: (egress_spec, mcast_grp, state)."""')
-        for header in self.headers.values():
-            if header.fields:
-                src.add(" = ".join(f.var for f in header.fields) + " = 0")
-            if not header.metadata:
-                src.add(f"{header.valid_var} = False")
+        # Metadata starts at zero, headers invalid: one unpack of a constant tuple.
+        init = [(f.var, 0) for h in self.headers.values() for f in h.fields]
+        init += [(h.valid_var, False) for h in self.headers.values() if not h.metadata]
+        self.ns["_INIT"] = tuple(value for _, value in init)
+        src.add(", ".join(var for var, _ in init) + ", = _INIT")
         src.add("plen = in_len = plen_reg = len(pkt)")
         src.add("off = 0")
-        src.add("perr = 0")
+        src.add(f"perr = {self.out.errors.get('NoError', 0)}")
         src.add(f"{std['ingress_port'].var} = ingress_port")
         if std["packet_length"] is not None:
             src.add(f"{std['packet_length'].var} = plen")
