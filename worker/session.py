@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from p4src import protocol
 from switch_ctl import config as config_mod
@@ -87,16 +86,20 @@ class AggregationSession:
     def allreduce(self, tensor, average: bool = False):
         """Sum (or average) ``tensor`` over all workers, in place; returns it.
 
-        Accepts torch tensors (float32, float16, bfloat16, float64; CPU, or any
-        device by copying) and numpy float arrays. If any worker's values hold NaN,
+        Accepts numpy float arrays and torch tensors (float32, float16, bfloat16,
+        float64; CPU, or any device by copying). If any worker's values hold NaN,
         Inf or magnitudes of 2**126 or more, every worker raises ``NonFiniteError``
         for this call (the affected blocks are NaN in the tensor) and the session
         stays usable (see ``quantize``)."""
-        return self.allreduce_async(tensor, average=average).wait()
+        work, finish = _host_copy(tensor)
+        self._submit(lambda: (self._reduce(work, average), finish())).result()
+        return tensor
 
-    def allreduce_async(self, tensor, average: bool = False) -> torch.futures.Future:
-        """Like ``allreduce``, returning a future of the tensor at once."""
-        future: torch.futures.Future = torch.futures.Future()
+    def allreduce_async(self, tensor, average: bool = False):
+        """Like ``allreduce``, returning at once a ``torch.futures.Future`` of the tensor."""
+        import torch  # here, so numpy-only users never pay for importing torch
+
+        future = torch.futures.Future()
         try:
             work, finish = _host_copy(tensor)   # on the caller's thread: device copies in order
         except Exception as exc:
@@ -112,9 +115,12 @@ class AggregationSession:
             else:
                 future.set_result(tensor)
 
-        with self._lock:
-            self._executor.submit(run)
+        self._submit(run)
         return future
+
+    def _submit(self, fn) -> Future:
+        with self._lock:
+            return self._executor.submit(fn)
 
     def _reduce(self, values: np.ndarray, average: bool) -> None:
         """Aggregate a contiguous float array, writing the result into it."""
@@ -142,17 +148,23 @@ class AggregationSession:
         if problem:
             raise quantize.NonFiniteError(problem)
 
-    def close(self) -> None:
-        """Wait for queued calls, then release the socket."""
+    def close(self, park: bool = True) -> None:
+        """Wait for queued calls, park the slots (collective: every worker closes, so
+        a later session on the same job starts cleanly), release the socket."""
         with self._lock:
             self._executor.shutdown(wait=True)
-        self.transport.close()
+        try:
+            if park:
+                self.transport.park()
+        finally:
+            self.transport.close()
 
     def __enter__(self) -> "AggregationSession":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        # After an error the peers may be gone: do not wait for them to park.
+        self.close(park=exc_type is None)
 
 
 _NUMPY_FLOATS = (np.float16, np.float32, np.float64)
@@ -173,6 +185,8 @@ def _host_copy(tensor):
             return tensor, lambda: None
         work = np.ascontiguousarray(tensor)
         return work, lambda: np.copyto(tensor, work)
+    import torch  # a tensor's owner has imported it already
+
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch tensor or numpy array, not {type(tensor).__name__}")
     if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):

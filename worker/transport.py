@@ -22,6 +22,10 @@ AggregationTimeout. After that the switch's per-slot state for this job is
 unknown (some workers may have contributed, others not), so the transport refuses
 further calls: re-apply the job with a fresh slot range, or restart the switch,
 and start new sessions on every worker.
+
+A session starts at set 0 in every slot, which is right on a fresh switch and
+after a session that ended with ``park()`` (every worker, at close): parking gives
+each slot whose last packet used set 0 one more, empty, round in set 1.
 """
 
 from __future__ import annotations
@@ -173,6 +177,20 @@ class Transport:
             self.broken = exc
             raise
 
+    def park(self) -> None:
+        """Bring every slot to the same place in its set sequence (next set 0), with
+        one empty round in the slots that need it, so that a later session on the
+        same job, which starts at set 0 everywhere, finds the switch ready for it.
+        Collective, like a call: every worker parks, when it closes its session."""
+        odd = np.flatnonzero(self.next_set)
+        if odd.size and self.broken is None:
+            empty = np.zeros((0, self.fmt.values_per_packet), dtype=np.float32)
+            try:
+                _Call(self, empty, np.zeros(0), boot=odd).run()
+            except BaseException as exc:
+                self.broken = exc
+                raise
+
     def _send(self, packet: memoryview) -> bool:
         try:
             self.sock.send(packet)
@@ -206,9 +224,13 @@ _TRANSIENT_ERRNOS = {errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED}
 
 
 class _Call:
-    """The state of one aggregate() call: packets, slot progress and timers."""
+    """The state of one call: packets, slot progress and timers.
 
-    def __init__(self, transport: Transport, blocks: np.ndarray, own: np.ndarray):
+    Packet p < B is the bootstrap of slot ``boot[p]``; packet B + c carries chunk c,
+    in slot c mod W. A call with no chunks and only bootstraps parks slots."""
+
+    def __init__(self, transport: Transport, blocks: np.ndarray, own: np.ndarray,
+                 boot: np.ndarray | None = None):
         t = self.t = transport
         fmt = t.fmt
         if blocks.ndim != 2 or blocks.shape[1] != fmt.values_per_packet:
@@ -217,38 +239,42 @@ class _Call:
         self.own = np.asarray(own, dtype=np.int64)
         n = self.n = len(blocks)
         w = t.num_slots
-        used = self.used = min(n, w)
-        # Packet p: bootstrap of slot p for p < used, else chunk p - used.
+        boot = np.arange(min(n, w)) if boot is None else np.asarray(boot, dtype=np.int64)
+        nb = self.num_boot = len(boot)
         chunk = np.arange(n)
-        slot = np.concatenate([np.arange(used), chunk % w])
-        round_ = np.concatenate([np.zeros(used, dtype=np.int64), 1 + chunk // w])
-        carried = np.full(n, EXPONENT_OF_ZERO, dtype=np.int64)
-        carried[:n - w] = self.own[w:]
+        slot = np.concatenate([boot, chunk % w])
+        round_ = np.concatenate([np.zeros(nb, dtype=np.int64), 1 + chunk // w])
+        exponent = np.full(nb + n, EXPONENT_OF_ZERO, dtype=np.int64)
+        has_chunk = boot < n
+        exponent[:nb][has_chunk] = self.own[boot[has_chunk]]
+        exponent[nb:nb + max(0, n - w)] = self.own[w:]   # one ahead: chunk c carries c + W
         self.sets = t.next_set[slot] ^ (round_ & 1)
-        self.pkt_ids = (t.next_pkt_id + np.arange(used + n)) & PKT_ID_MASK
-        self.packets = fmt.pack(np.broadcast_to(np.int32(0), (used + n, fmt.values_per_packet)),
+        self.pkt_ids = (t.next_pkt_id + np.arange(nb + n)) & PKT_ID_MASK
+        self.packets = fmt.pack(np.broadcast_to(np.int32(0), (nb + n, fmt.values_per_packet)),
                                 msg_type=int(MsgType.CONTRIBUTION), job_id=t.job_id,
                                 set=self.sets, slot=t.first_slot + slot, pkt_id=self.pkt_ids,
-                                exponent=np.concatenate([self.own[:used], carried]))
+                                exponent=exponent)
         self.wire = memoryview(self.packets.view(np.uint8).reshape(-1))
         self.results = np.zeros(n, dtype=fmt.dtype)
         self.agreed = np.full(n, EXPONENT_OF_ZERO, dtype=np.int64)
-        # Per used slot: packet in flight (-1 when the slot is finished), its timing.
-        self.current = np.arange(used)
-        self.sent_at = np.zeros(used)
-        self.first_sent_at = np.zeros(used)
-        self.retries = np.zeros(used, dtype=np.int64)
+        # Per slot of the window: packet in flight (-1: none), its timing.
+        self.current = np.full(w, -1, dtype=np.int64)
+        self.current[boot] = np.arange(nb)
+        self.sent_at = np.zeros(w)
+        self.first_sent_at = np.zeros(w)
+        self.retries = np.zeros(w, dtype=np.int64)
         self.timers: list[tuple[float, int, int, int]] = []
-        self.active = used
+        self.active = nb
         # Advance the session's deterministic sequence now: every worker does the same.
-        rounds = 1 + (n - np.arange(used) + w - 1) // w
-        t.next_set[:used] ^= rounds & 1
-        t.next_pkt_id = (t.next_pkt_id + used + n) & PKT_ID_MASK
+        rounds = 1 + np.maximum(0, (n - boot + w - 1) // w)
+        t.next_set[boot] ^= rounds & 1
+        t.next_pkt_id = (t.next_pkt_id + nb + n) & PKT_ID_MASK
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         t = self.t
-        for slot in range(self.used):
-            self._transmit(slot, time.monotonic())
+        now = time.monotonic()
+        for slot in np.flatnonzero(self.current >= 0):
+            self._transmit(int(slot), now)
         while self.active:
             wait = max(0.0, self.timers[0][0] - time.monotonic())
             if t._poll.poll(wait * 1000.0):
@@ -286,7 +312,7 @@ class _Call:
         ready = []
         for i in np.flatnonzero(ok):
             s = int(slot[i])
-            p = int(self.current[s]) if 0 <= s < self.used else -1
+            p = int(self.current[s]) if 0 <= s < t.num_slots else -1
             if p < 0 or header["pkt_id"][i] != self.pkt_ids[p] or header["set"][i] != self.sets[p]:
                 t.stats.duplicates_ignored += 1
                 continue
@@ -294,17 +320,15 @@ class _Call:
             if self.retries[s] == 0:
                 t.rto.sample(now - self.sent_at[s])
             exponent = int(header["exponent"][i])
-            if p < self.used:            # bootstrap: the exponent of chunk s
-                self.agreed[s] = exponent
+            if p < self.num_boot:        # bootstrap: the exponent of chunk s, if any
                 nxt = s
             else:
-                c = p - self.used
+                c = p - self.num_boot
                 self.results[c] = rx[i]
                 nxt = c + t.num_slots
-                if nxt < self.n:
-                    self.agreed[nxt] = exponent
             if nxt < self.n:
-                self.current[s] = self.used + nxt   # a second copy of this result is stale now
+                self.agreed[nxt] = exponent
+                self.current[s] = self.num_boot + nxt   # a second copy of this result is stale now
                 ready.append(s)
             else:
                 self.current[s] = -1
@@ -315,7 +339,7 @@ class _Call:
     def _send_next(self, ready: list[int], now: float) -> None:
         """Quantize the freed slots' next chunks in one go, then send them."""
         packets = self.current[ready]
-        chunks = packets - self.used
+        chunks = packets - self.num_boot
         values = quantize.quantize(self.blocks[chunks], self.own[chunks], self.agreed[chunks],
                                    self.t.num_workers)
         self.packets["values"][packets] = values

@@ -1,0 +1,100 @@
+"""Run allreduce calls from the command line, one process per worker host:
+
+    python -m worker.run --config job.toml --worker-id 0 --size 100000 --reps 3
+
+Inputs are pseudo-random float32 with block scales spread over many binades, a
+function of (seed, rep, worker id) only (``make_inputs``), so any process can
+recompute every worker's inputs and check a result. Prints one JSON line per call:
+its time, goodput, transport counters and a digest of the result; ``--save DIR``
+also writes the results as .npy. Exits non-zero after the first failed call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .quantize import NonFiniteError
+from .session import AggregationSession
+from .transport import RetransmitPolicy
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def make_inputs(size: int, seed: int, rep: int, worker_id: int, dtype: str = "float32"):
+    """Worker ``worker_id``'s input of call ``rep``: normal values whose scale changes
+    every 64 elements (from 2**-20 to 2**12), as gradients' do across layers. A numpy
+    array, or a torch tensor for bfloat16 (numpy has none)."""
+    rng = np.random.default_rng([seed, rep, worker_id])
+    scales = 2.0 ** rng.integers(-20, 13, size=-(-size // 64)).repeat(64)[:size]
+    values = (rng.standard_normal(size) * scales).astype(np.float32)
+    if dtype == "bfloat16":
+        import torch
+        return torch.from_numpy(values).to(torch.bfloat16)
+    return values.astype(dtype)
+
+
+def as_float32(values) -> np.ndarray:
+    """A result as float32 numpy (bfloat16 widens exactly)."""
+    return values.float().numpy() if hasattr(values, "float") else values.astype(np.float32)
+
+
+def digest(values) -> str:
+    """Hash of the result's bits, to compare workers."""
+    return hashlib.sha256(as_float32(values).tobytes()).hexdigest()[:16]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the job's TOML file")
+    parser.add_argument("--worker-id", type=int, required=True)
+    parser.add_argument("--size", type=int, default=100_000, help="elements per call")
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--average", action="store_true")
+    parser.add_argument("--save", type=Path, help="write result_<rep>.npy here")
+    parser.add_argument("--nonfinite-at", type=int, metavar="INDEX",
+                        help="put Inf at INDEX of the first call's input (shows the NaN/Inf policy)")
+    defaults = RetransmitPolicy()
+    for name in ("initial_rto", "min_rto", "max_rto", "peer_timeout"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float,
+                            default=getattr(defaults, name), help="seconds")
+    args = parser.parse_args(argv)
+    policy = RetransmitPolicy(args.initial_rto, args.min_rto, args.max_rto, args.peer_timeout)
+
+    with AggregationSession.from_config(args.config, args.worker_id, policy=policy) as session:
+        for rep in range(args.reps):
+            tensor = make_inputs(args.size, args.seed, rep, args.worker_id, args.dtype)
+            if rep == 0 and args.nonfinite_at is not None:
+                tensor[args.nonfinite_at] = float("inf")
+            report = {"worker": args.worker_id, "rep": rep}
+            start = time.perf_counter()
+            try:
+                session.allreduce(tensor, average=args.average)
+            except NonFiniteError as exc:       # every worker gets it; the session goes on
+                report["error"] = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                report.update(error=f"{type(exc).__name__}: {exc}",
+                              seconds=time.perf_counter() - start)
+                print(json.dumps(report), flush=True)
+                return 1
+            call = session.last_call
+            report.update(seconds=call.seconds, goodput_mbps=call.goodput_mbps,
+                          max_error_bound=call.max_error_bound, digest=digest(tensor),
+                          counters=call.counters.as_dict())
+            if args.save:
+                args.save.mkdir(parents=True, exist_ok=True)
+                np.save(args.save / f"result_{rep}.npy", as_float32(tensor))
+            print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
