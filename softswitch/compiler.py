@@ -42,6 +42,10 @@ class _Exit(Exception):
     """The P4 ``exit`` statement: leaves the current control."""
 
 
+class _Return(Exception):
+    """A ``return`` inside a conditional of an action: leaves the action."""
+
+
 # ----------------------------------------------------------------------------- helpers
 
 def hexstr(value: str) -> int:
@@ -197,7 +201,8 @@ class Generator:
     def __init__(self, doc: dict):
         self.doc = doc
         self.out = Compiled()
-        self.ns: dict = {"ParserError": ParserError, "_Exit": _Exit, "csum16": csum16,
+        self.ns: dict = {"ParserError": ParserError, "_Exit": _Exit, "_Return": _Return,
+                         "csum16": csum16,
                          "_randint": random.Random().randint}
         self.headers: dict[str, Header] = {}
         self.fields: dict[tuple[str, str], Field] = {}
@@ -331,6 +336,8 @@ class Generator:
         if op == "valid":
             header = self.header(right["value"])
             return self.valid_code(header), BOOL
+        if op == "d2b" and right.get("type") == "field" and right["value"][1] == "$valid$":
+            return self.valid_code(self.header(right["value"][0])), BOOL
         if op in ("not", "~", "d2b", "b2d"):
             code, info = self.expr(right, src, params)
             if op == "not":
@@ -536,9 +543,6 @@ class Generator:
         params = [(p["name"], p["bitwidth"]) for p in action.get("runtime_data", [])]
         prims = action.get("primitives", [])
         where = f"action {action['name']}"
-        for prim in prims:
-            if prim["op"] in ("_jump", "_jump_if_zero"):
-                raise Unsupported(f"primitive {prim['op']!r} (in {where})")
         if not prims:
             src.add("pass")
             return
@@ -549,8 +553,7 @@ class Generator:
         stable = all(not set(re.findall(r"\bF_\w+", code)) & assigned
                      for code in hoist["indices"])
         if not stable:
-            for prim in prims:
-                self.primitive(prim, src, params, where)
+            self.statements(prims, src, params, where)
             return
         for code, var in hoist["indices"].items():
             src.add(f"{var} = {code}")
@@ -570,10 +573,71 @@ class Generator:
         body = Source()
         body.depth = src.depth + 1
         body.counter = src.counter
-        for prim in prims:
-            self.primitive(prim, body, params, where)
+        self.statements(prims, body, params, where)
         src.counter = body.counter
         return body
+
+    def statements(self, prims, src: Source, params, where: str) -> None:
+        """An action's primitives, p4c's forward ``_jump``s turned back into if/else."""
+        def target(prim, pos):
+            value = prim["parameters"][pos]
+            if value.get("type") != "hexstr":
+                raise Unsupported(f"{prim['op']} to a computed offset (in {where})")
+            return hexstr(value["value"])
+
+        end = len(prims)
+        returns = False
+
+        def region(i, stop):
+            nonlocal returns
+            while i < stop:
+                prim = prims[i]
+                if prim["op"] == "_jump_if_zero":
+                    cond, _ = self.expr(prim["parameters"][0], src, params)
+                    dest = target(prim, 1)
+                    if not i < dest <= stop:
+                        raise Unsupported(f"_jump_if_zero backwards or out of its block ({where})")
+                    last = prims[dest - 1]
+                    has_else = (dest - 1 > i and last["op"] == "_jump"
+                                and dest <= target(last, 0) <= stop)
+                    src.add(f"if {cond}:")
+                    src.depth += 1
+                    src.add("pass")
+                    region(i + 1, dest - 1 if has_else else dest)
+                    src.depth -= 1
+                    if has_else:
+                        src.add("else:")
+                        src.depth += 1
+                        src.add("pass")
+                        region(dest, target(last, 0))
+                        src.depth -= 1
+                        i = target(last, 0)
+                    else:
+                        i = dest
+                elif prim["op"] == "_jump":
+                    if target(prim, 0) != end:
+                        raise Unsupported(f"_jump that is not an if/else or a return ({where})")
+                    src.add("raise _Return")
+                    returns = True
+                    i += 1
+                else:
+                    self.primitive(prim, src, params, where)
+                    i += 1
+
+        if not any(p["op"] in ("_jump", "_jump_if_zero") for p in prims):
+            for prim in prims:
+                self.primitive(prim, src, params, where)
+            return
+        start = len(src.lines)
+        src.depth += 1
+        region(0, end)
+        src.depth -= 1
+        if returns:
+            src.lines.insert(start, "    " * src.depth + "try:")
+            src.add("except _Return:")
+            src.add("    pass")
+        else:
+            src.lines.insert(start, "    " * src.depth + "if True:")
 
     # ------------------------------------------------------------------ parser
     def header_struct(self, header: Header):

@@ -190,3 +190,10 @@ def test_verify_sets_the_program_error(pipe):
 def test_other_frames_pass_unchanged(pipe):
     data = ETH + b"\x08\x00" + bytes(range(40))
     assert pipe.process(data, 7) == [(7, data)]
+
+
+@pytest.mark.parametrize("a,b,expected", [(11, 0, (1, 0, 0)), (11, 1, (1, 2, 4)),
+                                          (10, 0, (3, 0, 4))])
+def test_if_and_return_inside_an_action(pipe, a, b, expected):
+    r = run(pipe, frame(15, a, b))
+    assert (r["r1"], r["r2"], r["r3"]) == expected

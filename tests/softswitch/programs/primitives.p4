@@ -148,6 +148,19 @@ control Ing(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm
         hdr.t.r1 = hdr.e2.isValid() ? 32w1 : 32w0;
     }
 
+    action branchy() {
+        if (hdr.t.a > 10) {
+            hdr.t.r1 = 1;
+            if (hdr.t.b == 0) {
+                return;
+            }
+            hdr.t.r2 = 2;
+        } else {
+            hdr.t.r1 = 3;
+        }
+        hdr.t.r3 = 4;
+    }
+
     apply {
         sm.egress_spec = sm.ingress_port;
         if (sm.parser_error == error.PacketTooShort) {
@@ -182,6 +195,7 @@ control Ing(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm
         else if (hdr.t.op == 12) { sm.mcast_grp = (bit<16>)hdr.t.a; }
         else if (hdr.t.op == 13) { hdr.e1.setInvalid(); hdr.t.r1 = 13; }
         else if (hdr.t.op == 14) { sm.egress_spec = 511; }
+        else if (hdr.t.op == 15) { branchy(); }
         if (hdr.t.op == 11) {
             hdr.t.r1 = 2;   // never reached: exit above
         }
