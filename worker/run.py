@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--average", action="store_true")
-    parser.add_argument("--save", type=Path, help="write result_<rep>.npy here")
+    parser.add_argument("--save", type=Path, help="write result_<worker>_<rep>.npy here")
     parser.add_argument("--nonfinite-at", type=int, metavar="INDEX",
                         help="put Inf at INDEX of the first call's input (shows the NaN/Inf policy)")
     defaults = RetransmitPolicy()
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                           counters=call.counters.as_dict())
             if args.save:
                 args.save.mkdir(parents=True, exist_ok=True)
-                np.save(args.save / f"result_{rep}.npy", as_float32(tensor))
+                np.save(args.save / f"result_{args.worker_id}_{rep}.npy", as_float32(tensor))
             print(json.dumps(report), flush=True)
     return 0
 

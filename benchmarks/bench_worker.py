@@ -1,0 +1,184 @@
+"""make bench-worker: the worker's host pipeline, and allreduce goodput through a switch.
+
+1. Host pipeline, one thread, float32: block exponents + quantize + pack (headers
+   and values into the packets' structured array), then unpack (headers and the
+   values view of result packets) + dequantize, for 4 workers; in cache-sized
+   batches of packets, and over the whole tensor at once. Reported in MB/s of
+   float32 gradient, next to two baselines measured in the same run: a plain copy,
+   and numpy's sum of 4 arrays (what a CPU reduction must at least do).
+2. Allreduce goodput: 4 worker processes in network namespaces, each reducing a
+   float32 tensor through each switch target installed (the embedded softswitch;
+   BMv2 where simple_switch_grpc is on PATH). Needs root; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from p4src import protocol  # noqa: E402
+from worker import quantize  # noqa: E402
+
+WORKERS = 4
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def pipeline(elements: int, batch: int, repeats: int) -> None:
+    """The host side of a 4-worker allreduce, all numpy, in batches of ``batch`` packets
+    (a batch of packets stays in cache between its steps)."""
+    fmt = protocol.packet_format()
+    k = fmt.values_per_packet
+    rng = np.random.default_rng(0)
+    blocks_n = elements // k
+    x = (rng.standard_normal(blocks_n * k)
+         * 2.0 ** rng.integers(-20, 13, blocks_n).repeat(k)).astype(np.float32)
+    out = np.empty_like(x)
+
+    def send_side(lo: int, hi: int) -> np.ndarray:
+        blocks = quantize.to_blocks(x[lo * k:hi * k], k)
+        own = quantize.block_exponents(blocks)
+        n = hi - lo
+        packets = fmt.pack(np.broadcast_to(np.int32(0), (n, k)),
+                           msg_type=int(protocol.MsgType.CONTRIBUTION), job_id=1,
+                           set=np.arange(lo, hi) & 1, slot=np.arange(lo, hi) % fmt.pool_size,
+                           pkt_id=np.arange(lo, hi), exponent=own)
+        quantize.quantize(blocks, own, own, WORKERS, out=packets["values"])
+        return packets
+
+    def receive_side(lo: int, hi: int, packets: np.ndarray) -> None:
+        header = fmt.unpack(packets)
+        quantize.dequantize(packets["values"], header["exponent"], WORKERS, average=True,
+                            out=out[lo * k:hi * k].reshape(-1, k))
+
+    def whole(step: int):
+        def run():
+            for lo in range(0, blocks_n, step):
+                hi = min(lo + step, blocks_n)
+                receive_side(lo, hi, send_side(lo, hi))
+        return run
+
+    megabytes = x.nbytes / 1e6
+    batched = best_of(whole(batch), repeats)
+    at_once = best_of(whole(blocks_n), repeats)
+    arrays = [x.copy() for _ in range(WORKERS)]
+    copy = best_of(lambda: np.copyto(out, x), repeats)
+    summed = best_of(lambda: np.sum(arrays, axis=0, out=out), repeats)
+    print(f"host pipeline (exponents + quantize + pack + unpack + dequantize), float32, "
+          f"{WORKERS} workers, {len(x):,} elements ({megabytes:.0f} MB), one thread, "
+          f"best of {repeats}:")
+    print(f"  in batches of {batch} packets      {megabytes / batched:8.0f} MB/s per core"
+          f"   (goal >= 1000)")
+    print(f"  the whole tensor at once          {megabytes / at_once:8.0f} MB/s")
+    print(f"  baseline: copy                    {megabytes / copy:8.0f} MB/s"
+          f"   pipeline takes {batched / copy:.1f} x a copy's time")
+    print(f"  baseline: np.sum of {WORKERS} arrays      {megabytes / summed:8.0f} MB/s"
+          f"   pipeline takes {batched / summed:.2f} x its time")
+
+
+def goodput(target: str, elements: int, reps: int) -> None:
+    from switch_ctl import config as config_mod
+    from switch_ctl.client import SwitchConnection
+    from switch_ctl.controller import Controller
+    from testbed.netns import Topology
+    from testbed.targets import SwitchProcess
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with tempfile.TemporaryDirectory() as tmp, Topology(WORKERS, tag=f"bw{os.getpid() % 100000}") as topo, \
+            SwitchProcess(target, topo.switch_ports, log_path=Path(tmp) / "switch.log") as switch:
+        raw = {"switch": {"grpc_addr": switch.grpc_addr, "device_id": 0,
+                          "ports": [h.switch_port for h in topo.hosts]},
+               "job": {"id": 1, "udp_port": protocol.AGG_UDP_PORT_BASE,
+                       "service_ip": "10.0.0.254", "service_mac": "02:00:00:00:00:fe",
+                       "first_slot": 0, "num_slots": 64,
+                       "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": 41000,
+                                    "switch_port": h.switch_port}
+                                   for i, h in enumerate(topo.hosts)]}}
+        path = Path(tmp) / "job.toml"
+        path.write_text(_toml(raw))
+        config = config_mod.load(path)
+        with SwitchConnection(switch.grpc_addr, 0, (0, 1)) as conn:
+            controller = Controller(conn)
+            controller.push()
+            controller.apply(config)
+            procs = [h.popen([sys.executable, "-m", "worker.run", "--config", str(path),
+                              "--worker-id", str(i), "--size", str(elements),
+                              "--reps", str(reps)], stdout=subprocess.PIPE, text=True,
+                             env=env, cwd=REPO) for i, h in enumerate(topo.hosts)]
+            outputs = [p.communicate(timeout=600)[0] for p in procs]
+    reports = [json.loads(line) for out in outputs for line in out.splitlines()]
+    failed = [r for r in reports if "error" in r]
+    if failed or len(reports) != WORKERS * reps:
+        print(f"  {target}: failed: {failed[:1] or 'missing reports'}")
+        return
+    # The first call includes the workers' start-up skew; report the others.
+    steady = [r for r in reports if r["rep"] > 0] or reports
+    rates = [r["goodput_mbps"] for r in steady]
+    retrans = sum(r["counters"]["retransmissions"] for r in steady)
+    sent = sum(r["counters"]["packets_sent"] for r in steady)
+    print(f"  {target:10s} {statistics.median(rates):8.3f} MB/s per worker (median of "
+          f"{len(rates)} calls, min {min(rates):.3f}, max {max(rates):.3f}); "
+          f"{sent} packets sent, {retrans} retransmitted")
+
+
+def _toml(raw: dict) -> str:
+    sw, job = raw["switch"], raw["job"]
+    lines = ["[switch]", f'grpc_addr = "{sw["grpc_addr"]}"', "device_id = 0",
+             f"ports = {sw['ports']}", "", "[job]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in job.items() if k != "workers"]
+    for w in job["workers"]:
+        lines += ["", "[[job.workers]]"] + [f"{k} = {json.dumps(v)}" for k, v in w.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--elements", type=int, default=1 << 22, help="pipeline tensor size")
+    parser.add_argument("--batch", type=int, default=4096, help="packets per pipeline batch")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--allreduce-elements", type=int, default=1 << 16)
+    parser.add_argument("--allreduce-reps", type=int, default=4)
+    args = parser.parse_args()
+    pipeline(args.elements, args.batch, args.repeats)
+
+    targets = []
+    if importlib.util.find_spec("softswitch") is not None:
+        targets.append("softswitch")
+    from testbed.targets import bmv2_path
+    if bmv2_path():
+        targets.append("bmv2")
+    print(f"\nallreduce goodput, {WORKERS} workers, float32, "
+          f"{args.allreduce_elements:,} elements ({args.allreduce_elements * 4 / 1e6:.2f} MB) "
+          f"per call, 64 slots:")
+    if os.geteuid() != 0:
+        print("  skipped: creating network namespaces needs root")
+        return
+    if not targets:
+        print("  skipped: no switch target (softswitch package absent, BMv2 not installed)")
+    for target in targets:
+        goodput(target, args.allreduce_elements, args.allreduce_reps)
+
+
+if __name__ == "__main__":
+    main()

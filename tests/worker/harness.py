@@ -1,0 +1,168 @@
+"""Worker processes in network namespaces, aggregating through a real switch target.
+
+``Fabric`` owns a topology of its own (its own interface names, so it never meets
+the packet tests' switch), a switch process (``default_target()``), and a
+controller process; ``job()`` writes a job's TOML and installs it on fresh slots,
+``run()`` starts ``python -m worker.run`` (or any module) on the job's hosts and
+collects what each prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from p4src import protocol
+from testbed.netns import Topology
+from testbed.targets import SwitchProcess
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICE_IP = "10.0.0.254"
+SERVICE_MAC = "02:00:00:00:00:fe"
+WORKER_UDP_PORT = 41000
+
+
+@dataclass
+class Job:
+    id: int
+    path: Path
+    hosts: list            # testbed.netns.Host, worker i on hosts[i]
+    num_slots: int
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.hosts)
+
+
+@dataclass
+class WorkerRun:
+    worker: int
+    returncode: int
+    reports: list[dict]
+    stderr: str
+
+    @property
+    def error(self) -> str | None:
+        return next((r["error"] for r in self.reports if "error" in r), None)
+
+
+@dataclass
+class Fabric:
+    target: str
+    num_hosts: int
+    workdir: Path
+    topology: Topology | None = None
+    switch: SwitchProcess | None = None
+    control: subprocess.Popen | None = None
+    next_slot: int = 0
+    next_job: int = 100
+    jobs: list[Job] = field(default_factory=list)
+
+    def start(self) -> "Fabric":
+        self.topology = Topology(self.num_hosts, tag=f"wk{os.getpid() % 100000}").create()
+        try:
+            self.switch = SwitchProcess(self.target, self.topology.switch_ports,
+                                        log_path=self.workdir / f"{self.target}.log").start(60)
+            self.control = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("control_agent.py")),
+                 self.switch.grpc_addr], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True, env=_env(), cwd=REPO)
+            self._reply()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.control is not None:
+            self.control.stdin.close()
+            try:
+                self.control.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.control.kill()
+                self.control.wait()
+        if self.switch is not None:
+            self.switch.stop()
+        if self.topology is not None:
+            self.topology.destroy()
+
+    # -- control plane ---------------------------------------------------------
+    def _command(self, op: str, job: Job, **kw):
+        self.control.stdin.write(json.dumps({"op": op, "config": str(job.path), **kw}) + "\n")
+        self.control.stdin.flush()
+        return self._reply()
+
+    def _reply(self):
+        line = self.control.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the controller process exited ({self.control.poll()}); "
+                               f"switch log:\n{self.switch.log_tail()}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"controller: {reply['error']}")
+        return reply.get("result")
+
+    def job(self, num_workers: int, num_slots: int = 16) -> Job:
+        """A job over the first hosts, on slots no earlier job used."""
+        job_id = self.next_job
+        self.next_job += 1
+        hosts = self.topology.hosts[:num_workers]
+        lines = ["[switch]", f'grpc_addr = "{self.switch.grpc_addr}"', "device_id = 0",
+                 f"ports = {[h.switch_port for h in self.topology.hosts]}", "",
+                 "[job]", f"id = {job_id}", f"udp_port = {protocol.AGG_UDP_PORT_BASE}",
+                 f'service_ip = "{SERVICE_IP}"', f'service_mac = "{SERVICE_MAC}"',
+                 f"first_slot = {self.next_slot}", f"num_slots = {num_slots}"]
+        for i, h in enumerate(hosts):
+            lines += ["", "[[job.workers]]", f"id = {i}", f'mac = "{h.mac}"', f'ip = "{h.ip}"',
+                      f"udp_port = {WORKER_UDP_PORT}", f"switch_port = {h.switch_port}"]
+        path = self.workdir / f"job{job_id}.toml"
+        path.write_text("\n".join(lines) + "\n")
+        self.next_slot += num_slots
+        job = Job(job_id, path, hosts, num_slots)
+        self._command("apply", job)
+        self.jobs.append(job)
+        return job
+
+    def remove(self, job: Job) -> None:
+        self._command("remove", job)
+
+    def set_loss(self, job: Job, probability: float) -> None:
+        """Drop this fraction of aggregation packets on every port, in and out."""
+        self._command("loss", job, ingress=probability, egress=probability)
+
+    def counters(self, job: Job) -> dict[str, int]:
+        return {k: v["packets"] for k, v in self._command("counters", job).items()}
+
+    # -- workers -----------------------------------------------------------------
+    def run(self, job: Job, args: list[str], *, workers: list[int] | None = None,
+            extra: dict[int, list[str]] | None = None, module: str = "worker.run",
+            timeout: float = 180) -> list[WorkerRun]:
+        """Run ``module`` on each worker's host (all of them, or ``workers``) with
+        ``--config <job> --worker-id <i>`` plus ``args`` (and ``extra[i]``); waits for all."""
+        ids = range(job.num_workers) if workers is None else workers
+        extra = extra or {}
+        procs = {i: job.hosts[i].popen(
+            [sys.executable, "-m", module, "--config", str(job.path), "--worker-id", str(i),
+             *args, *extra.get(i, [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=_env(), cwd=REPO) for i in ids}
+        runs = []
+        for i, proc in procs.items():
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for p in procs.values():
+                    p.kill()
+                raise AssertionError(f"worker {i} still running after {timeout} s (a hang); "
+                                     f"switch log tail:\n{self.switch.log_tail()}")
+            reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            runs.append(WorkerRun(i, proc.returncode, reports, err))
+        return runs
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
