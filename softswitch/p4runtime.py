@@ -263,6 +263,9 @@ class Device:
     def write(self, request) -> list[tuple[int, str]]:
         """Apply every update; the (code, message) of each, code 0 for success."""
         config = self.need_config()
+        if request.atomicity != p4runtime_pb2.WriteRequest.CONTINUE_ON_ERROR:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
+                           "only CONTINUE_ON_ERROR atomicity is supported")
         results = []
         with config.pipeline.lock:
             for update in request.updates:
@@ -438,7 +441,7 @@ class Device:
             if gid not in groups:
                 raise TableError("NOT_FOUND", f"multicast group {gid} does not exist")
             del groups[gid]
-            config.pipeline.group_port_kind.pop(gid, None)
+            del config.pipeline.group_replicas[gid]
             return
         replicas = []
         kinds = []
@@ -458,8 +461,13 @@ class Device:
             raise TableError("ALREADY_EXISTS", f"multicast group {gid} already exists")
         if utype == U.MODIFY and gid not in groups:
             raise TableError("NOT_FOUND", f"multicast group {gid} does not exist")
-        groups[gid] = replicas
-        config.pipeline.group_port_kind[gid] = kinds
+        # BMv2's PRE (as PI programs it) has one node per replica id, in order of first
+        # appearance, and sends a node's copies in ascending port order.
+        rid_order = {}
+        for _, rid in replicas:
+            rid_order.setdefault(rid, len(rid_order))
+        groups[gid] = sorted(replicas, key=lambda r: (rid_order[r[1]], r[0]))
+        config.pipeline.group_replicas[gid] = list(zip(replicas, kinds))
 
     def counter(self, config: Config, counter_id: int):
         if counter_id not in config.counters:
@@ -589,10 +597,9 @@ class Device:
             ent = p4runtime_pb2.Entity()
             mg = ent.packet_replication_engine_entry.multicast_group_entry
             mg.multicast_group_id = g
-            kinds = config.pipeline.group_port_kind.get(g, [])
-            for i, (port, rid) in enumerate(groups[g]):
+            for (port, rid), kind in config.pipeline.group_replicas[g]:
                 r = mg.replicas.add()
-                if i < len(kinds) and kinds[i] == "port":
+                if kind == "port":
                     r.port = to_bytes(port, 32).lstrip(b"\0") or b"\0"
                 else:
                     r.egress_port = port

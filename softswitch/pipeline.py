@@ -147,7 +147,8 @@ class Pipeline:
         self.counters = self.compiled.counters
         self.actions = self.compiled.actions
         self.groups: dict[int, list[tuple[int, int]]] = {}   # mgid -> [(port, rid)]
-        self.group_port_kind: dict[int, list[str]] = {}      # how each replica named its port
+        # As written over P4Runtime, for read-back: [((port, rid), "port"|"egress_port")]
+        self.group_replicas: dict[int, list] = {}
         # Packets are processed under this lock, control-plane writes take it too.
         self.lock = threading.Lock()
         self._ingress = self.compiled.ingress
