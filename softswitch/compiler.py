@@ -171,6 +171,7 @@ class TableSpec:
         self.default = None            # (action_id, data) from the JSON
         self.default_const = False
         self.const_entries = []        # [(key_values, masks, prefix_or_priority, aid, data)]
+        self.direct_counter = None     # name of the direct counter bound to this table
 
 
 class RegisterSpec:
@@ -210,6 +211,7 @@ class Generator:
         self.structs: dict[str, tuple] = {}
         self.state_vars: list[str] = []
         self.hoist = None
+        self.direct_counters: dict[str, str] = {}   # table -> direct counter
 
     # ------------------------------------------------------------------ declarations
     def load_declarations(self) -> None:
@@ -257,7 +259,8 @@ class Generator:
             self.ns[f"R{reg['id']}"] = spec.cells
         for ctr in doc.get("counter_arrays", []):
             if ctr.get("is_direct"):
-                raise Unsupported(f"direct counter {ctr['name']}")
+                self.direct_counters[ctr["binding"]] = ctr["name"]
+                continue
             spec = CounterSpec(ctr["name"], ctr["size"])
             self.out.counters[ctr["name"]] = spec
             self.ns[f"CP{ctr['id']}"] = spec.packets
@@ -564,6 +567,7 @@ class Generator:
         self.hoist = {"indices": dict(hoist["indices"]), "guards": {}, "check": False}
         fast = self._body(prims, src, params, where)
         self.hoist = None
+        self.direct_counters: dict[str, str] = {}   # table -> direct counter
         src.add("if " + " and ".join(f"{var} < {size}" for var, size in hoist["guards"]) + ":")
         src.lines += fast.lines
         src.add("else:")
@@ -993,8 +997,8 @@ class Generator:
         name = table["name"]
         if table.get("type", "simple") != "simple":
             raise Unsupported(f"table {name} of type {table['type']!r} (action profiles)")
-        if table.get("with_counters"):
-            raise Unsupported(f"direct counters on table {name}")
+        if table.get("with_counters") and name not in self.direct_counters:
+            raise Unsupported(f"table {name} has counters but no direct counter is bound to it")
         if table.get("direct_meters"):
             raise Unsupported(f"direct meters on table {name}")
         if table.get("support_timeout"):
@@ -1046,6 +1050,7 @@ class Generator:
                                        entry.get("priority", 0), sum(prefixes),
                                        ae["action_id"],
                                        tuple(hexstr(v) for v in ae.get("action_data", []))))
+        spec.direct_counter = self.direct_counters.get(name) if table.get("with_counters") else None
         self.out.tables[name] = spec
         return spec
 
@@ -1088,7 +1093,13 @@ class Generator:
             src.add(f"    _a, _d = D{tid}[0]")
             src.add("else:")
             src.add("    _hit = True")
-            src.add("    _a, _d = _e")
+            if spec.direct_counter:
+                # Entries of a table with a direct counter carry it: [packets, bytes].
+                src.add("    _a, _d, _c = _e")
+                src.add("    _c[0] += 1")
+                src.add("    _c[1] += in_len")
+            else:
+                src.add("    _a, _d = _e")
         action_ids = list(dict.fromkeys(table.get("action_ids", [])))
         if spec.default and spec.default[0] not in action_ids:
             action_ids.append(spec.default[0])

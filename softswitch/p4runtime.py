@@ -129,11 +129,17 @@ class Config:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"P4Info register {r.preamble.name} is not in the JSON")
             self.registers[r.preamble.id] = (r, spec)
-        if p4info.direct_counters or p4info.meters or p4info.direct_meters \
-                or p4info.action_profiles or p4info.value_sets or p4info.digests:
+        for dc in p4info.direct_counters:
+            tinfo = self.tables.get(dc.direct_table_id)
+            if tinfo is None or not tinfo.table.counted:
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"P4Info direct counter {dc.preamble.name} has no counted table "
+                               "in the JSON")
+        if p4info.meters or p4info.direct_meters or p4info.action_profiles \
+                or p4info.value_sets or p4info.digests:
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
-                           "P4Info declares direct counters, meters, action profiles, "
-                           "value sets or digests, which this switch does not support")
+                           "P4Info declares meters, action profiles, value sets or digests, "
+                           "which this switch does not support")
 
 
 class Connection:
@@ -291,6 +297,8 @@ class Device:
             self.write_counter(config, update.type, update.entity.counter_entry)
         elif kind == "register_entry":
             self.write_register(config, update.type, update.entity.register_entry)
+        elif kind == "direct_counter_entry":
+            self.write_direct_counter(config, update.type, update.entity.direct_counter_entry)
         else:
             raise TableError("UNIMPLEMENTED", f"writing {kind or 'an empty entity'} is not supported")
 
@@ -425,6 +433,25 @@ class Device:
             table.insert(new)
         else:
             table.modify(new)
+        if entry.HasField("counter_data") and table.counted:
+            counter = table.entries[ident].counter
+            counter[:] = [entry.counter_data.packet_count, entry.counter_data.byte_count]
+
+    def direct_entry(self, config: Config, query):
+        tinfo = self.table_info(config, query.table_entry.table_id)
+        if not tinfo.table.counted:
+            raise TableError("INVALID_ARGUMENT", f"table {tinfo.name} has no direct counter")
+        return tinfo
+
+    def write_direct_counter(self, config: Config, utype, entry) -> None:
+        if utype != p4runtime_pb2.Update.MODIFY:
+            raise TableError("INVALID_ARGUMENT", "direct counter entries can only be modified")
+        tinfo = self.direct_entry(config, entry)
+        ident = self.convert_match(tinfo, entry.table_entry)
+        found = tinfo.table.entries.get(ident)
+        if found is None:
+            raise TableError("NOT_FOUND", f"table {tinfo.name}: no such entry")
+        found.counter[:] = [entry.data.packet_count, entry.data.byte_count]
 
     def write_pre(self, config: Config, utype, pre) -> None:
         U = p4runtime_pb2.Update
@@ -521,6 +548,8 @@ class Device:
                     return self.read_counters(config, entity.counter_entry)
                 if kind == "register_entry":
                     return self.read_registers(config, entity.register_entry)
+                if kind == "direct_counter_entry":
+                    return self.read_direct_counters(config, entity.direct_counter_entry)
         except TableError as exc:
             raise RpcError(getattr(grpc.StatusCode, exc.code), str(exc)) from None
         raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
@@ -582,7 +611,23 @@ class Device:
                     te.priority = e.priority
                 te.is_const = e.const
                 self.action_msg(config, tinfo, e.action, te.action)
+                if query.HasField("counter_data") and tinfo.table.counted:
+                    te.counter_data.packet_count, te.counter_data.byte_count = e.counter
                 out.append(ent)
+        return out
+
+    def read_direct_counters(self, config: Config, query) -> list:
+        self.direct_entry(config, query)
+        listing = p4runtime_pb2.TableEntry()
+        listing.CopyFrom(query.table_entry)
+        listing.counter_data.SetInParent()
+        out = []
+        for ent in self.read_tables(config, listing):
+            dce = p4runtime_pb2.Entity()
+            dce.direct_counter_entry.table_entry.CopyFrom(ent.table_entry)
+            dce.direct_counter_entry.table_entry.ClearField("counter_data")
+            dce.direct_counter_entry.data.CopyFrom(ent.table_entry.counter_data)
+            out.append(dce)
         return out
 
     def read_pre(self, config: Config, query) -> list:

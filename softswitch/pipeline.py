@@ -24,11 +24,12 @@ class TableError(Exception):
 class Entry:
     """One match-action entry; ``values`` are already masked."""
 
-    __slots__ = ("values", "masks", "priority", "action", "const")
+    __slots__ = ("values", "masks", "priority", "action", "const", "counter")
 
     def __init__(self, values, masks, priority, action, const=False):
         self.values, self.masks, self.priority, self.action, self.const = (
             values, masks, priority, action, const)
+        self.counter = [0, 0]    # direct counter: packets, bytes
 
     @property
     def ident(self):
@@ -46,6 +47,7 @@ class Table:
     def __init__(self, spec: TableSpec, ns: dict):
         self.spec = spec
         self.single = len(spec.keys) == 1
+        self.counted = spec.direct_counter is not None
         self.entries: dict = {}            # ident -> Entry
         self.exact: dict = {}              # key -> (aid, data), exact tables
         self.scan: list = []               # [(values, masks, (aid, data))], ternary/lpm
@@ -91,15 +93,19 @@ class Table:
         self.cache[key] = found
         return found
 
+    def _target(self, entry: Entry):
+        """What the generated code gets on a hit."""
+        return (*entry.action, entry.counter) if self.counted else entry.action
+
     def _rebuild_scan(self) -> None:
         ordered = sorted(self.entries.values(), key=lambda e: -e.priority)
-        self.scan[:] = [(e.values, e.masks, e.action) for e in ordered]
+        self.scan[:] = [(e.values, e.masks, self._target(e)) for e in ordered]
         self.cache.clear()
 
     def _add(self, entry: Entry) -> None:
         self.entries[entry.ident] = entry
         if self.is_exact:
-            self.exact[self.key(entry.values)] = entry.action
+            self.exact[self.key(entry.values)] = self._target(entry)
         else:
             self._rebuild_scan()
 
@@ -118,7 +124,7 @@ class Table:
             raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
         old.action = entry.action
         if self.is_exact:
-            self.exact[self.key(entry.values)] = entry.action
+            self.exact[self.key(entry.values)] = self._target(old)
         else:
             self._rebuild_scan()
 

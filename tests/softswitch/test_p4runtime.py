@@ -159,6 +159,25 @@ def test_counters_read_with_and_without_index(shell):
     assert [e.data.packet_count for e in classes] == [0, 3, 0, 0]
 
 
+def test_direct_counter_counts_hits_per_entry(shell):
+    te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
+    te.match["dst"] = MAC2
+    te.action["port"] = "2"
+    te.insert()
+    arp = bytes(Ether(src=MAC1, dst=MAC2, type=0x0806) / (b"\0" * 28))
+    other = bytes(Ether(src=MAC1, dst=MAC9, type=0x0806) / (b"\0" * 28))
+    shell.send(arp, 1)
+    shell.send(arp, 1)
+    shell.send(other, 1)                            # a miss: the default entry is not counted
+    (entry,) = list(sh.DirectCounterEntry("Ing.mac_hits").read())
+    assert (entry.data.packet_count, entry.data.byte_count) == (2, 2 * len(arp))
+    entry.data.packet_count = 0
+    entry.data.byte_count = 0
+    entry.modify()
+    (entry,) = list(sh.DirectCounterEntry("Ing.mac_hits").read())
+    assert entry.data.packet_count == 0
+
+
 def raw_stub(switch):
     channel = grpc.insecure_channel(switch.addr)
     return channel, p4runtime_pb2_grpc.P4RuntimeStub(channel)

@@ -61,6 +61,8 @@ control Ing(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm
 
     action drop() { mark_to_drop(sm); }
 
+    direct_counter(CounterType.packets_and_bytes) mac_hits;
+
     action forward(bit<9> port) { sm.egress_spec = port; }
 
     action flood() {
@@ -72,6 +74,7 @@ control Ing(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm
         key = { hdr.ethernet.dst: exact @name("dst"); }
         actions = { forward; flood; }
         default_action = flood();
+        counters = mac_hits;
         size = 64;
     }
 

@@ -1,0 +1,48 @@
+"""Malformed frames are handled the way BMv2 handles them, never with an exception."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from p4src import protocol
+from softswitch.pipeline import Pipeline
+from tests.softswitch.conftest import load
+
+
+def frames(seed: int, valid: list[bytes]):
+    """Random bytes, and every truncation and single-byte corruption of ``valid``."""
+    rng = random.Random(seed)
+    for _ in range(300):
+        yield bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 120)))
+    for frame in valid:
+        for cut in range(len(frame)):
+            yield frame[:cut]
+        for _ in range(100):
+            pos = rng.randrange(len(frame))
+            yield frame[:pos] + bytes([rng.getrandbits(8)]) + frame[pos + 1:]
+
+
+def aggregation_frame() -> bytes:
+    payload = struct.pack("!BBHIbB", 1, 1, 5, 7, 0, 0) + bytes(4 * 64)
+    udp = struct.pack("!HHHH", 40000, protocol.AGG_UDP_PORT_BASE, 8 + len(payload), 0)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp) + len(payload), 0, 0, 64, 17, 0,
+                     bytes([10, 0, 0, 1]), bytes([10, 0, 0, 100]))
+    return b"\x02" * 6 + b"\x02\0\0\0\0\1" + b"\x08\x00" + ip + udp + payload
+
+
+@pytest.mark.parametrize("name", ["primitives", "forwarding", "aggregation"])
+def test_malformed_frames_never_raise(name):
+    if name == "aggregation":
+        pipe = Pipeline(protocol.PROGRAM_JSON.read_bytes())
+        valid = [aggregation_frame()]
+    else:
+        pipe = load(name)
+        valid = [b"\x02" * 12 + b"\x88\xb5" + bytes(range(40)),
+                 b"\x02" * 12 + b"\x08\x00" + b"\x45" + bytes(40)]
+    pipe.groups[1] = [(1, 0), (2, 1)]
+    for i, frame in enumerate(frames(7, valid)):
+        out = pipe.process(frame, 1 + i % 4)
+        assert all(isinstance(port, int) and isinstance(data, bytes) for port, data in out)
