@@ -320,10 +320,10 @@ class Device:
                              f"action id {action.action_id} is not an action of table {tinfo.name}")
         scope = tinfo.scope[action.action_id]
         if default and scope == p4info_pb2.ActionRef.TABLE_ONLY:
-            raise TableError("INVALID_ARGUMENT",
+            raise TableError("PERMISSION_DENIED",
                              f"table {tinfo.name}: this action cannot be the default action")
         if not default and scope == p4info_pb2.ActionRef.DEFAULT_ONLY:
-            raise TableError("INVALID_ARGUMENT",
+            raise TableError("PERMISSION_DENIED",
                              f"table {tinfo.name}: this action can only be the default action")
         params = config.action_params[action.action_id]
         given = {p.param_id: p.value for p in action.params}

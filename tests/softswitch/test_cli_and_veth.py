@@ -80,7 +80,7 @@ def test_frames_cross_real_veth_pairs_under_p4runtime_control():
             assert broadcast in receive(socks[1]) and broadcast in receive(socks[2])
             ce = sh.CounterEntry("Ing.port_packets")
             ce.index = src.switch_port
-            assert list(ce.read())[0].data.packet_count >= 2
+            assert list(ce.read())[0].packet_count >= 2
         finally:
             sh.teardown()
             for sock in locals().get("socks", []):

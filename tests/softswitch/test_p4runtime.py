@@ -152,11 +152,11 @@ def test_counters_read_with_and_without_index(shell):
     ce = sh.CounterEntry("Ing.port_packets")
     ce.index = 7
     (entry,) = list(ce.read())
-    assert (entry.data.packet_count, entry.data.byte_count) == (3, 3 * len(data))
+    assert (entry.packet_count, entry.byte_count) == (3, 3 * len(data))
     everything = list(sh.CounterEntry("Ing.port_packets").read())
-    assert len(everything) == 512 and sum(e.data.packet_count for e in everything) == 3
+    assert len(everything) == 512 and sum(e.packet_count for e in everything) == 3
     classes = list(sh.CounterEntry("Ing.class_packets").read())
-    assert [e.data.packet_count for e in classes] == [0, 3, 0, 0]
+    assert [e.packet_count for e in classes] == [0, 3, 0, 0]
 
 
 def test_direct_counter_counts_hits_per_entry(shell):
@@ -170,12 +170,12 @@ def test_direct_counter_counts_hits_per_entry(shell):
     shell.send(arp, 1)
     shell.send(other, 1)                            # a miss: the default entry is not counted
     (entry,) = list(sh.DirectCounterEntry("Ing.mac_hits").read())
-    assert (entry.data.packet_count, entry.data.byte_count) == (2, 2 * len(arp))
-    entry.data.packet_count = 0
-    entry.data.byte_count = 0
+    assert (entry.packet_count, entry.byte_count) == (2, 2 * len(arp))
+    entry.packet_count = 0
+    entry.byte_count = 0
     entry.modify()
     (entry,) = list(sh.DirectCounterEntry("Ing.mac_hits").read())
-    assert entry.data.packet_count == 0
+    assert entry.packet_count == 0
 
 
 def raw_stub(switch):
