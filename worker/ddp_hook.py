@@ -10,8 +10,6 @@ iteration changes nothing: every rank sees the same sequence of buckets, and the
 session serializes them in that order.
 """
 
-from __future__ import annotations
-
 import torch
 import torch.distributed as dist
 
