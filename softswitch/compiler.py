@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import keyword
+import logging
 import random
 import re
 import struct
@@ -169,7 +170,6 @@ class TableSpec:
         self.action_ids = action_ids
         self.max_size = max_size
         self.default = None            # (action_id, data) from the JSON
-        self.default_const = False
         self.const_entries = []        # [(key_values, masks, prefix_or_priority, aid, data)]
         self.direct_counter = None     # name of the direct counter bound to this table
 
@@ -1012,7 +1012,7 @@ class Generator:
             if mt == "valid":
                 width = 1
             else:
-                width = self.key_field(key["target"]).width if key["target"][1] != "$valid$" else 1
+                width = self.field(key["target"]).width if key["target"][1] != "$valid$" else 1
             keys.append((mt if mt != "valid" else "exact", width, key.get("name", "")))
         if match_type not in self.SUPPORTED_MATCH:
             raise Unsupported(f"{match_type} match (table {name})")
@@ -1024,7 +1024,6 @@ class Generator:
         if default is not None:
             data = tuple(hexstr(v) for v in default.get("action_data", []))
             spec.default = (default["action_id"], data)
-            spec.default_const = bool(default.get("action_const"))
         elif spec.action_ids:
             spec.default = (spec.action_ids[0], ())
         for entry in table.get("entries", []):
@@ -1053,9 +1052,6 @@ class Generator:
         spec.direct_counter = self.direct_counters.get(name) if table.get("with_counters") else None
         self.out.tables[name] = spec
         return spec
-
-    def key_field(self, target) -> Field:
-        return self.field(target)
 
     def key_code(self, key: dict) -> str:
         mt = key["match_type"]
@@ -1308,5 +1304,4 @@ _NOTCACHED = object()
 
 
 def _log_assert(where: str) -> None:
-    import logging
     logging.getLogger("softswitch").error("assert/assume failed in %s", where)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from softswitch.compiler import (DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION,
-                                 TableSpec, compile_json, mask)
-
-log = logging.getLogger("softswitch")
+                                 TableSpec, compile_json)
 
 CACHE_LIMIT = 4096
 
@@ -175,6 +172,3 @@ class Pipeline:
             return []
         sent = egress(state, spec, None, INSTANCE_NORMAL)
         return [] if sent is None else [(spec, sent)]
-
-    def register_cell_mask(self, name: str) -> int:
-        return mask(self.registers[name].width)

@@ -32,7 +32,8 @@ def shell(switch):
 
 
 def ip_frame(src="10.0.0.5", dst="10.1.2.3", proto=17, tos=0, ttl=64, dst_mac=MAC9):
-    pkt = Ether(src=MAC1, dst=dst_mac) / IP(src=src, dst=dst, proto=proto, tos=tos, ttl=ttl)
+    pkt = Ether(src=MAC1, dst=dst_mac) / IP(src=src, dst=dst, proto=proto, tos=tos, ttl=ttl,
+                                            flags=2, frag=5)
     if proto == 17:
         pkt = pkt / UDP(sport=1, dport=2)
     return bytes(pkt / b"payload")
@@ -84,6 +85,7 @@ def test_lpm_prefers_the_longest_prefix_and_rewrites_with_a_valid_checksum(shell
     assert [p for p, _ in out] == [2]
     pkt = Ether(out[0][1])
     assert (pkt.dst, pkt.src, pkt[IP].ttl) == ("02:00:00:00:00:bb", MAC9, 63)
+    assert (int(pkt[IP].flags), pkt[IP].frag, pkt[IP].src) == (2, 5, "10.0.0.5")
     assert checksum_ok(out[0][1])
     assert [p for p, _ in shell.send(ip_frame(dst="10.7.0.1"), 5)] == [1]
     assert shell.send(ip_frame(dst="11.0.0.1"), 5) == []          # default: drop
