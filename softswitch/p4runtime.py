@@ -91,7 +91,7 @@ class Config:
         self.proto = p4runtime_pb2.ForwardingPipelineConfig()
         self.proto.CopyFrom(request_config)
         p4info = request_config.p4info
-        if not p4info.tables and not p4info.actions:
+        if not request_config.HasField("p4info"):
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "the config has no P4Info")
         if not request_config.p4_device_config:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,

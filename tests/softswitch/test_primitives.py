@@ -17,8 +17,8 @@ ETH = bytes.fromhex("020000000002" "020000000001")
 T = struct.Struct("!BIIhhIIIIhB")
 
 
-def frame(op, a=0, b=0, sa=0, sb=0, nib=0, payload=b"", ether_type=0x88B5):
-    return (ETH + struct.pack("!H", ether_type) + T.pack(op, a, b, sa, sb, 0, 0, 0, 0, 0, nib)
+def frame(op, a=0, b=0, sa=0, sb=0, nib=0, payload=b"", ether_type=0x88B5, r2=0):
+    return (ETH + struct.pack("!H", ether_type) + T.pack(op, a, b, sa, sb, 0, r2, 0, 0, 0, nib)
             + payload)
 
 
@@ -98,9 +98,11 @@ def test_boolean_logic_and_conditional_expression(pipe, a, b):
 
 def test_registers_read_modify_write_and_out_of_range_read(pipe):
     first = run(pipe, frame(6, a=5, b=3))
-    second = run(pipe, frame(6, a=7, b=3))
+    second = run(pipe, frame(6, a=7, b=3, r2=0x1234))
     assert (first["r1"], second["r1"]) == (5, 12)
-    assert second["r2"] == 0xABCD                   # reg.read(_, 1000) left it alone
+    # reg.read(r2, 1000) is out of range: r2 keeps the packet's value (p4c removed the
+    # r2 = 0xABCD before it as a dead store).
+    assert second["r2"] == 0x1234
     assert pipe.registers["Ing.reg"].cells[3] == 12
     run(pipe, frame(6, a=1, b=99))                  # out-of-range write: ignored
     assert sum(pipe.registers["Ing.reg"].cells) == 12
