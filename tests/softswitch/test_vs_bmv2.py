@@ -31,7 +31,7 @@ def cases() -> list[bytes]:
         for a, b, sa, sb in ((0xFFFFFFF0, 0x20, 30000, 10000), (5, 3, -30000, 10000),
                              (11, 0, -5, 7), (GROUP, 7, -32768, -1), (0x01, 1, 1, 2)):
             out.append(frame(op, a, b, sa, sb, nib=0x5C, payload=b"\x00\x00\x00\x01tail"))
-    out += [frame(1)[:24], b"\x01" * 10, frame(0xEE), frame(0xF3, a=0x52, payload=b"\0\0\0\1"),
+    out += [frame(1)[:24], frame(0xEE), frame(0xF3, a=0x52, payload=b"\0\0\0\1"),
             b"\x02" * 12 + b"\x88\x12" + b"data", b"\x02" * 12 + b"\x08\x00" + bytes(30)]
     return out
 
@@ -59,15 +59,18 @@ def test_bmv2_and_softswitch_agree_frame_by_frame():
             drain(sock)
         port_of = {sock: h.switch_port for sock, h in zip(socks, topo.hosts)}
         mismatches = []
+        forwarded = 0
         for data in cases():
             socks[0].send(data)
             got = sorted(collect(socks, port_of))
             want = sorted(soft.process(data, 1))
+            forwarded += bool(want)
             if got != want:
                 mismatches.append((data.hex(), want, got))
         for sock in socks:
             sock.close()
     assert not mismatches, mismatches[:3]
+    assert forwarded > 50                      # most cases send something: not a vacuous match
 
 
 def drain(sock) -> None:
