@@ -74,7 +74,6 @@ class Host:
         self.config = config_mod.load(config_path)
         self.rank = worker_id
         self.world = world
-        self.master = master
         from worker import AggregationSession
         self.session = AggregationSession.from_config(self.config, worker_id)
         if master:
@@ -108,8 +107,8 @@ class Host:
             if backend == "switch":
                 result, stats = self.switch_allreduce(tensor)
             elif backend == "gloo":
-                result = tensor.clone()
-                dist.all_reduce(result)
+                dist.all_reduce(tensor)
+                result = tensor
                 stats = {"retransmissions": 0}
             else:
                 raise ValueError(f"unknown backend {backend!r}")
