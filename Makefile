@@ -39,9 +39,8 @@ test-bmv2: setup
 
 # Compile the P4 program (needs p4c; see README). The output is committed.
 p4: setup
-	$(PY) tools/p4build.py --p4c $(P4C) --out $(P4BUILD) \
-	    --sources 'p4src/shared/*.p4' 'p4src/v1model/*.p4' 'p4src/v1model/control/*.p4' \
-	    p4src/v1model/aggregation.p4
+	$(PY) tools/p4build.py p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD) \
+	    --sources 'p4src/shared/*.p4' 'p4src/v1model/*.p4' 'p4src/v1model/control/*.p4'
 
 # Compile the softswitch's small per-primitive test programs.
 p4-test-programs: setup

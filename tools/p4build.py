@@ -53,10 +53,11 @@ def compile_program(p4c: str, program: Path, out: Path, patterns: list[str],
            str(program)]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([compiler, "--version"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True).stdout
     manifest = {
         "program": str(program.resolve().relative_to(REPO)),
-        "compiler": version.strip().splitlines()[-1] if version.strip() else "unknown",
+        "compiler": next((l.strip() for l in version.splitlines() if "Version" in l), "unknown"),
         "defines": defines,
         "patterns": patterns,
         "sources": source_hashes(patterns),

@@ -89,7 +89,7 @@ control AggIngress(inout headers_t hdr,
                     }
                 }
             }
-            ingress_outcomes.count((bit<32>)meta.outcome);
+            ingress_outcomes.count((bit<32>)(bit<8>)meta.outcome);
         }
 
         if (meta.next_step == NextStep.FORWARD_L2) {
@@ -119,19 +119,20 @@ control AggEgress(inout headers_t hdr,
     apply {
         if (meta.next_step == NextStep.MULTICAST || meta.next_step == NextStep.UNICAST) {
             bool lost;
+            EgressOutcome outcome = EgressOutcome.UNICAST_RESEND;
+            worker_id_t worker = meta.worker_id;
+            if (meta.next_step == NextStep.MULTICAST) {
+                outcome = EgressOutcome.MULTICAST_COPY;
+                worker = (worker_id_t)standard_metadata.egress_rid;
+            }
             egress_loss.apply(standard_metadata.egress_port, lost);
             if (lost) {
                 mark_to_drop(standard_metadata);
-                egress_outcomes.count((bit<32>)EgressOutcome.SIMULATED_DROP);
-            } else if (meta.next_step == NextStep.MULTICAST) {
-                result_rewrite.apply(hdr, standard_metadata, hdr.agg.job_id,
-                                     (worker_id_t)standard_metadata.egress_rid);
-                egress_outcomes.count((bit<32>)EgressOutcome.MULTICAST_COPY);
+                outcome = EgressOutcome.SIMULATED_DROP;
             } else {
-                result_rewrite.apply(hdr, standard_metadata, hdr.agg.job_id,
-                                     meta.worker_id);
-                egress_outcomes.count((bit<32>)EgressOutcome.UNICAST_RESEND);
+                result_rewrite.apply(hdr, standard_metadata, hdr.agg.job_id, worker);
             }
+            egress_outcomes.count((bit<32>)(bit<8>)outcome);
         } else if (meta.flooded
                    && standard_metadata.egress_port == standard_metadata.ingress_port) {
             mark_to_drop(standard_metadata);  // never flood back where it came from
