@@ -411,6 +411,23 @@ class Generator:
 
     # ------------------------------------------------------------------ primitives
     def primitive(self, prim: dict, src: Source, params, where: str) -> None:
+        start = len(src.lines)
+        self.emit_primitive(prim, src, params, where)
+        if self.hoist is None:
+            return
+        # Values known to sit in fields (p4c copies an index into a temporary field
+        # right before using it): forget what this primitive overwrote.
+        known = self.hoist["known"]
+        for var in set(re.findall(r"^\s*(F_\w+) = ", "\n".join(src.lines[start:]), re.M)):
+            for name, code in list(known.items()):
+                if name == var or re.search(rf"\b{var}\b", code):
+                    del known[name]
+        if prim["op"] in ("assign", "modify_field") and len(src.lines) == start + 1:
+            target, _, code = src.lines[start].strip().partition(" = ")
+            if ":=" not in code and "_randint" not in code and target not in code:
+                known[target] = code
+
+    def emit_primitive(self, prim: dict, src: Source, params, where: str) -> None:
         op = prim["op"]
         args = prim.get("parameters", [])
         if op in ("assign", "modify_field"):
@@ -419,7 +436,10 @@ class Generator:
                 raise Unsupported(f"{op} to a {dst['type']} in {where}")
             field = self.field(dst["value"])
             code, info = self.expr(args[1], src, params)
-            src.add(f"{field.var} = {store_code(code, info, field.width, field.signed)}")
+            value = store_code(code, info, field.width, field.signed)
+            if self.hoist is not None and not self.hoist["check"]:
+                value = self.hoist["indices"].get(value, value)   # already computed
+            src.add(f"{field.var} = {value}")
         elif op in ("assign_header", "copy_header"):
             dst, source = self.header(args[0]["value"]), self.header(args[1]["value"])
             if [f.width for f in dst.fields] != [f.width for f in source.fields]:
@@ -507,11 +527,17 @@ class Generator:
 
     def index(self, node, src: Source, params):
         code, info = self.expr(node, src, params)
+        if self.hoist is not None:
+            code = self.hoist["known"].get(code, code)
         if re.fullmatch(r"[A-Za-z_]\w*|\d+", code):
             return code, info
         if self.hoist is not None:
+            if ":=" in code:
+                self.hoist["unstable"] = True
             var = self.hoist["indices"].get(code)
             if var is None:
+                if not self.hoist["check"]:
+                    raise AssertionError(f"index {code} was not hoisted in the first pass")
                 var = src.temp("ix")
                 self.hoist["indices"][code] = var
             return var, info
@@ -549,12 +575,14 @@ class Generator:
         if not prims:
             src.add("pass")
             return
-        self.hoist = {"indices": {}, "guards": {}, "check": True}
+        self.hoist = {"indices": {}, "guards": {}, "check": True, "known": {},
+                      "unstable": False}
         checked = self._body(prims, src, params, where)
         hoist, self.hoist = self.hoist, None
         assigned = set(re.findall(r"^\s*(F_\w+) = ", "\n".join(checked.lines), re.M))
-        stable = all(not set(re.findall(r"\bF_\w+", code)) & assigned
-                     for code in hoist["indices"])
+        used = list(hoist["indices"]) + [var for var, _ in hoist["guards"]]
+        stable = not hoist["unstable"] and all(
+            not set(re.findall(r"\bF_\w+", code)) & assigned for code in used)
         if not stable:
             self.statements(prims, src, params, where)
             return
@@ -564,7 +592,8 @@ class Generator:
             src.add("if True:")
             src.lines += checked.lines
             return
-        self.hoist = {"indices": dict(hoist["indices"]), "guards": {}, "check": False}
+        self.hoist = {"indices": dict(hoist["indices"]), "guards": {}, "check": False,
+                      "known": {}, "unstable": False}
         fast = self._body(prims, src, params, where)
         self.hoist = None
         self.direct_counters: dict[str, str] = {}   # table -> direct counter

@@ -199,3 +199,11 @@ def test_other_frames_pass_unchanged(pipe):
 def test_if_and_return_inside_an_action(pipe, a, b, expected):
     r = run(pipe, frame(15, a, b))
     assert (r["r1"], r["r2"], r["r3"]) == expected
+
+
+def test_register_index_copied_to_a_temporary_field(pipe):
+    r = run(pipe, frame(16, a=77, sa=0x0105, r2=9))          # index 5: in range
+    assert r["r2"] == 77 and pipe.registers["Ing.reg"].cells[5] == 77
+    before = list(pipe.registers["Ing.reg"].cells)
+    r = run(pipe, frame(16, a=55, sa=0x00C8, r2=9))          # index 200: skipped
+    assert r["r2"] == 9 and pipe.registers["Ing.reg"].cells == before

@@ -27,10 +27,11 @@ REPLICAS = [(1, 0), (2, 7), (3, 9), (4, 2)]
 
 def cases() -> list[bytes]:
     out = []
-    for op in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15):
+    for op in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16):
         for a, b, sa, sb in ((0xFFFFFFF0, 0x20, 30000, 10000), (5, 3, -30000, 10000),
                              (11, 0, -5, 7), (GROUP, 7, -32768, -1), (0x01, 1, 1, 2)):
             out.append(frame(op, a, b, sa, sb, nib=0x5C, payload=b"\x00\x00\x00\x01tail"))
+    out += [frame(16, a=77, sa=5, r2=9), frame(16, a=55, sa=200, r2=9), frame(16, a=1, sa=5)]
     out += [frame(1)[:24], frame(0xEE), frame(0xF3, a=0x52, payload=b"\0\0\0\1"),
             b"\x02" * 12 + b"\x88\x12" + b"data", b"\x02" * 12 + b"\x08\x00" + bytes(30)]
     return out

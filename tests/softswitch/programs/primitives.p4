@@ -132,6 +132,13 @@ control Ing(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm
         reg.read(hdr.t.r2, 1000);   // out of range: BMv2 leaves r2 unchanged
     }
 
+    // A cast index: p4c copies it into a temporary field before each use.
+    action cast_index() {
+        reg.read(hdr.t.r1, (bit<32>)hdr.t.sa[7:0]);
+        reg.write((bit<32>)hdr.t.sa[7:0], hdr.t.a);
+        reg.read(hdr.t.r2, (bit<32>)hdr.t.sa[7:0]);
+    }
+
     action counting() {
         ctr.count(hdr.t.b);
     }
@@ -196,6 +203,7 @@ control Ing(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm
         else if (hdr.t.op == 13) { hdr.e1.setInvalid(); hdr.t.r1 = 13; }
         else if (hdr.t.op == 14) { sm.egress_spec = 511; }
         else if (hdr.t.op == 15) { branchy(); }
+        else if (hdr.t.op == 16) { cast_index(); }
         if (hdr.t.op == 11) {
             hdr.t.r1 = 2;   // never reached: exit above
         }
