@@ -81,6 +81,7 @@ class SwitchConnection:
         except (P4RuntimeException, grpc.RpcError) as exc:
             raise P4RuntimeError(f"{self.grpc_addr}: {describe(exc)}") from None
         sh.client = self._client
+        sh.global_options["verbose"] = False  # it would print every entry it builds
         SwitchConnection._active = self
         return self
 

@@ -38,7 +38,7 @@ def _int(data: bytes) -> int:
 
 
 def _field_value(fm) -> tuple:
-    kind = fm.WhichOneof("field_match")
+    kind = fm.WhichOneof("field_match_type")
     m = getattr(fm, kind)
     if kind in ("exact", "optional"):
         return (kind, _int(m.value))

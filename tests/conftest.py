@@ -87,7 +87,8 @@ def job(switch, hosts):
     def make(n: int, num_slots: int = 4, **kw):
         first = switch.next_free_slot
         switch.next_free_slot += num_slots
-        config = make_config([h.host for h in hosts[:n]], switch.process.grpc_addr,
+        config = make_config([h.host for h in hosts[:n]], list(switch.topology.switch_ports),
+                             switch.process.grpc_addr,
                              next(_job_ids) % 200 + 1, first, num_slots, **kw)
         switch.controller.apply(config)
         installed.append(config)

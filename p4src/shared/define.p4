@@ -39,9 +39,10 @@ const bit<16> ARP_OPER_REPLY = 2;
 const bit<16> AGG_UDP_PORT_BASE = 0xBEE0;
 const bit<16> AGG_UDP_PORT_MASK = 0xFFF0;
 
-// Broadcast, ARP and unknown unicast are flooded through this PRE group; job
-// groups are numbered from 1 and must stay below it.
-const mcast_group_t FLOOD_MCAST_GROUP = 0x8000;
+// Broadcast, ARP and unknown unicast are flooded through this PRE group: the
+// highest id P4Runtime servers accept (PI reserves 2^15 and up for clone sessions).
+// Job groups are numbered from 1 and must stay below it.
+const mcast_group_t FLOOD_MCAST_GROUP = 0x7FFF;
 
 // Exponent a worker sends for a block that is all zeros: smaller than any real one.
 const exponent_t EXPONENT_OF_ZERO = -128;

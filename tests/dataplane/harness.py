@@ -27,12 +27,12 @@ SERVICE_MAC = "02:00:00:00:00:fe"
 WORKER_UDP_PORT = 40000
 
 
-def make_config(hosts: list[Host], grpc_addr: str, job_id: int, first_slot: int,
-                num_slots: int, udp_port: int = protocol.AGG_UDP_PORT_BASE) -> Config:
+def make_config(hosts: list[Host], switch_ports: list[int], grpc_addr: str, job_id: int,
+                first_slot: int, num_slots: int,
+                udp_port: int = protocol.AGG_UDP_PORT_BASE) -> Config:
     """A job with one worker per host, worker id = position in ``hosts``."""
     return parse({
-        "switch": {"grpc_addr": grpc_addr, "device_id": 0,
-                   "ports": sorted({h.switch_port for h in hosts} | {1})},
+        "switch": {"grpc_addr": grpc_addr, "device_id": 0, "ports": sorted(switch_ports)},
         "job": {"id": job_id, "udp_port": udp_port, "service_ip": SERVICE_IP,
                 "service_mac": SERVICE_MAC, "first_slot": first_slot, "num_slots": num_slots,
                 "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": WORKER_UDP_PORT,
