@@ -23,8 +23,6 @@ from .controller import Controller
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switch_ctl", description=__doc__.splitlines()[0])
-    parser.add_argument("--election-id", type=int, default=1,
-                        help="P4Runtime election id (higher wins primary)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def target(p, config_required):
@@ -34,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("config", type=Path, nargs="?", help="job configuration (TOML)")
         p.add_argument("--grpc-addr", help="overrides the config's switch.grpc_addr")
         p.add_argument("--device-id", type=int, help="overrides the config's switch.device_id")
+        p.add_argument("--election-id", type=int, default=1,
+                       help="P4Runtime election id; the highest connected one may write")
 
     push = sub.add_parser("push", help="install the compiled program")
     target(push, False)
