@@ -1157,69 +1157,88 @@ class Generator:
         for name in ("ingress_port", "egress_spec", "egress_port"):
             if self.std(name) is None:
                 raise Unsupported(f"standard_metadata.{name} is missing")
-        state = ", ".join(self.state_vars)
-        src = Source()
         std = {n: self.std(n) for n in ("ingress_port", "packet_length", "instance_type",
                                          "parser_error", "egress_spec", "egress_port",
                                          "mcast_grp", "egress_rid")}
 
-        src.add("def ingress(pkt, ingress_port):")
-        src.depth += 1
-        src.add('"""Parse and run ingress: (egress_spec, mcast_grp, state)."""')
-        # Metadata starts at zero, headers invalid: one unpack of a constant tuple.
-        init = [(f.var, 0) for h in self.headers.values() for f in h.fields]
-        init += [(h.valid_var, False) for h in self.headers.values() if not h.metadata]
-        self.ns["_INIT"] = tuple(value for _, value in init)
-        src.add(", ".join(var for var, _ in init) + ", = _INIT")
-        src.add("plen = in_len = plen_reg = len(pkt)")
-        src.add("off = 0")
-        src.add(f"perr = {self.out.errors.get('NoError', 0)}")
-        src.add(f"{std['ingress_port'].var} = ingress_port")
+        ingress = Source()
+        ingress.depth = 1
+        ingress.add("plen = in_len = plen_reg = len(pkt)")
+        ingress.add("off = 0")
+        ingress.add(f"perr = {self.out.errors.get('NoError', 0)}")
+        ingress.add(f"{std['ingress_port'].var} = ingress_port")
         if std["packet_length"] is not None:
-            src.add(f"{std['packet_length'].var} = plen")
-        self.parser(src)
+            ingress.add(f"{std['packet_length'].var} = plen")
+        self.parser(ingress)
         if std["parser_error"] is not None:
-            src.add(f"{std['parser_error'].var} = perr")
-        self.checksums(src, verify=True)
-        self.pipeline("ingress", src)
+            ingress.add(f"{std['parser_error'].var} = perr")
+        self.checksums(ingress, verify=True)
+        self.pipeline("ingress", ingress)
         grp = std["mcast_grp"].var if std["mcast_grp"] is not None else "0"
-        src.add(f"return {std['egress_spec'].var}, {grp}, ({state},)")
-        src.depth -= 1
-        src.add("")
 
-        src.add("def egress(state, egress_port, rid, instance_type):")
-        src.depth += 1
-        src.add('"""Run egress and deparse: the frame to send, or None if dropped."""')
-        src.add(f"{state}, = state")
-        src.add(f"{std['egress_port'].var} = egress_port")
-        src.add(f"{std['egress_spec'].var} = {DROP_PORT + 1}")
+        egress = Source()
+        egress.depth = 1
+        egress.counter = ingress.counter
+        egress.add(f"{std['egress_port'].var} = egress_port")
+        egress.add(f"{std['egress_spec'].var} = {DROP_PORT + 1}")
         if std["instance_type"] is not None:
-            src.add(f"{std['instance_type'].var} = instance_type")
+            egress.add(f"{std['instance_type'].var} = instance_type")
         if std["egress_rid"] is not None:
-            src.add("if rid is not None:")
-            src.add(f"    {std['egress_rid'].var} = rid")
+            egress.add("if rid is not None:")
+            egress.add(f"    {std['egress_rid'].var} = rid")
         if std["packet_length"] is not None:
-            src.add(f"{std['packet_length'].var} = plen_reg")
-        self.pipeline("egress", src)
-        src.add(f"if {std['egress_spec'].var} == {DROP_PORT}:")
-        src.add("    return None")
-        self.checksums(src, verify=False)
-        src.add("_out = []")
+            egress.add(f"{std['packet_length'].var} = plen_reg")
+        self.pipeline("egress", egress)
+        egress.add(f"if {std['egress_spec'].var} == {DROP_PORT}:")
+        egress.add("    return None")
+        self.checksums(egress, verify=False)
+        egress.add("_out = []")
         for name in deparsers["deparser"].get("order", []):
             header = self.header(name)
             sname, _, _, pack_args = self.header_struct(header)
             line = f"_out.append({sname}.pack({', '.join(pack_args)}))"
             if header.metadata:
-                src.add(line)
+                egress.add(line)
             else:
-                src.add(f"if {header.valid_var}:")
-                src.add(f"    {line}")
-        src.add("_out.append(pkt[off:])")
-        src.add("return b''.join(_out)")
-        src.depth -= 1
+                egress.add(f"if {header.valid_var}:")
+                egress.add(f"    {line}")
+        egress.add("_out.append(pkt[off:])")
+        egress.add("return b''.join(_out)")
 
+        # Only what egress uses crosses over, and ingress zeroes only what is read
+        # before it is written (p4c's many write-only temporaries cost nothing).
+        egress_names = set(re.findall(r"\b\w+\b", "\n".join(egress.lines)))
+        state = [v for v in self.state_vars if v in egress_names]
+        needed = _read_names(ingress.lines) | set(state) | {std["egress_spec"].var, grp}
+        init = [(f.var, 0) for h in self.headers.values() for f in h.fields]
+        init += [(h.valid_var, False) for h in self.headers.values() if not h.metadata]
+        init = [(var, value) for var, value in init if var in needed]
+        self.ns["_INIT"] = tuple(value for _, value in init)
+
+        src = Source()
+        src.add("def ingress(pkt, ingress_port):")
+        src.add('    """Parse and run ingress: (egress_spec, mcast_grp, state)."""')
+        if init:
+            src.add("    " + ", ".join(var for var, _ in init) + ", = _INIT")
+        src.lines += ingress.lines
+        src.add(f"    return {std['egress_spec'].var}, {grp}, ({', '.join(state)},)")
+        src.add("")
+        src.add("def egress(state, egress_port, rid, instance_type):")
+        src.add('    """Run egress and deparse: the frame to send, or None if dropped."""')
+        if state:
+            src.add(f"    {', '.join(state)}, = state")
+        src.lines += egress.lines
         self.out.source = src.text()
         return self.out
+
+
+def _read_names(lines: list[str]) -> set[str]:
+    """Names a block of generated code reads (an assignment's targets do not count)."""
+    names = set()
+    for line in lines:
+        line = re.sub(r"^\s*[\w\s,]+?,?\s=(?!=)", "", line)
+        names.update(re.findall(r"\b\w+\b", line))
+    return names
 
 
 def _union(a, b):

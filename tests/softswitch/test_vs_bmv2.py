@@ -79,7 +79,7 @@ def drain(sock) -> None:
         sock.recv(65536)
 
 
-def collect(socks, port_of, quiet: float = 0.2) -> list[tuple[int, bytes]]:
+def collect(socks, port_of, quiet: float = 0.4) -> list[tuple[int, bytes]]:
     """Frames the switch sent to the hosts, until ``quiet`` seconds pass without one."""
     out = []
     while True:
