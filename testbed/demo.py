@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bw", type=float, default=20.0, help="link rate, Mbit/s")
     parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
                         help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="the job's window, slots per worker (default max(8, 64/workers))")
     return parser
 
 
@@ -39,7 +41,7 @@ def run(args) -> None:
     t0 = time.monotonic()
     print(f"[demo] starting the topology: {args.workers} hosts, {target} switch, "
           f"links {args.bw:g} Mbit/s", flush=True)
-    with Testbed(args.workers, bw=args.bw, target=target) as testbed:
+    with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots) as testbed:
         print(f"[demo] job installed by the controller; starting one worker process per host "
               f"(torch import, gloo rendezvous through the switch)", flush=True)
         with HostAgents(testbed) as agents:
@@ -74,9 +76,12 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
             retrans = f"{sum(a['tcp_retrans'] for a in answers)} TCP segs"
         print(f"{backend:<12} {accuracy:>9.3f} {step:>8.1f} {sent:>15.1f} {retrans:>16}")
     print("\nms/step: median step time (forward, backward, allreduce, update) of the slowest "
-          "worker.\nKB sent: bytes each worker's interface transmitted during training "
-          "(headers included;\nthe switch run also carries gloo's DDP bookkeeping, none in "
-          "steady state).")
+          "worker.\nKB sent: bytes each worker's interface transmitted during training, headers "
+          "included. The switch\nrun sends each 64-value block once (308 B frames) plus, per "
+          "call, one bootstrap packet per slot\nit uses (the worker's one-ahead exponent "
+          "scheme) and any retransmissions; gloo's ring sends\n2(n-1)/n of the gradient per "
+          "step in TCP segments.\nretransmissions: aggregation packets resent after a timeout "
+          "(switch), TCP segments (gloo).")
     admitted = {k: v["packets"] for k, v in counters.items() if v["packets"]}
     if admitted:
         print("\nswitch counters (packets): "

@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bw", type=float, default=50.0, help="link rate, Mbit/s (default 50)")
     parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
                         help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="the job's window, slots per worker (default max(8, 64/workers))")
     parser.add_argument("--out", type=Path, default=Path("results/loss"),
                         help="results folder (default results/loss)")
     parser.add_argument("--timeout", type=float, default=300.0,
@@ -88,7 +90,7 @@ def run(args) -> list[dict]:
     print(f"[loss] {args.workers} workers, {target} switch, {len(todo)} points x {args.reps} "
           f"repetitions", flush=True)
     rows, reference = [], {}
-    with Testbed(args.workers, bw=args.bw, target=target) as testbed, \
+    with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots) as testbed, \
             HostAgents(testbed, gloo=False) as agents:
         for n, (size, direction, loss) in enumerate(todo, 1):
             ingress, egress = (f * loss / 100 for f in DIRECTIONS.get(direction, (0, 0)))
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("loss_experiment: needs root (Mininet)", file=sys.stderr)
         return 1
+    started = time.monotonic()
     try:
         points(args)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -222,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + summary(rows))
     print(f"\nexact: result equals the true integer sum on every worker; identical: bit-identical "
           f"to the no-loss run.\nwrote {args.out / 'loss.csv'}, " + ", ".join(map(str, paths)))
+    print(f"({time.monotonic() - started:.0f} s)")
     return 0
 
 
