@@ -8,6 +8,7 @@ k register read-add-writes). Runs the softswitch, and BMv2 too where
 simple_switch_grpc is on PATH, in the same run, and prints the ratio.
 
     sudo .venv/bin/python benchmarks/bench_switch.py [--aggregations 1500] [--window 16]
+        [--repeats 3] [--targets softswitch bmv2]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import select
 import socket
+import statistics
 import struct
 import sys
 import time
@@ -103,7 +105,7 @@ def drain(sock) -> None:
         sock.recv(65536)
 
 
-def measure(target: str, aggregations: int, window: int) -> dict:
+def measure(target: str, aggregations: int, window: int, repeats: int) -> dict:
     program = json.loads(protocol.PROGRAM_JSON.read_text())
     fmt = protocol.PacketFormat(program)
     k, pool = fmt.values_per_packet, fmt.pool_size
@@ -116,28 +118,31 @@ def measure(target: str, aggregations: int, window: int) -> dict:
         for sock in socks:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
             sock.setblocking(False)
+        # The n-th aggregation uses slot n % pool and flips the shadow set on each reuse.
         frames = [[contribution(h, i, n % pool, (n // pool) & 1, values)
-                   for i, h in enumerate(topo.hosts)] for n in range(aggregations)]
+                   for i, h in enumerate(topo.hosts)] for n in range(aggregations * repeats)]
         time.sleep(0.3)
         for sock in socks:
             drain(sock)
         received = lost = 0
-        start = time.perf_counter()
-        for first in range(0, aggregations, window):
-            batch = frames[first:first + window]
-            for per_worker in batch:
-                for sock, frame in zip(socks, per_worker):
-                    sock.send(frame)
-            want = len(batch) * WORKERS
-            got = collect(socks, want, timeout=2.0)
-            received += got
-            lost += want - got
-        elapsed = time.perf_counter() - start
+        rates = []
+        for run in range(repeats):
+            start = time.perf_counter()
+            for first in range(run * aggregations, (run + 1) * aggregations, window):
+                batch = frames[first:min(first + window, (run + 1) * aggregations)]
+                for per_worker in batch:
+                    for sock, frame in zip(socks, per_worker):
+                        sock.send(frame)
+                want = len(batch) * WORKERS
+                got = collect(socks, want, timeout=2.0)
+                received += got
+                lost += want - got
+            rates.append(aggregations * WORKERS / (time.perf_counter() - start))
         for sock in socks:
             sock.close()
     return {"target": target, "k": k, "contributions": aggregations * WORKERS,
-            "results_received": received, "results_lost": lost, "seconds": elapsed,
-            "pps": aggregations * WORKERS / elapsed}
+            "results_received": received, "results_lost": lost, "rates": rates,
+            "pps": statistics.median(rates)}
 
 
 def collect(socks, want: int, timeout: float) -> int:
@@ -207,6 +212,8 @@ def main() -> int:
     parser.add_argument("--aggregations", type=int, default=1500,
                         help="aggregations per target (each is one contribution per worker)")
     parser.add_argument("--window", type=int, default=16, help="aggregations in flight")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs per target; the median is reported")
     parser.add_argument("--targets", nargs="*", default=available_targets())
     args = parser.parse_args()
     if not protocol.PROGRAM_JSON.exists():
@@ -219,11 +226,12 @@ def main() -> int:
           "contributions/s")
     results = {}
     for target in args.targets:
-        r = measure(target, args.aggregations, args.window)
+        r = measure(target, args.aggregations, args.window, args.repeats)
         results[target] = r
-        print(f"{target:>10}: {r['pps']:>9,.0f} packets/s  ({r['contributions']} contributions "
-              f"of k={r['k']} in {r['seconds']:.2f} s, {r['results_received']} results received, "
-              f"{r['results_lost']} lost)")
+        runs = ", ".join(f"{rate:,.0f}" for rate in r["rates"])
+        print(f"{target:>10}: {r['pps']:>9,.0f} packets/s  (median of {runs}; "
+              f"{r['contributions']} contributions of k={r['k']} per run, "
+              f"{r['results_received']} results received, {r['results_lost']} lost)")
     if "softswitch" in results and "bmv2" in results:
         ratio = results["softswitch"]["pps"] / results["bmv2"]["pps"]
         print(f"softswitch / BMv2 = {ratio:.2f}x")

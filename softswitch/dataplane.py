@@ -38,8 +38,9 @@ class Port:
                            struct.pack("iHH8s", ifindex, PACKET_MR_PROMISC, 0, b""))
         try:
             self.rx.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+            self.sees_outgoing = False
         except OSError:
-            pass   # older kernels: PACKET_OUTGOING frames are skipped by type below
+            self.sees_outgoing = True   # kernels before 4.20: skipped by packet type
         self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.rx.setblocking(False)
         # Protocol 0: a send-only socket, so the kernel queues no received copies on it.
@@ -98,17 +99,21 @@ class DataPlane:
                     self._drain(rx, buf)
                     continue
                 process = pipeline.process
+                sees_outgoing = port.sees_outgoing
                 with pipeline.lock:
                     for _ in range(BATCH):
                         try:
-                            n, addr = rx.recvfrom_into(buf)
+                            if sees_outgoing:
+                                n, addr = rx.recvfrom_into(buf)
+                                if addr[2] == PACKET_OUTGOING:
+                                    continue
+                            else:
+                                n = rx.recv_into(buf)
                         except (BlockingIOError, InterruptedError):
                             break
                         except OSError as exc:
                             log.warning("receive on %s failed: %s", port.ifname, exc)
                             break
-                        if addr[2] == PACKET_OUTGOING:
-                            continue
                         self.received += 1
                         frame = bytes(view[:n])
                         try:
