@@ -63,9 +63,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="start with no program; wait for SetForwardingPipelineConfig")
     parser.add_argument("--grpc-server-addr", type=_grpc_addr)
     # Accepted so that Mininet's and BMv2's usual command lines work; they have no effect.
-    for option in ("--thrift-port", "--nanolog", "--notifications-addr", "--pcap",
-                   "--max-port-count"):
+    for option in ("--thrift-port", "--nanolog", "--notifications-addr", "--max-port-count"):
         parser.add_argument(option, help=argparse.SUPPRESS)
+    parser.add_argument("--pcap", nargs="?", const=".", help=argparse.SUPPRESS)
+    parser.add_argument("--debugger", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(main_argv)
     target = _Parser(prog="python -m softswitch ... --", add_help=False)
     target.add_argument("--grpc-server-addr", type=_grpc_addr)

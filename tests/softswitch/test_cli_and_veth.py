@@ -88,6 +88,35 @@ def test_frames_cross_real_veth_pairs_under_p4runtime_control():
         assert switch.process.poll() is None
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
+def test_a_json_given_on_the_command_line_forwards_without_p4runtime():
+    from testbed.netns import Topology
+
+    from tests.softswitch.test_primitives import fields, frame
+
+    json_path, _ = program_files("primitives")
+    with Topology(1) as topo:
+        host = topo.hosts[0]
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        switch = subprocess.Popen(
+            [sys.executable, "-m", "softswitch", str(json_path), "-i",
+             f"{host.switch_port}@{host.switch_ifname}", "--log-level", "warn", "--",
+             "--grpc-server-addr", f"127.0.0.1:{free_port()}"], env=env)
+        try:
+            sock = host.raw_socket()
+            data = frame(1, a=40, b=2)
+            deadline = time.monotonic() + 20
+            replies = []
+            while not replies and time.monotonic() < deadline:   # until the switch is up
+                sock.send(data)
+                replies = [f for f in receive(sock, timeout=0.5) if f != data]
+            assert replies and fields(replies[0])["r1"] == 42
+            sock.close()
+        finally:
+            switch.terminate()
+            assert switch.wait(timeout=10) == 0
+
+
 def receive(sock, timeout: float = 3.0) -> list[bytes]:
     """Frames arriving on ``sock`` within ``timeout`` (stops early once one arrives)."""
     frames = []

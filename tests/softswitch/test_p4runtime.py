@@ -318,3 +318,28 @@ def test_pipeline_config_errors(switch):
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
         caps = stub.Capabilities(p4runtime_pb2.CapabilitiesRequest())
         assert caps.p4runtime_api_version
+
+
+def test_verify_save_and_commit_actions(switch):
+    channel, stub = raw_stub(switch)
+    json_path, p4info_path = program_files("forwarding")
+    Request = p4runtime_pb2.SetForwardingPipelineConfigRequest
+    get = p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=0)
+    with channel:
+        req = Request(device_id=0, action=Request.VERIFY)
+        text_format.Parse(p4info_path.read_text(), req.config.p4info)
+        req.config.p4_device_config = json_path.read_bytes()
+        req.config.cookie.cookie = 42
+        stub.SetForwardingPipelineConfig(req)
+        with pytest.raises(grpc.RpcError) as err:     # VERIFY changes nothing
+            stub.GetForwardingPipelineConfig(get)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        req.action = Request.VERIFY_AND_SAVE
+        stub.SetForwardingPipelineConfig(req)
+        assert switch.pipeline is None
+        stub.SetForwardingPipelineConfig(Request(device_id=0, action=Request.COMMIT))
+        assert switch.pipeline is not None
+        assert stub.GetForwardingPipelineConfig(get).config.cookie.cookie == 42
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SetForwardingPipelineConfig(Request(device_id=0, action=Request.COMMIT))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
