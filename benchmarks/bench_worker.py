@@ -111,7 +111,7 @@ def goodput(target: str, elements: int, reps: int) -> None:
                           "ports": [h.switch_port for h in topo.hosts]},
                "job": {"id": 1, "udp_port": protocol.AGG_UDP_PORT_BASE,
                        "service_ip": "10.0.0.254", "service_mac": "02:00:00:00:00:fe",
-                       "first_slot": 0, "num_slots": 64,
+                       "first_slot": 0, "num_slots": 16,
                        "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": 41000,
                                     "switch_port": h.switch_port}
                                    for i, h in enumerate(topo.hosts)]}}
@@ -170,7 +170,7 @@ def main() -> None:
         targets.append("bmv2")
     print(f"\nallreduce goodput, {WORKERS} workers, float32, "
           f"{args.allreduce_elements:,} elements ({args.allreduce_elements * 4 / 1e6:.2f} MB) "
-          f"per call, 64 slots:")
+          f"per call, 16 slots:")
     if os.geteuid() != 0:
         print("  skipped: creating network namespaces needs root")
         return

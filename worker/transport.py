@@ -60,10 +60,12 @@ class TransportBroken(RuntimeError):
 class RetransmitPolicy:
     """Timer settings, in seconds.
 
+    ``min_rto`` suits software switches, whose round trips under a full window reach
+    100-300 ms (BMv2 queues every contribution); lower it for a hardware switch.
     ``peer_timeout`` bounds how long one packet may wait for its result, and so how
     long a call can hang on a dead worker or an unreachable switch."""
     initial_rto: float = 0.5
-    min_rto: float = 0.01
+    min_rto: float = 0.1
     max_rto: float = 2.0
     peer_timeout: float = 30.0
 
@@ -106,6 +108,7 @@ class RtoEstimator:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.rto = policy.initial_rto
+        self._backed_off_at = -float("inf")
 
     def sample(self, rtt: float) -> None:
         if self.srtt is None:
@@ -115,6 +118,14 @@ class RtoEstimator:
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
         rto = self.srtt + max(self.GRANULARITY, 4 * self.rttvar)
         self.rto = min(max(rto, self.policy.min_rto), self.policy.max_rto)
+
+    def timed_out(self, now: float) -> None:
+        """Double the timeout (RFC 6298 5.5) until a fresh sample resets it: with
+        Karn's rule, a timeout below the real RTT would otherwise never get a sample
+        to grow from. Once per timeout period, as many slots time out together."""
+        if now - self._backed_off_at >= self.rto:
+            self.rto = min(2 * self.rto, self.policy.max_rto)
+            self._backed_off_at = now
 
     def backoff(self, retries: int) -> float:
         return min(self.rto * 2.0 ** retries, self.policy.max_rto)
@@ -355,6 +366,7 @@ class _Call:
             t.stats.timeouts += 1
             if now - self.first_sent_at[s] >= t.policy.peer_timeout:
                 self._give_up(now)
+            t.rto.timed_out(now)
             self.retries[s] += 1
             if t._send(self._packet(p)):
                 t.stats.retransmissions += 1

@@ -11,8 +11,6 @@ and saves the first step's gradients, for comparing the two backends from the sa
 starting point.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
