@@ -154,6 +154,7 @@ class Compiled:
         self.counters = {}      # name -> CounterSpec
         self.actions = {}       # id -> ActionSpec
         self.errors = {}        # name -> code
+        self.namespace = {}     # globals of the generated functions
 
 
 class ActionSpec:
@@ -233,7 +234,7 @@ class Generator:
                     raise Unsupported(f"variable-length field {htype['name']}.{name}")
                 fields.append((name, width, bool(spec[2]) if len(spec) > 2 else False))
             types[htype["name"]] = fields
-        used_prefixes = set()
+        used_prefixes, used_vars = set(), set()
         for inst in doc.get("headers", []):
             prefix = _ident(inst["name"])
             while prefix in used_prefixes:
@@ -241,7 +242,11 @@ class Generator:
             used_prefixes.add(prefix)
             fields = []
             for fname, width, signed in types[inst["header_type"]]:
-                field = Field(inst["name"], fname, width, signed, f"F_{prefix}__{_ident(fname)}")
+                var = f"F_{prefix}__{_ident(fname)}"
+                while var in used_vars:
+                    var += "_"
+                used_vars.add(var)
+                field = Field(inst["name"], fname, width, signed, var)
                 fields.append(field)
                 self.fields[(inst["name"], fname)] = field
             header = Header(inst["name"], bool(inst.get("metadata")), fields, prefix)
@@ -290,7 +295,7 @@ class Generator:
     def field(self, ref) -> Field:
         header, name = ref
         if name == "$valid$":
-            raise Unsupported("$valid$ used as an assignment target")
+            raise Unsupported(f"{header}.$valid$ used where only a real field can be")
         try:
             return self.fields[(header, name)]
         except KeyError:

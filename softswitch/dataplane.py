@@ -62,6 +62,7 @@ class DataPlane:
         self.stopping = threading.Event()
         self.received = 0
         self.sent = 0
+        self.failed = 0
         self.thread = threading.Thread(target=self.run, daemon=True, name="dataplane")
 
     def set_pipeline(self, pipeline) -> None:
@@ -119,7 +120,10 @@ class DataPlane:
                         try:
                             out = process(frame, number)
                         except Exception:   # a bug must cost one packet, never the switch
-                            log.exception("dropped a %d-byte packet from port %d", n, number)
+                            self.failed += 1
+                            if self.failed <= 10 or self.failed % 1000 == 0:
+                                log.exception("dropped a %d-byte packet from port %d "
+                                              "(%d so far)", n, number, self.failed)
                             continue
                         if debug:
                             log.debug("port %d: %d bytes in, out on %s", number, n,
