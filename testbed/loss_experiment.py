@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=3, help="hosts (default 3)")
     parser.add_argument("--loss", type=csv_list(float), default=[0, 0.01, 0.1, 1, 5, 10],
                         help="loss rates in percent (default 0,0.01,0.1,1,5,10)")
     parser.add_argument("--directions", type=csv_list(str), default=list(DIRECTIONS),

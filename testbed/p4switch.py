@@ -36,10 +36,15 @@ def import_mininet() -> None:
 
 import_mininet()
 
+from mininet.log import lg  # noqa: E402
 from mininet.net import Mininet  # noqa: E402
 from mininet.node import Switch  # noqa: E402
 
 from .targets import SwitchProcess, default_target  # noqa: E402
+
+# Mininet's logger prints on its own; through the root logger (set up by other
+# libraries) every line would appear twice.
+lg.propagate = False
 
 
 class QuietMininet(Mininet):

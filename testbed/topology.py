@@ -286,15 +286,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="testbed-"))
     try:
         testbed = Testbed(args.workers, bw=args.bw, target=args.target or default_target(),
                           delay=args.delay, link_loss=args.link_loss, num_slots=args.slots,
-                          workdir=workdir, log_level="info")
+                          log_level="info")
         with testbed:
             print(f"\n{args.workers} workers on a {testbed.target} switch "
-                  f"(P4Runtime {testbed.switch.grpc_addr}), links {args.bw} Mbit/s")
-            print(f"job configuration: {testbed.config_path}   switch log: {workdir}/switch.log")
+                  f"(P4Runtime {testbed.switch.grpc_addr}), links {args.bw:g} Mbit/s")
+            print(f"job configuration: {testbed.config_path}   switch and host logs: "
+                  f"{testbed.workdir} (removed on exit)")
             print(f"counters from another shell: {sys.executable} -m switch_ctl counters "
                   f"{testbed.config_path}")
             print("try: h1 ping -c1 h2 | allreduce 4096 | loss 1 | counters   "
