@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"baseline_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("baseline_experiment: interrupted; the topology was torn down", file=sys.stderr)
+        return 130
     print()
     print_table(lines)
     print(f"\nt_sw/t_gloo below 1: in-network aggregation finished first. limit: the ratio if "

@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("demo: interrupted; the topology was torn down", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -11,7 +11,9 @@ integer-valued tensors, so a result is ``exact`` when it equals the true sum, an
 no-loss point runs first). Completion time is the slowest worker's.
 
 Writes <out>/loss.csv (one row per repetition), <out>/loss_time.png and
-<out>/loss_retransmissions.png, and prints a summary table.
+<out>/loss_retransmissions.png (dotted: packets the simulator dropped; retransmissions
+above that line were spurious, timers firing on packets that were only late), and
+prints a summary table.
 """
 
 from __future__ import annotations
@@ -188,7 +190,17 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
                     med.append(m)
                     lo.append(m - min(values))
                     hi.append(max(values) - m)
-                ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=direction)
+                line = ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3,
+                                   label=direction)
+                if metric == "retransmissions":
+                    # What the simulator dropped: retransmissions above it were spurious.
+                    drops = [statistics.median(r["dropped_ingress"] + r["dropped_egress"]
+                                               for r in by[(size, "none" if loss == 0
+                                                            else direction, loss)])
+                             for loss in losses if by.get((size, "none" if loss == 0
+                                                            else direction, loss))]
+                    ax.plot(xs, drops, ":", color=line[0].get_color(),
+                            label=f"{direction}: dropped by the switch")
             inexact = [losses.index(k[2]) for k, rs in by.items()
                        if k[0] == size and not all(r["exact"] and r["identical"] for r in rs)]
             for i in inexact:
@@ -198,7 +210,7 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
             ax.set_ylabel(ylabel)
             ax.set_title(f"{size} values ({rows[0]['workers']} workers)")
             ax.grid(alpha=0.3)
-            ax.legend(title="loss on")
+            ax.legend(title="loss on", fontsize=8)
         fig.tight_layout()
         path = out / name
         fig.savefig(path, dpi=120)
@@ -222,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"loss_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("loss_experiment: interrupted; the topology was torn down", file=sys.stderr)
+        return 130
     print("\n" + summary(rows))
     print(f"\nexact: result equals the true integer sum on every worker; identical: bit-identical "
           f"to the no-loss run.\nwrote {args.out / 'loss.csv'}, " + ", ".join(map(str, paths)))

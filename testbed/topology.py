@@ -305,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, PermissionError, ValueError, OSError) as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("testbed: interrupted; the topology was torn down", file=sys.stderr)
+        return 130
     return 0
 
 
