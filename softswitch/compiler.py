@@ -734,14 +734,16 @@ class Generator:
                     part = f"((({part}) + {half}) & {mask(f.width)}) - {half}"
                 unpack_lines.append((f.var, part))
                 fields_expr.append((f, shift))
-            packed = " | ".join(
-                (f"(({f.var} & {mask(f.width)}) << {s})" if s else f"({f.var} & {mask(f.width)})")
-                for f, s in fields_expr)
+            packed = " | ".join(f"({_bits(f)} << {s})" if s else _bits(f)
+                                for f, s in fields_expr)
             shift = total_bits
             for var, size in piece_vars:
                 shift -= size * 8
-                part = f"(({packed}) >> {shift})" if shift else f"({packed})"
-                pack_args.append(f"{part} & {mask(size * 8)}")
+                if shift == total_bits - size * 8:    # the top piece: already in range
+                    pack_args.append(f"({packed}) >> {shift}" if shift else f"({packed})")
+                else:
+                    part = f"(({packed}) >> {shift})" if shift else f"({packed})"
+                    pack_args.append(f"{part} & {mask(size * 8)}")
         struct_obj = struct.Struct(fmt)
         name = f"S_{_ident(header.name)}"
         self.ns[name] = struct_obj
@@ -903,8 +905,7 @@ class Generator:
                 src.depth += 1
             src.add("_cbits = 0")
             src.add("_cn = 0")
-            for item in calc["input"]:
-                self.calc_input(item, src, calc["name"])
+            self.calc_inputs(calc["input"], src, calc["name"])
             src.add("_cbits <<= (-_cn) & 7")
             src.add("_csum = csum16(_cbits.to_bytes((_cn + 7) >> 3, 'big'))")
             if verify:
@@ -916,32 +917,40 @@ class Generator:
             if cond is not None:
                 src.depth -= 1
 
-    def calc_input(self, item: dict, src: Source, calc: str) -> None:
-        kind = item["type"]
-        if kind == "field":
-            field = self.field(item["value"])
-            header = self.header(field.header)
-            fields = [field]
-        elif kind == "header":
-            header = self.header(item["value"])
-            fields = header.fields
-        elif kind == "hexstr":
-            width = item["bitwidth"]
-            src.add(f"_cbits = (_cbits << {width}) | {hexstr(item['value']) & mask(width)}")
-            src.add(f"_cn += {width}")
-            return
-        else:
-            raise Unsupported(f"calculation input of type {kind!r} (calculation {calc})")
-        width = sum(f.width for f in fields)
-        parts = " | ".join(
-            f"(({f.var} & {mask(f.width)}) << {s})" if s else f"({f.var} & {mask(f.width)})"
-            for f, s in _shifts(fields))
-        prefix = ""
-        if not header.metadata:
-            src.add(f"if {header.valid_var}:")
-            prefix = "    "
-        src.add(f"{prefix}_cbits = (_cbits << {width}) | {parts}")
-        src.add(f"{prefix}_cn += {width}")
+    def calc_inputs(self, items: list, src: Source, calc: str) -> None:
+        """Append a calculation's inputs to _cbits; fields of an invalid header are skipped."""
+        groups: list = []    # [header or None, [fields] or (value, width)]
+        for item in items:
+            kind = item["type"]
+            if kind == "field":
+                field = self.field(item["value"])
+                header = self.header(field.header)
+                if groups and groups[-1][0] is header:
+                    groups[-1][1].append(field)
+                else:
+                    groups.append([header, [field]])
+            elif kind == "header":
+                groups.append([self.header(item["value"]), list(self.header(item["value"]).fields)])
+            elif kind == "hexstr":
+                width = item["bitwidth"]
+                groups.append([None, (hexstr(item["value"]) & mask(width), width)])
+            else:
+                raise Unsupported(f"calculation input of type {kind!r} (calculation {calc})")
+        for header, fields in groups:
+            if header is None:
+                value, width = fields
+                src.add(f"_cbits = (_cbits << {width}) | {value}")
+                src.add(f"_cn += {width}")
+                continue
+            width = sum(f.width for f in fields)
+            parts = " | ".join(f"({_bits(f)} << {s})" if s else _bits(f)
+                               for f, s in _shifts(fields))
+            prefix = ""
+            if not header.metadata:
+                src.add(f"if {header.valid_var}:")
+                prefix = "    "
+            src.add(f"{prefix}_cbits = (_cbits << {width}) | {parts}")
+            src.add(f"{prefix}_cn += {width}")
 
     # ------------------------------------------------------------------ controls
     def pipeline(self, name: str, src: Source) -> None:
@@ -1254,6 +1263,11 @@ def _union(a, b):
     if a[0] == b[0] == "s":
         return ("s", max(a[1], b[1]))
     return ANY
+
+
+def _bits(field: Field) -> str:
+    """A field's bits as a non-negative integer (unsigned fields always are)."""
+    return f"({field.var} & {mask(field.width)})" if field.signed else field.var
 
 
 def _shifts(fields):
