@@ -1,0 +1,93 @@
+"""Sessions on loopback, with no switch at all: what must happen without one."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from p4src import protocol
+from worker import (AggregationSession, AggregationTimeout, RetransmitPolicy, TransportBroken)
+from worker.transport import RtoEstimator
+
+pytestmark = pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(),
+                                reason=f"{protocol.PROGRAM_JSON} is missing: run 'make p4'")
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def session(peer_timeout: float = 1.0) -> AggregationSession:
+    """Worker 0 of 2, whose 'switch' is a loopback port nobody listens on."""
+    policy = RetransmitPolicy(initial_rto=0.1, min_rto=0.05, max_rto=0.2,
+                              peer_timeout=peer_timeout)
+    return AggregationSession(0, 2, "127.0.0.1", 1, protocol.AGG_UDP_PORT_BASE, 0, 16,
+                              "127.0.0.1", free_udp_port(), policy=policy)
+
+
+def test_an_unreachable_switch_ends_the_call_and_the_session():
+    s = session(peer_timeout=1.0)
+    values = np.arange(1000, dtype=np.float32)
+    start = time.monotonic()
+    with pytest.raises(AggregationTimeout, match=r"no result for 16 slot\(s\) \[0, 1, 2, .*"
+                                                 r"after 1\.\d s.*fresh slot range"):
+        s.allreduce(values)
+    assert 1.0 <= time.monotonic() - start < 30
+    np.testing.assert_array_equal(values, np.arange(1000, dtype=np.float32))  # untouched
+    assert s.stats.retransmissions > 0 and s.stats.results_received == 0
+    # The switch's slot state is unknown now: no further call is attempted.
+    future = s.allreduce_async(torch.ones(10))
+    with pytest.raises(TransportBroken, match="re-apply the job"):
+        future.wait()
+    s.close()
+
+
+def test_an_empty_tensor_needs_no_packet():
+    with session() as s:
+        empty = np.zeros(0, dtype=np.float32)
+        assert s.allreduce(empty) is empty
+        assert s.stats.packets_sent == 0
+
+
+def test_what_cannot_be_aggregated_is_refused_before_sending():
+    with session() as s:
+        with pytest.raises(TypeError, match="float16/32/64"):
+            s.allreduce(np.arange(10))
+        frozen = np.ones(10, dtype=np.float32)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            s.allreduce(frozen)
+        with pytest.raises(TypeError, match="floating point"):
+            s.allreduce_async(torch.arange(10)).wait()
+        with pytest.raises(TypeError, match="torch tensor or numpy array"):
+            s.allreduce([1.0, 2.0])
+        assert s.stats.packets_sent == 0
+
+
+def test_rto_follows_rfc6298_and_backs_off_once_per_period():
+    rto = RtoEstimator(RetransmitPolicy(initial_rto=1.0, min_rto=0.01, max_rto=4.0))
+    assert rto.rto == 1.0
+    rto.sample(0.1)                         # SRTT = R, RTTVAR = R/2, RTO = SRTT + 4 RTTVAR
+    assert rto.srtt == pytest.approx(0.1) and rto.rto == pytest.approx(0.3)
+    rto.sample(0.2)
+    assert rto.rttvar == pytest.approx(0.75 * 0.05 + 0.25 * 0.1)
+    assert rto.srtt == pytest.approx(0.875 * 0.1 + 0.125 * 0.2)
+    assert rto.rto == pytest.approx(rto.srtt + 4 * rto.rttvar)
+    before = rto.rto
+    rto.timed_out(now=100.0)
+    rto.timed_out(now=100.0 + before)       # the same burst of timeouts: no second doubling
+    assert rto.rto == pytest.approx(2 * before)
+    rto.timed_out(now=100.0 + 3 * before)
+    assert rto.rto == pytest.approx(4 * before)
+    for now in range(200, 300, 10):
+        rto.timed_out(now=float(now))
+    assert rto.rto == 4.0                   # capped
+    assert rto.backoff(3) == 4.0
+    rto.sample(0.1)                         # a fresh sample resets it
+    assert rto.rto < 1.0
