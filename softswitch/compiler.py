@@ -1223,6 +1223,10 @@ class Generator:
         # before it is written (p4c's many write-only temporaries cost nothing).
         egress_names = set(re.findall(r"\b\w+\b", "\n".join(egress.lines)))
         state = [v for v in self.state_vars if v in egress_names]
+        live = _read_names(ingress.lines) | _read_names(egress.lines) | set(state)
+        live |= {std["egress_spec"].var, grp}
+        _drop_dead_stores(ingress.lines, live)
+        _drop_dead_stores(egress.lines, live)
         needed = _read_names(ingress.lines) | set(state) | {std["egress_spec"].var, grp}
         init = [(f.var, 0) for h in self.headers.values() for f in h.fields]
         init += [(h.valid_var, False) for h in self.headers.values() if not h.metadata]
@@ -1253,6 +1257,14 @@ def _read_names(lines: list[str]) -> set[str]:
         line = re.sub(r"^\s*[\w\s,]+?,?\s=(?!=)", "", line)
         names.update(re.findall(r"\b\w+\b", line))
     return names
+
+
+def _drop_dead_stores(lines: list[str], live: set[str]) -> None:
+    """Turn stores to fields nothing ever reads (p4c's temporaries) into ``pass``."""
+    for i, line in enumerate(lines):
+        m = re.match(r"(\s*)(F_\w+) = (.*)$", line)
+        if m and m.group(2) not in live and not re.search(r"\w\(", m.group(3)):
+            lines[i] = f"{m.group(1)}pass"
 
 
 def _union(a, b):
