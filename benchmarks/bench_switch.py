@@ -193,18 +193,23 @@ def pipeline_only(aggregations: int) -> float:
              int.from_bytes(socket.inet_aton(h.ip), "big"), WORKER_UDP_BASE + i))
     pipe.groups[GROUP] = [(h.port, i) for i, h in enumerate(hosts)]
     values = struct.pack(f"!{k}i", *range(1, k + 1))
-    frames = [[(contribution(h, i, n % pool, (n // pool) & 1, values), h.port)
-               for i, h in enumerate(hosts)] for n in range(aggregations)]
     process = pipe.process
-    out = 0
-    start = time.perf_counter()
-    for per_worker in frames:
-        for frame, port in per_worker:
-            out += len(process(frame, port))
-    elapsed = time.perf_counter() - start
-    if out != aggregations * WORKERS:
-        raise RuntimeError(f"pipeline produced {out} results, expected {aggregations * WORKERS}")
-    return aggregations * WORKERS / elapsed
+    best = 0.0
+    for run in range(3):   # the best of three: other load on the machine only slows it
+        frames = [[(contribution(h, i, n % pool, (n // pool) & 1, values), h.port)
+                   for i, h in enumerate(hosts)]
+                  for n in range(run * aggregations, (run + 1) * aggregations)]
+        out = 0
+        start = time.perf_counter()
+        for per_worker in frames:
+            for frame, port in per_worker:
+                out += len(process(frame, port))
+        elapsed = time.perf_counter() - start
+        if out != aggregations * WORKERS:
+            raise RuntimeError(f"pipeline produced {out} results, "
+                               f"expected {aggregations * WORKERS}")
+        best = max(best, aggregations * WORKERS / elapsed)
+    return best
 
 
 def main() -> int:
@@ -222,7 +227,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_switch needs root for network namespaces", file=sys.stderr)
         return 1
-    print(f"softswitch pipeline alone (no I/O): {pipeline_only(args.aggregations):,.0f} "
+    print(f"softswitch pipeline alone (no I/O, best of 3): {pipeline_only(args.aggregations):,.0f} "
           "contributions/s")
     results = {}
     for target in args.targets:
