@@ -790,7 +790,11 @@ class Service(p4runtime_pb2_grpc.P4RuntimeServicer):
 
 
 def serve(device: Device, address: str) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="p4rt"))
+    # PI accepts messages up to 256 MiB: a pipeline config is the whole BMv2 JSON.
+    limit = 256 << 20
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="p4rt"),
+                         options=[("grpc.max_receive_message_length", limit),
+                                  ("grpc.max_send_message_length", limit)])
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(Service(device), server)
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address}")
