@@ -122,10 +122,28 @@ def quantize(blocks: np.ndarray, own: np.ndarray, agreed: np.ndarray, num_worker
     poisoned = agreed == POISON_EXPONENT
     if poisoned.any():
         scaled[poisoned] = 0
+    values = scaled.astype(np.int32)
     if out is None:
-        return scaled.astype(np.int32)
-    np.copyto(out, scaled, casting="unsafe")
+        return values
+    if out.dtype.isnative:
+        np.copyto(out, values)
+    else:   # e.g. the packets' big-endian field: copy bytes already in its order
+        np.copyto(out.view(out.dtype.newbyteorder("=")), _byteswapped(values))
     return out
+
+
+def _byteswapped(values: np.ndarray) -> np.ndarray:
+    """A native array holding ``values`` with their bytes reversed (numpy's cast
+    swaps several times faster than ``ndarray.byteswap``)."""
+    return values.view(values.dtype.newbyteorder()).astype(values.dtype)
+
+
+def _native(values: np.ndarray) -> np.ndarray:
+    """``values`` as a native-order array (a contiguous copy if it was not native)."""
+    if values.dtype.isnative:
+        return values
+    raw = np.ascontiguousarray(values.view(values.dtype.newbyteorder("=")))
+    return raw.view(values.dtype).astype(values.dtype.newbyteorder("="))
 
 
 def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, average: bool,
@@ -145,10 +163,11 @@ def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, averag
             exponent = exponent - (num_workers.bit_length() - 1)
     if out is None:
         out = np.empty(sums.shape, dtype=dtype)
+    sums = _native(sums)
     if out.dtype == np.float32 and (not average or power_of_two) and exponent.size \
             and exponent.min() >= -126 and exponent.max() <= 127 - 32:
-        factor32 = np.ldexp(np.float32(1), exponent)
-        np.multiply(sums, factor32[:, None], out=out, dtype=np.float32, casting="unsafe")
+        np.copyto(out, sums, casting="unsafe")           # the one rounding
+        np.multiply(out, np.ldexp(np.float32(1), exponent)[:, None], out=out)   # exact
     else:
         exact = np.multiply(sums, np.ldexp(1.0, exponent)[:, None], dtype=np.float64)
         if average and not power_of_two:
