@@ -81,7 +81,9 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
           "call, one bootstrap packet per slot\nit uses (the worker's one-ahead exponent "
           "scheme) and any retransmissions; gloo's ring sends\n2(n-1)/n of the gradient per "
           "step in TCP segments.\nretransmissions: aggregation packets resent after a timeout "
-          "(switch), TCP segments (gloo).")
+          "(switch), TCP segments (gloo).\nA software switch passes a few thousand packets "
+          "per second, one per 64 values, so its step time\nis the switch's, not the "
+          "network's; make bench-allreduce separates the two.")
     admitted = {k: v["packets"] for k, v in counters.items() if v["packets"]}
     if admitted:
         print("\nswitch counters (packets): "
