@@ -155,13 +155,13 @@ class Testbed:
         return self.net.hosts if self.net else []
 
     def start(self) -> "Testbed":
-        if os.geteuid() != 0:
-            raise PermissionError("the testbed needs root (Mininet)")
-        if (self.delay or self.link_loss) and not netem_available():
-            raise RuntimeError("this kernel has no netem (sch_netem): link delay and loss are "
-                               "unavailable; use the switch's loss simulator instead")
         setLogLevel(self.log_level)
         try:
+            if os.geteuid() != 0:
+                raise PermissionError("the testbed needs root (Mininet)")
+            if (self.delay or self.link_loss) and not netem_available():
+                raise RuntimeError("this kernel has no netem (sch_netem): link delay and loss "
+                                   "are unavailable; use the switch's loss simulator instead")
             self._build()
             self._configure_job()
         except BaseException:
