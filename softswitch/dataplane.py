@@ -63,6 +63,7 @@ class DataPlane:
         self.received = 0
         self.sent = 0
         self.failed = 0
+        self.send_errors = 0
         self.thread = threading.Thread(target=self.run, daemon=True, name="dataplane")
 
     def set_pipeline(self, pipeline) -> None:
@@ -135,8 +136,12 @@ class DataPlane:
                             try:
                                 sock.send(data)
                                 self.sent += 1
-                            except OSError as exc:
-                                log.warning("send on port %d failed: %s", eport, exc)
+                            except OSError as exc:   # e.g. EMSGSIZE for a frame over the MTU
+                                self.send_errors += 1
+                                if self.send_errors <= 10 or self.send_errors % 1000 == 0:
+                                    log.warning("send of %d bytes on port %d failed: %s "
+                                                "(%d so far)", len(data), eport, exc,
+                                                self.send_errors)
         poller.close()
 
     @staticmethod
