@@ -50,7 +50,7 @@ def from_bytes(data: bytes, width: int, what: str) -> int:
 class TableInfo:
     """A P4Info table joined to its JSON table."""
 
-    def __init__(self, info: p4info_pb2.Table, table, actions_by_id: dict):
+    def __init__(self, info: p4info_pb2.Table, table, actions_by_id: dict, json_actions: dict):
         self.info = info
         self.table = table
         self.name = info.preamble.name
@@ -59,12 +59,17 @@ class TableInfo:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"table {self.name}: P4Info has {len(self.fields)} match fields, "
                            f"the JSON {len(table.spec.keys)}")
+        for finfo, (_, width, _) in zip(self.fields, table.spec.keys):
+            if finfo.bitwidth != width:
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"table {self.name}: match field {finfo.name} is {finfo.bitwidth} "
+                               f"bits in the P4Info, {width} in the JSON")
         self.field_pos = {f.id: i for i, f in enumerate(self.fields)}
         # P4Info action id <-> JSON action id, by name among this table's JSON actions.
         json_ids = {}
         for aid in list(table.spec.action_ids) + [table.initial_default[0]]:
             if aid is not None:
-                json_ids.setdefault(table.spec_actions[aid].name, aid)
+                json_ids.setdefault(json_actions[aid].name, aid)
         self.scope = {}
         self.to_json = {}
         self.to_p4info = {}
@@ -103,8 +108,6 @@ class Config:
         except (ValueError, SyntaxError) as exc:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         pipe = self.pipeline
-        for table in pipe.tables.values():
-            table.spec_actions = pipe.actions
         self.actions = {a.preamble.id: a for a in p4info.actions}
         self.action_params = {a.preamble.id: sorted(a.params, key=lambda p: p.id)
                               for a in p4info.actions}
@@ -114,7 +117,7 @@ class Config:
             if table is None:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"P4Info table {t.preamble.name} is not in the JSON")
-            self.tables[t.preamble.id] = TableInfo(t, table, self.actions)
+            self.tables[t.preamble.id] = TableInfo(t, table, self.actions, pipe.actions)
         self.counters = {}
         for c in p4info.counters:
             spec = pipe.counters.get(c.preamble.name)
