@@ -122,28 +122,23 @@ def quantize(blocks: np.ndarray, own: np.ndarray, agreed: np.ndarray, num_worker
     poisoned = agreed == POISON_EXPONENT
     if poisoned.any():
         scaled[poisoned] = 0
-    values = scaled.astype(np.int32)
     if out is None:
-        return values
+        return scaled.astype(np.int32)
     if out.dtype.isnative:
-        np.copyto(out, values)
-    else:   # e.g. the packets' big-endian field: copy bytes already in its order
-        np.copyto(out.view(out.dtype.newbyteorder("=")), _byteswapped(values))
+        np.copyto(out, scaled, casting="unsafe")
+    else:   # e.g. the packets' strided big-endian field: convert, then copy bytes
+        native = out.dtype.newbyteorder("=")
+        np.copyto(out.view(native), scaled.astype(out.dtype).view(native))
     return out
 
 
-def _byteswapped(values: np.ndarray) -> np.ndarray:
-    """A native array holding ``values`` with their bytes reversed (numpy's cast
-    swaps several times faster than ``ndarray.byteswap``)."""
-    return values.view(values.dtype.newbyteorder()).astype(values.dtype)
-
-
-def _native(values: np.ndarray) -> np.ndarray:
-    """``values`` as a native-order array (a contiguous copy if it was not native)."""
-    if values.dtype.isnative:
+def _contiguous(values: np.ndarray) -> np.ndarray:
+    """``values`` in contiguous memory, same dtype; strided byte copies are fast
+    only between native types, so a big-endian field is copied as native."""
+    if values.flags.c_contiguous:
         return values
-    raw = np.ascontiguousarray(values.view(values.dtype.newbyteorder("=")))
-    return raw.view(values.dtype).astype(values.dtype.newbyteorder("="))
+    native = values.dtype.newbyteorder("=")
+    return np.ascontiguousarray(values.view(native)).view(values.dtype)
 
 
 def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, average: bool,
@@ -163,7 +158,7 @@ def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, averag
             exponent = exponent - (num_workers.bit_length() - 1)
     if out is None:
         out = np.empty(sums.shape, dtype=dtype)
-    sums = _native(sums)
+    sums = _contiguous(sums)
     if out.dtype == np.float32 and (not average or power_of_two) and exponent.size \
             and exponent.min() >= -126 and exponent.max() <= 127 - 32:
         np.copyto(out, sums, casting="unsafe")           # the one rounding
