@@ -10,6 +10,7 @@ what this object made.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
+_topologies = itertools.count()
 ETH_P_ALL = 0x0003
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -78,7 +80,7 @@ class Host:
 class Topology:
     """``num_hosts`` hosts, host i on switch port i+1, addresses 10.0.0.(i+1)/24."""
     num_hosts: int
-    tag: str = field(default_factory=lambda: f"ag{os.getpid() % 100000}")
+    tag: str = field(default_factory=lambda: f"t{os.getpid() % 100000}x{next(_topologies) % 100}")
     subnet_prefix: str = "10.0.0."
     hosts: list[Host] = field(default_factory=list)
 

@@ -53,7 +53,9 @@ def hosts(topology):
         h.close()
 
 
-@pytest.fixture(scope="session", params=[
+# Per module, not per session: p4runtime-shell allows one connection per process, and
+# other modules (the testbed) open their own.
+@pytest.fixture(scope="module", params=[
     "softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
 def switch(request, topology):
     target = request.param
