@@ -12,6 +12,8 @@ import signal
 import sys
 import threading
 
+from softswitch.compiler import DROP_PORT
+
 LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
           "warn": logging.WARNING, "error": logging.ERROR, "off": logging.CRITICAL + 1}
 DEFAULT_GRPC = "0.0.0.0:9559"
@@ -31,8 +33,8 @@ def _interface(text: str) -> tuple[int, str]:
     if not sep or not ifname or not number.isdigit():
         raise argparse.ArgumentTypeError(f"expected PORT@IFACE, got {text!r}")
     port = int(number)
-    if port >= 511:
-        raise argparse.ArgumentTypeError(f"port {port} is out of range (0..510; 511 drops)")
+    if port >= 512:
+        raise argparse.ArgumentTypeError(f"port {port} is not a 9-bit port number")
     return port, ifname
 
 
@@ -71,7 +73,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     target = _Parser(prog="python -m softswitch ... --", add_help=False)
     target.add_argument("--grpc-server-addr", type=_grpc_addr)
     target.add_argument("--cpu-port", type=int)
+    target.add_argument("--drop-port", type=int, default=DROP_PORT)
+    # simple_switch_grpc options with no meaning here, accepted for the same command line.
+    target.add_argument("--priority-queues", help=argparse.SUPPRESS)
+    target.add_argument("--max-mc-groups", help=argparse.SUPPRESS)
+    target.add_argument("--disable-swap", action="store_true", help=argparse.SUPPRESS)
     targs = target.parse_args(target_argv)
+    if not 0 <= targs.drop_port < 512:
+        raise ArgumentError(f"--drop-port {targs.drop_port} is not a 9-bit port")
+    args.drop_port = targs.drop_port
     args.grpc_server_addr = targs.grpc_server_addr or args.grpc_server_addr or DEFAULT_GRPC
     args.cpu_port = targs.cpu_port
     if args.json is None and not args.no_p4:
@@ -82,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for port, ifname in args.interface:
         if port in ports:
             raise ArgumentError(f"port {port} is given twice")
+        if port == args.drop_port:
+            raise ArgumentError(f"port {port} is the drop port (--drop-port)")
         ports[port] = ifname
     args.ports = ports
     return args
@@ -116,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         try:
             with open(args.json, "rb") as f:
-                pipeline = Pipeline(f.read())
+                pipeline = Pipeline(f.read(), args.drop_port)
         except OSError as exc:
             print(f"softswitch: error: cannot read {args.json}: {exc}", file=sys.stderr)
             return 1
@@ -131,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"softswitch: error: cannot open the interfaces: {exc}", file=sys.stderr)
         return 1
     dataplane.set_pipeline(pipeline)
-    device = Device(args.device_id, on_pipeline=dataplane.set_pipeline)
+    device = Device(args.device_id, on_pipeline=dataplane.set_pipeline,
+                    drop_port=args.drop_port)
     try:
         server = serve(device, args.grpc_server_addr)
     except (OSError, RuntimeError) as exc:

@@ -22,7 +22,7 @@ import random
 import re
 import struct
 
-DROP_PORT = 511
+DROP_PORT = 511          # simple_switch's default --drop-port
 INSTANCE_NORMAL = 0
 INSTANCE_REPLICATION = 5
 
@@ -200,8 +200,9 @@ class Generator:
 
     SUPPORTED_MATCH = ("exact", "ternary", "lpm")
 
-    def __init__(self, doc: dict):
+    def __init__(self, doc: dict, drop_port: int = DROP_PORT):
         self.doc = doc
+        self.drop_port = drop_port
         self.out = Compiled()
         self.ns: dict = {"ParserError": ParserError, "_Exit": _Exit, "_Return": _Return,
                          "csum16": csum16,
@@ -482,7 +483,7 @@ class Generator:
             spec, grp = self.std("egress_spec"), self.std("mcast_grp")
             if spec is None:
                 raise Unsupported(f"{op} without standard_metadata.egress_spec")
-            src.add(f"{spec.var} = {DROP_PORT}")
+            src.add(f"{spec.var} = {self.drop_port}")
             if grp is not None:
                 src.add(f"{grp.var} = 0")
         elif op == "register_read":
@@ -1194,7 +1195,7 @@ class Generator:
         egress.depth = 1
         egress.counter = ingress.counter
         egress.add(f"{std['egress_port'].var} = egress_port")
-        egress.add(f"{std['egress_spec'].var} = {DROP_PORT + 1}")
+        egress.add(f"{std['egress_spec'].var} = {self.drop_port + 1}")
         if std["instance_type"] is not None:
             egress.add(f"{std['instance_type'].var} = instance_type")
         if std["egress_rid"] is not None:
@@ -1203,7 +1204,7 @@ class Generator:
         if std["packet_length"] is not None:
             egress.add(f"{std['packet_length'].var} = plen_reg")
         self.pipeline("egress", egress)
-        egress.add(f"if {std['egress_spec'].var} == {DROP_PORT}:")
+        egress.add(f"if {std['egress_spec'].var} == {self.drop_port}:")
         egress.add("    return None")
         self.checksums(egress, verify=False)
         egress.add("_out = []")
@@ -1354,7 +1355,7 @@ def _post_dominators(succ: dict, init) -> dict:
     return ipdom
 
 
-def compile_json(text: str | bytes) -> Compiled:
+def compile_json(text: str | bytes, drop_port: int = DROP_PORT) -> Compiled:
     """Compile a BMv2 JSON document; raises Unsupported or ValueError on bad input."""
     try:
         doc = json.loads(text)
@@ -1362,7 +1363,7 @@ def compile_json(text: str | bytes) -> Compiled:
         raise ValueError(f"device config is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError("device config is not a BMv2 JSON object")
-    gen = Generator(doc)
+    gen = Generator(doc, drop_port)
     try:
         out = gen.generate()
     except (KeyError, IndexError, TypeError) as exc:

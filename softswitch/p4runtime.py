@@ -17,7 +17,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from softswitch.compiler import Unsupported, mask
+from softswitch.compiler import DROP_PORT, Unsupported, mask
 from softswitch.pipeline import Entry, Pipeline, TableError
 
 log = logging.getLogger("softswitch")
@@ -92,7 +92,7 @@ class TableInfo:
 class Config:
     """A verified pipeline: P4Info, cookie, device config and the compiled Pipeline."""
 
-    def __init__(self, request_config: p4runtime_pb2.ForwardingPipelineConfig):
+    def __init__(self, request_config: p4runtime_pb2.ForwardingPipelineConfig, drop_port: int):
         self.proto = p4runtime_pb2.ForwardingPipelineConfig()
         self.proto.CopyFrom(request_config)
         p4info = request_config.p4info
@@ -102,7 +102,7 @@ class Config:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                            "p4_device_config is empty (it must hold the BMv2 JSON)")
         try:
-            self.pipeline = Pipeline(request_config.p4_device_config)
+            self.pipeline = Pipeline(request_config.p4_device_config, drop_port)
         except Unsupported as exc:
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED, f"unsupported P4 program: {exc}") from None
         except (ValueError, SyntaxError) as exc:
@@ -154,8 +154,9 @@ class Connection:
 class Device:
     """The switch as P4Runtime sees it: config, arbitration, entities."""
 
-    def __init__(self, device_id: int, on_pipeline=None):
+    def __init__(self, device_id: int, on_pipeline=None, drop_port: int = DROP_PORT):
         self.device_id = device_id
+        self.drop_port = drop_port
         self.config: Config | None = None
         self.saved: Config | None = None
         self.connections: list[Connection] = []
@@ -244,7 +245,7 @@ class Device:
         if action not in (Action.VERIFY, Action.VERIFY_AND_SAVE, Action.VERIFY_AND_COMMIT):
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"invalid SetForwardingPipelineConfig action {action}")
-        config = Config(request.config)
+        config = Config(request.config, self.drop_port)
         if action == Action.VERIFY_AND_SAVE:
             self.saved = config
         elif action == Action.VERIFY_AND_COMMIT:

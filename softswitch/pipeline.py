@@ -141,9 +141,10 @@ class Table:
 class Pipeline:
     """One committed forwarding pipeline: ``process`` runs a frame through it."""
 
-    def __init__(self, json_text: str | bytes):
+    def __init__(self, json_text: str | bytes, drop_port: int = DROP_PORT):
         self.json_text = json_text
-        self.compiled = compile_json(json_text)
+        self.drop_port = drop_port
+        self.compiled = compile_json(json_text, drop_port)
         ns = self.compiled.namespace
         self.tables = {name: Table(spec, ns) for name, spec in self.compiled.tables.items()}
         self.registers = self.compiled.registers
@@ -168,7 +169,7 @@ class Pipeline:
                 if sent is not None:
                     out.append((eport, sent))
             return out
-        if spec == DROP_PORT:
+        if spec == self.drop_port:
             return []
         sent = egress(state, spec, None, INSTANCE_NORMAL)
         return [] if sent is None else [(spec, sent)]

@@ -207,3 +207,14 @@ def test_register_index_copied_to_a_temporary_field(pipe):
     before = list(pipe.registers["Ing.reg"].cells)
     r = run(pipe, frame(16, a=55, sa=0x00C8, r2=9))          # index 200: skipped
     assert r["r2"] == 9 and pipe.registers["Ing.reg"].cells == before
+
+
+def test_drop_port_option():
+    """--drop-port moves what mark_to_drop sets and what drops; 511 becomes a port."""
+    from softswitch.pipeline import Pipeline
+    from tests.softswitch.conftest import program_files
+
+    pipe = Pipeline(program_files("primitives")[0].read_bytes(), drop_port=7)
+    assert pipe.process(frame(10), 1) == []                  # mark_to_drop
+    assert [p for p, _ in pipe.process(frame(14), 1)] == [511]
+    assert pipe.process(frame(1), 7) == []                   # reflected to port 7: dropped
