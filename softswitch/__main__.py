@@ -53,7 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         main_argv, target_argv = argv, []
     parser = _Parser(prog="python -m softswitch",
                      description="Embedded software switch with simple_switch_grpc's command "
-                                 "line. Target options follow '--'.")
+                                 "line. Target options follow '--'.",
+                     epilog=f"target options (after --): --grpc-server-addr HOST:PORT "
+                            f"(default {DEFAULT_GRPC}), --drop-port N (default {DROP_PORT})")
     parser.add_argument("json", nargs="?", help="BMv2 JSON to load at start")
     parser.add_argument("-i", "--interface", action="append", type=_interface, default=[],
                         metavar="PORT@IFACE", help="attach IFACE as switch port PORT")
