@@ -343,3 +343,34 @@ def test_verify_save_and_commit_actions(switch):
         with pytest.raises(grpc.RpcError) as err:
             stub.SetForwardingPipelineConfig(Request(device_id=0, action=Request.COMMIT))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_backup_becomes_primary_when_the_primary_leaves(switch):
+    import queue
+
+    channel, stub = raw_stub(switch)
+
+    def open_stream(election):
+        q: queue.Queue = queue.Queue()
+        req = p4runtime_pb2.StreamMessageRequest()
+        req.arbitration.device_id = 0
+        req.arbitration.election_id.low = election
+        q.put(req)
+        return q, stub.StreamChannel(iter(q.get, None))
+
+    with channel:
+        qa, a = open_stream(5)
+        assert next(a).arbitration.status.code == 0            # alone: primary
+        qb, b = open_stream(2)
+        assert next(b).arbitration.status.code == 6            # backup
+        qa.put(None)                                            # the primary hangs up
+        reply = next(b)
+        assert reply.arbitration.status.code == 0 and reply.arbitration.election_id.low == 2
+        json_path, p4info_path = program_files("forwarding")
+        Request = p4runtime_pb2.SetForwardingPipelineConfigRequest
+        req = Request(device_id=0, action=Request.VERIFY_AND_COMMIT)
+        req.election_id.low = 2
+        text_format.Parse(p4info_path.read_text(), req.config.p4info)
+        req.config.p4_device_config = json_path.read_bytes()
+        stub.SetForwardingPipelineConfig(req)
+        qb.put(None)
