@@ -263,8 +263,15 @@ class TestbedCLI(CLI):
                 self.agents = HostAgents(self.testbed, gloo=False).start()
             answers = self.agents.call({"op": "allreduce", "backend": "switch", "size": size,
                                         "reps": 1, "seed": 0, "barrier": False})
-        except (ValueError, AgentError) as exc:
+        except ValueError as exc:
             print(f"allreduce: {exc}")
+            return
+        except AgentError as exc:
+            print(f"allreduce: {exc}\n(worker processes stopped; the next allreduce starts new "
+                  f"ones, on slots the switch may hold half-aggregated: restart the testbed)")
+            if self.agents is not None:
+                self.agents.stop()
+                self.agents = None
             return
         for host, a in zip(self.testbed.hosts, answers):
             print(f"{host.name}: {1000 * a['times'][0]:.1f} ms, exact {a['exact'][0]}, "
