@@ -80,8 +80,10 @@ class SwitchProcess:
         repo = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
         with open(self.log_path, "wb") as log:
+            # Its own session: a Ctrl-C meant for the experiment must not kill the switch
+            # before the experiment's teardown has stopped everything in order.
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                            env=env)
+                                            env=env, start_new_session=True)
         host, port = self.grpc_addr.rsplit(":", 1)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
