@@ -128,7 +128,9 @@ class RtoEstimator:
             self._backed_off_at = now
 
     def backoff(self, retries: int) -> float:
-        return min(self.rto * 2.0 ** retries, self.policy.max_rto)
+        # The exponent is capped: 2.0 ** 1024 overflows, and any cap above
+        # log2(max_rto / min_rto) changes nothing.
+        return min(self.rto * 2.0 ** min(retries, 64), self.policy.max_rto)
 
 
 class Transport:
