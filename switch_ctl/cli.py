@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--device-id", type=int, help="overrides the config's switch.device_id")
         p.add_argument("--election-id", type=int, default=1,
                        help="P4Runtime election id; the highest connected one may write")
+        p.add_argument("--connect-timeout", type=float, default=10.0,
+                       help="seconds to wait for the switch's gRPC server")
 
     push = sub.add_parser("push", help="install the compiled program")
     target(push, False)
@@ -60,7 +62,7 @@ def _connection(args, config) -> SwitchConnection:
         raise SystemExit("switch_ctl: give a CONFIG or --grpc-addr")
     device = args.device_id if args.device_id is not None else (
         config.switch.device_id if config else 0)
-    return SwitchConnection(addr, device, (0, args.election_id))
+    return SwitchConnection(addr, device, (0, args.election_id), args.connect_timeout)
 
 
 def run(args) -> None:

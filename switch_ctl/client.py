@@ -59,8 +59,10 @@ class SwitchConnection:
 
     _active: "SwitchConnection | None" = None
 
-    def __init__(self, grpc_addr: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1)):
+    def __init__(self, grpc_addr: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1),
+                 connect_timeout: float = 10.0):
         self.grpc_addr = grpc_addr
+        self.connect_timeout = connect_timeout
         self.device_id = device_id
         self.election_id = election_id
         self._client: _Client | None = None
@@ -71,7 +73,7 @@ class SwitchConnection:
             raise P4RuntimeError("another SwitchConnection is open in this process; close it first")
         probe = grpc.insecure_channel(self.grpc_addr)
         try:
-            grpc.channel_ready_future(probe).result(timeout=10)
+            grpc.channel_ready_future(probe).result(timeout=self.connect_timeout)
         except grpc.FutureTimeoutError:
             raise P4RuntimeError(f"cannot reach a P4Runtime server at {self.grpc_addr}") from None
         finally:

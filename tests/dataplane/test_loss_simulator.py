@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from p4src import protocol
 
 PACKETS = 400
 PROBABILITY = 0.25
+BATCH = 16
 
 
 def k() -> int:
@@ -19,29 +21,36 @@ def k() -> int:
 
 @pytest.mark.parametrize("direction", ["ingress", "egress"])
 def test_drop_rate_within_statistical_bounds(switch, hosts, job, direction):
-    config = job(1, num_slots=16)
-    ports = [hosts[0].host.switch_port]
+    config = job(1, num_slots=BATCH)
+    host = hosts[0]
+    ports = [host.host.switch_port]
+    counter = f"{direction}.simulated_drop"
     switch.controller.set_loss(ports, **{direction: PROBABILITY})
+    received = dropped = 0
     try:
-        before = switch.counters()
-        received = 0
+        before = switch.counters()[counter]
+
+        def settle(sent: int) -> None:
+            """Wait until every packet sent so far came back or was counted as dropped."""
+            nonlocal received, dropped
+            deadline = time.monotonic() + 20
+            while received + dropped < sent and time.monotonic() < deadline:
+                received += len(host.results(sent - received - dropped, timeout=0.05))
+                dropped = switch.counters()[counter] - before
+
         ones = np.ones(k())
         # One-worker job: every contribution completes at once and comes back.
         for i in range(PACKETS):
-            slot = config.job.first_slot + i % 16
-            hosts[0].contribute(ones, job_id=config.job.id, slot=slot, set_=(i // 16) % 2,
-                                pkt_id=i)
-            if i % 16 == 15:
-                received += len(hosts[0].results(16, timeout=1.0))
-        received += len(hosts[0].results(PACKETS - received, timeout=1.0))
-        after = switch.counters()
+            host.contribute(ones, job_id=config.job.id, slot=config.job.first_slot + i % BATCH,
+                            set_=(i // BATCH) % 2, pkt_id=i)
+            if i % BATCH == BATCH - 1:
+                settle(i + 1)
+        settle(PACKETS)
     finally:
         switch.controller.set_loss(ports, **{direction: 0.0})
-    dropped = PACKETS - received
+    assert received + dropped == PACKETS
     sigma = math.sqrt(PACKETS * PROBABILITY * (1 - PROBABILITY))
     assert abs(dropped - PACKETS * PROBABILITY) < 4.5 * sigma, dropped
-    key = f"{direction}.simulated_drop"
-    assert after[key] - before[key] == dropped
 
 
 def test_zero_probability_removes_the_entries(switch, hosts, job):

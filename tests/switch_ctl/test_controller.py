@@ -131,7 +131,8 @@ def test_lower_election_id_cannot_write(switch, config_file):
 
 
 def test_errors_are_one_readable_line(switch, tmp_path):
-    unreachable = cli("counters", "--grpc-addr", "127.0.0.1:1", check=False)
+    unreachable = cli("counters", "--grpc-addr", "127.0.0.1:1", "--connect-timeout", "1",
+                      check=False)
     assert unreachable.returncode == 1
     assert unreachable.stderr.count("\n") == 1 and "cannot reach" in unreachable.stderr
     bad = tmp_path / "bad.toml"
