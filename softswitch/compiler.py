@@ -780,7 +780,8 @@ class Generator:
                 code = f"({field.var} & {mask(width)})" if field.signed else field.var
             elif part["type"] == "lookahead":
                 bit_offset, width = part["value"]
-                code = f"_lookahead(pkt, off, {bit_offset}, {width})"
+                too_short = self.out.errors.get("PacketTooShort", 1)
+                code = f"_lookahead(pkt, off, {bit_offset}, {width}, {too_short})"
                 self.ns["_lookahead"] = _lookahead
             else:
                 raise Unsupported(f"parser transition key of type {part['type']!r}")
@@ -830,8 +831,12 @@ class Generator:
         elif kind == "set":
             field = self.field(params[0]["value"])
             if params[1]["type"] == "lookahead":
-                raise Unsupported(f"lookahead in a parser set (state {state})")
-            code, info = self.expr(params[1], src)
+                bit_offset, width = params[1]["value"]
+                self.ns["_lookahead"] = _lookahead
+                code, info = (f"_lookahead(pkt, off, {bit_offset}, {width}, {too_short})",
+                              ("u", width))
+            else:
+                code, info = self.expr(params[1], src)
             src.add(f"{field.var} = {store_code(code, info, field.width, field.signed)}")
         elif kind == "verify":
             cond, _ = self.expr(params[0], src)
@@ -1290,10 +1295,10 @@ def _shifts(fields):
         yield f, shift
 
 
-def _lookahead(pkt, off, bit_offset, width):
+def _lookahead(pkt, off, bit_offset, width, too_short):
     end = off + (bit_offset + width + 7) // 8
     if end > len(pkt):
-        raise ParserError(1)
+        raise ParserError(too_short)
     total = (end - off) * 8
     return (int.from_bytes(pkt[off:end], "big") >> (total - bit_offset - width)) & mask(width)
 

@@ -152,6 +152,15 @@ def test_masked_select_cases(pipe):
         assert out[0][1][12:14] == struct.pack("!H", expected)
 
 
+def test_lookahead_select(pipe):
+    for first, expected in ((b"\x42", 0xBEEF), (b"\x43", 0x88B6)):
+        data = ETH + b"\x88\xb6" + first + b"rest"
+        out = pipe.process(data, 1)
+        assert out == [(1, data[:12] + struct.pack("!H", expected) + data[14:])]
+    # Looking past the end of the packet is PacketTooShort.
+    assert pipe.process(ETH + b"\x88\xb6", 1) == [(3, ETH + b"\xde\xad")]
+
+
 def test_mark_to_drop_and_drop_port(pipe):
     assert pipe.process(frame(10), 1) == []
     assert pipe.process(frame(14), 1) == []

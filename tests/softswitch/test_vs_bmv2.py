@@ -33,7 +33,9 @@ def cases() -> list[bytes]:
             out.append(frame(op, a, b, sa, sb, nib=0x5C, payload=b"\x00\x00\x00\x01tail"))
     out += [frame(16, a=77, sa=5, r2=9), frame(16, a=55, sa=200, r2=9), frame(16, a=1, sa=5)]
     out += [frame(1)[:24], frame(0xEE), frame(0xF3, a=0x52, payload=b"\0\0\0\1"),
-            b"\x02" * 12 + b"\x88\x12" + b"data", b"\x02" * 12 + b"\x08\x00" + bytes(30)]
+            b"\x02" * 12 + b"\x88\x12" + b"data", b"\x02" * 12 + b"\x08\x00" + bytes(30),
+            b"\x02" * 12 + b"\x88\xb6\x42rest", b"\x02" * 12 + b"\x88\xb6\x43rest",
+            b"\x02" * 12 + b"\x88\xb6"]
     return out
 
 

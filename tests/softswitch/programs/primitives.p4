@@ -50,7 +50,14 @@ parser P(packet_in pkt, out headers_t hdr, inout meta_t meta,
         pkt.extract(hdr.ethernet);
         transition select(hdr.ethernet.ether_type) {
             0x88B5: parse_t;
+            0x88B6: peek;
             0x8800 &&& 0xFF00: masked;
+            default: accept;
+        }
+    }
+    state peek {
+        transition select(pkt.lookahead<bit<8>>()) {
+            0x42: masked;
             default: accept;
         }
     }
