@@ -14,12 +14,10 @@ simple_switch_grpc is on PATH, in the same run, and prints the ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import socket
 import statistics
-import struct
 import sys
 import time
 from pathlib import Path
@@ -27,9 +25,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import p4runtime_sh.shell as sh  # noqa: E402
+import numpy as np  # noqa: E402
+from scapy.layers.inet import IP, UDP  # noqa: E402
+from scapy.layers.l2 import Ether  # noqa: E402
 
 from p4src import protocol  # noqa: E402
+from switch_ctl import config as config_mod  # noqa: E402
+from switch_ctl.client import SwitchConnection  # noqa: E402
+from switch_ctl.controller import Controller  # noqa: E402
 from testbed.netns import Topology  # noqa: E402
 from testbed.targets import SwitchProcess, available_targets  # noqa: E402
 
@@ -39,65 +42,37 @@ GROUP = 1
 SERVICE_MAC = "02:aa:00:00:00:01"
 SERVICE_IP = "10.0.0.100"
 WORKER_UDP_BASE = 40000
-CONTRIBUTION, RESULT = int(protocol.MsgType.CONTRIBUTION), int(protocol.MsgType.RESULT)
+RESULT = int(protocol.MsgType.RESULT)
 
 
-def mac_bytes(mac: str) -> bytes:
-    return bytes.fromhex(mac.replace(":", ""))
+def frames_for(host_addresses, aggregations: int, first: int, fmt) -> list[list[bytes]]:
+    """Contribution frames: [aggregation][worker]. The n-th aggregation uses slot
+    n % pool and flips the shadow set on each reuse of the slot."""
+    k, pool = fmt.values_per_packet, fmt.pool_size
+    n = np.arange(first, first + aggregations)
+    payloads = fmt.pack(np.broadcast_to(np.arange(1, k + 1, dtype=np.int32), (aggregations, k)),
+                        msg_type=protocol.MsgType.CONTRIBUTION, job_id=JOB_ID,
+                        slot=n % pool, set=(n // pool) & 1, pkt_id=n)
+    payloads = [p.tobytes() for p in payloads]
+    headers = []
+    for i, (mac, ip) in enumerate(host_addresses):
+        # Every frame of a host has the same headers (UDP checksum 0: none, in IPv4).
+        pkt = (Ether(src=mac, dst=SERVICE_MAC) / IP(src=ip, dst=SERVICE_IP)
+               / UDP(sport=WORKER_UDP_BASE + i, dport=protocol.AGG_UDP_PORT_BASE, chksum=0)
+               / payloads[0])
+        headers.append(bytes(pkt)[:-len(payloads[0])])
+    return [[header + payload for header in headers] for payload in payloads]
 
 
-def ip_checksum(header: bytes) -> int:
-    total = sum(struct.unpack("!10H", header))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
-def contribution(host, worker: int, slot: int, shadow: int, values: bytes) -> bytes:
-    payload = struct.pack("!BBHIbB", CONTRIBUTION, JOB_ID, (shadow << 15) | slot, slot, 0, 0)
-    payload += values
-    udp_len = 8 + len(payload)
-    udp = struct.pack("!HHHH", WORKER_UDP_BASE + worker, protocol.AGG_UDP_PORT_BASE, udp_len, 0)
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0, 64, 17, 0,
-                     socket.inet_aton(host.ip), socket.inet_aton(SERVICE_IP))
-    ip = ip[:10] + struct.pack("!H", ip_checksum(ip)) + ip[12:]
-    eth = mac_bytes(SERVICE_MAC) + mac_bytes(host.mac) + b"\x08\x00"
-    return eth + ip + udp + payload
-
-
-def configure(switch: SwitchProcess, topo: Topology, pool_size: int) -> None:
-    sh.setup(device_id=0, grpc_addr=switch.grpc_addr, election_id=(0, 1),
-             config=sh.FwdPipeConfig(str(protocol.P4INFO), str(protocol.PROGRAM_JSON)),
-             verbose=False)
-    job = sh.TableEntry("AggIngress.job_lookup.jobs")(action="AggIngress.job_lookup.set_job")
-    job.match["job_id"] = str(JOB_ID)
-    job.match["udp_port"] = str(protocol.AGG_UDP_PORT_BASE)
-    job.action["num_workers"] = str(WORKERS)
-    job.action["group"] = str(GROUP)
-    job.action["first_slot"] = "0"
-    job.action["num_slots"] = str(pool_size)
-    job.insert()
-    group = sh.MulticastGroupEntry(GROUP)
-    for i, host in enumerate(topo.hosts):
-        sender = sh.TableEntry("AggIngress.sender_identification.senders")(
-            action="AggIngress.sender_identification.set_sender")
-        sender.match["ingress_port"] = str(host.switch_port)
-        sender.match["src_ip"] = host.ip
-        sender.match["src_udp_port"] = str(WORKER_UDP_BASE + i)
-        sender.match["job_id"] = str(JOB_ID)
-        sender.action["worker_id"] = str(i)
-        sender.action["worker_bit"] = str(1 << i)
-        sender.insert()
-        worker = sh.TableEntry("AggEgress.result_rewrite.workers")(
-            action="AggEgress.result_rewrite.set_worker_address")
-        worker.match["job_id"] = str(JOB_ID)
-        worker.match["worker_id"] = str(i)
-        worker.action["mac"] = host.mac
-        worker.action["ip"] = host.ip
-        worker.action["udp_port"] = str(WORKER_UDP_BASE + i)
-        worker.insert()
-        group.add(host.switch_port, i)
-    group.insert()
+def job_config(switch: SwitchProcess, topo: Topology, pool_size: int):
+    return config_mod.parse({
+        "switch": {"grpc_addr": switch.grpc_addr, "ports": sorted(topo.switch_ports)},
+        "job": {"id": JOB_ID, "udp_port": protocol.AGG_UDP_PORT_BASE, "service_ip": SERVICE_IP,
+                "service_mac": SERVICE_MAC, "first_slot": 0, "num_slots": pool_size,
+                "multicast_group": GROUP,
+                "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": WORKER_UDP_BASE + i,
+                             "switch_port": h.switch_port} for i, h in enumerate(topo.hosts)]},
+    })
 
 
 def drain(sock) -> None:
@@ -106,21 +81,20 @@ def drain(sock) -> None:
 
 
 def measure(target: str, aggregations: int, window: int, repeats: int) -> dict:
-    program = json.loads(protocol.PROGRAM_JSON.read_text())
-    fmt = protocol.PacketFormat(program)
+    fmt = protocol.packet_format()
     k, pool = fmt.values_per_packet, fmt.pool_size
-    values = struct.pack(f"!{k}i", *range(1, k + 1))
     with Topology(WORKERS, tag=f"bs{os.getpid() % 10000}") as topo, \
             SwitchProcess(target, topo.switch_ports) as switch:
-        configure(switch, topo, pool)
-        sh.teardown()
+        with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
+            controller = Controller(conn)
+            controller.push()
+            controller.apply(job_config(switch, topo, pool))
         socks = [h.raw_socket() for h in topo.hosts]
         for sock in socks:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
             sock.setblocking(False)
         # The n-th aggregation uses slot n % pool and flips the shadow set on each reuse.
-        frames = [[contribution(h, i, n % pool, (n // pool) & 1, values)
-                   for i, h in enumerate(topo.hosts)] for n in range(aggregations * repeats)]
+        frames = frames_for([(h.mac, h.ip) for h in topo.hosts], aggregations * repeats, 0, fmt)
         time.sleep(0.3)
         for sock in socks:
             drain(sock)
@@ -170,9 +144,8 @@ def pipeline_only(aggregations: int) -> float:
     from softswitch.pipeline import Pipeline
 
     pipe = Pipeline(protocol.PROGRAM_JSON.read_bytes())
-    program = json.loads(protocol.PROGRAM_JSON.read_text())
-    fmt = protocol.PacketFormat(program)
-    k, pool = fmt.values_per_packet, fmt.pool_size
+    fmt = protocol.packet_format()
+    pool = fmt.pool_size
 
     class Host:
         def __init__(self, i):
@@ -189,20 +162,18 @@ def pipeline_only(aggregations: int) -> float:
              JOB_ID)] = (actions["AggIngress.sender_identification.set_sender"], (i, 1 << i))
         tables["AggEgress.result_rewrite.workers"].exact[(JOB_ID, i)] = (
             actions["AggEgress.result_rewrite.set_worker_address"],
-            (int.from_bytes(mac_bytes(h.mac), "big"),
+            (int(h.mac.replace(":", ""), 16),
              int.from_bytes(socket.inet_aton(h.ip), "big"), WORKER_UDP_BASE + i))
     pipe.groups[GROUP] = [(h.port, i) for i, h in enumerate(hosts)]
-    values = struct.pack(f"!{k}i", *range(1, k + 1))
     process = pipe.process
     best = 0.0
     for run in range(3):   # the best of three: other load on the machine only slows it
-        frames = [[(contribution(h, i, n % pool, (n // pool) & 1, values), h.port)
-                   for i, h in enumerate(hosts)]
-                  for n in range(run * aggregations, (run + 1) * aggregations)]
+        frames = frames_for([(h.mac, h.ip) for h in hosts], aggregations, run * aggregations, fmt)
+        ports = [h.port for h in hosts]
         out = 0
         start = time.perf_counter()
         for per_worker in frames:
-            for frame, port in per_worker:
+            for frame, port in zip(per_worker, ports):
                 out += len(process(frame, port))
         elapsed = time.perf_counter() - start
         if out != aggregations * WORKERS:
