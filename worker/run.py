@@ -51,7 +51,8 @@ def digest(values) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m worker.run",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the job's TOML file")
     parser.add_argument("--worker-id", type=int, required=True)
     parser.add_argument("--size", type=int, default=100_000, help="elements per call")
