@@ -16,8 +16,8 @@ anything else is a duplicate or stale copy and is ignored.
 
 Loss is repaired by retransmitting the identical packet when its timer expires.
 The timeout adapts to measured round trips (Jacobson/Karels, RFC 6298; Karn's rule:
-no samples from retransmitted packets) and backs off exponentially per packet, up
-to a cap. A slot that gets no result within ``peer_timeout`` ends the call with
+no samples from retransmitted packets) and backs off exponentially, per packet and
+(once per timeout period) for the shared estimate, up to a cap. A slot that gets no result within ``peer_timeout`` ends the call with
 AggregationTimeout. After that the switch's per-slot state for this job is
 unknown (some workers may have contributed, others not), so the transport refuses
 further calls: re-apply the job with a fresh slot range, or restart the switch,
@@ -184,6 +184,8 @@ class Transport:
                                   "for this job is unknown; re-apply the job with a fresh slot "
                                   "range (or restart the switch) and open new sessions"
                                   ) from self.broken
+        if blocks.ndim != 2 or blocks.shape[1] != self.fmt.values_per_packet:
+            raise ValueError(f"blocks must be (N, {self.fmt.values_per_packet})")
         try:
             return _Call(self, blocks, own).run()
         except BaseException as exc:
@@ -246,8 +248,6 @@ class _Call:
                  boot: np.ndarray | None = None):
         t = self.t = transport
         fmt = t.fmt
-        if blocks.ndim != 2 or blocks.shape[1] != fmt.values_per_packet:
-            raise ValueError(f"blocks must be (N, {fmt.values_per_packet})")
         self.blocks = blocks
         self.own = np.asarray(own, dtype=np.int64)
         n = self.n = len(blocks)
