@@ -156,19 +156,28 @@ class PacketFormat:
         except FileNotFoundError:
             raise FileNotFoundError(f"{path} is missing: run 'make p4' to compile the program") from None
 
-    def pack(self, values: np.ndarray, **fields) -> np.ndarray:
-        """Build packets: ``values`` is (n, values_per_packet) int32; each header
-        field is a scalar or an array of n."""
-        values = np.asarray(values)
-        if values.ndim != 2 or values.shape[1] != self.values_per_packet:
-            raise ValueError(f"values must have shape (n, {self.values_per_packet})")
+    def pack(self, values: np.ndarray | None = None, *, count: int | None = None,
+             **fields) -> np.ndarray:
+        """Build packets: ``values`` is (n, values_per_packet) int32, or None for
+        ``count`` packets of zeros (for a caller that writes the values in place
+        later); each header field is a scalar or an array of n."""
+        if values is None:
+            if count is None:
+                raise ValueError("give values, or count for packets of zeros")
+            n = count
+        else:
+            values = np.asarray(values)
+            if values.ndim != 2 or values.shape[1] != self.values_per_packet:
+                raise ValueError(f"values must have shape (n, {self.values_per_packet})")
+            n = len(values)
         unknown = set(fields) - {f.name for f in self.header_fields}
         if unknown:
             raise ValueError(f"unknown header fields: {sorted(unknown)}")
-        packets = np.zeros(len(values), dtype=self.dtype)
-        packets["values"] = values
+        packets = np.zeros(n, dtype=self.dtype)
+        if values is not None:
+            packets["values"] = values
         for word in self._words:
-            acc = np.zeros(len(values), dtype=np.int64)
+            acc = np.zeros(n, dtype=np.int64)
             shift = word.width
             for field in word.fields:
                 shift -= field.width

@@ -67,3 +67,12 @@ def test_bad_sizes_are_refused():
         fmt.decode(b"\x00" * (fmt.payload_bytes + 1))
     with pytest.raises(ValueError):
         fmt.pack(np.zeros((1, fmt.values_per_packet), dtype=np.int32), bogus=1)
+
+
+def test_pack_without_values_gives_zeros_and_headers():
+    fmt = protocol.packet_format()
+    packets = fmt.pack(count=3, msg_type=1, slot=[1, 2, 3])
+    assert (packets["values"] == 0).all()
+    np.testing.assert_array_equal(fmt.unpack(packets)["slot"], [1, 2, 3])
+    with pytest.raises(ValueError):
+        fmt.pack(msg_type=1)

@@ -263,8 +263,7 @@ class _Call:
         exponent[nb:nb + max(0, n - w)] = self.own[w:]   # one ahead: chunk c carries c + W
         self.sets = t.next_set[slot] ^ (round_ & 1)
         self.pkt_ids = (t.next_pkt_id + np.arange(nb + n)) & PKT_ID_MASK
-        self.packets = fmt.pack(np.broadcast_to(np.int32(0), (nb + n, fmt.values_per_packet)),
-                                msg_type=int(MsgType.CONTRIBUTION), job_id=t.job_id,
+        self.packets = fmt.pack(count=nb + n, msg_type=int(MsgType.CONTRIBUTION), job_id=t.job_id,
                                 set=self.sets, slot=t.first_slot + slot, pkt_id=self.pkt_ids,
                                 exponent=exponent)
         self.wire = memoryview(self.packets.view(np.uint8).reshape(-1))
