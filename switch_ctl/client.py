@@ -8,12 +8,10 @@ either.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import grpc
 from p4runtime_sh import shell as sh
-from p4runtime_sh.context import P4Type
 from p4runtime_sh.p4runtime import (P4RuntimeClient, P4RuntimeException,
                                     P4RuntimeWriteException)
 from p4runtime_sh.shell import UserError
@@ -123,9 +121,6 @@ class SwitchConnection:
             raise P4RuntimeError(f"the switch at {self.grpc_addr} has no program: push one first")
         sh.context.set_p4info(p4info)
 
-    def has_table(self, name: str) -> bool:
-        return sh.context.get_obj(P4Type.table, name) is not None
-
     # -- entities ------------------------------------------------------------
     def table_entry(self, table: str, action: str | None = None, **kw) -> sh.TableEntry:
         entry = self._call(sh.TableEntry, table)
@@ -158,6 +153,3 @@ class SwitchConnection:
             raise P4RuntimeError(describe(exc)) from None
         except SystemExit:
             raise P4RuntimeError("p4runtime-shell gave up (see the log above)") from None
-
-
-logging.getLogger("grpc").setLevel(logging.WARNING)
