@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import random
-import struct
 
 import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
 
 from p4src import protocol
 from softswitch.pipeline import Pipeline
@@ -26,11 +27,12 @@ def frames(seed: int, valid: list[bytes]):
 
 
 def aggregation_frame() -> bytes:
-    payload = struct.pack("!BBHIbB", 1, 1, 5, 7, 0, 0) + bytes(4 * 64)
-    udp = struct.pack("!HHHH", 40000, protocol.AGG_UDP_PORT_BASE, 8 + len(payload), 0)
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp) + len(payload), 0, 0, 64, 17, 0,
-                     bytes([10, 0, 0, 1]), bytes([10, 0, 0, 100]))
-    return b"\x02" * 6 + b"\x02\0\0\0\0\1" + b"\x08\x00" + ip + udp + payload
+    fmt = protocol.packet_format()
+    payload = fmt.pack(count=1, msg_type=protocol.MsgType.CONTRIBUTION, job_id=1, slot=5,
+                       pkt_id=7).tobytes()
+    return bytes(Ether(src="02:00:00:00:00:01", dst="02:02:02:02:02:02")
+                 / IP(src="10.0.0.1", dst="10.0.0.100")
+                 / UDP(sport=40000, dport=protocol.AGG_UDP_PORT_BASE, chksum=0) / payload)
 
 
 @pytest.mark.parametrize("name", ["primitives", "forwarding", "aggregation"])
