@@ -56,24 +56,32 @@ def test_bmv2_and_softswitch_agree_frame_by_frame():
             group.insert()
         finally:
             sh.teardown()
-        socks = [h.raw_socket() for h in topo.hosts]
+        mismatches, forwarded = compare(topo, cases(), lambda data: soft.process(data, 1))
+    assert not mismatches, mismatches[:3]
+    assert forwarded > 50                      # most cases send something: not a vacuous match
+
+
+def compare(topo, frames, expected) -> tuple[list, int]:
+    """Send each frame into BMv2 from host 0; collect what every host gets and compare
+    it with ``expected(frame)``. Returns the mismatches and how many frames forwarded."""
+    socks = [h.raw_socket() for h in topo.hosts]
+    try:
         time.sleep(0.5)
         for sock in socks:
             drain(sock)
         port_of = {sock: h.switch_port for sock, h in zip(socks, topo.hosts)}
-        mismatches = []
-        forwarded = 0
-        for data in cases():
+        mismatches, forwarded = [], 0
+        for data in frames:
             socks[0].send(data)
             got = sorted(collect(socks, port_of))
-            want = sorted(soft.process(data, 1))
+            want = sorted(expected(data))
             forwarded += bool(want)
             if got != want:
                 mismatches.append((data.hex(), want, got))
+        return mismatches, forwarded
+    finally:
         for sock in socks:
             sock.close()
-    assert not mismatches, mismatches[:3]
-    assert forwarded > 50                      # most cases send something: not a vacuous match
 
 
 def drain(sock) -> None:
@@ -146,21 +154,6 @@ def test_bmv2_and_softswitch_agree_on_p4runtime_programmed_tables(switch):
                for dst in (MAC2, MAC9, "ff:ff:ff:ff:ff:ff")]
     with Topology(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
         program_forwarding(bmv2.grpc_addr)
-        socks = [h.raw_socket() for h in topo.hosts]
-        time.sleep(0.5)
-        for sock in socks:
-            drain(sock)
-        port_of = {sock: h.switch_port for sock, h in zip(socks, topo.hosts)}
-        mismatches = []
-        forwarded = 0
-        for data in frames:
-            socks[0].send(data)
-            got = sorted(collect(socks, port_of))
-            want = sorted(switch.send(data, 1))
-            forwarded += bool(want)
-            if got != want:
-                mismatches.append((data.hex(), want, got))
-        for sock in socks:
-            sock.close()
+        mismatches, forwarded = compare(topo, frames, lambda data: switch.send(data, 1))
     assert not mismatches, mismatches[:3]
     assert forwarded > len(frames) // 2
