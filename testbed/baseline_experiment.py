@@ -35,7 +35,7 @@ from pathlib import Path
 from p4src import protocol
 
 from .loss_experiment import csv_list
-from .targets import default_target
+from .targets import add_switch_arguments, default_target
 
 ETH_IP_UDP = 14 + 20 + 8
 TCP_FRAME, TCP_PAYLOAD = 1514, 1448
@@ -70,10 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
     parser.add_argument("--bw", type=float, default=2.0,
                         help="link rate, Mbit/s (default 2: see above)")
-    parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
-                        help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="the job's window, slots per worker (default max(8, 64/workers))")
+    add_switch_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("results/baseline"),
                         help="results folder (default results/baseline)")
     return parser

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from .targets import default_target
+from .targets import add_switch_arguments, default_target
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,10 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=32, help="per-worker batch size")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--bw", type=float, default=20.0, help="link rate, Mbit/s")
-    parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
-                        help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="the job's window, slots per worker (default max(8, 64/workers))")
+    add_switch_arguments(parser)
     return parser
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .targets import default_target
+from .targets import add_switch_arguments, default_target
 
 DIRECTIONS = {"ingress": (1, 0), "egress": (0, 1), "both": (1, 1)}
 CSV_FIELDS = ["workers", "size", "direction", "loss_pct", "rep", "time_s", "retransmissions",
@@ -53,10 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="tensor sizes in float32 values (default 1024,16384)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per point (default 3)")
     parser.add_argument("--bw", type=float, default=50.0, help="link rate, Mbit/s (default 50)")
-    parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
-                        help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="the job's window, slots per worker (default max(8, 64/workers))")
+    add_switch_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("results/loss"),
                         help="results folder (default results/loss)")
     parser.add_argument("--timeout", type=float, default=300.0,

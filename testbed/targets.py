@@ -37,6 +37,14 @@ def default_target() -> str:
     return "bmv2" if bmv2_path() else "softswitch"
 
 
+def add_switch_arguments(parser) -> None:
+    """The options every testbed command shares: which switch, and the job's window."""
+    parser.add_argument("--target", choices=TARGETS, default=None,
+                        help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="the job's window, slots per worker (default max(8, 64/workers))")
+
+
 def free_tcp_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

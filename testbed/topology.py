@@ -27,7 +27,7 @@ from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
 
 from .p4switch import P4Switch, QuietMininet
-from .targets import default_target, free_tcp_port
+from .targets import add_switch_arguments, default_target, free_tcp_port
 
 from mininet.cli import CLI  # noqa: E402  (importable once testbed.p4switch ran)
 from mininet.link import TCIntf, TCLink  # noqa: E402
@@ -284,10 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bw", type=float, default=20.0, help="link rate, Mbit/s (default 20)")
     parser.add_argument("--delay", help="link delay, e.g. 1ms (needs netem in the kernel)")
     parser.add_argument("--link-loss", type=float, help="link loss %% (needs netem)")
-    parser.add_argument("--target", choices=("softswitch", "bmv2"), default=None,
-                        help="switch target (default: $AGG_SWITCH, else bmv2 when installed)")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="the job's window, slots per worker (default max(8, 64/workers))")
+    add_switch_arguments(parser)
     return parser
 
 
