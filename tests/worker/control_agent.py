@@ -1,8 +1,8 @@
 """The controller of the worker tests' switch, in its own process.
 
-p4runtime-shell allows one switch connection per process, and the packet tests'
-switch may hold it in the pytest process; so this process pushes the program and
-then applies, removes and sets loss on command, one JSON line in, one out.
+p4runtime-shell allows one switch connection per process, and another module's
+switch fixture may hold it in the pytest process; so this process pushes the program
+and then applies, removes and sets loss on command, one JSON line in, one out.
 """
 
 from __future__ import annotations
