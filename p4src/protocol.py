@@ -170,23 +170,35 @@ class PacketFormat:
             if values.ndim != 2 or values.shape[1] != self.values_per_packet:
                 raise ValueError(f"values must have shape (n, {self.values_per_packet})")
             n = len(values)
-        unknown = set(fields) - {f.name for f in self.header_fields}
-        if unknown:
-            raise ValueError(f"unknown header fields: {sorted(unknown)}")
         packets = np.zeros(n, dtype=self.dtype)
         if values is not None:
             packets["values"] = values
+        self.write_header(packets, **({f.name: 0 for f in self.header_fields} | fields))
+        return packets
+
+    def write_header(self, packets: np.ndarray, rows=slice(None), **fields) -> None:
+        """Set header fields of ``packets[rows]`` in place; each a scalar or an array
+        of the rows' length. Fields that share a word (set and slot) go together."""
+        names = {f.name for f in self.header_fields}
+        unknown = set(fields) - names
+        if unknown:
+            raise ValueError(f"unknown header fields: {sorted(unknown)}")
         for word in self._words:
-            acc = np.zeros(n, dtype=np.int64)
+            given = [f.name in fields for f in word.fields]
+            if not any(given):
+                continue
+            if not all(given):
+                raise ValueError(f"fields {[f.name for f in word.fields]} share a word: "
+                                 "give them together")
+            acc = np.int64(0)
             shift = word.width
             for field in word.fields:
                 shift -= field.width
-                raw = np.asarray(fields.get(field.name, 0), dtype=np.int64)
-                acc |= (raw & ((1 << field.width) - 1)) << shift
+                raw = np.asarray(fields[field.name], dtype=np.int64)
+                acc = acc | ((raw & ((1 << field.width) - 1)) << shift)
             if word.dtype().startswith(">i"):
                 acc = np.where(acc >= 1 << (word.width - 1), acc - (1 << word.width), acc)
-            packets[word.name] = acc
-        return packets
+            packets[word.name][rows] = acc
 
     def unpack(self, packets: np.ndarray) -> dict[str, np.ndarray]:
         """Header fields of a packet array, as int64 arrays (signed fields signed)."""

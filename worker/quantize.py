@@ -103,23 +103,29 @@ def describe_poison(values: np.ndarray, agreed: np.ndarray, values_per_packet: i
     return f"another worker sent NaN, Inf or a magnitude of 2**{MAX_EXPONENT} or more: {where}"
 
 
-def quantize(blocks: np.ndarray, own: np.ndarray, agreed: np.ndarray, num_workers: int,
+def quantize(blocks: np.ndarray, own: np.ndarray, scale: np.ndarray, num_workers: int,
              out: np.ndarray | None = None) -> np.ndarray:
-    """int32 values to send: ``rint(x * 2**(b - E_max))`` per block.
+    """int32 values to send: ``rint(x * 2**(b - S))`` per block, for the block's scale
+    exponent ``S`` (see ``speculate``).
 
-    ``own`` are this worker's block exponents, ``agreed`` the switch's maxima. ``out``
-    may be a (possibly big-endian, strided) view such as the packets' values field,
-    so the packets are filled without a temporary."""
+    ``own`` are this worker's block exponents. A block whose own exponent exceeds
+    ``S`` (a misprediction) is clipped to the representable range: the switch's
+    exponent maximum then exceeds ``S``, so every worker discards that result and
+    redoes the block (``usable``). ``out`` may be a (possibly big-endian, strided)
+    view such as the packets' values field."""
     own = np.asarray(own)
-    agreed = np.asarray(agreed, dtype=np.int32)
-    if np.any(agreed < own):
-        raise RuntimeError("the switch returned a block exponent below this worker's own: "
-                           "the workers disagree on the block layout")
+    scale = np.asarray(scale, dtype=np.int32)
+    bits = scale_bits(num_workers)
     # A block of zeros everywhere keeps EXPONENT_OF_ZERO; any shift quantizes it to 0.
-    shift = scale_bits(num_workers) - np.maximum(agreed, EXPONENT_OF_ZERO + 1)
+    shift = bits - np.maximum(scale, EXPONENT_OF_ZERO + 1)
     scaled = np.ldexp(blocks, shift[:, None].astype(np.int32))  # 2**k itself is never formed
     np.rint(scaled, out=scaled)
-    poisoned = agreed == POISON_EXPONENT
+    over = own > scale
+    if over.any():
+        limit = np.nextafter(np.float32(2.0**bits), np.float32(0))   # below 2**b, as a float32
+        scaled[over] = np.clip(scaled[over], -limit, limit)
+    # NaN/Inf blocks (own or agreed poison) carry zeros; the exponent carries the poison.
+    poisoned = (scale == POISON_EXPONENT) | (own == POISON_EXPONENT)
     if poisoned.any():
         scaled[poisoned] = 0
     if out is None:
@@ -141,9 +147,9 @@ def _contiguous(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values.view(native)).view(values.dtype)
 
 
-def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, average: bool,
+def dequantize(sums: np.ndarray, scale: np.ndarray, num_workers: int, *, average: bool,
                out: np.ndarray | None = None, dtype=np.float32) -> np.ndarray:
-    """Floats from the switch's int32 sums: ``sum * 2**(E_max - b)`` (/ n), rounded
+    """Floats from the switch's int32 sums: ``sum * 2**(S - b)`` (/ n), rounded
     once to ``out``'s dtype (or ``dtype``).
 
     The exact value is formed in float64 (for a mean over a number of workers that is
@@ -151,7 +157,7 @@ def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, averag
     every result is a normal float32, rounding the sum to float32 first and then
     scaling gives the same bits (scaling by 2**k commutes with rounding), at a
     third less memory traffic; that path is taken then."""
-    exponent = np.asarray(agreed, dtype=np.int32) - scale_bits(num_workers)
+    exponent = np.asarray(scale, dtype=np.int32) - scale_bits(num_workers)
     if average:
         power_of_two = num_workers & (num_workers - 1) == 0
         if power_of_two:
@@ -168,15 +174,50 @@ def dequantize(sums: np.ndarray, agreed: np.ndarray, num_workers: int, *, averag
         if average and not power_of_two:
             np.divide(exact, num_workers, out=exact)
         np.copyto(out, exact, casting="unsafe")
-    poisoned = np.asarray(agreed) == POISON_EXPONENT
+    poisoned = np.asarray(scale) == POISON_EXPONENT
     if poisoned.any():
         out[poisoned] = np.nan
     return out
 
 
-def error_bound(agreed: np.ndarray, num_workers: int, *, average: bool) -> np.ndarray:
+def error_bound(scale: np.ndarray, num_workers: int, *, average: bool) -> np.ndarray:
     """Per block, the largest quantization error of an element of the result
-    (before the final rounding to the output dtype)."""
-    exponent = np.asarray(agreed, dtype=np.int32) - scale_bits(num_workers) - 1
+    (before the final rounding to the output dtype), for the scale it was quantized
+    with (at most ``SLACK`` above the workers' maximum)."""
+    exponent = np.asarray(scale, dtype=np.int32) - scale_bits(num_workers) - 1
     bound = num_workers * np.ldexp(1.0, exponent)
     return bound / num_workers if average else bound
+
+
+# Speculation: the scale a block is quantized with before the switch has said what
+# the workers' maximum is. Every worker computes the same scale from what all of
+# them received identically (the maxima of the previous call of the same shape), so
+# no bootstrap round is needed; the result's maximum says whether it is usable.
+HEADROOM = 1     # bits above last call's maximum: gradients' scales drift slowly
+SLACK = 4        # most bits a usable scale may exceed the true maximum by (precision)
+PROBE_EXPONENT = MAX_EXPONENT   # no history: quantize at the top; the block is redone
+
+
+def speculate(previous: np.ndarray | None, num_blocks: int) -> np.ndarray:
+    """Scale exponents for a call of ``num_blocks`` blocks, from the maxima the last
+    call of that shape agreed on (``PROBE_EXPONENT`` everywhere without one)."""
+    if previous is None:
+        return np.full(num_blocks, PROBE_EXPONENT, dtype=np.int64)
+    return np.minimum(np.asarray(previous, dtype=np.int64) + HEADROOM, MAX_EXPONENT)
+
+
+def usable(scale: np.ndarray, agreed: np.ndarray) -> np.ndarray:
+    """Per block: may the sum quantized with ``scale`` be kept, given the switch's
+    maximum ``agreed``? Not if some worker's values were clipped (``agreed > scale``),
+    nor if the scale wasted more than ``SLACK`` bits of precision. Zeros everywhere
+    and poisoned blocks are final whatever the scale."""
+    scale, agreed = np.asarray(scale), np.asarray(agreed)
+    return ((agreed == EXPONENT_OF_ZERO) | (agreed == POISON_EXPONENT)
+            | ((agreed <= scale) & (scale - agreed <= SLACK)))
+
+
+def remember(agreed: np.ndarray) -> np.ndarray:
+    """What the next call of the same shape predicts from: the agreed maxima, with
+    poisoned blocks (no information) probed again."""
+    agreed = np.asarray(agreed, dtype=np.int64)
+    return np.where(agreed == POISON_EXPONENT, PROBE_EXPONENT - HEADROOM, agreed)

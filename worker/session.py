@@ -128,19 +128,19 @@ class AggregationSession:
         before = self.transport.stats.copy()
         blocks = quantize.to_blocks(values, self.fmt.values_per_packet)
         own = quantize.block_exponents(blocks)
-        sums, agreed = self.transport.aggregate(blocks, own)
-        poisoned = agreed == quantize.POISON_EXPONENT
-        problem = (quantize.describe_poison(values, agreed, self.fmt.values_per_packet)
+        sums, scale = self.transport.aggregate(blocks, own)
+        poisoned = scale == quantize.POISON_EXPONENT
+        problem = (quantize.describe_poison(values, scale, self.fmt.values_per_packet)
                    if poisoned.any() else None)   # before the values are overwritten
         flat = values.reshape(-1)
         if flat.size == sums.size:
-            quantize.dequantize(sums, agreed, self.num_workers, average=average,
+            quantize.dequantize(sums, scale, self.num_workers, average=average,
                                 out=flat.reshape(sums.shape))
         else:
-            result = quantize.dequantize(sums, agreed, self.num_workers, average=average,
+            result = quantize.dequantize(sums, scale, self.num_workers, average=average,
                                          dtype=flat.dtype)
             flat[:] = result.reshape(-1)[:flat.size]
-        bound = quantize.error_bound(agreed[~poisoned], self.num_workers, average=average)
+        bound = quantize.error_bound(scale[~poisoned], self.num_workers, average=average)
         self.last_call = CallStats(elements=flat.size, blocks=len(blocks),
                                    seconds=time.perf_counter() - start,
                                    counters=self.transport.stats - before,

@@ -1,27 +1,39 @@
 """The worker's side of the wire: one UDP socket, a window of slots, timers.
 
 One call aggregates N blocks through the job's W slots (W = num_slots). Chunk c
-uses slot c mod W. Every packet carries the block exponent of the chunk that uses
-the same slot next (c + W), and the result of chunk c returns the switch's maximum
-of those, so chunk c + W can be quantized when the result of chunk c frees its
-slot (SwitchML's one-ahead scheme). A call starts with one bootstrap packet per
-used slot (zero values) carrying the exponents of the first min(N, W) chunks.
+uses slot c mod W; a slot holds one packet in flight, and its result frees it for
+chunk c + W. Sends and receives are batched (sendmmsg/recvmmsg, ``batchio``), and
+results are handled as arrays, one pass per batch.
 
-Everything on the wire is a deterministic function of the call sequence, the same
-on every worker: the set of a slot alternates with every new packet sent in it,
-across calls (a contribution to set s re-arms set 1-s in the switch), and packet
-ids count packets per session in a fixed order (bootstraps, then chunks). So a
-result is accepted only if slot, set and packet id all match the packet in flight;
-anything else is a duplicate or stale copy and is ignored.
+**Exponents without a bootstrap round.** A packet carries its own block exponent,
+and its values are quantized with a scale exponent ``S`` that every worker derives
+identically from the maxima the previous call of the same shape agreed on
+(``quantize.speculate``; a call with no history probes). The result returns the
+switch's maximum; where it shows the scale was too small (some worker's values
+were clipped) or wasted precision (``quantize.usable``), every worker redoes that
+block with the now known maximum, as the slot's next packet. So a steady training
+loop sends N packets per call, not N + W.
 
-Loss is repaired by retransmitting the identical packet when its timer expires.
-The timeout adapts to measured round trips (Jacobson/Karels, RFC 6298; Karn's rule:
-no samples from retransmitted packets) and backs off exponentially, per packet and
-(once per timeout period) for the shared estimate, up to a cap. A slot that gets no result within ``peer_timeout`` ends the call with
-AggregationTimeout. After that the switch's per-slot state for this job is
-unknown (some workers may have contributed, others not), so the transport refuses
-further calls: re-apply the job with a fresh slot range, or restart the switch,
-and start new sessions on every worker.
+Everything on the wire is a deterministic function of the call sequence and of
+the results, which every worker receives identically: a slot's set alternates with
+every new packet sent in it, across calls (a contribution to set s re-arms set 1-s
+in the switch), and its packet id counts the packets sent in it. A result is
+accepted only if slot, set and packet id all match the packet in flight; anything
+else is a duplicate or stale copy and is ignored.
+
+**Loss.** A result missing while results of packets sent after it arrive is a
+loss (RACK, RFC 8985: results return through one switch in about the order their
+slots were sent): it is resent after one round trip plus a reordering window,
+without waiting for a timer. Every packet also has a retransmission timer: the RFC
+6298 estimate with Karn's rule, its floor twice the smoothed round trip (so it
+follows the switch, not a constant chosen for the slowest one), backing off
+exponentially per packet. Any error on the socket (an ICMP error queued by a stale
+or forged frame, a full buffer) counts as a lost packet for the same machinery. A
+slot that gets no result within ``peer_timeout`` ends the call with
+AggregationTimeout; after that the switch's per-slot state for this job is unknown
+(some workers may have contributed, others not), so the transport refuses further
+calls: re-apply the job with a fresh slot range, or restart the switch, and start
+new sessions on every worker.
 
 A session starts at set 0 in every slot, which is right on a fresh switch and
 after a session that ended with ``park()`` (every worker, at close): parking gives
@@ -30,8 +42,6 @@ each slot whose last packet used set 0 one more, empty, round in set 1.
 
 from __future__ import annotations
 
-import errno
-import heapq
 import select
 import socket
 import time
@@ -42,9 +52,10 @@ import numpy as np
 from p4src.protocol import EXPONENT_OF_ZERO, MsgType, PacketFormat
 
 from . import quantize
+from .batchio import BatchSocket
 
 PKT_ID_MASK = 0xFFFFFFFF
-RECV_BATCH = 256              # results drained from the socket per loop iteration
+RECV_BATCH = 512              # results drained from the socket per system call
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
 
 
@@ -60,12 +71,13 @@ class TransportBroken(RuntimeError):
 class RetransmitPolicy:
     """Timer settings, in seconds.
 
-    ``min_rto`` suits software switches, whose round trips under a full window reach
-    100-300 ms (BMv2 queues every contribution); lower it for a hardware switch.
-    ``peer_timeout`` bounds how long one packet may wait for its result, and so how
-    long a call can hang on a dead worker or an unreachable switch."""
-    initial_rto: float = 0.5
-    min_rto: float = 0.1
+    Timeouts follow the measured round trips; ``min_rto`` is only an absolute floor
+    under them (the adaptive floor is twice the smoothed round trip).
+    ``initial_rto`` applies until the first round trip is measured. ``peer_timeout``
+    bounds how long one packet may wait for its result, and so how long a call can
+    hang on a dead worker or an unreachable switch."""
+    initial_rto: float = 0.2
+    min_rto: float = 0.001
     max_rto: float = 2.0
     peer_timeout: float = 30.0
 
@@ -81,11 +93,14 @@ class Stats:
     """Counters; a session's totals, or one call's (the difference of two totals)."""
     packets_sent: int = 0
     bytes_sent: int = 0
-    retransmissions: int = 0
+    retransmissions: int = 0          # by timer or by loss detection
+    fast_retransmissions: int = 0     # of which by loss detection (before the timer)
+    redone: int = 0                   # blocks sent again with the agreed exponent
     results_received: int = 0
     duplicates_ignored: int = 0
     malformed_ignored: int = 0
     timeouts: int = 0
+    socket_errors: int = 0            # failed sends/receives, repaired as losses
 
     def __sub__(self, other: "Stats") -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
@@ -99,14 +114,16 @@ class Stats:
 
 
 class RtoEstimator:
-    """Smoothed RTT and variance (RFC 6298), giving the retransmission timeout."""
+    """Smoothed RTT and variance (RFC 6298), giving the retransmission timeout, and
+    the minimum RTT (RACK's reordering window)."""
 
-    GRANULARITY = 0.001
+    GRANULARITY = 0.0001
 
     def __init__(self, policy: RetransmitPolicy):
         self.policy = policy
         self.srtt: float | None = None
         self.rttvar = 0.0
+        self.min_rtt = float("inf")
         self.rto = policy.initial_rto
         self._backed_off_at = -float("inf")
 
@@ -116,8 +133,10 @@ class RtoEstimator:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.min_rtt = min(self.min_rtt, rtt)
         rto = self.srtt + max(self.GRANULARITY, 4 * self.rttvar)
-        self.rto = min(max(rto, self.policy.min_rto), self.policy.max_rto)
+        floor = max(self.policy.min_rto, 2 * self.srtt)
+        self.rto = min(max(rto, floor), self.policy.max_rto)
 
     def timed_out(self, now: float) -> None:
         """Double the timeout (RFC 6298 5.5) until a fresh sample resets it: with
@@ -127,14 +146,20 @@ class RtoEstimator:
             self.rto = min(2 * self.rto, self.policy.max_rto)
             self._backed_off_at = now
 
-    def backoff(self, retries: int) -> float:
+    def backoff(self, retries: np.ndarray) -> np.ndarray:
         # The exponent is capped: 2.0 ** 1024 overflows, and any cap above
         # log2(max_rto / min_rto) changes nothing.
-        return min(self.rto * 2.0 ** min(retries, 64), self.policy.max_rto)
+        return np.minimum(self.rto * np.exp2(np.minimum(retries, 64)), self.policy.max_rto)
+
+    @property
+    def reorder_window(self) -> float:
+        """RACK's allowance for results that are only reordered, not lost."""
+        return self.min_rtt / 4 if self.min_rtt < float("inf") else self.rto
 
 
 class Transport:
-    """Owns the worker's UDP socket, the slot window and the timers of one job."""
+    """Owns the worker's UDP socket, the slot window, the timers of one job, and
+    the exponent history that speculation predicts from."""
 
     def __init__(self, fmt: PacketFormat, *, job_id: int, num_workers: int, switch_ip: str,
                  job_udp_port: int, local_ip: str, local_port: int, first_slot: int,
@@ -151,8 +176,13 @@ class Transport:
         self.rto = RtoEstimator(policy)
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
-        self.next_pkt_id = 0
+        self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
+        self.history: dict[int, np.ndarray] = {}   # blocks per call -> last agreed maxima
         self.broken: BaseException | None = None
+        # One packet per slot, rewritten when the slot takes its next chunk; a
+        # retransmission resends the row as it is.
+        self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
+        self.rx = np.zeros((RECV_BATCH, fmt.payload_bytes + 1), dtype=np.uint8)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
@@ -163,12 +193,9 @@ class Transport:
         except OSError:
             self.sock.close()
             raise
+        self.io = BatchSocket(self.sock, self.tx, self.rx)
         self._poll = select.poll()
         self._poll.register(self.sock, select.POLLIN)
-        self._rx = np.zeros(RECV_BATCH, dtype=fmt.dtype)
-        rx_bytes = self._rx.view(np.uint8).reshape(RECV_BATCH, fmt.payload_bytes)
-        self._rx_views = [memoryview(row) for row in rx_bytes]
-        self._rx_spare = bytearray(fmt.payload_bytes + 1)
 
     def close(self) -> None:
         self.sock.close()
@@ -178,7 +205,8 @@ class Transport:
         """Sum ``blocks`` ((N, values_per_packet) float32) over the job's workers.
 
         ``own`` are this worker's block exponents. Returns the switch's int32 sums
-        (N, values_per_packet) and the agreed exponent of each block."""
+        (N, values_per_packet) and the scale exponent each block was quantized with
+        (``POISON_EXPONENT`` for a block some worker could not carry)."""
         if self.broken is not None:
             raise TransportBroken("an earlier aggregation failed, so the switch's slot state "
                                   "for this job is unknown; re-apply the job with a fresh slot "
@@ -186,11 +214,16 @@ class Transport:
                                   ) from self.broken
         if blocks.ndim != 2 or blocks.shape[1] != self.fmt.values_per_packet:
             raise ValueError(f"blocks must be (N, {self.fmt.values_per_packet})")
+        n = len(blocks)
+        scale = quantize.speculate(self.history.get(n), n)
         try:
-            return _Call(self, blocks, own).run()
+            call = _Call(self, blocks, own, scale)
+            sums, scale, agreed = call.run()
         except BaseException as exc:
             self.broken = exc
             raise
+        self.history[n] = quantize.remember(agreed)
+        return sums, scale
 
     def park(self) -> None:
         """Bring every slot to the same place in its set sequence (next set 0), with
@@ -199,190 +232,202 @@ class Transport:
         Collective, like a call: every worker parks, when it closes its session."""
         odd = np.flatnonzero(self.next_set)
         if odd.size and self.broken is None:
-            empty = np.zeros((0, self.fmt.values_per_packet), dtype=np.float32)
+            empty = np.zeros((odd.size, self.fmt.values_per_packet), dtype=np.float32)
+            zero = np.full(odd.size, EXPONENT_OF_ZERO, dtype=np.int64)
             try:
-                _Call(self, empty, np.zeros(0), boot=odd).run()
+                _Call(self, empty, zero, zero + 1, slots=odd).run()
             except BaseException as exc:
                 self.broken = exc
                 raise
 
-    def _send(self, packet: memoryview) -> bool:
-        try:
-            self.sock.send(packet)
-        except OSError as exc:
-            if exc.errno not in _TRANSIENT_ERRNOS:
-                raise
-            return False  # treated as lost: the timer retransmits
-        self.stats.packets_sent += 1
-        self.stats.bytes_sent += len(packet)
-        return True
+    def send(self, slots: np.ndarray) -> int:
+        """Send the slots' packets in one batch; a failure loses the rest of it."""
+        sent, err = self.io.send(slots)
+        if err:
+            self.stats.socket_errors += 1
+        self.stats.packets_sent += sent
+        self.stats.bytes_sent += sent * self.fmt.payload_bytes
+        return sent
 
-    def _receive(self) -> int:
-        """Drain up to RECV_BATCH whole packets into ``self._rx``; returns how many."""
-        count = 0
-        while count < RECV_BATCH:
-            try:
-                size = self.sock.recv_into(self._rx_spare, 0, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except ConnectionRefusedError:  # an ICMP error for an earlier send
-                continue
-            if size != self.fmt.payload_bytes:
-                self.stats.malformed_ignored += 1
-                continue
-            self._rx_views[count][:] = self._rx_spare[:size]
-            count += 1
-        return count
-
-
-_TRANSIENT_ERRNOS = {errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED}
+    def receive(self) -> np.ndarray:
+        """The well-formed datagrams queued now, as packets."""
+        lengths, err = self.io.receive()
+        if err:
+            self.stats.socket_errors += 1
+        whole = lengths == self.fmt.payload_bytes
+        self.stats.malformed_ignored += int(len(lengths) - whole.sum())
+        rows = self.rx[:len(lengths)][whole, :self.fmt.payload_bytes]
+        return np.ascontiguousarray(rows).view(self.fmt.dtype).reshape(-1)
 
 
 class _Call:
-    """The state of one call: packets, slot progress and timers.
-
-    Packet p < B is the bootstrap of slot ``boot[p]``; packet B + c carries chunk c,
-    in slot c mod W. A call with no chunks and only bootstraps parks slots."""
+    """The state of one call: per chunk its scale, per slot the chunk in flight and
+    its timing. ``slots`` (parking) puts chunk i alone in slot ``slots[i]``."""
 
     def __init__(self, transport: Transport, blocks: np.ndarray, own: np.ndarray,
-                 boot: np.ndarray | None = None):
+                 scale: np.ndarray, slots: np.ndarray | None = None):
         t = self.t = transport
-        fmt = t.fmt
+        w = t.num_slots
         self.blocks = blocks
         self.own = np.asarray(own, dtype=np.int64)
+        self.scale = np.array(scale, dtype=np.int64)
         n = self.n = len(blocks)
-        w = t.num_slots
-        boot = np.arange(min(n, w)) if boot is None else np.asarray(boot, dtype=np.int64)
-        nb = self.num_boot = len(boot)
-        chunk = np.arange(n)
-        slot = np.concatenate([boot, chunk % w])
-        round_ = np.concatenate([np.zeros(nb, dtype=np.int64), 1 + chunk // w])
-        exponent = np.full(nb + n, EXPONENT_OF_ZERO, dtype=np.int64)
-        has_chunk = boot < n
-        exponent[:nb][has_chunk] = self.own[boot[has_chunk]]
-        exponent[nb:nb + max(0, n - w)] = self.own[w:]   # one ahead: chunk c carries c + W
-        self.sets = t.next_set[slot] ^ (round_ & 1)
-        self.pkt_ids = (t.next_pkt_id + np.arange(nb + n)) & PKT_ID_MASK
-        self.packets = fmt.pack(count=nb + n, msg_type=int(MsgType.CONTRIBUTION), job_id=t.job_id,
-                                set=self.sets, slot=t.first_slot + slot, pkt_id=self.pkt_ids,
-                                exponent=exponent)
-        self.wire = memoryview(self.packets.view(np.uint8).reshape(-1))
-        self.results = np.zeros(n, dtype=fmt.dtype)
+        self.sums = np.zeros((n, t.fmt.values_per_packet), dtype=np.int32)
         self.agreed = np.full(n, EXPONENT_OF_ZERO, dtype=np.int64)
-        # Per slot of the window: packet in flight (-1: none), its timing.
-        self.current = np.full(w, -1, dtype=np.int64)
-        self.current[boot] = np.arange(nb)
+        # Per slot of the window: the chunk in flight (-1: none) and its timing.
+        self.chunk = np.full(w, -1, dtype=np.int64)
+        if slots is None:
+            self.step = w
+            first = np.arange(min(n, w))
+            self.chunk[first] = first
+        else:
+            self.step = n                    # one chunk per slot, nothing after it
+            self.chunk[slots] = np.arange(n)
         self.sent_at = np.zeros(w)
         self.first_sent_at = np.zeros(w)
-        self.retries = np.zeros(w, dtype=np.int64)
-        self.timers: list[tuple[float, int, int, int]] = []
-        self.active = nb
-        # Advance the session's deterministic sequence now: every worker does the same.
-        rounds = 1 + np.maximum(0, (n - boot + w - 1) // w)
-        t.next_set[boot] ^= rounds & 1
-        t.next_pkt_id = (t.next_pkt_id + nb + n) & PKT_ID_MASK
+        self.retries = np.zeros(w, dtype=np.int64)     # timer expiries (back-off)
+        self.resent = np.zeros(w, dtype=bool)          # Karn: no RTT sample
+        self.deadline = np.full(w, np.inf)
+        self.cur_set = np.zeros(w, dtype=np.int64)
+        self.cur_id = np.zeros(w, dtype=np.int64)
+        self.rack_sent = -np.inf        # send time of the newest packet answered
+        self.rack_rtt = 0.0
 
-    def run(self) -> tuple[np.ndarray, np.ndarray]:
+    def run(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        t = self.t
+        self._load(np.flatnonzero(self.chunk >= 0), time.monotonic())
+        while (self.chunk >= 0).any():
+            wait = self._next_wakeup() - time.monotonic()
+            if wait <= 0 or t._poll.poll(max(wait * 1000.0, 0.0)):
+                packets = t.receive()
+                if len(packets):
+                    self._on_results(packets)
+            self._recover(time.monotonic())
+        return self.sums, self.scale, self.agreed
+
+    def _load(self, slots: np.ndarray, now: float) -> None:
+        """Put each slot's chunk in its packet, quantized, and send them all."""
+        if not slots.size:
+            return
+        t = self.t
+        chunks = self.chunk[slots]
+        sets = t.next_set[slots]
+        ids = t.next_pkt_id[slots]
+        t.next_set[slots] ^= 1
+        t.next_pkt_id[slots] = (ids + 1) & PKT_ID_MASK
+        self.cur_set[slots], self.cur_id[slots] = sets, ids
+        t.fmt.write_header(t.tx, slots, set=sets, slot=t.first_slot + slots, pkt_id=ids,
+                           exponent=self.own[chunks])
+        t.tx["values"][slots] = quantize.quantize(self.blocks[chunks], self.own[chunks],
+                                                  self.scale[chunks], t.num_workers)
+        self.first_sent_at[slots] = now
+        self.retries[slots] = 0
+        self.resent[slots] = False
+        self._transmit(slots, now)
+
+    def _transmit(self, slots: np.ndarray, now: float) -> int:
+        """Send the slots' packets and arm their timers; what failed to go out is
+        lost, and the timers repair it."""
+        sent = self.t.send(slots)
+        self.sent_at[slots] = now
+        self.deadline[slots] = np.minimum(
+            now + self.t.rto.backoff(self.retries[slots]),
+            self.first_sent_at[slots] + self.t.policy.peer_timeout)
+        return sent
+
+    def _next_wakeup(self) -> float:
+        waiting = self.chunk >= 0
+        wake = self.deadline[waiting].min()
+        behind = waiting & (self.sent_at < self.rack_sent)
+        if behind.any():
+            wake = min(wake, self.sent_at[behind].min() + self.rack_rtt
+                       + self.t.rto.reorder_window)
+        return wake
+
+    def _on_results(self, packets: np.ndarray) -> None:
         t = self.t
         now = time.monotonic()
-        for slot in np.flatnonzero(self.current >= 0):
-            self._transmit(int(slot), now)
-        while self.active:
-            wait = max(0.0, self.timers[0][0] - time.monotonic())
-            if t._poll.poll(wait * 1000.0):
-                count = t._receive()
-                if count:
-                    self._on_results(count)
-            self._expire_timers(time.monotonic())
-        return self.results["values"], self.agreed
+        h = t.fmt.unpack(packets)
+        slot = h["slot"] - t.first_slot
+        ok = ((h["msg_type"] == MsgType.RESULT) & (h["job_id"] == t.job_id)
+              & (h["contributions"] == t.num_workers) & (slot >= 0) & (slot < t.num_slots))
+        t.stats.malformed_ignored += int(len(packets) - ok.sum())
+        index = np.flatnonzero(ok)
+        s = slot[index]
+        match = ((self.chunk[s] >= 0) & (h["pkt_id"][index] == self.cur_id[s])
+                 & (h["set"][index] == self.cur_set[s]))
+        index, s = index[match], s[match]
+        s, first = np.unique(s, return_index=True)       # a resent result twice in a batch
+        index = index[first]
+        t.stats.duplicates_ignored += int(ok.sum() - len(index))
+        if not len(index):
+            return
+        t.stats.results_received += len(index)
+        self._measure(s, now)
+        chunks = self.chunk[s]
+        agreed = h["exponent"][index]
+        self.agreed[chunks] = agreed
+        keep = quantize.usable(self.scale[chunks], agreed)
+        done, redo = chunks[keep], chunks[~keep]
+        self.sums[done] = packets["values"][index[keep]]
+        self.scale[done] = np.where(agreed[keep] == quantize.POISON_EXPONENT,
+                                    quantize.POISON_EXPONENT, self.scale[done])
+        self.scale[redo] = agreed[~keep]
+        t.stats.redone += len(redo)
+        following = np.where(keep, chunks + self.step, chunks)
+        following[following >= self.n] = -1
+        self.chunk[s] = following
+        self.deadline[s[following < 0]] = np.inf
+        self._load(s[following >= 0], now)
 
-    def _packet(self, p: int) -> memoryview:
-        size = self.t.fmt.payload_bytes
-        return self.wire[p * size:(p + 1) * size]
-
-    def _transmit(self, slot: int, now: float) -> None:
-        self.t._send(self._packet(self.current[slot]))
-        self.sent_at[slot] = self.first_sent_at[slot] = now
-        self.retries[slot] = 0
-        self._arm(slot, now)
-
-    def _arm(self, slot: int, now: float) -> None:
-        deadline = min(now + self.t.rto.backoff(int(self.retries[slot])),
-                       self.first_sent_at[slot] + self.t.policy.peer_timeout)
-        heapq.heappush(self.timers, (deadline, slot, int(self.current[slot]),
-                                     int(self.retries[slot])))
-
-    def _on_results(self, count: int) -> None:
+    def _measure(self, slots: np.ndarray, now: float) -> None:
+        """One RTT sample per batch (Karn: only from packets sent once), and RACK's
+        newest answered send time (ignoring answers faster than any round trip,
+        which belong to an earlier copy of a resent packet)."""
         t = self.t
-        now = time.monotonic()
-        rx = t._rx[:count]
-        header = t.fmt.unpack(rx)
-        slot = header["slot"] - t.first_slot
-        ok = ((header["msg_type"] == MsgType.RESULT) & (header["job_id"] == t.job_id)
-              & (header["contributions"] == t.num_workers))
-        t.stats.malformed_ignored += int(count - ok.sum())
-        ready = []
-        for i in np.flatnonzero(ok):
-            s = int(slot[i])
-            p = int(self.current[s]) if 0 <= s < t.num_slots else -1
-            if p < 0 or header["pkt_id"][i] != self.pkt_ids[p] or header["set"][i] != self.sets[p]:
-                t.stats.duplicates_ignored += 1
-                continue
-            t.stats.results_received += 1
-            if self.retries[s] == 0:
-                t.rto.sample(now - self.sent_at[s])
-            exponent = int(header["exponent"][i])
-            if p < self.num_boot:        # bootstrap: the exponent of chunk s, if any
-                nxt = s
-            else:
-                c = p - self.num_boot
-                self.results[c] = rx[i]
-                nxt = c + t.num_slots
-            if nxt < self.n:
-                self.agreed[nxt] = exponent
-                self.current[s] = self.num_boot + nxt   # a second copy of this result is stale now
-                ready.append(s)
-            else:
-                self.current[s] = -1
-                self.active -= 1
-        if ready:
-            self._send_next(ready, now)
+        rtt = now - self.sent_at[slots]
+        clean = ~self.resent[slots]
+        if clean.any():
+            t.rto.sample(float(rtt[clean].mean()))
+        plausible = clean | (rtt >= t.rto.min_rtt)
+        if plausible.any():
+            newest = int(np.argmax(np.where(plausible, self.sent_at[slots], -np.inf)))
+            if self.sent_at[slots[newest]] > self.rack_sent:
+                self.rack_sent = float(self.sent_at[slots[newest]])
+                self.rack_rtt = float(rtt[newest])
 
-    def _send_next(self, ready: list[int], now: float) -> None:
-        """Quantize the freed slots' next chunks in one go, then send them."""
-        packets = self.current[ready]
-        chunks = packets - self.num_boot
-        values = quantize.quantize(self.blocks[chunks], self.own[chunks], self.agreed[chunks],
-                                   self.t.num_workers)
-        self.packets["values"][packets] = values
-        for s in ready:
-            self._transmit(s, now)
-
-    def _expire_timers(self, now: float) -> None:
+    def _recover(self, now: float) -> None:
+        """Resend what is lost: packets sent before an answered one, once a round
+        trip and the reordering window have passed (RACK), and packets whose timer
+        expired. A packet waiting ``peer_timeout`` ends the call."""
         t = self.t
-        while self.timers and self.timers[0][0] <= now:
-            _, s, p, retries = heapq.heappop(self.timers)
-            if self.current[s] != p or self.retries[s] != retries:
-                continue  # answered, or superseded by a later timer
-            t.stats.timeouts += 1
-            if now - self.first_sent_at[s] >= t.policy.peer_timeout:
-                self._give_up(now)
+        waiting = self.chunk >= 0
+        dead = waiting & (now - self.first_sent_at >= t.policy.peer_timeout)
+        if dead.any():
+            self._give_up(now)
+        expired = waiting & (self.deadline <= now)
+        lost = (waiting & ~expired & (self.sent_at < self.rack_sent)
+                & (self.sent_at + self.rack_rtt + t.rto.reorder_window <= now))
+        if expired.any():
+            t.stats.timeouts += int(expired.sum())
             t.rto.timed_out(now)
-            self.retries[s] += 1
-            if t._send(self._packet(p)):
-                t.stats.retransmissions += 1
-            self.sent_at[s] = now
-            self._arm(s, now)
+            self.retries[expired] += 1
+        again = np.flatnonzero(expired | lost)
+        if again.size:
+            sent = self._transmit(again, now)
+            t.stats.retransmissions += sent
+            t.stats.fast_retransmissions += int(min(sent, lost.sum()))
+            self.resent[again] = True
 
     def _give_up(self, now: float) -> None:
         t = self.t
-        waiting = np.flatnonzero(self.current >= 0)
+        waiting = np.flatnonzero(self.chunk >= 0)
         oldest = now - self.first_sent_at[waiting].min()
         slots = (t.first_slot + waiting).tolist()
         shown = ", ".join(map(str, slots[:16])) + (", ..." if len(slots) > 16 else "")
         raise AggregationTimeout(
             f"job {t.job_id}: no result for {len(slots)} slot(s) [{shown}] after {oldest:.1f} s "
             f"(peer_timeout {t.policy.peer_timeout:g} s, {int(self.retries[waiting].sum())} "
-            f"retransmissions): a worker is not sending or the switch is unreachable. The "
+            f"timer expiries): a worker is not sending or the switch is unreachable. The "
             f"switch's slot state for this job is now unknown: re-apply the job with a fresh "
             f"slot range (or restart the switch) before aggregating again")

@@ -18,21 +18,33 @@ from worker import quantize
 from worker.run import as_float32, make_inputs
 
 
-def model(size: int, seed: int, rep: int, n: int, *, average: bool, dtype: str):
-    """The exact result every worker must get, its agreed exponents, and the inputs."""
+def model(size: int, seed: int, reps: int, n: int, *, average: bool, dtype: str):
+    """Per call: the exact result every worker must get, the scale exponent each
+    block was kept with, and the inputs. The scales follow the transport's policy:
+    speculated from the previous call's maxima (the first call probes), redone with
+    the agreed maximum where the result says the speculation was not usable."""
     k = protocol.packet_format().values_per_packet
-    inputs = [quantize.to_blocks(as_float32(make_inputs(size, seed, rep, w, dtype)), k)
-              for w in range(n)]
-    own = [quantize.block_exponents(b) for b in inputs]
-    agreed = np.max(own, axis=0)
-    total = sum(quantize.quantize(b, e, agreed, n).astype(np.int64) for b, e in zip(inputs, own))
-    out_dtype = np.float16 if dtype == "float16" else np.float32
-    result = quantize.dequantize(total.astype(np.int32), agreed, n, average=average,
-                                 dtype=out_dtype)
-    if dtype == "bfloat16":
-        import torch
-        result = torch.from_numpy(result).to(torch.bfloat16).float().numpy()
-    return result.astype(np.float32).reshape(-1)[:size], agreed, inputs
+    history, calls = None, []
+    for rep in range(reps):
+        inputs = [quantize.to_blocks(as_float32(make_inputs(size, seed, rep, w, dtype)), k)
+                  for w in range(n)]
+        own = [quantize.block_exponents(b) for b in inputs]
+        agreed = np.max(own, axis=0).astype(np.int64)
+        scale = quantize.speculate(history, len(agreed))
+        redo = ~quantize.usable(scale, agreed)
+        scale[redo] = agreed[redo]
+        scale[agreed == quantize.POISON_EXPONENT] = quantize.POISON_EXPONENT
+        history = quantize.remember(agreed)
+        total = sum(quantize.quantize(b, e, scale, n).astype(np.int64)
+                    for b, e in zip(inputs, own))
+        out_dtype = np.float16 if dtype == "float16" else np.float32
+        result = quantize.dequantize(total.astype(np.int32), scale, n, average=average,
+                                     dtype=out_dtype)
+        if dtype == "bfloat16":
+            import torch
+            result = torch.from_numpy(result).to(torch.bfloat16).float().numpy()
+        calls.append((result.astype(np.float32).reshape(-1)[:size], scale, inputs))
+    return calls
 
 
 def check_run(runs, job, outdir, *, size, seed, reps, average=False, dtype="float32"):
@@ -41,8 +53,8 @@ def check_run(runs, job, outdir, *, size, seed, reps, average=False, dtype="floa
         assert len(run.reports) == reps
     k = protocol.packet_format().values_per_packet
     n = job.num_workers
-    for rep in range(reps):
-        expected, agreed, inputs = model(size, seed, rep, n, average=average, dtype=dtype)
+    for rep, (expected, scale, inputs) in enumerate(model(size, seed, reps, n,
+                                                          average=average, dtype=dtype)):
         results = [np.load(outdir / f"result_{w}_{rep}.npy") for w in range(n)]
         for w, result in enumerate(results):
             np.testing.assert_array_equal(result.view(np.uint32), expected.view(np.uint32),
@@ -51,7 +63,7 @@ def check_run(runs, job, outdir, *, size, seed, reps, average=False, dtype="floa
         reference = sum(b.astype(np.float64) for b in inputs).reshape(-1)[:size]
         if average:
             reference /= n
-        bound = np.repeat(quantize.error_bound(agreed, n, average=average), k)[:size]
+        bound = np.repeat(quantize.error_bound(scale, n, average=average), k)[:size]
         spacing = np.spacing(np.abs(expected)).astype(np.float64)
         rounding = {"float32": spacing / 2, "float16": np.spacing(np.abs(
             expected.astype(np.float16))).astype(np.float64) / 2,
@@ -148,13 +160,29 @@ def test_nonfinite_values_fail_the_call_on_every_worker_and_the_session_goes_on(
         assert run.reports[0]["digest"] == runs[0].reports[0]["digest"]
     # Only the block holding index 300 is lost (NaN); the rest is the exact result.
     k = protocol.packet_format().values_per_packet
-    expected, _, _ = model(1000, 0, 0, 2, average=False, dtype="float32")
+    (expected, _, _), (expected1, _, _) = model(1000, 0, 2, 2, average=False, dtype="float32")
     result = np.load(tmp_path / "result_0_0.npy")
     bad = slice(300 // k * k, (300 // k + 1) * k)
     assert np.all(np.isnan(result[bad]))
     keep = np.ones(1000, dtype=bool)
     keep[bad] = False
     np.testing.assert_array_equal(result[keep], expected[keep])
-    expected1, _, _ = model(1000, 0, 1, 2, average=False, dtype="float32")
     np.testing.assert_array_equal(np.load(tmp_path / "result_0_1.npy"), expected1)
+    fabric.remove(job)
+
+
+def test_mispredicted_exponents_are_redone_exactly(fabric, tmp_path):
+    """Each call's block scales are drawn afresh (2**-20 to 2**12), so most of the
+    previous call's maxima mispredict, both ways: every result still equals the
+    model bit for bit, and the redone blocks are counted."""
+    job = fabric.job(3, num_slots=16)
+    size, reps = 5000, 3
+    runs = fabric.run(job, ["--size", str(size), "--reps", str(reps), "--seed", "21",
+                            "--save", str(tmp_path)])
+    check_run(runs, job, tmp_path, size=size, seed=21, reps=reps)
+    blocks = -(-size // protocol.packet_format().values_per_packet)
+    for run in runs:
+        redone = [r["counters"]["redone"] for r in run.reports]
+        assert redone[0] == blocks                 # the first call probes every block
+        assert all(0 < r < blocks for r in redone[1:]), redone
     fabric.remove(job)

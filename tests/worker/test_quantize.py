@@ -159,11 +159,72 @@ def test_largest_finite_magnitude_is_below_2_to_126():
     assert q.block_exponents(x)[1] == 126 == q.MAX_EXPONENT
 
 
-def test_quantize_refuses_an_agreed_exponent_below_its_own():
+def test_a_scale_below_a_workers_own_exponent_clips_and_is_never_usable():
     x = np.ones((2, K), dtype=np.float32)
+    x[1] *= -1000
     own = q.block_exponents(x)
-    with pytest.raises(RuntimeError, match="disagree"):
-        q.quantize(x, own, own - 1, 2)
+    v = q.quantize(x, own, own - 3, 2).astype(np.int64)
+    b = q.scale_bits(2)
+    assert np.abs(v).max() == 2**b - 2**(b - 24)               # clipped, not wrapped
+    assert not q.usable(own - 3, own).any()                    # so the switch's max says redo
+
+
+def switch_with_speculation(calls: list[list[np.ndarray]]):
+    """Workers and a saturating int32 switch over a sequence of calls of one shape,
+    with the transport's policy: speculate from the last call, redo what the result
+    says is not usable, with the agreed maximum. Returns per call the result, the
+    scales kept and how many blocks were redone."""
+    history, out = None, []
+    for inputs in calls:
+        n = len(inputs)
+        own = [q.block_exponents(x) for x in inputs]
+        agreed = np.max(own, axis=0).astype(np.int64)
+        scale = q.speculate(history, len(agreed))
+        total = np.clip(np.sum([q.quantize(x, e, scale, n).astype(np.int64)
+                                for x, e in zip(inputs, own)], axis=0), -2**31, 2**31 - 1)
+        redo = ~q.usable(scale, agreed)
+        scale[redo] = agreed[redo]
+        again = np.sum([q.quantize(x[redo], e[redo], scale[redo], n).astype(np.int64)
+                        for x, e in zip(inputs, own)], axis=0)
+        total[redo] = again
+        out.append((q.dequantize(total.astype(np.int32), scale, n, average=False), scale,
+                     int(redo.sum())))
+        history = q.remember(agreed)
+    return out
+
+
+def test_mispredicted_scales_are_redone_and_every_kept_result_is_within_the_bound():
+    """Scales drift by up to 2**3 per call in both directions, so the speculation
+    misses often (too small: clipped; too large: precision) and is repaired."""
+    rng = np.random.default_rng(4)
+    n, blocks = 4, 300
+    base = [(rng.standard_normal((blocks, K))).astype(np.float32) for _ in range(n)]
+    drift = np.zeros((blocks, 1))
+    calls = []
+    for step in range(6):
+        drift = drift + rng.integers(-3, 4, size=(blocks, 1))
+        calls.append([(b * 2.0 ** drift).astype(np.float32) for b in base])
+    results = switch_with_speculation(calls)
+    assert results[0][2] == blocks                      # no history: every block probed
+    assert 0 < sum(r[2] for r in results[1:]) < 5 * blocks
+    for inputs, (result, scale, _) in zip(calls, results):
+        agreed = np.max([q.block_exponents(x) for x in inputs], axis=0)
+        assert np.all((scale >= agreed) & (scale - agreed <= q.SLACK))
+        check_bound(result, inputs, scale, n, False, np.spacing(np.abs(result)) / 2)
+
+
+def test_a_steady_shape_needs_no_redo():
+    rng = np.random.default_rng(5)
+    x = [(rng.standard_normal((50, K)) * 2.0 ** rng.integers(-20, 10, (50, 1))).astype(np.float32)
+         for _ in range(3)]
+    results = switch_with_speculation([[v * 0.9 for v in x], x, [v * 1.3 for v in x]])
+    assert [r[2] for r in results] == [50, 0, 0]
+
+
+def test_poison_is_probed_again_and_zeros_are_final_at_any_scale():
+    assert q.remember(np.array([q.POISON_EXPONENT]))[0] + q.HEADROOM == q.PROBE_EXPONENT
+    assert q.usable(np.array([5, q.PROBE_EXPONENT]),
+                    np.array([EXPONENT_OF_ZERO, q.POISON_EXPONENT])).all()
 
 
 @pytest.mark.parametrize("n", list(range(1, 33)))
