@@ -7,7 +7,12 @@
    float32 gradient, next to two baselines measured in the same run on the same
    batch: a plain copy, and numpy's sum of 4 arrays (what a CPU reduction must at
    least do). Each figure is the best of many runs, as timeit advises.
-2. Allreduce goodput: 4 worker processes in network namespaces, each reducing a
+2. The worker's own packet rate: one worker (AggregationSession, the whole
+   pipeline) against a minimal C reflector on loopback that answers each packet as
+   a one-worker switch would, next to a minimal C client driving the same
+   reflector with the same window in the same run (``udp_reflector.c``, compiled
+   here with the system C compiler).
+3. Allreduce goodput: 4 worker processes in network namespaces, each reducing a
    float32 tensor through each switch target installed (the embedded softswitch;
    BMv2 where simple_switch_grpc is on PATH). Needs root; skipped otherwise.
 """
@@ -18,6 +23,8 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -97,6 +104,59 @@ def pipeline(elements: int, batch: int, repeats: int) -> None:
           f"   pipeline takes {batched / summed:.2f} x its time")
 
 
+def worker_rate(window: int, seconds: float) -> None:
+    """Packets per second one worker sends and receives when nothing else binds."""
+    from worker import AggregationSession
+
+    fmt = protocol.packet_format()
+    print(f"\nworker packet rate, one worker against a minimal reflector on loopback, "
+          f"window {window}:")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        print("  skipped: no C compiler for the reflector")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / "udp_reflector"
+        subprocess.run([cc, "-O2", "-o", str(binary), str(REPO / "benchmarks/udp_reflector.c")],
+                       check=True)
+        port = _free_udp_port()
+        env = dict(os.environ, AGG_TYPE_OFFSET=str(fmt.dtype.fields["msg_type"][1]),
+                   AGG_COUNT_OFFSET=str(fmt.dtype.fields["contributions"][1]),
+                   AGG_RESULT_TYPE=str(int(protocol.MsgType.RESULT)))
+        reflector = subprocess.Popen([str(binary), "reflect", str(port)], env=env)
+        try:
+            time.sleep(0.2)
+            answers, took = subprocess.run(
+                [str(binary), "drive", str(port), str(window), str(seconds),
+                 str(fmt.payload_bytes)], check=True, capture_output=True, text=True
+            ).stdout.split()
+            c_rate = int(answers) / float(took)
+            session = AggregationSession(0, 1, "127.0.0.1", 1, port, 0, window, "127.0.0.1",
+                                         _free_udp_port(), packet_format=fmt)
+            with session:
+                tensor = np.ones(window * fmt.values_per_packet * 16, dtype=np.float32)
+                session.allreduce(tensor)            # the first call of a shape probes
+                before, start = session.stats, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    session.allreduce(tensor)
+                took = time.perf_counter() - start
+                done = session.stats - before
+        finally:
+            reflector.terminate()
+            reflector.wait()
+    rate = done.results_received / took
+    print(f"  minimal C client:  {c_rate:10,.0f} packets/s each way")
+    print(f"  worker (allreduce): {rate:10,.0f} packets/s each way "
+          f"({rate * fmt.values_per_packet * 4 / 1e6:.1f} MB/s of float32; "
+          f"{done.retransmissions} retransmitted, {done.fast_retransmissions} of them before a timer)   worker / C = {rate / c_rate:.2f}")
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def goodput(target: str, elements: int, reps: int) -> None:
     from switch_ctl import config as config_mod
     from switch_ctl.client import SwitchConnection
@@ -159,10 +219,15 @@ def main() -> None:
                         help="packets per pipeline batch (its working set fits the L2 cache)")
     parser.add_argument("--repeats", type=int, default=200,
                         help="runs per figure; the best is reported (the machine is shared)")
+    parser.add_argument("--window", type=int, default=256,
+                        help="slots in flight for the worker packet rate")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="duration of each packet-rate measurement")
     parser.add_argument("--allreduce-elements", type=int, default=1 << 16)
     parser.add_argument("--allreduce-reps", type=int, default=4)
     args = parser.parse_args()
     pipeline(args.elements, args.batch, args.repeats)
+    worker_rate(args.window, args.seconds)
 
     targets = []
     if importlib.util.find_spec("softswitch") is not None:

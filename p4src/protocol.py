@@ -96,17 +96,29 @@ class _Word:
     """Fields that together fill whole bytes, packed as one big-endian integer."""
     fields: tuple[Field, ...]
 
-    @property
+    @cached_property
     def name(self) -> str:
         return "_".join(f.name for f in self.fields)
 
-    @property
+    @cached_property
     def width(self) -> int:
         return sum(f.width for f in self.fields)
 
+    @cached_property
+    def layout(self) -> tuple[tuple[Field, int, int], ...]:
+        """(field, shift, mask) from the most significant field down."""
+        out, shift = [], self.width
+        for field in self.fields:
+            shift -= field.width
+            out.append((field, shift, (1 << field.width) - 1))
+        return tuple(out)
+
+    @cached_property
+    def signed(self) -> bool:
+        return len(self.fields) == 1 and self.fields[0].signed
+
     def dtype(self) -> str:
-        signed = len(self.fields) == 1 and self.fields[0].signed
-        return f">{'i' if signed else 'u'}{self.width // 8}"
+        return f">{'i' if self.signed else 'u'}{self.width // 8}"
 
 
 def _words(fields: list[Field]) -> list[_Word]:
@@ -190,28 +202,26 @@ class PacketFormat:
             if not all(given):
                 raise ValueError(f"fields {[f.name for f in word.fields]} share a word: "
                                  "give them together")
+            if word.signed:     # one signed field: stored as it is
+                packets[word.name][rows] = fields[word.fields[0].name]
+                continue
             acc = np.int64(0)
-            shift = word.width
-            for field in word.fields:
-                shift -= field.width
-                raw = np.asarray(fields[field.name], dtype=np.int64)
-                acc = acc | ((raw & ((1 << field.width) - 1)) << shift)
-            if word.dtype().startswith(">i"):
-                acc = np.where(acc >= 1 << (word.width - 1), acc - (1 << word.width), acc)
+            for field, shift, mask in word.layout:
+                acc = acc | ((np.asarray(fields[field.name], dtype=np.int64) & mask) << shift)
             packets[word.name][rows] = acc
 
     def unpack(self, packets: np.ndarray) -> dict[str, np.ndarray]:
         """Header fields of a packet array, as int64 arrays (signed fields signed)."""
         out = {}
         for word in self._words:
-            raw = packets[word.name].astype(np.int64) & ((1 << word.width) - 1)
-            shift = word.width
-            for field in word.fields:
-                shift -= field.width
-                value = (raw >> shift) & ((1 << field.width) - 1)
+            if word.signed:
+                out[word.fields[0].name] = packets[word.name].astype(np.int64)
+                continue
+            raw = packets[word.name].astype(np.int64)
+            for field, shift, mask in word.layout:
+                value = (raw >> shift) & mask if shift else raw & mask
                 if field.signed:
-                    value = np.where(value >= 1 << (field.width - 1),
-                                     value - (1 << field.width), value)
+                    value = np.where(value > mask >> 1, value - mask - 1, value)
                 out[field.name] = value
         return out
 

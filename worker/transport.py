@@ -249,15 +249,16 @@ class Transport:
         self.stats.bytes_sent += sent * self.fmt.payload_bytes
         return sent
 
-    def receive(self) -> np.ndarray:
-        """The well-formed datagrams queued now, as packets."""
+    def receive(self) -> tuple[np.ndarray, int]:
+        """The well-formed datagrams queued now (at most RECV_BATCH), as packets,
+        and how many datagrams were read."""
         lengths, err = self.io.receive()
         if err:
             self.stats.socket_errors += 1
         whole = lengths == self.fmt.payload_bytes
         self.stats.malformed_ignored += int(len(lengths) - whole.sum())
         rows = self.rx[:len(lengths)][whole, :self.fmt.payload_bytes]
-        return np.ascontiguousarray(rows).view(self.fmt.dtype).reshape(-1)
+        return np.ascontiguousarray(rows).view(self.fmt.dtype).reshape(-1), len(lengths)
 
 
 class _Call:
@@ -299,9 +300,14 @@ class _Call:
         while (self.chunk >= 0).any():
             wait = self._next_wakeup() - time.monotonic()
             if wait <= 0 or t._poll.poll(max(wait * 1000.0, 0.0)):
-                packets = t.receive()
-                if len(packets):
-                    self._on_results(packets)
+                # Drain the socket first: after a stall, answers queued behind the
+                # first batch must not look lost.
+                while True:
+                    packets, datagrams = t.receive()
+                    if len(packets):
+                        self._on_results(packets)
+                    if datagrams < RECV_BATCH:
+                        break
             self._recover(time.monotonic())
         return self.sums, self.scale, self.agreed
 
@@ -357,8 +363,10 @@ class _Call:
         match = ((self.chunk[s] >= 0) & (h["pkt_id"][index] == self.cur_id[s])
                  & (h["set"][index] == self.cur_set[s]))
         index, s = index[match], s[match]
-        s, first = np.unique(s, return_index=True)       # a resent result twice in a batch
-        index = index[first]
+        # A result twice in one batch (resent by the switch) counts once; arrival
+        # order is kept, so every worker sends its next packets in the same order.
+        first = np.sort(np.unique(s, return_index=True)[1])
+        index, s = index[first], s[first]
         t.stats.duplicates_ignored += int(ok.sum() - len(index))
         if not len(index):
             return
@@ -381,20 +389,17 @@ class _Call:
         self._load(s[following >= 0], now)
 
     def _measure(self, slots: np.ndarray, now: float) -> None:
-        """One RTT sample per batch (Karn: only from packets sent once), and RACK's
-        newest answered send time (ignoring answers faster than any round trip,
-        which belong to an earlier copy of a resent packet)."""
-        t = self.t
-        rtt = now - self.sent_at[slots]
-        clean = ~self.resent[slots]
-        if clean.any():
-            t.rto.sample(float(rtt[clean].mean()))
-        plausible = clean | (rtt >= t.rto.min_rtt)
-        if plausible.any():
-            newest = int(np.argmax(np.where(plausible, self.sent_at[slots], -np.inf)))
-            if self.sent_at[slots[newest]] > self.rack_sent:
-                self.rack_sent = float(self.sent_at[slots[newest]])
-                self.rack_rtt = float(rtt[newest])
+        """One RTT sample per batch, and RACK's newest answered send time, both from
+        packets sent once only (Karn: an answer to a resent packet may belong to
+        either copy, and taking the later one would call packets in flight lost)."""
+        clean = slots[~self.resent[slots]]
+        if not clean.size:
+            return
+        sent = self.sent_at[clean]
+        self.t.rto.sample(float(now - sent.mean()))
+        newest = float(sent.max())
+        if newest > self.rack_sent:
+            self.rack_sent, self.rack_rtt = newest, now - newest
 
     def _recover(self, now: float) -> None:
         """Resend what is lost: packets sent before an answered one, once a round
