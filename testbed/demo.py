@@ -72,19 +72,29 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
         else:
             retrans = f"{sum(a['tcp_retrans'] for a in answers)} TCP segs"
         print(f"{backend:<12} {accuracy:>9.3f} {step:>8.1f} {sent:>15.1f} {retrans:>16}")
+    switch = results["switch"]
+    packets = sum(a["aggregation_packets"] for a in switch)
+    redone = sum(a["redone"] for a in switch)
+    print(f"\nswitch / gloo step time: {step_ratio(results):.2f}. Aggregation packets: {packets} "
+          f"sent by the {len(switch)} workers, {redone} of them ({redone / max(packets, 1):.1%}) "
+          f"blocks redone because\nthe speculated exponent missed (the first step probes every "
+          f"block).")
     print("\nms/step: median step time (forward, backward, allreduce, update) of the slowest "
           "worker.\nKB sent: bytes each worker's interface transmitted during training, headers "
-          "included. The switch\nrun sends each 64-value block once (308 B frames) plus, per "
-          "call, one bootstrap packet per slot\nit uses (the worker's one-ahead exponent "
-          "scheme) and any retransmissions; gloo's ring sends\n2(n-1)/n of the gradient per "
-          "step in TCP segments.\nretransmissions: aggregation packets resent after a timeout "
-          "(switch), TCP segments (gloo).\nA software switch passes a few thousand packets "
-          "per second, one per 64 values, so its step time\nis the switch's, not the "
-          "network's; make bench-allreduce separates the two.")
+          "included. The switch\nrun sends each 64-value block once (308 B frames), plus redone "
+          "blocks and retransmissions; gloo's\nring sends 2(n-1)/n of the gradient per step in "
+          "TCP segments.\nretransmissions: aggregation packets resent after a loss was detected "
+          "or a timer fired (switch),\nTCP segments (gloo).")
     admitted = {k: v["packets"] for k, v in counters.items() if v["packets"]}
     if admitted:
         print("\nswitch counters (packets): "
               + ", ".join(f"{k} {v}" for k, v in sorted(admitted.items())))
+
+
+def step_ratio(results: dict[str, list[dict]]) -> float:
+    """Slowest worker's median step time through the switch over gloo's."""
+    slowest = {b: max(a["step_time_ms"] for a in answers) for b, answers in results.items()}
+    return slowest["switch"] / slowest["gloo"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -147,7 +147,7 @@ class Host:
         optimizer = torch.optim.Adam(ddp.parameters(), lr=float(cmd.get("lr", 0.01)))
         loss_fn = torch.nn.CrossEntropyLoss()
         steps_per_epoch = min(len(x_train) // batch, *self._all_ranks_min(len(x_train) // batch))
-        retrans_before = self.session.stats.retransmissions
+        stats_before = self.session.stats
         self.barrier()
         before = interface_counters()
         step_times = []
@@ -172,7 +172,7 @@ class Host:
         return {"accuracy": accuracy, "steps": len(step_times),
                 "step_time_ms": 1000 * float(np.median(step_times)),
                 "tx_bytes": delta["tx_bytes"], "tcp_retrans": delta["tcp_retrans"],
-                "retransmissions": self.session.stats.retransmissions - retrans_before,
+                **_aggregation_packets(self.session.stats - stats_before),
                 "parameters": sum(p.numel() for p in model.parameters())}
 
     def _all_ranks_min(self, value: int) -> list[int]:
@@ -180,6 +180,12 @@ class Host:
         t = torch.tensor([value])
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return [int(t)]
+
+
+def _aggregation_packets(stats) -> dict[str, int]:
+    """What a training run's switch traffic was made of."""
+    return {"retransmissions": stats.retransmissions, "redone": stats.redone,
+            "aggregation_packets": stats.packets_sent}
 
 
 def serve(host: Host, lines) -> None:
