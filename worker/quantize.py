@@ -2,23 +2,28 @@
 
 One block is the values of one packet. Each worker computes its block exponent
 ``E`` (the smallest integer with ``max|x| < 2**E``, read from the float32 bits
-like SwitchML's quantizer); the switch keeps the maximum ``E_max`` over the
-workers, and every worker then scales by the same power of two:
+like SwitchML's quantizer) and sends it with the block; the switch returns the
+maximum ``E_max`` over the workers. Every worker quantizes a block with the same
+scale exponent ``S``, chosen before ``E_max`` is known (``speculate``: the previous
+call's maximum plus ``HEADROOM``), and keeps the result only if ``E_max <= S <=
+E_max + SLACK`` (``usable``); otherwise every worker redoes the block with
+``S = E_max``. So a kept block was never clipped, and:
 
     b = 31 - ceil(log2 n)                 # n workers; n * (2**b - 1) < 2**31
-    q = rint(x * 2**(b - E_max))          # |q| <= 2**b - 1: the int32 sum never overflows
+    q = rint(x * 2**(b - S))              # |q| <= 2**b - 1: the int32 sum never overflows
     sum = q_1 + ... + q_n                 # in the switch
-    y = sum * 2**(E_max - b)              # (/ n for the mean), then cast to the output dtype
+    y = sum * 2**(S - b)                  # (/ n for the mean), then cast to the output dtype
 
 Error bound, per element: each worker's rint is off by at most half a unit of
-``2**(E_max - b)`` and the scalings by powers of two are exact, so
+``2**(S - b)`` and the scalings by powers of two are exact, so
 
-    |y - sum_i x_i| <= n * 2**(E_max - b - 1)          (divided by n for the mean)
+    |y - sum_i x_i| <= n * 2**(S - b - 1)          (divided by n for the mean)
 
-plus the final rounding to the output dtype (half an ulp for float32 and float16;
-for bfloat16 the float32 -> bfloat16 step adds another half ulp). The reference is
-the float64 sum of the float32-rounded inputs (float16/bfloat16 inputs are exact in
-float32; float64 inputs are rounded to float32 first).
+with ``S <= E_max + SLACK``, plus the final rounding to the output dtype (half an
+ulp for float32 and float16; for bfloat16 the float32 -> bfloat16 step adds
+another half ulp). The reference is the float64 sum of the float32-rounded inputs
+(float16/bfloat16 inputs are exact in float32; float64 inputs are rounded to
+float32 first).
 
 Policy for values the format cannot carry (NaN, Inf, or a magnitude of 2**126 or
 more): such a block is sent with the reserved exponent ``POISON_EXPONENT`` (127)
@@ -30,8 +35,9 @@ the same call (naming this worker's first bad index, if it had one). The sum is
 never silently wrong, and the workers stay in step for the next call. Blocks of
 zeros get ``EXPONENT_OF_ZERO``; float32 subnormals get -126.
 
-Dequantization is a fixed function of the switch's integer sum and ``E_max``, which
-every worker receives identically, so all workers get bit-identical results.
+Dequantization is a fixed function of the switch's integer sum and ``S``, which
+every worker derives identically from what the switch returned, so all workers get
+bit-identical results.
 """
 
 from __future__ import annotations

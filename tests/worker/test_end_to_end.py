@@ -110,6 +110,9 @@ def test_loss_in_both_directions_changes_no_bit(fabric, tmp_path):
                                   for r in run.reports)
             if loss:
                 assert retransmissions > 0, f"{loss:.0%} loss but no retransmission"
+            if loss >= 0.1:     # most losses have later results behind them: no timer needed
+                assert sum(r["counters"]["fast_retransmissions"] for run in runs
+                           for r in run.reports) > 0
     finally:
         fabric.set_loss(job, 0.0)
     assert digests[0.01] == digests[0.0] and digests[0.10] == digests[0.0]

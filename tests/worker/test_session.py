@@ -41,6 +41,9 @@ def test_an_unreachable_switch_ends_the_call_and_the_session():
     assert time.monotonic() - start >= 1.0     # it waited the configured time, then gave up
     np.testing.assert_array_equal(values, np.arange(1000, dtype=np.float32))  # untouched
     assert s.stats.retransmissions > 0 and s.stats.results_received == 0
+    # Loopback's ICMP port-unreachable errors came back on the socket: counted as
+    # losses, not raised.
+    assert s.stats.socket_errors > 0
     # The switch's slot state is unknown now: no further call is attempted.
     future = s.allreduce_async(torch.ones(10))
     with pytest.raises(TransportBroken, match="re-apply the job"):
@@ -91,3 +94,11 @@ def test_rto_follows_rfc6298_and_backs_off_once_per_period():
     assert rto.backoff(3) == 4.0 and rto.backoff(5000) == 4.0   # no float overflow
     rto.sample(0.1)                         # a fresh sample resets it
     assert rto.rto < 1.0
+
+
+def test_rto_floor_follows_the_round_trip_not_a_constant():
+    rto = RtoEstimator(RetransmitPolicy(initial_rto=0.5, min_rto=0.0001, max_rto=2.0))
+    for _ in range(100):                    # steady round trips: RTTVAR decays to 0
+        rto.sample(0.002)
+    assert rto.rto == pytest.approx(0.004)  # twice the smoothed RTT, far below 100 ms
+    assert rto.reorder_window == pytest.approx(0.0005)   # RACK: min RTT / 4
