@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 
-from softswitch.compiler import DROP_PORT
+from softswitch.frontend import DROP_PORT
 
 LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
           "warn": logging.WARNING, "error": logging.ERROR, "off": logging.CRITICAL + 1}
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s softswitch %(levelname)s %(message)s")
     log = logging.getLogger("softswitch")
 
-    from softswitch.compiler import Unsupported
+    from softswitch.frontend import Unsupported
     from softswitch.dataplane import DataPlane, check_interface
     from softswitch.p4runtime import Device, serve
     from softswitch.pipeline import Pipeline

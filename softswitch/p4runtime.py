@@ -17,7 +17,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from softswitch.compiler import DROP_PORT, Unsupported, mask
+from softswitch.frontend import DROP_PORT, Unsupported, mask
 from softswitch.pipeline import Entry, Pipeline, TableError
 
 log = logging.getLogger("softswitch")
