@@ -1,24 +1,33 @@
-"""Packets per second a switch target forwards on the aggregation program (k values/packet).
+"""Packets per second a switch forwards on the aggregation program (k values/packet).
 
 Four workers, each in its own network namespace behind a veth pair, send
-contributions for a window of slots at a time; the switch sums them and multicasts
-each result back to all four. The figure is contributions processed per second,
-measured from the first send to the last result received (a contribution carries
-k register read-add-writes). Runs the softswitch, and BMv2 too where
-simple_switch_grpc is on PATH, in the same run, and prints the ratio.
+contributions with at most ``--window`` aggregations in flight; the switch sums
+them and multicasts each result back to all four. The figure is contributions
+processed per second, from the first send to the last result (a contribution
+carries k register read-add-writes). The load comes from C (benchmarks/native/
+loadgen.c, batched sendmmsg/recvmmsg, called without the GIL), so the generator is
+not what is measured.
 
-    sudo .venv/bin/python benchmarks/bench_switch.py [--aggregations 1500] [--window 16]
-        [--repeats 3] [--targets softswitch bmv2]
+In one run: the softswitch's native and Python backends, BMv2 where
+simple_switch_grpc is on PATH, and the machine's ceiling: benchmarks/native/
+reflector.c, compiled now, which only reflects frames over the same veth pairs
+with the same system calls as the native switch.
+
+    sudo .venv/bin/python benchmarks/bench_switch.py [--seconds 2] [--window 64]
+        [--repeats 3] [--targets ceiling softswitch softswitch-python bmv2]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
-import select
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +42,7 @@ from p4src import protocol  # noqa: E402
 from switch_ctl import config as config_mod  # noqa: E402
 from switch_ctl.client import SwitchConnection  # noqa: E402
 from switch_ctl.controller import Controller  # noqa: E402
-from testbed.netns import Topology  # noqa: E402
+from testbed.netns import Topology, in_netns  # noqa: E402
 from testbed.targets import SwitchProcess, available_targets  # noqa: E402
 
 WORKERS = 4
@@ -43,6 +52,9 @@ SERVICE_MAC = "02:aa:00:00:00:01"
 SERVICE_IP = "10.0.0.100"
 WORKER_UDP_BASE = 40000
 RESULT = int(protocol.MsgType.RESULT)
+CONTRIBUTION = int(protocol.MsgType.CONTRIBUTION)
+NATIVE = Path(__file__).resolve().parent / "native"
+SOL_PACKET, PACKET_IGNORE_OUTGOING = 263, 23
 
 
 def frames_for(host_addresses, aggregations: int, first: int, fmt) -> list[list[bytes]]:
@@ -75,122 +87,111 @@ def job_config(switch: SwitchProcess, topo: Topology, pool_size: int):
     })
 
 
-def drain(sock) -> None:
-    while select.select([sock], [], [], 0)[0]:
-        sock.recv(65536)
+class Native:
+    """The C helpers, compiled into a temporary directory at bench time."""
+
+    def __init__(self):
+        cc = shutil.which(os.environ.get("CC") or "cc")
+        if cc is None:
+            raise SystemExit("bench_switch needs a C compiler (make setup installs gcc)")
+        self.dir = tempfile.mkdtemp(prefix="bench-switch-")
+        self.reflector = os.path.join(self.dir, "reflector")
+        loadgen = os.path.join(self.dir, "loadgen.so")
+        subprocess.run([cc, "-O2", "-o", self.reflector, str(NATIVE / "reflector.c")], check=True)
+        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", loadgen, str(NATIVE / "loadgen.c")],
+                       check=True)
+        self.lib = ctypes.CDLL(loadgen)
+        self.lib.run.restype = ctypes.c_uint64
+        self.lib.run.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
+                                 ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64,
+                                 ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int, ctypes.c_double,
+                                 ctypes.POINTER(ctypes.c_double)]
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def measure(target: str, aggregations: int, window: int, repeats: int) -> dict:
+class Reflector:
+    """The ceiling, started like a switch target (no P4Runtime)."""
+
+    def __init__(self, native: Native, topo: Topology):
+        self.process = subprocess.Popen([native.reflector] + [h.switch_ifname for h in topo.hosts])
+
+    def __enter__(self):
+        time.sleep(0.2)
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def worker_sockets(topo: Topology) -> list[socket.socket]:
+    socks = []
+    for h in topo.hosts:
+        with in_netns(h.netns):
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+        sock.bind((h.ifname, 0))
+        sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        socks.append(sock)
+    return socks
+
+
+def measure(native: Native, target: str, seconds: float, window: int, repeats: int) -> dict:
     fmt = protocol.packet_format()
     k, pool = fmt.values_per_packet, fmt.pool_size
-    with Topology(WORKERS, tag=f"bs{os.getpid() % 10000}") as topo, \
-            SwitchProcess(target, topo.switch_ports) as switch:
-        with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
-            controller = Controller(conn)
-            controller.push()
-            controller.apply(job_config(switch, topo, pool))
-        socks = [h.raw_socket() for h in topo.hosts]
-        for sock in socks:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-            sock.setblocking(False)
-        # The n-th aggregation uses slot n % pool and flips the shadow set on each reuse.
-        frames = frames_for([(h.mac, h.ip) for h in topo.hosts], aggregations * repeats, 0, fmt)
-        time.sleep(0.3)
-        for sock in socks:
-            drain(sock)
-        received = lost = 0
-        rates = []
-        for run in range(repeats):
-            start = time.perf_counter()
-            for first in range(run * aggregations, (run + 1) * aggregations, window):
-                batch = frames[first:min(first + window, (run + 1) * aggregations)]
-                for per_worker in batch:
-                    for sock, frame in zip(socks, per_worker):
-                        sock.send(frame)
-                want = len(batch) * WORKERS
-                got = collect(socks, want, timeout=2.0)
+    cycle = 2 * pool              # slot n % pool, shadow set flipping on each reuse
+    with Topology(WORKERS, tag=f"bs{os.getpid() % 10000}") as topo:
+        if target == "ceiling":
+            switch, want = Reflector(native, topo), CONTRIBUTION
+        else:
+            switch, want = SwitchProcess(target, topo.switch_ports), RESULT
+        with switch:
+            if target != "ceiling":
+                with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
+                    controller = Controller(conn)
+                    controller.push()
+                    controller.apply(job_config(switch, topo, pool))
+            socks = worker_sockets(topo)
+            frames = frames_for([(h.mac, h.ip) for h in topo.hosts], cycle, 0, fmt)
+            flen = len(frames[0][0])
+            blob = b"".join(f for per_worker in frames for f in per_worker)
+            fds = (ctypes.c_int * WORKERS)(*[s.fileno() for s in socks])
+            first = 0
+
+            def run(naggs: int) -> tuple[int, float]:
+                nonlocal first
+                elapsed = ctypes.c_double()
+                got = native.lib.run(WORKERS, fds, blob, flen, cycle, first, naggs,
+                                     min(window, pool), want, 1.0, ctypes.byref(elapsed))
+                first += naggs
+                return got, elapsed.value
+
+            got, elapsed = run(500)                     # warm up, and size the runs
+            rate = got / max(elapsed, 1e-6)
+            naggs = max(500, int(rate * seconds / WORKERS))
+            rates, received, lost = [], 0, 0
+            for _ in range(repeats):
+                got, elapsed = run(naggs)
                 received += got
-                lost += want - got
-            rates.append(aggregations * WORKERS / (time.perf_counter() - start))
-        for sock in socks:
-            sock.close()
-    return {"target": target, "k": k, "contributions": aggregations * WORKERS,
+                lost += naggs * WORKERS - got
+                rates.append(got / max(elapsed, 1e-6))
+            for sock in socks:
+                sock.close()
+    return {"target": target, "k": k, "contributions": naggs * WORKERS,
             "results_received": received, "results_lost": lost, "rates": rates,
             "pps": statistics.median(rates)}
 
 
-def collect(socks, want: int, timeout: float) -> int:
-    """Result frames received on all sockets, until ``want`` arrive or ``timeout`` passes."""
-    got = 0
-    deadline = time.monotonic() + timeout
-    while got < want:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        ready, _, _ = select.select(socks, [], [], remaining)
-        for sock in ready:
-            while True:
-                try:
-                    frame = sock.recv(2048)
-                except BlockingIOError:
-                    break
-                if len(frame) > 42 and frame[23] == 17 and frame[42] == RESULT:
-                    got += 1
-    return got
-
-
-def pipeline_only(aggregations: int) -> float:
-    """The softswitch pipeline alone, in process (no sockets): contributions per second."""
-    from softswitch.pipeline import Pipeline
-
-    pipe = Pipeline(protocol.PROGRAM_JSON.read_bytes())
-    fmt = protocol.packet_format()
-    pool = fmt.pool_size
-
-    class Host:
-        def __init__(self, i):
-            self.ip, self.mac, self.port = f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}", i + 1
-    hosts = [Host(i) for i in range(WORKERS)]
-    # Configure through the tables' own structures: the same job as over P4Runtime.
-    tables = pipe.tables
-    actions = {a.name: a.id for a in pipe.actions.values()}
-    tables["AggIngress.job_lookup.jobs"].exact[(JOB_ID, protocol.AGG_UDP_PORT_BASE)] = (
-        actions["AggIngress.job_lookup.set_job"], (WORKERS, GROUP, 0, pool))
-    for i, h in enumerate(hosts):
-        tables["AggIngress.sender_identification.senders"].exact[
-            (h.port, int.from_bytes(socket.inet_aton(h.ip), "big"), WORKER_UDP_BASE + i,
-             JOB_ID)] = (actions["AggIngress.sender_identification.set_sender"], (i, 1 << i))
-        tables["AggEgress.result_rewrite.workers"].exact[(JOB_ID, i)] = (
-            actions["AggEgress.result_rewrite.set_worker_address"],
-            (int(h.mac.replace(":", ""), 16),
-             int.from_bytes(socket.inet_aton(h.ip), "big"), WORKER_UDP_BASE + i))
-    pipe.groups[GROUP] = [(h.port, i) for i, h in enumerate(hosts)]
-    process = pipe.process
-    best = 0.0
-    for run in range(3):   # the best of three: other load on the machine only slows it
-        frames = frames_for([(h.mac, h.ip) for h in hosts], aggregations, run * aggregations, fmt)
-        ports = [h.port for h in hosts]
-        out = 0
-        start = time.perf_counter()
-        for per_worker in frames:
-            for frame, port in zip(per_worker, ports):
-                out += len(process(frame, port))
-        elapsed = time.perf_counter() - start
-        if out != aggregations * WORKERS:
-            raise RuntimeError(f"pipeline produced {out} results, "
-                               f"expected {aggregations * WORKERS}")
-        best = max(best, aggregations * WORKERS / elapsed)
-    return best
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--aggregations", type=int, default=1500,
-                        help="aggregations per target (each is one contribution per worker)")
-    parser.add_argument("--window", type=int, default=16, help="aggregations in flight")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of each timed run")
+    parser.add_argument("--window", type=int, default=64, help="aggregations in flight")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs per target; the median is reported")
-    parser.add_argument("--targets", nargs="*", default=available_targets())
+    parser.add_argument("--targets", nargs="*", default=["ceiling"] + available_targets())
     args = parser.parse_args()
     if not protocol.PROGRAM_JSON.exists():
         print(f"{protocol.PROGRAM_JSON} is missing: compile the P4 program first", file=sys.stderr)
@@ -198,19 +199,26 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_switch needs root for network namespaces", file=sys.stderr)
         return 1
-    print(f"softswitch pipeline alone (no I/O, best of 3): {pipeline_only(args.aggregations):,.0f} "
-          "contributions/s")
+    native = Native()
     results = {}
-    for target in args.targets:
-        r = measure(target, args.aggregations, args.window, args.repeats)
-        results[target] = r
-        runs = ", ".join(f"{rate:,.0f}" for rate in r["rates"])
-        print(f"{target:>10}: {r['pps']:>9,.0f} packets/s  (median of {runs}; "
-              f"{r['contributions']} contributions of k={r['k']} per run, "
-              f"{r['results_received']} results received, {r['results_lost']} lost)")
-    if "softswitch" in results and "bmv2" in results:
-        ratio = results["softswitch"]["pps"] / results["bmv2"]["pps"]
-        print(f"softswitch / BMv2 = {ratio:.2f}x")
+    try:
+        print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+        for target in args.targets:
+            r = measure(native, target, args.seconds, args.window, args.repeats)
+            results[target] = r
+            runs = ", ".join(f"{rate:,.0f}" for rate in r["rates"])
+            print(f"{target:>17}: {r['pps']:>10,.0f} packets/s  (median of {runs}; "
+                  f"{r['contributions']} contributions of k={r['k']} per run, "
+                  f"{r['results_received']} received, {r['results_lost']} lost)", flush=True)
+    finally:
+        native.close()
+    pps = {t: r["pps"] for t, r in results.items()}
+    for name, a, b, goal in (("native / python", "softswitch", "softswitch-python", " (goal >= 5)"),
+                             ("native / ceiling", "softswitch", "ceiling", " (goal >= 0.5)"),
+                             ("native / BMv2", "softswitch", "bmv2", "")):
+        if a in pps and b in pps:
+            print(f"{name} = {pps[a] / pps[b]:.2f}x{goal}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 
-from softswitch.compiler import DROP_PORT
+from softswitch.frontend import DROP_PORT
 
 LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
           "warn": logging.WARNING, "error": logging.ERROR, "off": logging.CRITICAL + 1}
@@ -66,6 +66,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-p4", action="store_true",
                         help="start with no program; wait for SetForwardingPipelineConfig")
     parser.add_argument("--grpc-server-addr", type=_grpc_addr)
+    parser.add_argument("--backend", choices=("native", "python"), default=None,
+                        help="run programs compiled to C (native, the default where a C "
+                             "compiler is present) or in Python")
     # Accepted so that Mininet's and BMv2's usual command lines work; they have no effect.
     for option in ("--thrift-port", "--nanolog", "--notifications-addr", "--max-port-count"):
         parser.add_argument(option, help=argparse.SUPPRESS)
@@ -115,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s softswitch %(levelname)s %(message)s")
     log = logging.getLogger("softswitch")
 
-    from softswitch.compiler import Unsupported
+    from softswitch.frontend import Unsupported
     from softswitch.dataplane import DataPlane, check_interface
     from softswitch.p4runtime import Device, serve
-    from softswitch.pipeline import Pipeline
+    from softswitch.backend import load_pipeline
 
     try:
         for ifname in args.ports.values():
@@ -126,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"softswitch: error: {exc}", file=sys.stderr)
         return 1
+    backend = args.backend or "native"
     pipeline = None
     if args.json is not None:
         try:
             with open(args.json, "rb") as f:
-                pipeline = Pipeline(f.read(), args.drop_port)
+                pipeline = load_pipeline(f.read(), args.drop_port, backend)
         except OSError as exc:
             print(f"softswitch: error: cannot read {args.json}: {exc}", file=sys.stderr)
             return 1
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     dataplane.set_pipeline(pipeline)
     device = Device(args.device_id, on_pipeline=dataplane.set_pipeline,
-                    drop_port=args.drop_port)
+                    drop_port=args.drop_port, backend=backend)
     try:
         server = serve(device, args.grpc_server_addr)
     except (OSError, RuntimeError) as exc:
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         dataplane.stop()
         return 1
     dataplane.start()
-    log.info("device %d: ports %s, P4Runtime on %s%s", args.device_id,
+    log.info("device %d (%s backend): ports %s, P4Runtime on %s%s", args.device_id, backend,
              ", ".join(f"{p}@{i}" for p, i in sorted(args.ports.items())) or "none",
              args.grpc_server_addr, "" if pipeline else ", waiting for a pipeline")
     stop = threading.Event()

@@ -1,4 +1,9 @@
-"""Packet I/O on Linux interfaces with AF_PACKET, one thread for every port."""
+"""Packet I/O on Linux interfaces with AF_PACKET, one thread for every port.
+
+The sockets are opened here once. A Python pipeline is served by a Python thread;
+a native one by its own C thread (batched recvmmsg/sendmmsg, no GIL) on the same
+sockets. Committing a new pipeline stops one loop and starts the other kind.
+"""
 
 from __future__ import annotations
 
@@ -64,19 +69,53 @@ class DataPlane:
         self.sent = 0
         self.failed = 0
         self.send_errors = 0
-        self.thread = threading.Thread(target=self.run, daemon=True, name="dataplane")
+        self.thread = None
+        self.running = None          # the pipeline whose loop runs, once started
+        self.started = False
+        self.switching = threading.Lock()
 
     def set_pipeline(self, pipeline) -> None:
-        self.pipeline = pipeline
+        with self.switching:
+            if self.started:
+                self._stop_loop()
+            self.pipeline = pipeline
+            if self.started:
+                self._start_loop()
 
     def start(self) -> None:
-        self.thread.start()
+        with self.switching:
+            self.started = True
+            self._start_loop()
 
     def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(timeout=2)
+        with self.switching:
+            self._stop_loop()
+            self.started = False
         for port in self.ports.values():
             port.close()
+
+    def _start_loop(self) -> None:
+        pipeline = self.pipeline
+        if getattr(pipeline, "native", False):
+            pipeline.start_io([(n, p.rx.fileno(), p.tx.fileno())
+                               for n, p in sorted(self.ports.items())])
+            self.running = pipeline
+            return
+        self.stopping.clear()
+        self.thread = threading.Thread(target=self.run, daemon=True, name="dataplane")
+        self.thread.start()
+
+    def _stop_loop(self) -> None:
+        if self.running is not None:
+            self.running.stop_io()
+            stats = self.running.stats()
+            self.received += stats["received"]
+            self.sent += stats["sent"]
+            self.running = None
+        if self.thread is not None:
+            self.stopping.set()
+            self.thread.join(timeout=2)
+            self.thread = None
 
     def run(self) -> None:
         poller = select.epoll()

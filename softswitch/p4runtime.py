@@ -17,8 +17,9 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from softswitch.compiler import DROP_PORT, Unsupported, mask
-from softswitch.pipeline import Entry, Pipeline, TableError
+from softswitch.frontend import DROP_PORT, Unsupported, mask
+from softswitch.backend import load_pipeline
+from softswitch.pipeline import Entry, TableError
 
 log = logging.getLogger("softswitch")
 
@@ -92,7 +93,8 @@ class TableInfo:
 class Config:
     """A verified pipeline: P4Info, cookie, device config and the compiled Pipeline."""
 
-    def __init__(self, request_config: p4runtime_pb2.ForwardingPipelineConfig, drop_port: int):
+    def __init__(self, request_config: p4runtime_pb2.ForwardingPipelineConfig, drop_port: int,
+                 backend: str | None = None):
         self.proto = p4runtime_pb2.ForwardingPipelineConfig()
         self.proto.CopyFrom(request_config)
         p4info = request_config.p4info
@@ -102,7 +104,7 @@ class Config:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                            "p4_device_config is empty (it must hold the BMv2 JSON)")
         try:
-            self.pipeline = Pipeline(request_config.p4_device_config, drop_port)
+            self.pipeline = load_pipeline(request_config.p4_device_config, drop_port, backend)
         except Unsupported as exc:
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED, f"unsupported P4 program: {exc}") from None
         except (ValueError, SyntaxError) as exc:
@@ -154,9 +156,11 @@ class Connection:
 class Device:
     """The switch as P4Runtime sees it: config, arbitration, entities."""
 
-    def __init__(self, device_id: int, on_pipeline=None, drop_port: int = DROP_PORT):
+    def __init__(self, device_id: int, on_pipeline=None, drop_port: int = DROP_PORT,
+                 backend: str | None = None):
         self.device_id = device_id
         self.drop_port = drop_port
+        self.backend = backend
         self.config: Config | None = None
         self.saved: Config | None = None
         self.connections: list[Connection] = []
@@ -245,7 +249,7 @@ class Device:
         if action not in (Action.VERIFY, Action.VERIFY_AND_SAVE, Action.VERIFY_AND_COMMIT):
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"invalid SetForwardingPipelineConfig action {action}")
-        config = Config(request.config, self.drop_port)
+        config = Config(request.config, self.drop_port, self.backend)
         if action == Action.VERIFY_AND_SAVE:
             self.saved = config
         elif action == Action.VERIFY_AND_COMMIT:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from softswitch.compiler import (DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION,
-                                 TableSpec, compile_json)
+from softswitch import frontend
+from softswitch.emit_python import compile_program
+from softswitch.frontend import DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION, TableSpec
 
 CACHE_LIMIT = 4096
 
@@ -141,10 +142,11 @@ class Table:
 class Pipeline:
     """One committed forwarding pipeline: ``process`` runs a frame through it."""
 
-    def __init__(self, json_text: str | bytes, drop_port: int = DROP_PORT):
+    def __init__(self, json_text: str | bytes, drop_port: int = DROP_PORT,
+                 program: frontend.Program | None = None):
         self.json_text = json_text
         self.drop_port = drop_port
-        self.compiled = compile_json(json_text, drop_port)
+        self.compiled = compile_program(program or frontend.load(json_text, drop_port))
         ns = self.compiled.namespace
         self.tables = {name: Table(spec, ns) for name, spec in self.compiled.tables.items()}
         self.registers = self.compiled.registers

@@ -1,7 +1,8 @@
 """Start a switch target: real BMv2 (simple_switch_grpc) or the embedded softswitch.
 
 Both get the same command line, so everything above this module (tests, Mininet,
-benchmarks) is indifferent to which one runs.
+benchmarks) is indifferent to which one runs. ``softswitch`` runs its default
+(native) backend, ``softswitch-python`` the Python one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 BMV2_BINARY = "simple_switch_grpc"
-TARGETS = ("softswitch", "bmv2")
+TARGETS = ("softswitch", "softswitch-python", "bmv2")
 
 
 def bmv2_path() -> str | None:
@@ -24,7 +25,7 @@ def bmv2_path() -> str | None:
 
 
 def available_targets() -> list[str]:
-    return ["softswitch"] + (["bmv2"] if bmv2_path() else [])
+    return ["softswitch", "softswitch-python"] + (["bmv2"] if bmv2_path() else [])
 
 
 def default_target() -> str:
@@ -60,6 +61,8 @@ def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: s
         program = [binary]
     elif target == "softswitch":
         program = [sys.executable, "-m", "softswitch"]
+    elif target == "softswitch-python":
+        program = [sys.executable, "-m", "softswitch", "--backend", "python"]
     else:
         raise ValueError(f"unknown switch target {target!r}; choose from {TARGETS}")
     argv = list(program)

@@ -1,7 +1,8 @@
 """A switch target with eight hosts, for the packet and controller tests.
 
-Every test runs on each target available: the embedded softswitch always, real BMv2
-where simple_switch_grpc is installed. AGG_SWITCH=bmv2|softswitch restricts to one.
+Every test runs on each target available: the embedded softswitch always (native
+and Python backends), real BMv2 where simple_switch_grpc is installed.
+AGG_SWITCH=bmv2|softswitch|softswitch-python restricts to one.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def hosts(topology):
 # Per module, not per session: p4runtime-shell allows one connection per process, and
 # other modules (the testbed) open their own.
 @pytest.fixture(scope="module", params=[
-    "softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
+    "softswitch", "softswitch-python", pytest.param("bmv2", marks=pytest.mark.bmv2)])
 def switch(request, topology):
     target = request.param
     wanted = os.environ.get("AGG_SWITCH")
@@ -65,7 +66,7 @@ def switch(request, topology):
     if target == "bmv2" and bmv2_path() is None:
         pytest.skip("simple_switch_grpc is not on PATH: build BMv2 (see README) "
                     "to run the packet tests on real BMv2")
-    if target == "softswitch" and importlib.util.find_spec("softswitch") is None:
+    if target.startswith("softswitch") and importlib.util.find_spec("softswitch") is None:
         pytest.skip("the softswitch package is not present")
     with SwitchProcess(target, topology.switch_ports) as process:
         with SwitchConnection(process.grpc_addr, process.device_id, TEST_ELECTION_ID) as conn:

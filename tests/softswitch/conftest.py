@@ -1,4 +1,8 @@
-"""Fixtures for the softswitch tests: compiled test programs and an in-process server."""
+"""Fixtures for the softswitch tests: compiled test programs and an in-process server.
+
+Every test that runs a pipeline runs it on both backends (``backend`` fixture):
+native (the program compiled to C) and python.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from softswitch.native import NativePipeline
 from softswitch.p4runtime import Device, serve
 from softswitch.pipeline import Pipeline
 
 PROGRAMS = Path(__file__).parent / "programs"
+BACKENDS = ("native", "python")
 
 
 def program_files(name: str) -> tuple[Path, Path]:
@@ -21,8 +27,13 @@ def program_files(name: str) -> tuple[Path, Path]:
     return json_path, p4info_path
 
 
-def load(name: str) -> Pipeline:
-    return Pipeline(program_files(name)[0].read_bytes())
+def pipeline(json_text: bytes, backend: str, **kw):
+    """The program on exactly this backend (no fallback: a refusal fails the test)."""
+    return (NativePipeline if backend == "native" else Pipeline)(json_text, **kw)
+
+
+def load(name: str, backend: str = "python", **kw):
+    return pipeline(program_files(name)[0].read_bytes(), backend, **kw)
 
 
 def free_port() -> int:
@@ -34,13 +45,16 @@ def free_port() -> int:
 class Switch:
     """A P4Runtime server in this process; packets go straight into its pipeline."""
 
-    def __init__(self, device_id: int = 0):
-        self.device = Device(device_id, on_pipeline=self._set)
+    def __init__(self, device_id: int = 0, backend: str = "python"):
+        self.device = Device(device_id, on_pipeline=self._set, backend=backend)
+        self.backend = backend
         self.addr = f"127.0.0.1:{free_port()}"
         self.server = serve(self.device, self.addr)
-        self.pipeline: Pipeline | None = None
+        self.pipeline = None
 
-    def _set(self, pipeline: Pipeline) -> None:
+    def _set(self, pipeline) -> None:
+        assert getattr(pipeline, "native", False) == (self.backend == "native"), \
+            "the native backend fell back to Python"
         self.pipeline = pipeline
 
     def send(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
@@ -51,8 +65,13 @@ class Switch:
         self.server.stop(0)
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request):
+    return request.param
+
+
 @pytest.fixture
-def switch():
-    sw = Switch()
+def switch(backend):
+    sw = Switch(backend=backend)
     yield sw
     sw.stop()

@@ -29,8 +29,8 @@ def fields(data: bytes) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    return load("primitives")
+def pipe(backend):
+    return load("primitives", backend)
 
 
 def run(pipe, data: bytes, port: int = 5) -> dict:
@@ -218,12 +218,9 @@ def test_register_index_copied_to_a_temporary_field(pipe):
     assert r["r2"] == 9 and pipe.registers["Ing.reg"].cells == before
 
 
-def test_drop_port_option():
+def test_drop_port_option(backend):
     """--drop-port moves what mark_to_drop sets and what drops; 511 becomes a port."""
-    from softswitch.pipeline import Pipeline
-    from tests.softswitch.conftest import program_files
-
-    pipe = Pipeline(program_files("primitives")[0].read_bytes(), drop_port=7)
+    pipe = load("primitives", backend, drop_port=7)
     assert pipe.process(frame(10), 1) == []                  # mark_to_drop
     assert [p for p, _ in pipe.process(frame(14), 1)] == [511]
     assert pipe.process(frame(1), 7) == []                   # reflected to port 7: dropped

@@ -9,8 +9,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from p4src import protocol
-from softswitch.pipeline import Pipeline
-from tests.softswitch.conftest import load
+from tests.softswitch.conftest import load, pipeline
 
 
 def frames(seed: int, valid: list[bytes]):
@@ -36,12 +35,12 @@ def aggregation_frame() -> bytes:
 
 
 @pytest.mark.parametrize("name", ["primitives", "forwarding", "aggregation"])
-def test_malformed_frames_never_raise(name):
+def test_malformed_frames_never_raise(name, backend):
     if name == "aggregation":
-        pipe = Pipeline(protocol.PROGRAM_JSON.read_bytes())
+        pipe = pipeline(protocol.PROGRAM_JSON.read_bytes(), backend)
         valid = [aggregation_frame()]
     else:
-        pipe = load(name)
+        pipe = load(name, backend)
         valid = [b"\x02" * 12 + b"\x88\xb5" + bytes(range(40)),
                  b"\x02" * 12 + b"\x08\x00" + b"\x45" + bytes(40)]
     pipe.groups[1] = [(1, 0), (2, 1)]

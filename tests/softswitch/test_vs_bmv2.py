@@ -39,12 +39,12 @@ def cases() -> list[bytes]:
     return out
 
 
-def test_bmv2_and_softswitch_agree_frame_by_frame():
+def test_bmv2_and_softswitch_agree_frame_by_frame(backend):
     from testbed.netns import Topology
     from testbed.targets import SwitchProcess
 
     json_path, p4info_path = program_files("primitives")
-    soft = load("primitives")
+    soft = load("primitives", backend)
     soft.groups[GROUP] = REPLICAS        # outputs are compared sorted: order is not tested
     with Topology(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
         sh.setup(device_id=0, grpc_addr=bmv2.grpc_addr, election_id=(0, 1),

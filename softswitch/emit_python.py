@@ -1,34 +1,25 @@
-"""Translate a BMv2 JSON (p4c-bm2-ss output) into Python source, once, at load time.
+"""Python emitter: a checked ``frontend.Program`` as two Python functions.
 
-Every header field becomes a local variable of two generated functions, ``ingress``
-(parser, verify checksums, ingress control) and ``egress`` (egress control, update
-checksums, deparser); the state between them is one tuple, so a multicast copy is
-free. Actions are inlined where their table is applied, and the control graph is
-rebuilt into nested ``if`` blocks from post-dominators, so no packet ever walks the
-JSON. Value semantics follow BMv2: expressions are evaluated with unbounded integers
-(p4c already inserts the masks it needs), and a value is truncated to the field's
-width only when it is stored.
-
-Anything BMv2 supports but this translator does not raises ``Unsupported`` at load,
-naming the construct.
+Every header field becomes a local variable of ``ingress`` (parser, verify
+checksums, ingress control) and ``egress`` (egress control, update checksums,
+deparser); the state between them is one tuple, so a multicast copy is free.
+Actions are inlined where their table is applied and each control is nested
+``if`` blocks, so no packet ever walks the JSON. Values follow BMv2: expressions
+use unbounded integers (p4c inserts the masks it needs), and a value is truncated
+to the field's width only when it is stored. This backend runs every program the
+front half accepts; the C emitter falls back to it.
 """
 
 from __future__ import annotations
 
-import json
 import keyword
 import logging
 import random
 import re
 import struct
 
-DROP_PORT = 511          # simple_switch's default --drop-port
-INSTANCE_NORMAL = 0
-INSTANCE_REPLICATION = 5
-
-
-class Unsupported(Exception):
-    """A JSON construct this switch cannot run; the message names it."""
+from softswitch.frontend import (DROP_PORT, Apply, Field, Header, If, Program, Unsupported,
+                                 hexstr, mask)
 
 
 class ParserError(Exception):
@@ -47,16 +38,6 @@ class _Return(Exception):
     """A ``return`` inside a conditional of an action: leaves the action."""
 
 
-# ----------------------------------------------------------------------------- helpers
-
-def hexstr(value: str) -> int:
-    return int(value, 16)
-
-
-def mask(width: int) -> int:
-    return (1 << width) - 1
-
-
 def csum16(data: bytes) -> int:
     """The one's complement checksum BMv2 computes for HashAlgorithm.csum16."""
     if len(data) & 1:
@@ -68,26 +49,6 @@ def csum16(data: bytes) -> int:
 
 
 _STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
-
-
-class Field:
-    __slots__ = ("header", "name", "width", "signed", "var")
-
-    def __init__(self, header, name, width, signed, var):
-        self.header, self.name, self.width, self.signed, self.var = (
-            header, name, width, signed, var)
-
-
-class Header:
-    """A header or metadata instance with its fields and (for packets) its wire layout."""
-
-    def __init__(self, name, metadata, fields, var_prefix):
-        self.name = name
-        self.metadata = metadata
-        self.fields = fields
-        self.valid_var = f"V_{var_prefix}"
-        self.nbits = sum(f.width for f in fields)
-        self.nbytes = (self.nbits + 7) // 8
 
 
 def _ident(text: str) -> str:
@@ -140,179 +101,76 @@ class Source:
         return "\n".join(self.lines) + "\n"
 
 
-# ----------------------------------------------------------------------------- program
-
 class Compiled:
-    """What the generator hands the runtime: generated functions and the JSON objects they use."""
+    """What the generator hands the runtime: generated functions and the specs they use."""
 
-    def __init__(self):
+    def __init__(self, program: Program):
         self.source = ""
         self.ingress = None
         self.egress = None
-        self.tables = {}        # name -> TableSpec
-        self.registers = {}     # name -> RegisterSpec
-        self.counters = {}      # name -> CounterSpec
-        self.actions = {}       # id -> ActionSpec
-        self.errors = {}        # name -> code
-        self.namespace = {}     # globals of the generated functions
-
-
-class ActionSpec:
-    def __init__(self, name, aid, params):
-        self.name, self.id, self.params = name, aid, params   # params: [(name, width)]
-
-
-class TableSpec:
-    def __init__(self, name, tid, match_type, keys, action_ids, max_size):
-        self.name = name
-        self.id = tid
-        self.match_type = match_type   # exact | ternary | lpm
-        self.keys = keys               # [(match_type, width, name)]
-        self.action_ids = action_ids
-        self.max_size = max_size
-        self.default = None            # (action_id, data) from the JSON
-        self.const_entries = []        # [(key_values, masks, prefix_or_priority, aid, data)]
-        self.direct_counter = None     # name of the direct counter bound to this table
-
-
-class RegisterSpec:
-    def __init__(self, name, size, width):
-        self.name, self.size, self.width = name, size, width
-        self.cells = [0] * size
-
-
-class CounterSpec:
-    def __init__(self, name, size):
-        self.name, self.size = name, size
-        self.packets = [0] * size
-        self.bytes = [0] * size
-
-
-def _require_empty(doc: dict, key: str, what: str) -> None:
-    if doc.get(key):
-        names = ", ".join(str(item.get("name", item)) if isinstance(item, dict) else str(item)
-                          for item in doc[key][:3])
-        raise Unsupported(f"{what} ({key}: {names}) are not supported")
+        self.tables = program.tables        # name -> TableSpec
+        self.registers = program.registers  # name -> RegisterSpec
+        self.counters = program.counters    # name -> CounterSpec
+        self.actions = program.actions      # id -> ActionSpec
+        self.errors = program.errors        # name -> code
+        self.namespace = {}                 # globals of the generated functions
 
 
 class Generator:
-    """Builds the two packet functions for one BMv2 JSON document."""
+    """Builds the two packet functions for one checked program."""
 
-    SUPPORTED_MATCH = ("exact", "ternary", "lpm")
-
-    def __init__(self, doc: dict, drop_port: int = DROP_PORT):
-        self.doc = doc
-        self.drop_port = drop_port
-        self.out = Compiled()
+    def __init__(self, program: Program):
+        self.prog = program
+        self.drop_port = program.drop_port
+        self.out = Compiled(program)
         self.ns: dict = {"ParserError": ParserError, "_Exit": _Exit, "_Return": _Return,
                          "csum16": csum16,
                          "_randint": random.Random().randint}
-        self.headers: dict[str, Header] = {}
-        self.fields: dict[tuple[str, str], Field] = {}
-        self.aliases: dict[str, tuple[str, str]] = {}
+        self.std, self.field, self.header = program.std, program.field, program.header
         self.structs: dict[str, tuple] = {}
-        self.state_vars: list[str] = []
         self.hoist = None
-        self.direct_counters: dict[str, str] = {}   # table -> direct counter
-
-    # ------------------------------------------------------------------ declarations
-    def load_declarations(self) -> None:
-        doc = self.doc
-        version = doc.get("__meta__", {}).get("version", [2, 0])
-        if version[0] != 2:
-            raise Unsupported(f"BMv2 JSON format version {version} (expected 2.x)")
-        for key, what in (("header_stacks", "header stacks"), ("header_unions", "header unions"),
-                          ("header_union_stacks", "header union stacks"),
-                          ("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
-                          ("learn_lists", "digests"), ("extern_instances", "extern instances")):
-            _require_empty(doc, key, what)
-        types = {}
-        for htype in doc.get("header_types", []):
-            fields = []
-            for spec in htype["fields"]:
-                name, width = spec[0], spec[1]
-                if width == "*" or not isinstance(width, int):
-                    raise Unsupported(f"variable-length field {htype['name']}.{name}")
-                fields.append((name, width, bool(spec[2]) if len(spec) > 2 else False))
-            types[htype["name"]] = fields
+        # Python names: one local per field, one per header validity bit.
+        self.vars: dict[int, str] = {}
+        self.valid_vars: dict[int, str] = {}
         used_prefixes, used_vars = set(), set()
-        for inst in doc.get("headers", []):
-            prefix = _ident(inst["name"])
+        for header in program.headers.values():
+            prefix = _ident(header.name)
             while prefix in used_prefixes:
                 prefix += "_"
             used_prefixes.add(prefix)
-            fields = []
-            for fname, width, signed in types[inst["header_type"]]:
-                var = f"F_{prefix}__{_ident(fname)}"
+            self.valid_vars[header.id] = f"V_{prefix}"
+            for field in header.fields:
+                var = f"F_{prefix}__{_ident(field.name)}"
                 while var in used_vars:
                     var += "_"
                 used_vars.add(var)
-                field = Field(inst["name"], fname, width, signed, var)
-                fields.append(field)
-                self.fields[(inst["name"], fname)] = field
-            header = Header(inst["name"], bool(inst.get("metadata")), fields, prefix)
-            if not header.metadata and header.nbits % 8:
-                raise Unsupported(f"header {inst['name']} is {header.nbits} bits, "
-                                  "not a whole number of bytes")
-            self.headers[inst["name"]] = header
-        for alias, target in doc.get("field_aliases", []):
-            self.aliases[alias] = tuple(target)
-        for err_name, code in doc.get("errors", []):
-            self.out.errors[err_name] = code
-        for reg in doc.get("register_arrays", []):
-            spec = RegisterSpec(reg["name"], reg["size"], reg["bitwidth"])
-            self.out.registers[reg["name"]] = spec
-            self.ns[f"R{reg['id']}"] = spec.cells
-        for ctr in doc.get("counter_arrays", []):
-            if ctr.get("is_direct"):
-                self.direct_counters[ctr["binding"]] = ctr["name"]
-                continue
-            spec = CounterSpec(ctr["name"], ctr["size"])
-            self.out.counters[ctr["name"]] = spec
-            self.ns[f"CP{ctr['id']}"] = spec.packets
-            self.ns[f"CB{ctr['id']}"] = spec.bytes
-        for action in doc.get("actions", []):
-            params = [(p["name"], p["bitwidth"]) for p in action.get("runtime_data", [])]
-            self.out.actions[action["id"]] = ActionSpec(action["name"], action["id"], params)
-        self.registers_by_name = {r["name"]: r for r in doc.get("register_arrays", [])}
-        self.counters_by_name = {c["name"]: c for c in doc.get("counter_arrays", [])}
-        self.calculations = {c["name"]: c for c in doc.get("calculations", [])}
-        self.actions_json = {a["id"]: a for a in doc.get("actions", [])}
+                self.vars[field.id] = var
+        for spec in program.registers.values():
+            self.ns[f"R{spec.id}"] = spec.cells
+        for spec in program.counters.values():
+            self.ns[f"CP{spec.id}"] = spec.packets
+            self.ns[f"CB{spec.id}"] = spec.bytes
         # Every field, validity bit and bookkeeping value that crosses ingress -> egress.
-        for header in self.headers.values():
-            self.state_vars += [f.var for f in header.fields]
+        self.state_vars: list[str] = []
+        for header in program.headers.values():
+            self.state_vars += [self.v(f) for f in header.fields]
             if not header.metadata:
-                self.state_vars.append(header.valid_var)
+                self.state_vars.append(self.vv(header))
         self.state_vars += ["pkt", "off", "plen_reg", "in_len"]
 
-    def std(self, name: str) -> Field | None:
-        """A standard_metadata field (or its intrinsic_metadata alias), if the program has it."""
-        for key in (f"standard_metadata.{name}", f"intrinsic_metadata.{name}",
-                    f"queueing_metadata.{name}"):
-            if key in self.aliases:
-                return self.fields.get(self.aliases[key])
-        return self.fields.get(("standard_metadata", name))
+    def v(self, field: Field) -> str:
+        return self.vars[field.id]
 
-    def field(self, ref) -> Field:
-        header, name = ref
-        if name == "$valid$":
-            raise Unsupported(f"{header}.$valid$ used where only a real field can be")
-        try:
-            return self.fields[(header, name)]
-        except KeyError:
-            alias = self.aliases.get(f"{header}.{name}")
-            if alias and alias in self.fields:
-                return self.fields[alias]
-            raise Unsupported(f"reference to unknown field {header}.{name}") from None
+    def vv(self, header: Header) -> str:
+        return self.valid_vars[header.id]
 
-    def header(self, name: str) -> Header:
-        try:
-            return self.headers[name]
-        except KeyError:
-            raise Unsupported(f"reference to unknown header {name}") from None
+    def bits(self, field: Field) -> str:
+        """A field's bits as a non-negative integer (unsigned fields always are)."""
+        return f"({self.v(field)} & {mask(field.width)})" if field.signed else self.v(field)
+
 
     def valid_code(self, header: Header) -> str:
-        return "True" if header.metadata else header.valid_var
+        return "True" if header.metadata else self.vv(header)
 
     # ------------------------------------------------------------------ expressions
     def expr(self, node, src: Source, params=None):
@@ -323,7 +181,7 @@ class Generator:
             if value[1] == "$valid$":
                 return f"(1 if {self.valid_code(self.header(value[0]))} else 0)", ("u", 1)
             field = self.field(value)
-            return field.var, (("s", field.width) if field.signed else ("u", field.width))
+            return self.v(field), (("s", field.width) if field.signed else ("u", field.width))
         if kind == "hexstr":
             number = hexstr(value)
             return (str(number), ("u", number.bit_length()) if number >= 0 else ANY)
@@ -445,7 +303,7 @@ class Generator:
             value = store_code(code, info, field.width, field.signed)
             if self.hoist is not None and not self.hoist["check"]:
                 value = self.hoist["indices"].get(value, value)   # already computed
-            src.add(f"{field.var} = {value}")
+            src.add(f"{self.v(field)} = {value}")
         elif op in ("assign_header", "copy_header"):
             dst, source = self.header(args[0]["value"]), self.header(args[1]["value"])
             if [f.width for f in dst.fields] != [f.width for f in source.fields]:
@@ -453,63 +311,57 @@ class Generator:
             src.add(f"if {self.valid_code(source)}:")
             src.depth += 1
             for d, s in zip(dst.fields, source.fields):
-                src.add(f"{d.var} = {s.var}")
+                src.add(f"{self.v(d)} = {self.v(s)}")
             if not dst.metadata:
-                src.add(f"{dst.valid_var} = True")
+                src.add(f"{self.vv(dst)} = True")
             src.depth -= 1
             if not dst.metadata:
                 src.add("else:")
-                src.add(f"    {dst.valid_var} = False")
+                src.add(f"    {self.vv(dst)} = False")
         elif op in ("add_header", "add_header_fast"):
             header = self.header(args[0]["value"])
             if header.metadata:
                 return
-            src.add(f"if not {header.valid_var}:")
+            src.add(f"if not {self.vv(header)}:")
             src.depth += 1
             if op == "add_header":
                 for f in header.fields:
-                    src.add(f"{f.var} = 0")
+                    src.add(f"{self.v(f)} = 0")
                 src.add(f"plen_reg += {header.nbytes}")
-            src.add(f"{header.valid_var} = True")
+            src.add(f"{self.vv(header)} = True")
             src.depth -= 1
         elif op == "remove_header":
             header = self.header(args[0]["value"])
             if header.metadata:
                 return
-            src.add(f"if {header.valid_var}:")
-            src.add(f"    {header.valid_var} = False")
+            src.add(f"if {self.vv(header)}:")
+            src.add(f"    {self.vv(header)} = False")
             src.add(f"    plen_reg -= {header.nbytes}")
         elif op in ("mark_to_drop", "drop"):
             spec, grp = self.std("egress_spec"), self.std("mcast_grp")
             if spec is None:
                 raise Unsupported(f"{op} without standard_metadata.egress_spec")
-            src.add(f"{spec.var} = {self.drop_port}")
+            src.add(f"{self.v(spec)} = {self.drop_port}")
             if grp is not None:
-                src.add(f"{grp.var} = 0")
+                src.add(f"{self.v(grp)} = 0")
         elif op == "register_read":
             field = self.field(args[0]["value"])
-            reg = self.registers_by_name.get(args[1]["value"])
-            if reg is None:
-                raise Unsupported(f"unknown register {args[1]['value']} in {where}")
+            reg = self.prog.register(args[1]["value"])
             index = self.index(args[2], src, params)
-            value = store_code(f"R{reg['id']}[{index[0]}]", ("u", reg["bitwidth"]),
+            value = store_code(f"R{reg.id}[{index[0]}]", ("u", reg.width),
                                field.width, field.signed)
-            self.guarded(src, index, reg["size"], f"{field.var} = {value}")
+            self.guarded(src, index, reg.size, f"{self.v(field)} = {value}")
         elif op == "register_write":
-            reg = self.registers_by_name.get(args[0]["value"])
-            if reg is None:
-                raise Unsupported(f"unknown register {args[0]['value']} in {where}")
+            reg = self.prog.register(args[0]["value"])
             index = self.index(args[1], src, params)
             code, info = self.expr(args[2], src, params)
-            value = store_code(code, info, reg["bitwidth"], False)
-            self.guarded(src, index, reg["size"], f"R{reg['id']}[{index[0]}] = {value}")
+            value = store_code(code, info, reg.width, False)
+            self.guarded(src, index, reg.size, f"R{reg.id}[{index[0]}] = {value}")
         elif op == "count":
-            ctr = self.counters_by_name.get(args[0]["value"])
-            if ctr is None:
-                raise Unsupported(f"unknown counter {args[0]['value']} in {where}")
+            ctr = self.prog.counter(args[0]["value"])
             index = self.index(args[1], src, params)
-            self.guarded(src, index, ctr["size"],
-                         f"CP{ctr['id']}[{index[0]}] += 1", f"CB{ctr['id']}[{index[0]}] += in_len")
+            self.guarded(src, index, ctr.size,
+                         f"CP{ctr.id}[{index[0]}] += 1", f"CB{ctr.id}[{index[0]}] += in_len")
         elif op == "modify_field_rng_uniform":
             field = self.field(args[0]["value"])
             lo, _ = self.expr(args[1], src, params)
@@ -518,7 +370,7 @@ class Generator:
             src.add(f"{lo_var} = {lo}")
             src.add(f"{hi_var} = {hi}")
             src.add(f"if {lo_var} <= {hi_var}:")
-            src.add(f"    {field.var} = "
+            src.add(f"    {self.v(field)} = "
                     + store_code(f"_randint({lo_var}, {hi_var})", ANY, field.width, field.signed))
         elif op == "exit":
             src.add("raise _Exit")
@@ -572,12 +424,9 @@ class Generator:
         when they are all in range (the normal case) a copy of the body without
         per-access bounds checks runs, otherwise the checked copy.
         """
-        action = self.actions_json.get(action_id)
-        if action is None:
-            raise Unsupported(f"table refers to unknown action id {action_id}")
-        params = [(p["name"], p["bitwidth"]) for p in action.get("runtime_data", [])]
-        prims = action.get("primitives", [])
-        where = f"action {action['name']}"
+        action = self.prog.action(action_id)
+        params, prims = action.params, action.primitives
+        where = f"action {action.name}"
         if not prims:
             src.add("pass")
             return
@@ -602,7 +451,6 @@ class Generator:
                       "known": {}, "unstable": False}
         fast = self._body(prims, src, params, where)
         self.hoist = None
-        self.direct_counters: dict[str, str] = {}   # table -> direct counter
         src.add("if " + " and ".join(f"{var} < {size}" for var, size in hoist["guards"]) + ":")
         src.lines += fast.lines
         src.add("else:")
@@ -701,8 +549,8 @@ class Generator:
             if len(seg) == 1 and nbytes in _STRUCT_CODES:
                 code = _STRUCT_CODES[nbytes]
                 fmt += code.lower() if seg[0].signed else code
-                unpack_lines.append((seg[0].var, f"_p{pieces}"))
-                pack_args.append(seg[0].var)
+                unpack_lines.append((self.v(seg[0]), f"_p{pieces}"))
+                pack_args.append(self.v(seg[0]))
                 pieces += 1
                 continue
             # Split the segment into standard struct sizes, big-endian.
@@ -733,9 +581,9 @@ class Generator:
                 if f.signed:
                     half = 1 << (f.width - 1)
                     part = f"((({part}) + {half}) & {mask(f.width)}) - {half}"
-                unpack_lines.append((f.var, part))
+                unpack_lines.append((self.v(f), part))
                 fields_expr.append((f, shift))
-            packed = " | ".join(f"({_bits(f)} << {s})" if s else _bits(f)
+            packed = " | ".join(f"({self.bits(f)} << {s})" if s else self.bits(f)
                                 for f, s in fields_expr)
             shift = total_bits
             for var, size in piece_vars:
@@ -767,7 +615,7 @@ class Generator:
             for target, value in unpack_lines:
                 src.add(f"{target} = {value}")
         src.add(f"off += {header.nbytes}")
-        src.add(f"{header.valid_var} = True")
+        src.add(f"{self.vv(header)} = True")
 
     def transition_key(self, parts, src: Source) -> tuple[str, int]:
         """The select key as one integer: each field padded to whole bytes, as BMv2 does."""
@@ -777,10 +625,10 @@ class Generator:
             if part["type"] == "field":
                 field = self.field(part["value"])
                 width = field.width
-                code = f"({field.var} & {mask(width)})" if field.signed else field.var
+                code = f"({self.v(field)} & {mask(width)})" if field.signed else self.v(field)
             elif part["type"] == "lookahead":
                 bit_offset, width = part["value"]
-                too_short = self.out.errors.get("PacketTooShort", 1)
+                too_short = self.prog.too_short
                 code = f"_lookahead(pkt, off, {bit_offset}, {width}, {too_short})"
                 self.ns["_lookahead"] = _lookahead
             else:
@@ -791,29 +639,21 @@ class Generator:
         return " | ".join(reversed(codes)), total
 
     def parser(self, src: Source) -> None:
-        parsers = {p["name"]: p for p in self.doc.get("parsers", [])}
-        if "parser" not in parsers:
-            raise Unsupported("no parser named 'parser'")
-        parser = parsers["parser"]
-        too_short = self.out.errors.get("PacketTooShort", 1)
-        states = parser["parse_states"]
-        ids = {s["name"]: i for i, s in enumerate(states)}
-        order = _topological(states, ids)
-        init = parser.get("init_state")
-        if init is None:
+        prog = self.prog
+        if prog.parser_init is None:
             return
         src.add("try:")
         src.depth += 1
-        src.add(f"st = {ids[init]}")
+        src.add(f"st = {prog.parser_init}")
         src.add("while True:")
         src.depth += 1
-        for i in order:
-            state = states[i]
-            src.add(f"if st == {i}:  # {state['name']}")
+        for i in prog.parser_order:
+            state = prog.parser_states[i]
+            src.add(f"if st == {i}:")
             src.depth += 1
             for op in state.get("parser_ops", []):
-                self.parser_op(op, src, too_short, state["name"])
-            self.transitions(state, ids, src)
+                self.parser_op(op, src, prog.too_short, state["name"])
+            self.transitions(state, src)
             src.depth -= 1
         src.add("if st < 0:")
         src.add("    break")
@@ -837,7 +677,7 @@ class Generator:
                               ("u", width))
             else:
                 code, info = self.expr(params[1], src)
-            src.add(f"{field.var} = {store_code(code, info, field.width, field.signed)}")
+            src.add(f"{self.v(field)} = {store_code(code, info, field.width, field.signed)}")
         elif kind == "verify":
             cond, _ = self.expr(params[0], src)
             err, _ = self.expr(params[1], src)
@@ -856,53 +696,29 @@ class Generator:
         else:
             raise Unsupported(f"parser operation {kind!r} (state {state})")
 
-    def transitions(self, state: dict, ids: dict, src: Source) -> None:
-        def target(name):
-            return ids[name] if name is not None else -1
-        cases = state.get("transitions", [])
-        key_parts = state.get("transition_key", [])
-        if not key_parts or all(c.get("type", c.get("value")) == "default" for c in cases):
-            nxt = cases[0]["next_state"] if cases else None
-            src.add(f"st = {target(nxt)}")
+    def transitions(self, state: dict, src: Source) -> None:
+        key_parts, cases, default = self.prog.transitions(state)
+        if not key_parts:
+            src.add(f"st = {default}")
             return
         key_code, _ = self.transition_key(key_parts, src)
         src.add(f"_key = {key_code}")
         first = True
-        default = None
-        for case in cases:
-            if "type" not in case:     # JSON before 2.x named the default by its value
-                case = dict(case, type="default" if case.get("value") == "default" else "hexstr")
-            if case["type"] == "default":
-                default = case["next_state"]
-                break   # BMv2 stops at the default transition
-            if case["type"] != "hexstr":
-                raise Unsupported(f"parser transition of type {case['type']!r} "
-                                  f"(state {state['name']})")
-            value = hexstr(case["value"])
-            if case.get("mask") is not None:
-                case_mask = hexstr(case["mask"])
+        for value, case_mask, nxt in cases:
+            if case_mask is not None:
                 cond = f"(_key & {case_mask}) == {value & case_mask}"
             else:
                 cond = f"_key == {value}"
             src.add(f"{'if' if first else 'elif'} {cond}:")
-            src.add(f"    st = {target(case['next_state'])}")
+            src.add(f"    st = {nxt}")
             first = False
-        src.add("else:")
-        src.add(f"    st = {target(default)}")
-
+        src.add("else:" if cases else "if True:")
+        src.add(f"    st = {default}")
     # ------------------------------------------------------------------ checksums
     def checksums(self, src: Source, verify: bool) -> None:
-        for checksum in self.doc.get("checksums", []):
-            if not checksum.get("verify" if verify else "update", True):
+        for checksum, calc, does_verify, does_update in self.prog.checksums:
+            if not (does_verify if verify else does_update):
                 continue
-            if checksum.get("type", "generic") not in ("generic", "ipv4"):
-                raise Unsupported(f"checksum type {checksum.get('type')!r}")
-            calc = self.calculations.get(checksum["calculation"])
-            if calc is None:
-                raise Unsupported(f"unknown calculation {checksum['calculation']}")
-            if calc.get("algo") != "csum16":
-                raise Unsupported(f"hash algorithm {calc.get('algo')!r} "
-                                  f"(calculation {calc['name']})")
             target = self.field(checksum["target"])
             cond = checksum.get("if_cond")
             if cond is not None:
@@ -911,218 +727,89 @@ class Generator:
                 src.depth += 1
             src.add("_cbits = 0")
             src.add("_cn = 0")
-            self.calc_inputs(calc["input"], src, calc["name"])
+            self.calc_inputs(calc, src)
             src.add("_cbits <<= (-_cn) & 7")
             src.add("_csum = csum16(_cbits.to_bytes((_cn + 7) >> 3, 'big'))")
             if verify:
                 err = self.std("checksum_error")
-                src.add(f"if _csum != {target.var}:")
-                src.add(f"    {err.var} = 1" if err is not None else "    pass")
+                src.add(f"if _csum != {self.v(target)}:")
+                src.add(f"    {self.v(err)} = 1" if err is not None else "    pass")
             else:
-                src.add(f"{target.var} = {store_code('_csum', ('u', 16), target.width, target.signed)}")
+                src.add(f"{self.v(target)} = "
+                        f"{store_code('_csum', ('u', 16), target.width, target.signed)}")
             if cond is not None:
                 src.depth -= 1
 
-    def calc_inputs(self, items: list, src: Source, calc: str) -> None:
+    def calc_inputs(self, calc: dict, src: Source) -> None:
         """Append a calculation's inputs to _cbits; fields of an invalid header are skipped."""
-        groups: list = []    # [header or None, [fields] or (value, width)]
-        for item in items:
-            kind = item["type"]
-            if kind == "field":
-                field = self.field(item["value"])
-                header = self.header(field.header)
-                if groups and groups[-1][0] is header:
-                    groups[-1][1].append(field)
-                else:
-                    groups.append([header, [field]])
-            elif kind == "header":
-                groups.append([self.header(item["value"]), list(self.header(item["value"]).fields)])
-            elif kind == "hexstr":
-                width = item["bitwidth"]
-                groups.append([None, (hexstr(item["value"]) & mask(width), width)])
-            else:
-                raise Unsupported(f"calculation input of type {kind!r} (calculation {calc})")
-        for header, fields in groups:
+        for header, fields in self.prog.calc_groups(calc):
             if header is None:
                 value, width = fields
                 src.add(f"_cbits = (_cbits << {width}) | {value}")
                 src.add(f"_cn += {width}")
                 continue
             width = sum(f.width for f in fields)
-            parts = " | ".join(f"({_bits(f)} << {s})" if s else _bits(f)
+            parts = " | ".join(f"({self.bits(f)} << {s})" if s else self.bits(f)
                                for f, s in _shifts(fields))
             prefix = ""
             if not header.metadata:
-                src.add(f"if {header.valid_var}:")
+                src.add(f"if {self.vv(header)}:")
                 prefix = "    "
             src.add(f"{prefix}_cbits = (_cbits << {width}) | {parts}")
             src.add(f"{prefix}_cn += {width}")
 
     # ------------------------------------------------------------------ controls
     def pipeline(self, name: str, src: Source) -> None:
-        pipes = {p["name"]: p for p in self.doc.get("pipelines", [])}
-        if name not in pipes:
-            raise Unsupported(f"no pipeline named {name!r}")
-        pipe = pipes[name]
-        if pipe.get("action_profiles"):
-            raise Unsupported(f"action profiles ({pipe['action_profiles'][0]['name']})")
-        if pipe.get("action_calls"):
-            raise Unsupported("pipeline action_calls")
-        nodes = {}
-        for table in pipe.get("tables", []):
-            self.table_spec(table)
-            nodes[table["name"]] = ("table", table)
-        for cond in pipe.get("conditionals", []):
-            nodes[cond["name"]] = ("cond", cond)
-        init = pipe.get("init_table")
-        if init is None:
+        nodes = self.prog.controls[name]
+        if not nodes:
             src.add("pass")
             return
-        succ = {n: self.successors(kind, obj) for n, (kind, obj) in nodes.items()}
-        ipdom = _post_dominators(succ, init)
         src.add("try:")
         src.depth += 1
-        self.region(init, None, nodes, succ, ipdom, src)
+        self.block(nodes, src)
         src.add("pass")
         src.depth -= 1
         src.add("except _Exit:")
         src.add("    pass")
 
-    def successors(self, kind: str, obj: dict) -> list:
-        if kind == "cond":
-            return [obj.get("true_next"), obj.get("false_next")]
-        nexts = obj.get("next_tables", {})
-        if "__HIT__" in nexts or "__MISS__" in nexts:
-            return [nexts.get("__HIT__"), nexts.get("__MISS__")]
-        out = [nexts.get(self.actions_json[aid]["name"], obj.get("base_default_next"))
-               for aid in obj.get("action_ids", [])]
-        return out or [obj.get("base_default_next")]
-
-    def region(self, node, stop, nodes, succ, ipdom, src: Source) -> None:
-        """Code for every node from ``node`` up to (not including) ``stop``."""
-        while node is not None and node != stop:
-            kind, obj = nodes[node]
-            targets = succ[node]
-            merge = ipdom.get(node)
-            if kind == "cond":
-                code, _ = self.expr(obj["expression"], src)
-                src.add(f"if {code}:  # {obj['name']}")
+    def block(self, nodes: list, src: Source) -> None:
+        for node in nodes:
+            if isinstance(node, If):
+                code, _ = self.expr(node.expression, src)
+                src.add(f"if {code}:")
+                for body in (node.then, node.orelse):
+                    src.depth += 1
+                    src.add("pass")
+                    self.block(body, src)
+                    src.depth -= 1
+                    if body is node.then:
+                        src.add("else:")
+                continue
+            self.apply_table(node.table, src)
+            for i, (cond, body) in enumerate(node.branches or ()):
+                test = ("_hit" if cond == "hit" else "not _hit" if cond == "miss"
+                        else f"_a in {tuple(cond)!r}")
+                src.add(f"{'elif' if i else 'if'} {test}:")
                 src.depth += 1
                 src.add("pass")
-                self.region(targets[0], merge, nodes, succ, ipdom, src)
+                self.block(body, src)
                 src.depth -= 1
-                src.add("else:")
-                src.depth += 1
-                src.add("pass")
-                self.region(targets[1], merge, nodes, succ, ipdom, src)
-                src.depth -= 1
-            else:
-                self.apply_table(obj, src)
-                if len(set(targets)) > 1:
-                    self.table_branches(obj, targets, merge, nodes, succ, ipdom, src)
-                else:
-                    merge = targets[0] if targets else None
-            node = merge
 
-    def table_branches(self, obj, targets, merge, nodes, succ, ipdom, src: Source) -> None:
-        nexts = obj.get("next_tables", {})
-        if "__HIT__" in nexts or "__MISS__" in nexts:
-            branches = [("_hit", targets[0]), ("not _hit", targets[1])]
-        else:
-            by_target: dict = {}
-            for aid, tgt in zip(obj["action_ids"], targets):
-                by_target.setdefault(tgt, []).append(aid)
-            branches = [(f"_a in {tuple(aids)!r}", tgt) for tgt, aids in by_target.items()]
-        first = True
-        for cond, tgt in branches:
-            src.add(f"{'if' if first else 'elif'} {cond}:")
-            src.depth += 1
-            src.add("pass")
-            self.region(tgt, merge, nodes, succ, ipdom, src)
-            src.depth -= 1
-            first = False
-
-    def table_spec(self, table: dict) -> TableSpec:
-        name = table["name"]
-        if table.get("type", "simple") != "simple":
-            raise Unsupported(f"table {name} of type {table['type']!r} (action profiles)")
-        if table.get("with_counters") and name not in self.direct_counters:
-            raise Unsupported(f"table {name} has counters but no direct counter is bound to it")
-        if table.get("direct_meters"):
-            raise Unsupported(f"direct meters on table {name}")
-        if table.get("support_timeout"):
-            raise Unsupported(f"idle timeout on table {name}")
-        match_type = table.get("match_type", "exact")
-        keys = []
-        for key in table.get("key", []):
-            mt = key["match_type"]
-            if mt not in self.SUPPORTED_MATCH + ("valid",):
-                raise Unsupported(f"{mt} match (table {name})")
-            if mt == "valid":
-                width = 1
-            else:
-                width = self.field(key["target"]).width if key["target"][1] != "$valid$" else 1
-            keys.append((mt if mt != "valid" else "exact", width, key.get("name", "")))
-        if match_type not in self.SUPPORTED_MATCH:
-            raise Unsupported(f"{match_type} match (table {name})")
-        if not keys:
-            match_type = "exact"
-        spec = TableSpec(name, table["id"], match_type, keys, list(table.get("action_ids", [])),
-                         table.get("max_size", 0))
-        default = table.get("default_entry")
-        if default is not None:
-            data = tuple(hexstr(v) for v in default.get("action_data", []))
-            spec.default = (default["action_id"], data)
-        elif spec.action_ids:
-            spec.default = (spec.action_ids[0], ())
-        for entry in table.get("entries", []):
-            values, masks, prefixes = [], [], []
-            for (mt, width, _), mk in zip(keys, entry["match_key"]):
-                if mk["match_type"] == "valid":
-                    values.append(1 if mk["key"] else 0)
-                    masks.append(1)
-                elif mk["match_type"] == "range":
-                    raise Unsupported(f"range entry in table {name}")
-                else:
-                    values.append(hexstr(mk["key"]))
-                    if mk["match_type"] == "ternary":
-                        masks.append(hexstr(mk["mask"]))
-                    elif mk["match_type"] == "lpm":
-                        plen = mk["prefix_length"]
-                        masks.append(mask(width) ^ mask(width - plen))
-                        prefixes.append(plen)
-                    else:
-                        masks.append(mask(width))
-            ae = entry["action_entry"]
-            spec.const_entries.append((tuple(values), tuple(masks),
-                                       entry.get("priority", 0), sum(prefixes),
-                                       ae["action_id"],
-                                       tuple(hexstr(v) for v in ae.get("action_data", []))))
-        spec.direct_counter = self.direct_counters.get(name) if table.get("with_counters") else None
-        self.out.tables[name] = spec
-        return spec
-
-    def key_code(self, key: dict) -> str:
-        mt = key["match_type"]
-        target = key["target"]
-        if mt == "valid":
+    def key_code(self, ref) -> str:
+        kind, target, key_mask = ref
+        if kind == "valid":
             code = f"(1 if {self.valid_code(self.header(target))} else 0)"
-        elif target[1] == "$valid$":
-            code = f"(1 if {self.valid_code(self.header(target[0]))} else 0)"
         else:
-            field = self.field(target)
-            code = f"({field.var} & {mask(field.width)})" if field.signed else field.var
-        if key.get("mask"):
-            code = f"({code} & {hexstr(key['mask'])})"
+            code = self.bits(target)
+        if key_mask is not None:
+            code = f"({code} & {key_mask})"
         return code
 
-    def apply_table(self, table: dict, src: Source) -> None:
-        tid = table["id"]
-        spec = self.out.tables[table["name"]]
-        src.add(f"# table {table['name']}")
-        keys = [self.key_code(k) for k in table.get("key", [])]
+    def apply_table(self, spec, src: Source) -> None:
+        tid = spec.id
+        keys = [self.key_code(ref) for ref in spec.key_refs]
         if not keys:
-            src.add(f"_hit = False")
+            src.add("_hit = False")
             src.add(f"_a, _d = D{tid}[0]")
         else:
             key = keys[0] if len(keys) == 1 else "(" + ", ".join(keys) + ",)"
@@ -1145,17 +832,14 @@ class Generator:
                 src.add("    _c[1] += in_len")
             else:
                 src.add("    _a, _d = _e")
-        action_ids = list(dict.fromkeys(table.get("action_ids", [])))
-        if spec.default and spec.default[0] not in action_ids:
-            action_ids.append(spec.default[0])
+        action_ids = spec.applied_actions
         first = True
         for aid in action_ids:
-            action = self.actions_json[aid]
-            nparams = len(action.get("runtime_data", []))
+            nparams = len(self.prog.action(aid).params)
             if len(action_ids) == 1:
-                src.add(f"if True:  # {action['name']}")
+                src.add("if True:")
             else:
-                src.add(f"{'if' if first else 'elif'} _a == {aid}:  # {action['name']}")
+                src.add(f"{'if' if first else 'elif'} _a == {aid}:")
             src.depth += 1
             if nparams == 1:
                 src.add("ad0, = _d")
@@ -1165,18 +849,7 @@ class Generator:
             src.depth -= 1
             first = False
 
-    # ------------------------------------------------------------------ top level
     def generate(self) -> Compiled:
-        self.load_declarations()
-        for name in ("ingress", "egress"):
-            if name not in {p["name"] for p in self.doc.get("pipelines", [])}:
-                raise Unsupported(f"no pipeline named {name!r}")
-        deparsers = {d["name"]: d for d in self.doc.get("deparsers", [])}
-        if "deparser" not in deparsers:
-            raise Unsupported("no deparser named 'deparser'")
-        for name in ("ingress_port", "egress_spec", "egress_port"):
-            if self.std(name) is None:
-                raise Unsupported(f"standard_metadata.{name} is missing")
         std = {n: self.std(n) for n in ("ingress_port", "packet_length", "instance_type",
                                          "parser_error", "egress_spec", "egress_port",
                                          "mcast_grp", "egress_rid")}
@@ -1185,42 +858,41 @@ class Generator:
         ingress.depth = 1
         ingress.add("plen = in_len = plen_reg = len(pkt)")
         ingress.add("off = 0")
-        ingress.add(f"perr = {self.out.errors.get('NoError', 0)}")
-        ingress.add(f"{std['ingress_port'].var} = ingress_port")
+        ingress.add(f"perr = {self.prog.no_error}")
+        ingress.add(f"{self.v(std['ingress_port'])} = ingress_port")
         if std["packet_length"] is not None:
-            ingress.add(f"{std['packet_length'].var} = plen")
+            ingress.add(f"{self.v(std['packet_length'])} = plen")
         self.parser(ingress)
         if std["parser_error"] is not None:
-            ingress.add(f"{std['parser_error'].var} = perr")
+            ingress.add(f"{self.v(std['parser_error'])} = perr")
         self.checksums(ingress, verify=True)
         self.pipeline("ingress", ingress)
-        grp = std["mcast_grp"].var if std["mcast_grp"] is not None else "0"
+        grp = self.v(std["mcast_grp"]) if std["mcast_grp"] is not None else "0"
 
         egress = Source()
         egress.depth = 1
         egress.counter = ingress.counter
-        egress.add(f"{std['egress_port'].var} = egress_port")
-        egress.add(f"{std['egress_spec'].var} = {self.drop_port + 1}")
+        egress.add(f"{self.v(std['egress_port'])} = egress_port")
+        egress.add(f"{self.v(std['egress_spec'])} = {self.drop_port + 1}")
         if std["instance_type"] is not None:
-            egress.add(f"{std['instance_type'].var} = instance_type")
+            egress.add(f"{self.v(std['instance_type'])} = instance_type")
         if std["egress_rid"] is not None:
             egress.add("if rid is not None:")
-            egress.add(f"    {std['egress_rid'].var} = rid")
+            egress.add(f"    {self.v(std['egress_rid'])} = rid")
         if std["packet_length"] is not None:
-            egress.add(f"{std['packet_length'].var} = plen_reg")
+            egress.add(f"{self.v(std['packet_length'])} = plen_reg")
         self.pipeline("egress", egress)
-        egress.add(f"if {std['egress_spec'].var} == {self.drop_port}:")
+        egress.add(f"if {self.v(std['egress_spec'])} == {self.drop_port}:")
         egress.add("    return None")
         self.checksums(egress, verify=False)
         egress.add("_out = []")
-        for name in deparsers["deparser"].get("order", []):
-            header = self.header(name)
+        for header in self.prog.deparse_order:
             sname, _, _, pack_args = self.header_struct(header)
             line = f"_out.append({sname}.pack({', '.join(pack_args)}))"
             if header.metadata:
                 egress.add(line)
             else:
-                egress.add(f"if {header.valid_var}:")
+                egress.add(f"if {self.vv(header)}:")
                 egress.add(f"    {line}")
         egress.add("_out.append(pkt[off:])")
         egress.add("return b''.join(_out)")
@@ -1230,12 +902,12 @@ class Generator:
         egress_names = set(re.findall(r"\b\w+\b", "\n".join(egress.lines)))
         state = [v for v in self.state_vars if v in egress_names]
         live = _read_names(ingress.lines) | _read_names(egress.lines) | set(state)
-        live |= {std["egress_spec"].var, grp}
+        live |= {self.v(std["egress_spec"]), grp}
         _drop_dead_stores(ingress.lines, live)
         _drop_dead_stores(egress.lines, live)
-        needed = _read_names(ingress.lines) | set(state) | {std["egress_spec"].var, grp}
-        init = [(f.var, 0) for h in self.headers.values() for f in h.fields]
-        init += [(h.valid_var, False) for h in self.headers.values() if not h.metadata]
+        needed = _read_names(ingress.lines) | set(state) | {self.v(std["egress_spec"]), grp}
+        init = [(self.v(f), 0) for f in self.prog.field_list]
+        init += [(self.vv(h), False) for h in self.prog.headers.values() if not h.metadata]
         init = [(var, value) for var, value in init if var in needed]
         self.ns["_INIT"] = tuple(value for _, value in init)
 
@@ -1245,7 +917,7 @@ class Generator:
         if init:
             src.add("    " + ", ".join(var for var, _ in init) + ", = _INIT")
         src.lines += ingress.lines
-        src.add(f"    return {std['egress_spec'].var}, {grp}, ({', '.join(state)},)")
+        src.add(f"    return {self.v(std['egress_spec'])}, {grp}, ({', '.join(state)},)")
         src.add("")
         src.add("def egress(state, egress_port, rid, instance_type):")
         src.add('    """Run egress and deparse: the frame to send, or None if dropped."""')
@@ -1254,6 +926,7 @@ class Generator:
         src.lines += egress.lines
         self.out.source = src.text()
         return self.out
+
 
 
 def _read_names(lines: list[str]) -> set[str]:
@@ -1283,11 +956,6 @@ def _union(a, b):
     return ANY
 
 
-def _bits(field: Field) -> str:
-    """A field's bits as a non-negative integer (unsigned fields always are)."""
-    return f"({field.var} & {mask(field.width)})" if field.signed else field.var
-
-
 def _shifts(fields):
     shift = sum(f.width for f in fields)
     for f in fields:
@@ -1303,78 +971,14 @@ def _lookahead(pkt, off, bit_offset, width, too_short):
     return (int.from_bytes(pkt[off:end], "big") >> (total - bit_offset - width)) & mask(width)
 
 
-def _topological(states, ids) -> list[int]:
-    """Parse states in an order where every acyclic transition goes forward."""
-    order, seen = [], set()
 
-    def visit(i, stack):
-        if i in seen or i in stack:
-            return
-        stack.add(i)
-        for t in states[i].get("transitions", []):
-            if t.get("next_state") is not None:
-                visit(ids[t["next_state"]], stack)
-        stack.discard(i)
-        seen.add(i)
-        order.append(i)
-    for i in range(len(states)):
-        visit(i, set())
-    return order[::-1]
-
-
-def _post_dominators(succ: dict, init) -> dict:
-    """Immediate post-dominator of every node of the control graph (None: the exit)."""
-    nodes = []
-    seen = set()
-
-    def walk(n):
-        if n is None or n in seen:
-            return
-        seen.add(n)
-        for s in succ[n]:
-            walk(s)
-        nodes.append(n)          # post-order: successors first
-    walk(init)
-    exit_ = "<exit>"
-    pdom = {exit_: {exit_}}
-    every = set(nodes) | {exit_}
-    for n in nodes:
-        pdom[n] = set(every)
-    changed = True
-    while changed:
-        changed = False
-        for n in nodes:
-            targets = [s if s is not None else exit_ for s in succ[n]]
-            new = set.intersection(*(pdom[t] for t in targets)) | {n}
-            if new != pdom[n]:
-                pdom[n] = new
-                changed = True
-    ipdom = {}
-    for n in nodes:
-        strict = pdom[n] - {n}
-        # The immediate one is the strict post-dominator that all others post-dominate.
-        for cand in strict:
-            if all(other in pdom[cand] for other in strict):
-                ipdom[n] = None if cand == exit_ else cand
-                break
-    return ipdom
-
-
-def compile_json(text: str | bytes, drop_port: int = DROP_PORT) -> Compiled:
-    """Compile a BMv2 JSON document; raises Unsupported or ValueError on bad input."""
-    try:
-        doc = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"device config is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValueError("device config is not a BMv2 JSON object")
-    gen = Generator(doc, drop_port)
+def compile_program(program: Program) -> Compiled:
+    """The Python functions for a checked program."""
+    gen = Generator(program)
     try:
         out = gen.generate()
-    except (KeyError, IndexError, TypeError) as exc:
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
-    for name, spec in out.tables.items():
-        gen.ns[f"T_{spec.id}"] = spec
     gen.ns["_NOTCACHED"] = _NOTCACHED
     gen.ns["_log_assert"] = _log_assert
     out.namespace = gen.ns

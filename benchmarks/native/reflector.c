@@ -1,0 +1,80 @@
+/* The machine's ceiling for bench_switch: a program that only reflects frames.
+ *
+ *     reflector IFACE...
+ *
+ * One AF_PACKET socket per interface (promiscuous, outgoing frames ignored), epoll
+ * over them, recvmmsg a batch, sendmmsg it back out of the interface it came in
+ * on: the same system calls the native switch makes, with no pipeline at all.
+ * Runs until SIGTERM.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <net/if.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#ifndef PACKET_IGNORE_OUTGOING
+#define PACKET_IGNORE_OUTGOING 23
+#endif
+#define BATCH 64
+#define SLOT 16384
+
+static volatile sig_atomic_t stop;
+static void on_term(int sig) { (void)sig; stop = 1; }
+
+int main(int argc, char **argv) {
+    int n = argc - 1, fds[64];
+    if (n < 1 || n > 64) { fprintf(stderr, "usage: reflector IFACE...\n"); return 2; }
+    signal(SIGTERM, on_term);
+    signal(SIGINT, on_term);
+    int ep = epoll_create1(0);
+    for (int i = 0; i < n; i++) {
+        int ifindex = (int)if_nametoindex(argv[i + 1]);
+        if (!ifindex) { perror(argv[i + 1]); return 1; }
+        fds[i] = socket(AF_PACKET, SOCK_RAW, htons(ETH_P_ALL));
+        if (fds[i] < 0) { perror("socket"); return 1; }
+        struct sockaddr_ll sll = {.sll_family = AF_PACKET, .sll_protocol = htons(ETH_P_ALL),
+                                  .sll_ifindex = ifindex};
+        if (bind(fds[i], (struct sockaddr *)&sll, sizeof sll)) { perror("bind"); return 1; }
+        struct packet_mreq mr = {.mr_ifindex = ifindex, .mr_type = PACKET_MR_PROMISC};
+        setsockopt(fds[i], SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr, sizeof mr);
+        int one = 1, buf = 4 << 20;
+        setsockopt(fds[i], SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+        setsockopt(fds[i], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+        epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev);
+    }
+    static char bufs[BATCH][SLOT];
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    struct epoll_event evs[64];
+    while (!stop) {
+        int ne = epoll_wait(ep, evs, 64, 100);
+        for (int e = 0; e < ne; e++) {
+            int fd = fds[evs[e].data.u32];
+            for (int j = 0; j < BATCH; j++) {
+                iov[j].iov_base = bufs[j];
+                iov[j].iov_len = SLOT;
+                memset(&msgs[j], 0, sizeof msgs[j]);
+                msgs[j].msg_hdr.msg_iov = &iov[j];
+                msgs[j].msg_hdr.msg_iovlen = 1;
+            }
+            int r = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL);
+            if (r <= 0) continue;
+            for (int j = 0; j < r; j++) iov[j].iov_len = msgs[j].msg_len;
+            for (int done = 0; done < r;) {
+                int s = sendmmsg(fd, msgs + done, r - done, 0);
+                if (s <= 0) break;
+                done += s;
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,575 @@
+/* Native softswitch runtime: tables, registers, counters, PRE, batched AF_PACKET I/O.
+ *
+ * Not compiled on its own: the C emitter writes one translation unit per program
+ * that defines SS_NFIELDS, SS_NHEADERS, SS_NTABLES, SS_NREGS, SS_NCTRS and
+ * SS_MAXHDR, includes this file, then defines ss_setup(), ss_ingress() and
+ * ss_egress(). One unit lets the compiler inline table lookups into the pipeline.
+ *
+ * Every control-plane call and every data-plane batch holds ctx->mu (recursive, so
+ * Python can hold it across several calls for a consistent read or a multi-update
+ * write); the data plane never sees half a change.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/if_packet.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define SS_EXPORT __attribute__((visibility("default")))
+#define SS_SLOT 16384            /* largest frame received; larger ones are dropped */
+#define SS_BATCH 64
+#define SS_TXMAX 512             /* frames staged for sending per batch */
+#define SS_MAXPORTS 512
+#define SS_OUTMAX 64             /* outputs kept by ss_process (control-plane tests) */
+
+typedef struct {
+    int nk, nd, scan;            /* scan: ternary/LPM (priority order), else exact hash */
+    int cap, used, nlive, nfree;
+    uint64_t *key, *mask, *data;
+    int32_t *action, *prio, *freel;
+    uint32_t *seq;
+    uint8_t *live;
+    uint64_t *pkts, *bytes;
+    int32_t *index;              /* exact: hash slots -> entry; scan: entries in order */
+    uint32_t icap;
+    uint32_t next_seq;
+    int32_t def_action;
+    uint64_t *def_data;
+} ss_table;
+
+typedef struct {
+    int n;
+    uint16_t *port, *rid;
+} ss_group;
+
+typedef struct {
+    uint64_t f[SS_NFIELDS + 1];
+    uint8_t v[SS_NHEADERS + 1];
+    const uint8_t *pkt;
+    uint64_t plen, off, plen_reg, in_len;
+    int abort;                   /* a division by zero: the packet is dropped */
+} ss_state;
+
+typedef struct {
+    uint8_t *buf;
+    uint32_t len, port;
+} ss_txslot;
+
+typedef struct ss_ctx {
+    pthread_mutex_t mu;
+    ss_table t[SS_NTABLES + 1];
+    uint64_t *reg[SS_NREGS + 1];
+    uint32_t reg_size[SS_NREGS + 1];
+    uint64_t *cpk[SS_NCTRS + 1], *cby[SS_NCTRS + 1];
+    uint32_t ctr_size[SS_NCTRS + 1];
+    ss_group *groups[65536];
+    uint64_t rng;
+    uint64_t drop_port;
+    /* ss_process: the outputs of the last call */
+    uint8_t *outbuf;
+    uint32_t nout, out_port[SS_OUTMAX], out_len[SS_OUTMAX];
+    /* I/O */
+    pthread_t thread;
+    volatile int stop, running;
+    int nports, port_no[SS_MAXPORTS], rxfd[SS_MAXPORTS], txfd[SS_MAXPORTS];
+    int port_index[SS_MAXPORTS];
+    uint8_t *rxbuf;
+    ss_txslot tx[SS_TXMAX];
+    uint32_t ntx;
+    uint64_t stat_rx, stat_tx, stat_drop, stat_txerr, stat_asserts;
+} ss_ctx;
+
+static void ss_setup(ss_ctx *c);
+static void ss_ingress(ss_ctx *c, ss_state *S);
+static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, uint32_t rid,
+                         uint32_t instance, uint8_t *out, uint32_t cap);
+static uint64_t ss_spec(const ss_state *S);
+static uint64_t ss_mcast(const ss_state *S);
+
+/* ------------------------------------------------------------------ values */
+
+static inline uint64_t ss_sext(uint64_t v, int w) {
+    if (w >= 64) return v;
+    uint64_t m = 1ULL << (w - 1);
+    v &= (m << 1) - 1;
+    return (v ^ m) - m;
+}
+
+static inline uint64_t ss_get(const uint8_t *p, uint32_t bitoff, int w) {
+    const uint8_t *q = p + (bitoff >> 3);
+    uint32_t first = bitoff & 7, nbytes = (first + w + 7) >> 3;
+    unsigned __int128 acc = 0;
+    for (uint32_t i = 0; i < nbytes; i++) acc = (acc << 8) | q[i];
+    acc >>= nbytes * 8 - first - w;
+    return (uint64_t)acc & (w >= 64 ? ~0ULL : ((1ULL << w) - 1));
+}
+
+static inline void ss_put(uint8_t *p, uint32_t bitoff, int w, uint64_t v) {
+    uint8_t *q = p + (bitoff >> 3);
+    uint32_t first = bitoff & 7, nbytes = (first + w + 7) >> 3, shift = nbytes * 8 - first - w;
+    unsigned __int128 m = (w >= 64 ? (unsigned __int128)~0ULL : ((1ULL << w) - 1));
+    unsigned __int128 acc = 0;
+    for (uint32_t i = 0; i < nbytes; i++) acc = (acc << 8) | q[i];
+    acc = (acc & ~(m << shift)) | (((unsigned __int128)v & m) << shift);
+    for (int i = (int)nbytes - 1; i >= 0; i--) { q[i] = (uint8_t)acc; acc >>= 8; }
+}
+
+static inline uint64_t ss_ld8(const uint8_t *p) { return p[0]; }
+static inline uint64_t ss_ld16(const uint8_t *p) { uint16_t x; memcpy(&x, p, 2); return __builtin_bswap16(x); }
+static inline uint64_t ss_ld32(const uint8_t *p) { uint32_t x; memcpy(&x, p, 4); return __builtin_bswap32(x); }
+static inline uint64_t ss_ld64(const uint8_t *p) { uint64_t x; memcpy(&x, p, 8); return __builtin_bswap64(x); }
+static inline void ss_st8(uint8_t *p, uint64_t v) { p[0] = (uint8_t)v; }
+static inline void ss_st16(uint8_t *p, uint64_t v) { uint16_t x = __builtin_bswap16((uint16_t)v); memcpy(p, &x, 2); }
+static inline void ss_st32(uint8_t *p, uint64_t v) { uint32_t x = __builtin_bswap32((uint32_t)v); memcpy(p, &x, 4); }
+static inline void ss_st64(uint8_t *p, uint64_t v) { uint64_t x = __builtin_bswap64(v); memcpy(p, &x, 8); }
+
+static uint16_t ss_csum16(const uint8_t *d, uint32_t n) {
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i + 1 < n; i += 2) sum += ((uint32_t)d[i] << 8) | d[i + 1];
+    if (n & 1) sum += (uint32_t)d[n - 1] << 8;
+    while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+    return (uint16_t)~sum;
+}
+
+static inline uint64_t ss_random(ss_ctx *c, uint64_t lo, uint64_t hi) {
+    uint64_t x = c->rng;              /* xorshift64* */
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    c->rng = x;
+    x *= 0x2545F4914F6CDD1DULL;
+    uint64_t span = hi - lo;
+    return span == ~0ULL ? x : lo + x % (span + 1);
+}
+
+static inline uint64_t ss_div(ss_state *S, uint64_t a, uint64_t b, int mod) {
+    if (!b) { S->abort = 1; return 0; }
+    return mod ? a % b : a / b;
+}
+
+/* ------------------------------------------------------------------ tables */
+
+static void *ss_grow(void *p, size_t n, size_t size) {
+    void *q = realloc(p, n * size ? n * size : 1);
+    if (!q) abort();
+    return q;
+}
+
+static void ss_table_init(ss_table *t, int nk, int nd, int scan) {
+    memset(t, 0, sizeof *t);
+    t->nk = nk; t->nd = nd; t->scan = scan;
+    t->def_action = -1;
+    t->def_data = calloc(nd + 1, sizeof(uint64_t));
+}
+
+static uint64_t ss_hash(const uint64_t *k, int nk) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
+    for (int i = 0; i < nk; i++) { h ^= k[i]; h *= 0xFF51AFD7ED558CCDULL; h ^= h >> 33; }
+    return h;
+}
+
+static ss_table *ss_sorting;
+static int ss_order_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    const ss_table *t = ss_sorting;
+    if (t->prio[x] != t->prio[y]) return t->prio[x] > t->prio[y] ? -1 : 1;
+    return t->seq[x] < t->seq[y] ? -1 : t->seq[x] > t->seq[y];
+}
+
+/* Rebuild the lookup index after a change: a hash of the live entries (exact) or
+ * the live entries by descending priority, then insertion order (ternary/LPM). */
+static void ss_table_reindex(ss_table *t) {
+    if (t->scan) {
+        t->index = ss_grow(t->index, t->nlive + 1, sizeof(int32_t));
+        uint32_t n = 0;
+        for (int i = 0; i < t->used; i++) if (t->live[i]) t->index[n++] = i;
+        ss_sorting = t;
+        qsort(t->index, n, sizeof(int32_t), ss_order_cmp);
+        t->icap = n;
+        return;
+    }
+    uint32_t cap = 16;
+    while (cap < 2u * (uint32_t)t->nlive + 16) cap <<= 1;
+    t->index = ss_grow(t->index, cap, sizeof(int32_t));
+    t->icap = cap;
+    for (uint32_t i = 0; i < cap; i++) t->index[i] = -1;
+    for (int i = 0; i < t->used; i++) {
+        if (!t->live[i]) continue;
+        uint32_t h = (uint32_t)ss_hash(t->key + (size_t)i * t->nk, t->nk) & (cap - 1);
+        while (t->index[h] >= 0) h = (h + 1) & (cap - 1);
+        t->index[h] = i;
+    }
+}
+
+static inline int32_t ss_lookup(const ss_table *t, const uint64_t *k) {
+    int nk = t->nk;
+    if (t->scan) {
+        for (uint32_t j = 0; j < t->icap; j++) {
+            int32_t i = t->index[j];
+            const uint64_t *ek = t->key + (size_t)i * nk, *em = t->mask + (size_t)i * nk;
+            int ok = 1;
+            for (int f = 0; f < nk; f++) if ((k[f] & em[f]) != ek[f]) { ok = 0; break; }
+            if (ok) return i;
+        }
+        return -1;
+    }
+    if (!t->icap) return -1;
+    uint32_t h = (uint32_t)ss_hash(k, nk) & (t->icap - 1);
+    for (;;) {
+        int32_t i = t->index[h];
+        if (i < 0) return -1;
+        if (!memcmp(t->key + (size_t)i * nk, k, nk * sizeof(uint64_t))) return i;
+        h = (h + 1) & (t->icap - 1);
+    }
+}
+
+/* ------------------------------------------------------------------ control API */
+
+SS_EXPORT void ss_lock(ss_ctx *c) { pthread_mutex_lock(&c->mu); }
+SS_EXPORT void ss_unlock(ss_ctx *c) { pthread_mutex_unlock(&c->mu); }
+
+SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
+    ss_ctx *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&c->mu, &a);
+    c->drop_port = drop_port;
+    c->rng = seed | 1;
+    c->outbuf = malloc((size_t)SS_OUTMAX * (SS_SLOT + SS_MAXHDR));
+    c->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT);
+    for (int i = 0; i < SS_TXMAX; i++) c->tx[i].buf = malloc(SS_SLOT + SS_MAXHDR);
+    ss_setup(c);
+    return c;
+}
+
+static void ss_reg_init(ss_ctx *c, int r, uint32_t size) {
+    c->reg[r] = calloc(size + 1, sizeof(uint64_t));
+    c->reg_size[r] = size;
+}
+
+static void ss_ctr_init(ss_ctx *c, int i, uint32_t size) {
+    c->cpk[i] = calloc(size + 1, sizeof(uint64_t));
+    c->cby[i] = calloc(size + 1, sizeof(uint64_t));
+    c->ctr_size[i] = size;
+}
+
+/* A new entry (key already masked); returns its handle. */
+SS_EXPORT int32_t ss_tbl_add(ss_ctx *c, int ti, const uint64_t *key, const uint64_t *mask,
+                             int32_t prio, int32_t action, const uint64_t *data) {
+    pthread_mutex_lock(&c->mu);
+    ss_table *t = &c->t[ti];
+    int32_t i;
+    if (t->nfree) {
+        i = t->freel[--t->nfree];
+    } else {
+        if (t->used == t->cap) {
+            int cap = t->cap ? t->cap * 2 : 16;
+            t->key = ss_grow(t->key, (size_t)cap * t->nk, 8);
+            t->mask = ss_grow(t->mask, (size_t)cap * t->nk, 8);
+            t->data = ss_grow(t->data, (size_t)cap * (t->nd + 1), 8);
+            t->action = ss_grow(t->action, cap, 4);
+            t->prio = ss_grow(t->prio, cap, 4);
+            t->freel = ss_grow(t->freel, cap, 4);
+            t->seq = ss_grow(t->seq, cap, 4);
+            t->live = ss_grow(t->live, cap, 1);
+            t->pkts = ss_grow(t->pkts, cap, 8);
+            t->bytes = ss_grow(t->bytes, cap, 8);
+            t->cap = cap;
+        }
+        i = t->used++;
+    }
+    memcpy(t->key + (size_t)i * t->nk, key, t->nk * 8);
+    memcpy(t->mask + (size_t)i * t->nk, mask, t->nk * 8);
+    memcpy(t->data + (size_t)i * (t->nd + 1), data, t->nd * 8);
+    t->action[i] = action;
+    t->prio[i] = prio;
+    t->seq[i] = t->next_seq++;
+    t->live[i] = 1;
+    t->pkts[i] = t->bytes[i] = 0;
+    t->nlive++;
+    ss_table_reindex(t);
+    pthread_mutex_unlock(&c->mu);
+    return i;
+}
+
+SS_EXPORT void ss_tbl_set_action(ss_ctx *c, int ti, int32_t i, int32_t action, const uint64_t *data) {
+    pthread_mutex_lock(&c->mu);
+    ss_table *t = &c->t[ti];
+    t->action[i] = action;
+    memcpy(t->data + (size_t)i * (t->nd + 1), data, t->nd * 8);
+    pthread_mutex_unlock(&c->mu);
+}
+
+SS_EXPORT void ss_tbl_del(ss_ctx *c, int ti, int32_t i) {
+    pthread_mutex_lock(&c->mu);
+    ss_table *t = &c->t[ti];
+    t->live[i] = 0;
+    t->nlive--;
+    t->freel[t->nfree++] = i;
+    ss_table_reindex(t);
+    pthread_mutex_unlock(&c->mu);
+}
+
+SS_EXPORT void ss_tbl_default(ss_ctx *c, int ti, int32_t action, const uint64_t *data) {
+    pthread_mutex_lock(&c->mu);
+    ss_table *t = &c->t[ti];
+    t->def_action = action;
+    memcpy(t->def_data, data, t->nd * 8);
+    pthread_mutex_unlock(&c->mu);
+}
+
+SS_EXPORT void ss_tbl_counter(ss_ctx *c, int ti, int32_t i, uint64_t *pkts_bytes, int write) {
+    pthread_mutex_lock(&c->mu);
+    ss_table *t = &c->t[ti];
+    if (write) { t->pkts[i] = pkts_bytes[0]; t->bytes[i] = pkts_bytes[1]; }
+    else { pkts_bytes[0] = t->pkts[i]; pkts_bytes[1] = t->bytes[i]; }
+    pthread_mutex_unlock(&c->mu);
+}
+
+SS_EXPORT uint64_t ss_reg_get(ss_ctx *c, int r, uint32_t i) {
+    pthread_mutex_lock(&c->mu);
+    uint64_t v = i < c->reg_size[r] ? c->reg[r][i] : 0;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+SS_EXPORT void ss_reg_set(ss_ctx *c, int r, uint32_t i, uint64_t v) {
+    pthread_mutex_lock(&c->mu);
+    if (i < c->reg_size[r]) c->reg[r][i] = v;
+    pthread_mutex_unlock(&c->mu);
+}
+
+SS_EXPORT uint64_t ss_ctr_get(ss_ctx *c, int n, uint32_t i, int bytes) {
+    pthread_mutex_lock(&c->mu);
+    uint64_t v = i < c->ctr_size[n] ? (bytes ? c->cby[n][i] : c->cpk[n][i]) : 0;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+SS_EXPORT void ss_ctr_set(ss_ctx *c, int n, uint32_t i, int bytes, uint64_t v) {
+    pthread_mutex_lock(&c->mu);
+    if (i < c->ctr_size[n]) (bytes ? c->cby[n] : c->cpk[n])[i] = v;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A multicast group's replicas in sending order; n < 0 deletes the group. */
+SS_EXPORT void ss_group_set(ss_ctx *c, uint32_t gid, int n, const uint16_t *ports,
+                            const uint16_t *rids) {
+    ss_group *g = NULL;
+    if (n >= 0) {
+        g = malloc(sizeof *g);
+        g->n = n;
+        g->port = malloc((n + 1) * 2);
+        g->rid = malloc((n + 1) * 2);
+        memcpy(g->port, ports, n * 2);
+        memcpy(g->rid, rids, n * 2);
+    }
+    pthread_mutex_lock(&c->mu);
+    ss_group *old = c->groups[gid & 0xFFFF];
+    c->groups[gid & 0xFFFF] = g;
+    pthread_mutex_unlock(&c->mu);
+    if (old) { free(old->port); free(old->rid); free(old); }
+}
+
+/* ------------------------------------------------------------------ packet path */
+
+typedef void (*ss_emit_fn)(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len);
+
+/* Ingress, PRE, egress for one frame; ``slot`` gives the buffer for each output. */
+static void ss_run(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
+                   uint8_t *(*slot)(ss_ctx *c, uint32_t *cap), ss_emit_fn emit) {
+    ss_state S, E;
+    memset(&S, 0, offsetof(ss_state, pkt));
+    S.pkt = pkt;
+    S.plen = S.plen_reg = S.in_len = len;
+    S.off = 0;
+    S.abort = 0;
+    S.f[SS_INGRESS_PORT] = port;
+    ss_ingress(c, &S);
+    if (S.abort) { c->stat_drop++; return; }
+    uint64_t grp = ss_mcast(&S), spec = ss_spec(&S);
+    uint32_t cap;
+    if (grp) {
+        ss_group *g = c->groups[grp & 0xFFFF];
+        if (!g || grp > 0xFFFF) return;
+        for (int i = 0; i < g->n; i++) {
+            uint8_t *out = slot(c, &cap);
+            if (!out) return;
+            memcpy(&E, &S, sizeof S);
+            int64_t n = ss_egress(c, &E, g->port[i], 1, g->rid[i], 5, out, cap);
+            if (n >= 0) emit(c, g->port[i], out, (uint32_t)n);
+        }
+        return;
+    }
+    if (spec == c->drop_port) return;
+    uint8_t *out = slot(c, &cap);
+    if (!out) return;
+    int64_t n = ss_egress(c, &S, (uint32_t)spec, 0, 0, 0, out, cap);
+    if (n >= 0) emit(c, (uint32_t)spec, out, (uint32_t)n);
+}
+
+static uint8_t *ss_out_slot(ss_ctx *c, uint32_t *cap) {
+    if (c->nout >= SS_OUTMAX) return NULL;
+    *cap = SS_SLOT + SS_MAXHDR;
+    return c->outbuf + (size_t)c->nout * (SS_SLOT + SS_MAXHDR);
+}
+
+static void ss_out_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
+    (void)frame;
+    c->out_port[c->nout] = port;
+    c->out_len[c->nout] = len;
+    c->nout++;
+}
+
+/* One frame through the pipeline; its outputs are read with ss_output. */
+SS_EXPORT int ss_process(ss_ctx *c, const uint8_t *frame, uint32_t len, uint32_t port) {
+    if (len > SS_SLOT) return 0;
+    pthread_mutex_lock(&c->mu);
+    c->nout = 0;
+    ss_run(c, frame, len, port, ss_out_slot, ss_out_emit);
+    int n = (int)c->nout;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+SS_EXPORT const uint8_t *ss_output(ss_ctx *c, int i, uint32_t *port, uint32_t *len) {
+    *port = c->out_port[i];
+    *len = c->out_len[i];
+    return c->outbuf + (size_t)i * (SS_SLOT + SS_MAXHDR);
+}
+
+/* ------------------------------------------------------------------ I/O loop */
+
+static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t *cap) {
+    if (c->ntx >= SS_TXMAX) return NULL;
+    *cap = SS_SLOT + SS_MAXHDR;
+    return c->tx[c->ntx].buf;
+}
+
+static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
+    (void)frame;
+    if (port >= SS_MAXPORTS || c->port_index[port] < 0) return;   /* no such port */
+    c->tx[c->ntx].port = port;
+    c->tx[c->ntx].len = len;
+    c->ntx++;
+}
+
+/* Send the staged frames, one sendmmsg per port. */
+static void ss_flush(ss_ctx *c) {
+    struct mmsghdr msgs[SS_TXMAX];
+    struct iovec iov[SS_TXMAX];
+    uint8_t done[SS_TXMAX] = {0};
+    for (uint32_t s = 0; s < c->ntx; s++) {
+        if (done[s]) continue;
+        uint32_t port = c->tx[s].port, n = 0;
+        for (uint32_t j = s; j < c->ntx; j++) {
+            if (done[j] || c->tx[j].port != port) continue;
+            done[j] = 1;
+            iov[n].iov_base = c->tx[j].buf;
+            iov[n].iov_len = c->tx[j].len;
+            memset(&msgs[n], 0, sizeof msgs[n]);
+            msgs[n].msg_hdr.msg_iov = &iov[n];
+            msgs[n].msg_hdr.msg_iovlen = 1;
+            n++;
+        }
+        int fd = c->txfd[c->port_index[port]];
+        uint32_t sent = 0;
+        while (sent < n) {
+            int r = sendmmsg(fd, msgs + sent, n - sent, 0);
+            if (r > 0) { sent += r; c->stat_tx += r; continue; }
+            if (r < 0 && errno == EINTR) continue;
+            c->stat_txerr++;         /* e.g. EMSGSIZE: that frame is lost, not the rest */
+            sent++;
+        }
+    }
+    c->ntx = 0;
+}
+
+static void ss_receive(ss_ctx *c, int k) {
+    struct mmsghdr msgs[SS_BATCH];
+    struct iovec iov[SS_BATCH];
+    struct sockaddr_ll addr[SS_BATCH];
+    for (int i = 0; i < SS_BATCH; i++) {
+        iov[i].iov_base = c->rxbuf + (size_t)i * SS_SLOT;
+        iov[i].iov_len = SS_SLOT;
+        memset(&msgs[i], 0, sizeof msgs[i]);
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        msgs[i].msg_hdr.msg_name = &addr[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof addr[i];
+    }
+    int n = recvmmsg(c->rxfd[k], msgs, SS_BATCH, MSG_DONTWAIT | MSG_TRUNC, NULL);
+    if (n <= 0) return;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < n; i++) {
+        if (addr[i].sll_pkttype == PACKET_OUTGOING) continue;
+        c->stat_rx++;
+        if (msgs[i].msg_len > SS_SLOT || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
+            c->stat_drop++;           /* larger than a slot: dropped, never cut short */
+            continue;
+        }
+        if (c->ntx + 64 > SS_TXMAX) {
+            pthread_mutex_unlock(&c->mu);
+            ss_flush(c);
+            pthread_mutex_lock(&c->mu);
+        }
+        ss_run(c, iov[i].iov_base, msgs[i].msg_len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
+    }
+    pthread_mutex_unlock(&c->mu);
+    ss_flush(c);
+}
+
+static void *ss_loop(void *arg) {
+    ss_ctx *c = arg;
+    int ep = epoll_create1(0);
+    for (int k = 0; k < c->nports; k++) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)k};
+        epoll_ctl(ep, EPOLL_CTL_ADD, c->rxfd[k], &ev);
+    }
+    struct epoll_event evs[64];
+    while (!c->stop) {
+        int n = epoll_wait(ep, evs, 64, 50);
+        for (int i = 0; i < n; i++) ss_receive(c, (int)evs[i].data.u32);
+    }
+    close(ep);
+    return NULL;
+}
+
+/* Start the data-plane thread on sockets the caller opened (and still owns). */
+SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, const int *txfds) {
+    if (c->running || n > SS_MAXPORTS) return -1;
+    for (int i = 0; i < SS_MAXPORTS; i++) c->port_index[i] = -1;
+    c->nports = n;
+    for (int k = 0; k < n; k++) {
+        if (ports[k] < 0 || ports[k] >= SS_MAXPORTS) return -1;
+        c->port_no[k] = ports[k];
+        c->rxfd[k] = rxfds[k];
+        c->txfd[k] = txfds[k];
+        c->port_index[ports[k]] = k;
+    }
+    c->stop = 0;
+    c->ntx = 0;
+    if (pthread_create(&c->thread, NULL, ss_loop, c)) return -1;
+    c->running = 1;
+    return 0;
+}
+
+SS_EXPORT void ss_io_stop(ss_ctx *c) {
+    if (!c->running) return;
+    c->stop = 1;
+    pthread_join(c->thread, NULL);
+    c->running = 0;
+}
+
+SS_EXPORT void ss_io_stats(ss_ctx *c, uint64_t *out) {
+    pthread_mutex_lock(&c->mu);
+    out[0] = c->stat_rx; out[1] = c->stat_tx; out[2] = c->stat_drop;
+    out[3] = c->stat_txerr; out[4] = c->stat_asserts;
+    pthread_mutex_unlock(&c->mu);
+}
