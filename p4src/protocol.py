@@ -210,10 +210,13 @@ class PacketFormat:
                 acc = acc | ((np.asarray(fields[field.name], dtype=np.int64) & mask) << shift)
             packets[word.name][rows] = acc
 
-    def unpack(self, packets: np.ndarray) -> dict[str, np.ndarray]:
-        """Header fields of a packet array, as int64 arrays (signed fields signed)."""
+    def unpack(self, packets: np.ndarray, names=None) -> dict[str, np.ndarray]:
+        """Header fields of a packet array (all, or the words holding ``names``), as
+        int64 arrays (signed fields signed)."""
         out = {}
         for word in self._words:
+            if names is not None and not any(f.name in names for f in word.fields):
+                continue
             if word.signed:
                 out[word.fields[0].name] = packets[word.name].astype(np.int64)
                 continue

@@ -97,8 +97,8 @@ class Stats:
     fast_retransmissions: int = 0     # of which by loss detection (before the timer)
     redone: int = 0                   # blocks sent again with the agreed exponent
     results_received: int = 0
-    duplicates_ignored: int = 0
-    malformed_ignored: int = 0
+    duplicates_ignored: int = 0       # answering no packet in flight: duplicate, stale, foreign
+    malformed_ignored: int = 0        # datagrams of the wrong length
     timeouts: int = 0
     socket_errors: int = 0            # failed sends/receives, repaired as losses
 
@@ -182,6 +182,10 @@ class Transport:
         # One packet per slot, rewritten when the slot takes its next chunk; a
         # retransmission resends the row as it is.
         self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
+        self.tx_bytes = self.tx.view(np.uint8).reshape(num_slots, -1)
+        # A result echoes its packet's header up to the packet id (the type aside).
+        self.type_offset = fmt.dtype.fields["msg_type"][1]
+        self.identity_bytes = fmt.dtype.fields["pkt_id"][1] + fmt.dtype["pkt_id"].itemsize
         self.rx = np.zeros((RECV_BATCH, fmt.payload_bytes + 1), dtype=np.uint8)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -289,8 +293,7 @@ class _Call:
         self.retries = np.zeros(w, dtype=np.int64)     # timer expiries (back-off)
         self.resent = np.zeros(w, dtype=bool)          # Karn: no RTT sample
         self.deadline = np.full(w, np.inf)
-        self.cur_set = np.zeros(w, dtype=np.int64)
-        self.cur_id = np.zeros(w, dtype=np.int64)
+        self.expect = np.zeros((w, t.identity_bytes), dtype=np.uint8)   # see _on_results
         self.rack_sent = -np.inf        # send time of the newest packet answered
         self.rack_rtt = 0.0
 
@@ -321,9 +324,10 @@ class _Call:
         ids = t.next_pkt_id[slots]
         t.next_set[slots] ^= 1
         t.next_pkt_id[slots] = (ids + 1) & PKT_ID_MASK
-        self.cur_set[slots], self.cur_id[slots] = sets, ids
         t.fmt.write_header(t.tx, slots, set=sets, slot=t.first_slot + slots, pkt_id=ids,
                            exponent=self.own[chunks])
+        self.expect[slots] = t.tx_bytes[slots, :t.identity_bytes]
+        self.expect[slots, t.type_offset] = int(MsgType.RESULT)
         t.tx["values"][slots] = quantize.quantize(self.blocks[chunks], self.own[chunks],
                                                   self.scale[chunks], t.num_workers)
         self.first_sent_at[slots] = now
@@ -353,21 +357,21 @@ class _Call:
     def _on_results(self, packets: np.ndarray) -> None:
         t = self.t
         now = time.monotonic()
-        h = t.fmt.unpack(packets)
-        slot = h["slot"] - t.first_slot
-        ok = ((h["msg_type"] == MsgType.RESULT) & (h["job_id"] == t.job_id)
-              & (h["contributions"] == t.num_workers) & (slot >= 0) & (slot < t.num_slots))
-        t.stats.malformed_ignored += int(len(packets) - ok.sum())
-        index = np.flatnonzero(ok)
+        h = t.fmt.unpack(packets, ("slot", "exponent", "contributions"))
+        slot = np.clip(h["slot"] - t.first_slot, 0, t.num_slots - 1)
+        # The answer to a slot's packet in flight: its identity bytes (type RESULT,
+        # job, set and slot, packet id), all workers counted, the right slot range.
+        raw = packets.view(np.uint8).reshape(len(packets), -1)[:, :t.identity_bytes]
+        match = ((raw == self.expect[slot]).all(axis=1) & (self.chunk[slot] >= 0)
+                 & (h["contributions"] == t.num_workers)
+                 & (h["slot"] - t.first_slot == slot))
+        index = np.flatnonzero(match)
         s = slot[index]
-        match = ((self.chunk[s] >= 0) & (h["pkt_id"][index] == self.cur_id[s])
-                 & (h["set"][index] == self.cur_set[s]))
-        index, s = index[match], s[match]
         # A result twice in one batch (resent by the switch) counts once; arrival
         # order is kept, so every worker sends its next packets in the same order.
         first = np.sort(np.unique(s, return_index=True)[1])
         index, s = index[first], s[first]
-        t.stats.duplicates_ignored += int(ok.sum() - len(index))
+        t.stats.duplicates_ignored += len(packets) - len(index)
         if not len(index):
             return
         t.stats.results_received += len(index)
