@@ -27,12 +27,16 @@ from .transport import RetransmitPolicy
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def make_inputs(size: int, seed: int, rep: int, worker_id: int, dtype: str = "float32"):
+def make_inputs(size: int, seed: int, rep: int, worker_id: int, dtype: str = "float32",
+                steady: bool = False):
     """Worker ``worker_id``'s input of call ``rep``: normal values whose scale changes
-    every 64 elements (from 2**-20 to 2**12), as gradients' do across layers. A numpy
+    every 64 elements (from 2**-20 to 2**12), as gradients' do across layers. The
+    scales are drawn afresh for every call, or, ``steady``, once per worker, as a
+    training step's gradients keep their layers' scales from step to step. A numpy
     array, or a torch tensor for bfloat16 (numpy has none)."""
     rng = np.random.default_rng([seed, rep, worker_id])
-    scales = 2.0 ** rng.integers(-20, 13, size=-(-size // 64)).repeat(64)[:size]
+    scale_rng = np.random.default_rng([seed, worker_id]) if steady else rng
+    scales = 2.0 ** scale_rng.integers(-20, 13, size=-(-size // 64)).repeat(64)[:size]
     values = (rng.standard_normal(size) * scales).astype(np.float32)
     if dtype == "bfloat16":
         import torch
@@ -60,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--average", action="store_true")
+    parser.add_argument("--steady", action="store_true",
+                        help="keep each block's scale from call to call, as training does")
     parser.add_argument("--save", type=Path, help="write result_<worker>_<rep>.npy here")
     parser.add_argument("--nonfinite-at", type=int, metavar="INDEX",
                         help="put Inf at INDEX of the first call's input (shows the NaN/Inf policy)")
@@ -72,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with AggregationSession.from_config(args.config, args.worker_id, policy=policy) as session:
         for rep in range(args.reps):
-            tensor = make_inputs(args.size, args.seed, rep, args.worker_id, args.dtype)
+            tensor = make_inputs(args.size, args.seed, rep, args.worker_id, args.dtype,
+                                 args.steady)
             if rep == 0 and args.nonfinite_at is not None:
                 tensor[args.nonfinite_at] = float("inf")
             report = {"worker": args.worker_id, "rep": rep}

@@ -56,6 +56,7 @@ from .batchio import BatchSocket
 
 PKT_ID_MASK = 0xFFFFFFFF
 RECV_BATCH = 512              # results drained from the socket per system call
+COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for more
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
 
 
@@ -75,17 +76,21 @@ class RetransmitPolicy:
     under them (the adaptive floor is twice the smoothed round trip).
     ``initial_rto`` applies until the first round trip is measured. ``peer_timeout``
     bounds how long one packet may wait for its result, and so how long a call can
-    hang on a dead worker or an unreachable switch."""
+    hang on a dead worker or an unreachable switch. ``coalesce`` is the longest a
+    wake-up that found only a few results waits for more (0: never)."""
     initial_rto: float = 0.2
     min_rto: float = 0.001
     max_rto: float = 2.0
     peer_timeout: float = 30.0
+    coalesce: float = 0.0005
 
     def __post_init__(self):
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")
         if self.peer_timeout <= 0:
             raise ValueError("peer_timeout must be positive")
+        if self.coalesce < 0:
+            raise ValueError("coalesce must not be negative")
 
 
 @dataclass
@@ -292,9 +297,13 @@ class _Call:
         self.first_sent_at = np.zeros(w)
         self.retries = np.zeros(w, dtype=np.int64)     # timer expiries (back-off)
         self.resent = np.zeros(w, dtype=bool)          # Karn: no RTT sample
-        self.deadline = np.full(w, np.inf)
+        self.progress_at = -np.inf      # when the call last got an answer
         self.expect = np.zeros((w, t.identity_bytes), dtype=np.uint8)   # see _on_results
-        self.rack_sent = -np.inf        # send time of the newest packet answered
+        # RACK orders packets by when they were sent; a batch goes out in order, so
+        # a send sequence number, not a timestamp, tells its packets apart.
+        self.sent_seq = np.zeros(w, dtype=np.int64)
+        self.next_seq = 0
+        self.rack_seq = -1              # the newest packet answered
         self.rack_rtt = 0.0
 
     def run(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -305,14 +314,28 @@ class _Call:
             if wait <= 0 or t._poll.poll(max(wait * 1000.0, 0.0)):
                 # Drain the socket first: after a stall, answers queued behind the
                 # first batch must not look lost.
+                drained = 0
                 while True:
                     packets, datagrams = t.receive()
+                    drained += datagrams
                     if len(packets):
                         self._on_results(packets)
                     if datagrams < RECV_BATCH:
                         break
+                if 0 < drained < COALESCE_BATCH:
+                    self._coalesce()
             self._recover(time.monotonic())
         return self.sums, self.scale, self.agreed
+
+    def _coalesce(self) -> None:
+        """Results trickling in at the links' pace would wake this thread once each,
+        at a cost in Python that, on a host shared by several workers and a
+        software switch, outweighs the wait: let a few gather first (as a NIC's
+        interrupt moderation does), never past a timer."""
+        if (self.chunk >= 0).any():
+            pause = min(self.t.policy.coalesce, self._next_wakeup() - time.monotonic())
+            if pause > 0:
+                time.sleep(pause)
 
     def _load(self, slots: np.ndarray, now: float) -> None:
         """Put each slot's chunk in its packet, quantized, and send them all."""
@@ -340,15 +363,25 @@ class _Call:
         lost, and the timers repair it."""
         sent = self.t.send(slots)
         self.sent_at[slots] = now
-        self.deadline[slots] = np.minimum(
-            now + self.t.rto.backoff(self.retries[slots]),
-            self.first_sent_at[slots] + self.t.policy.peer_timeout)
+        self.sent_seq[slots] = self.next_seq + np.arange(len(slots))
+        self.next_seq += len(slots)
         return sent
+
+    def _due(self) -> np.ndarray:
+        """When each slot's timer expires: its timeout (backed off per packet) after
+        its last send or after the call's last answer, whichever is later (RFC 6298
+        5.3 restarts the timer on every answer: a packet that waits behind a burst
+        queued at a slow link is not lost while answers keep coming; RACK finds
+        the ones that are), never past ``peer_timeout``."""
+        t = self.t
+        start = np.maximum(self.sent_at, self.progress_at)
+        return np.minimum(start + t.rto.backoff(self.retries),
+                          self.first_sent_at + t.policy.peer_timeout)
 
     def _next_wakeup(self) -> float:
         waiting = self.chunk >= 0
-        wake = self.deadline[waiting].min()
-        behind = waiting & (self.sent_at < self.rack_sent)
+        wake = self._due()[waiting].min()
+        behind = waiting & (self.sent_seq < self.rack_seq)
         if behind.any():
             wake = min(wake, self.sent_at[behind].min() + self.rack_rtt
                        + self.t.rto.reorder_window)
@@ -389,7 +422,7 @@ class _Call:
         following = np.where(keep, chunks + self.step, chunks)
         following[following >= self.n] = -1
         self.chunk[s] = following
-        self.deadline[s[following < 0]] = np.inf
+        self.progress_at = now
         self._load(s[following >= 0], now)
 
     def _measure(self, slots: np.ndarray, now: float) -> None:
@@ -399,11 +432,10 @@ class _Call:
         clean = slots[~self.resent[slots]]
         if not clean.size:
             return
-        sent = self.sent_at[clean]
-        self.t.rto.sample(float(now - sent.mean()))
-        newest = float(sent.max())
-        if newest > self.rack_sent:
-            self.rack_sent, self.rack_rtt = newest, now - newest
+        self.t.rto.sample(float(now - self.sent_at[clean].mean()))
+        newest = clean[np.argmax(self.sent_seq[clean])]
+        if self.sent_seq[newest] > self.rack_seq:
+            self.rack_seq, self.rack_rtt = int(self.sent_seq[newest]), now - self.sent_at[newest]
 
     def _recover(self, now: float) -> None:
         """Resend what is lost: packets sent before an answered one, once a round
@@ -414,8 +446,8 @@ class _Call:
         dead = waiting & (now - self.first_sent_at >= t.policy.peer_timeout)
         if dead.any():
             self._give_up(now)
-        expired = waiting & (self.deadline <= now)
-        lost = (waiting & ~expired & (self.sent_at < self.rack_sent)
+        expired = waiting & (self._due() <= now)
+        lost = (waiting & ~expired & (self.sent_seq < self.rack_seq)
                 & (self.sent_at + self.rack_rtt + t.rto.reorder_window <= now))
         if expired.any():
             t.stats.timeouts += int(expired.sum())
