@@ -57,6 +57,7 @@ from .batchio import BatchSocket
 PKT_ID_MASK = 0xFFFFFFFF
 RECV_BATCH = 512              # results drained from the socket per system call
 COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for more
+HISTORY_SHAPES = 256          # call shapes whose exponents are remembered (DDP: its buckets)
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
 
 
@@ -231,7 +232,10 @@ class Transport:
         except BaseException as exc:
             self.broken = exc
             raise
+        self.history.pop(n, None)          # most recent last; the oldest shape goes first
         self.history[n] = quantize.remember(agreed)
+        if len(self.history) > HISTORY_SHAPES:
+            del self.history[next(iter(self.history))]
         return sums, scale
 
     def park(self) -> None:
