@@ -239,6 +239,8 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
 
 def plot_slowdown(rows, out: Path, sizes, losses, directions, plt) -> Path:
     """Median time over the no-loss median, log scale: the factor loss costs."""
+    from matplotlib.ticker import FuncFormatter
+
     slow = slowdowns(rows)
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
     for ax, size in zip(axes[0], sizes):
@@ -251,6 +253,9 @@ def plot_slowdown(rows, out: Path, sizes, losses, directions, plt) -> Path:
             ax.axhline(goal, color="grey", linestyle="--", linewidth=0.8)
             ax.text(0, goal, f" {goal:g}x", va="bottom", fontsize=8, color="grey")
         ax.set_yscale("log")
+        times = FuncFormatter(lambda v, _: f"{v:g}x")
+        ax.yaxis.set_major_formatter(times)
+        ax.yaxis.set_minor_formatter(times)
         ax.set_xticks(range(len(losses)), [f"{p:g}" for p in losses])
         ax.set_xlabel("simulated loss (%)")
         ax.set_ylabel("slowdown (time / no-loss time)")
