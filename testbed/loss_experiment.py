@@ -16,9 +16,10 @@ step of a training run does.
 
 Writes <out>/loss.csv (one row per repetition), <out>/loss_time.png,
 <out>/loss_slowdown.png (median time over the no-loss median, log scale, with the
-1.1x and 2x marks) and <out>/loss_retransmissions.png (dotted: packets the
-simulator dropped; retransmissions above that line were spurious: timers or loss
-detection firing on packets that were only late), and prints a summary table.
+1.1x and 2x marks) and <out>/loss_retransmissions.png (dotted: the retransmissions
+the drops require, every worker's for a lost contribution and one for a lost
+result; retransmissions above that line were spurious: timers or loss detection
+firing on packets that were only late), and prints a summary table.
 """
 
 from __future__ import annotations
@@ -159,19 +160,27 @@ def slowdowns(rows: list[dict]) -> dict[tuple, float]:
             for k, rs in by.items() if base.get(k[0])}
 
 
+def needed_retransmissions(row: dict) -> int:
+    """What the simulator's drops make the workers resend: a lost contribution
+    leaves its slot unfinished for every worker, and none knows whose was lost, so
+    all of them resend; a lost result copy, only its worker."""
+    return row["workers"] * row["dropped_ingress"] + row["dropped_egress"]
+
+
 def summary(rows: list[dict]) -> str:
     header = (f"{'size':>8} {'direction':<9} {'loss %':>7} {'median ms':>10} {'slowdown':>9} "
-              f"{'max ms':>9} {'retrans/run':>12} {'switch drops':>13} {'exact':>6} "
-              f"{'identical':>10}")
+              f"{'max ms':>9} {'retrans/run':>12} {'needed/run':>11} {'switch drops':>13} "
+              f"{'exact':>6} {'identical':>10}")
     lines = [header, "-" * len(header)]
     slow = slowdowns(rows)
     for (size, direction, loss), rs in groups(rows).items():
         times = [1000 * r["time_s"] for r in rs]
         drops = sum(r["dropped_ingress"] + r["dropped_egress"] for r in rs) / len(rs)
+        needed = sum(needed_retransmissions(r) for r in rs) / len(rs)
         lines.append(f"{size:>8} {direction:<9} {loss:>7g} {statistics.median(times):>10.1f} "
                      f"{slow[(size, direction, loss)]:>8.2f}x "
                      f"{max(times):>9.1f} {statistics.mean(r['retransmissions'] for r in rs):>12.1f} "
-                     f"{drops:>13.1f} {sum(r['exact'] for r in rs):>3}/{len(rs):<2} "
+                     f"{needed:>11.1f} {drops:>13.1f} {sum(r['exact'] for r in rs):>3}/{len(rs):<2} "
                      f"{sum(r['identical'] for r in rs):>7}/{len(rs):<2}")
     return "\n".join(lines)
 
@@ -210,14 +219,14 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
                 line = ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3,
                                    label=direction)
                 if metric == "retransmissions":
-                    # What the simulator dropped: retransmissions above it were spurious.
-                    drops = [statistics.median(r["dropped_ingress"] + r["dropped_egress"]
-                                               for r in by[(size, "none" if loss == 0
-                                                            else direction, loss)])
-                             for loss in losses if by.get((size, "none" if loss == 0
-                                                            else direction, loss))]
-                    ax.plot(xs, drops, ":", color=line[0].get_color(),
-                            label=f"{direction}: dropped by the switch")
+                    # What the drops require: retransmissions above it were spurious.
+                    needed = [statistics.median(needed_retransmissions(r)
+                                                for r in by[(size, "none" if loss == 0
+                                                             else direction, loss)])
+                              for loss in losses if by.get((size, "none" if loss == 0
+                                                             else direction, loss))]
+                    ax.plot(xs, needed, ":", color=line[0].get_color(),
+                            label=f"{direction}: needed by the drops")
             inexact = [losses.index(k[2]) for k, rs in by.items()
                        if k[0] == size and not all(r["exact"] and r["identical"] for r in rs)]
             for i in inexact:
@@ -288,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         print("loss_experiment: interrupted; the topology was torn down", file=sys.stderr)
         return 130
     print("\n" + summary(rows))
-    print(f"\nexact: result equals the true integer sum on every worker; identical: bit-identical "
-          f"to the no-loss run.\nwrote {args.out / 'loss.csv'}, " + ", ".join(map(str, paths)))
+    print(f"\nneeded: the retransmissions the drops require (every worker's for a lost "
+          f"contribution, one for a lost result).\nexact: result equals the true integer sum on "
+          f"every worker; identical: bit-identical to the no-loss run.\nwrote {args.out / 'loss.csv'}, " + ", ".join(map(str, paths)))
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 
