@@ -120,6 +120,7 @@ class Program:
     """One BMv2 JSON document, checked and described for the emitters."""
 
     def __init__(self, doc: dict, drop_port: int = DROP_PORT):
+        _rewrite_validity(doc)
         self.doc = doc
         self.drop_port = drop_port
         self.headers: dict[str, Header] = {}
@@ -259,10 +260,10 @@ class Program:
         ids = {s["name"]: i for i, s in enumerate(states)}
         for state in states:
             for t in state.get("transitions", []):
-                if t.get("next_state") is not None and t["next_state"] not in ids:
+                if t.get("next_state") is not None and _name(t["next_state"], "parser state") not in ids:
                     raise Unsupported(f"transition to unknown parser state {_short(t['next_state'])}")
         init = parsers["parser"].get("init_state")
-        if init is not None and init not in ids:
+        if init is not None and _name(init, "parser state") not in ids:
             raise Unsupported(f"unknown parser init state {_short(init)}")
         self.state_ids = ids
         return states, (ids[init] if init is not None else None), _topological(states, ids)
@@ -296,7 +297,7 @@ class Program:
         for checksum in self.doc.get("checksums", []):
             if checksum.get("type", "generic") not in ("generic", "ipv4"):
                 raise Unsupported(f"checksum type {checksum.get('type')!r}")
-            calc = self.calculations.get(checksum["calculation"])
+            calc = self.calculations.get(_name(checksum["calculation"], "calculation"))
             if calc is None:
                 raise Unsupported(f"unknown calculation {checksum['calculation']}")
             if calc.get("algo") != "csum16":
@@ -349,9 +350,9 @@ class Program:
         for n, (kind, obj, spec) in nodes.items():
             succ[n] = self.successors(kind, obj, spec)
             for s in succ[n]:
-                if s is not None and s not in nodes:
+                if s is not None and _name(s, f"control {name} node") not in nodes:
                     raise Unsupported(f"control {name}: {n} continues at unknown node {_short(s)}")
-        if init not in nodes:
+        if _name(init, f"control {name} start") not in nodes:
             raise Unsupported(f"control {name} starts at unknown node {_short(init)}")
         ipdom = _post_dominators(succ, init)
         return self.region(init, None, nodes, succ, ipdom)
@@ -483,6 +484,49 @@ def load(text: str | bytes, drop_port: int = DROP_PORT) -> Program:
         return Program(doc, drop_port)
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
+
+
+def _name(value, what: str) -> str:
+    """A name the JSON uses as a reference; anything else is refused, naming it."""
+    if not isinstance(value, str):
+        raise Unsupported(f"{what} {_short(value)} where a name is expected")
+    return value
+
+
+def _validity(node):
+    """The validity bit of a header expression, as an expression of validity bits."""
+    if isinstance(node, str):
+        return {"type": "field", "value": [node, "$valid$"]}
+    if isinstance(node, dict) and node.get("type") == "header":
+        return _validity(node.get("value"))
+    if isinstance(node, dict) and node.get("type") == "expression":
+        value = node.get("value")
+        if isinstance(value, dict) and value.get("type") == "expression":
+            return _validity(value)
+        if isinstance(value, dict) and value.get("op") == "?":
+            return {"type": "expression", "value": {
+                "op": "?", "cond": value.get("cond"),
+                "left": _validity(value.get("left")), "right": _validity(value.get("right"))}}
+    raise Unsupported(f"isValid() of the computed header {_short(node)}")
+
+
+def _rewrite_validity(node) -> None:
+    """p4c writes ``e.isValid()`` as the field [e, "$valid$"] even when e is an
+    expression (a ?: choosing between headers): make that an expression over the
+    validity bits of real headers, which both emitters handle."""
+    if isinstance(node, dict):
+        items = list(node.items())
+    elif isinstance(node, list):
+        items = list(enumerate(node))
+    else:
+        return
+    for key, value in items:
+        ref = value.get("value") if isinstance(value, dict) and value.get("type") == "field" else None
+        if (isinstance(ref, list) and len(ref) == 2 and ref[1] == "$valid$"
+                and not isinstance(ref[0], str)):
+            node[key] = _validity(ref[0])
+        else:
+            _rewrite_validity(value)
 
 
 def _short(value) -> str:

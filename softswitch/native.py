@@ -293,6 +293,7 @@ class NativePipeline:
             raise NativeUnavailable("out of memory")
         self.lock = _Lock(lib, ctx)
         self.actions = program.actions
+        self.errors = program.errors
         self.tables = {name: NativeTable(spec, i, lib, ctx)
                        for i, (name, spec) in enumerate(program.tables.items())}
         self.registers = {}
