@@ -18,8 +18,7 @@ import random
 import re
 import struct
 
-from softswitch.frontend import (DROP_PORT, Apply, Field, Header, If, Program, Unsupported,
-                                 hexstr, mask)
+from softswitch.frontend import Field, Header, If, Program, Unsupported, hexstr, mask
 
 
 class ParserError(Exception):
@@ -594,7 +593,7 @@ class Generator:
                     part = f"(({packed}) >> {shift})" if shift else f"({packed})"
                     pack_args.append(f"{part} & {mask(size * 8)}")
         struct_obj = struct.Struct(fmt)
-        name = f"S_{_ident(header.name)}"
+        name = f"S_{header.id}"
         self.ns[name] = struct_obj
         layout = (name, pieces, unpack_lines, pack_args)
         self.structs[header.name] = layout
