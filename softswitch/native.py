@@ -193,8 +193,10 @@ class _Spec:
 class NativeTable:
     """The control-plane view of one C table; entries are mirrored for reads."""
 
-    def __init__(self, spec, index: int, lib, ctx):
+    def __init__(self, spec, index: int, lib, ctx, actions: dict):
         self.spec, self.index, self.lib, self.ctx = spec, index, lib, ctx
+        # Action data slots per entry in C: as many as the table's widest action.
+        self.nd = max([len(actions[a].params) for a in spec.applied_actions] + [0])
         self.counted = spec.direct_counter is not None
         self.entries: dict = {}            # ident -> Entry
         self.handles: dict = {}            # ident -> C handle
@@ -217,7 +219,7 @@ class NativeTable:
         masks = entry.masks if self.spec.keys else (0,)
         aid, data = entry.action
         handle = self.lib.ss_tbl_add(self.ctx, self.index, _u64s(keys), _u64s(masks),
-                                     entry.priority, aid, _u64s(data))
+                                     entry.priority, aid, self._data(data))
         if entry.ident in self.handles:      # a repeated const entry replaces the first
             self.lib.ss_tbl_del(self.ctx, self.index, self.handles[entry.ident])
         self.handles[entry.ident] = handle
@@ -239,7 +241,7 @@ class NativeTable:
         old.action = entry.action
         aid, data = entry.action
         self.lib.ss_tbl_set_action(self.ctx, self.index, self.handles[entry.ident], aid,
-                                   _u64s(data))
+                                   self._data(data))
 
     def delete(self, ident) -> None:
         if ident not in self.entries:
@@ -250,7 +252,12 @@ class NativeTable:
     def set_default(self, action) -> None:
         self.default[0] = action
         aid, data = action
-        self.lib.ss_tbl_default(self.ctx, self.index, -1 if aid is None else aid, _u64s(data))
+        self.lib.ss_tbl_default(self.ctx, self.index, -1 if aid is None else aid,
+                                self._data(data))
+
+    def _data(self, data) -> ctypes.Array:
+        """Action data padded to the table's slots (C copies exactly that many)."""
+        return _u64s((tuple(data) + (0,) * self.nd)[:self.nd])
 
 
 class _Groups(dict):
@@ -294,7 +301,7 @@ class NativePipeline:
         self.lock = _Lock(lib, ctx)
         self.actions = program.actions
         self.errors = program.errors
-        self.tables = {name: NativeTable(spec, i, lib, ctx)
+        self.tables = {name: NativeTable(spec, i, lib, ctx, program.actions)
                        for i, (name, spec) in enumerate(program.tables.items())}
         self.registers = {}
         for i, (name, spec) in enumerate(program.registers.items()):
