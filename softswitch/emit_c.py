@@ -274,17 +274,8 @@ class CEmitter:
             val = self.expr(args[1], params, where)
             self.add(f"{self.fref(field)} = {self.store(val, field.width, field.signed)};")
         elif op in ("assign_header", "copy_header"):
-            dst, src = prog.header(args[0]["value"]), prog.header(args[1]["value"])
-            if [f.width for f in dst.fields] != [f.width for f in src.fields]:
-                raise Unsupported(f"{op} between different header types in {where}")
-            self.add(f"if ({self.valid_code(src)}) {{")
-            for d, s in zip(dst.fields, src.fields):
-                self.add(f"    {self.fref(d)} = {self.store(self.field_val(s), d.width, d.signed)};")
-            if not dst.metadata:
-                self.add(f"    S->v[{dst.id}] = 1;")
-            self.add("}")
-            if not dst.metadata:
-                self.add(f"else S->v[{dst.id}] = 0;")
+            dst = prog.header(args[0]["value"])
+            self.copy_header(dst, prog.header_choice(args[1]), params, where)
         elif op in ("add_header", "add_header_fast"):
             header = prog.header(args[0]["value"])
             if header.metadata:
@@ -351,6 +342,31 @@ class CEmitter:
             raise AssertionError("jumps are handled by statements()")
         else:
             raise Unsupported(f"primitive {op!r:.40} (in {where})")
+
+    def copy_header(self, dst: Header, src, params, where: str) -> None:
+        """``dst = src``; a (cond, then, else) source picks at run time."""
+        if isinstance(src, tuple):
+            cond, left, right = src
+            self.add(f"if ({self.expr(cond, params, where).code}) {{")
+            self.depth += 1
+            self.copy_header(dst, left, params, where)
+            self.depth -= 1
+            self.add("} else {")
+            self.depth += 1
+            self.copy_header(dst, right, params, where)
+            self.depth -= 1
+            self.add("}")
+            return
+        if [f.width for f in dst.fields] != [f.width for f in src.fields]:
+            raise Unsupported(f"header copy between different header types in {where}")
+        self.add(f"if ({self.valid_code(src)}) {{")
+        for d, s in zip(dst.fields, src.fields):
+            self.add(f"    {self.fref(d)} = {self.store(self.field_val(s), d.width, d.signed)};")
+        if not dst.metadata:
+            self.add(f"    S->v[{dst.id}] = 1;")
+        self.add("}")
+        if not dst.metadata:
+            self.add(f"else S->v[{dst.id}] = 0;")
 
     def statements(self, prims: list, params, where: str, exit_label: str) -> None:
         """An action's primitives, p4c's forward ``_jump``s turned back into if/else."""

@@ -232,6 +232,20 @@ class Program:
         except KeyError:
             raise Unsupported(f"reference to unknown header {name}") from None
 
+    def header_choice(self, node):
+        """A header operand: a Header, or (cond, then, else) for p4c's ``?:`` of headers
+        (what predication makes of ``if (c) { h = x; }`` in an action)."""
+        if isinstance(node, dict) and node.get("type") == "header":
+            return self.header(node.get("value"))
+        if isinstance(node, dict) and node.get("type") == "expression":
+            value = node.get("value")
+            if isinstance(value, dict) and value.get("type") == "expression":
+                return self.header_choice(value)
+            if isinstance(value, dict) and value.get("op") == "?":
+                return (value.get("cond"), self.header_choice(value.get("left")),
+                        self.header_choice(value.get("right")))
+        raise Unsupported(f"header operand {_short(node)}")
+
     def action(self, action_id) -> ActionSpec:
         action = self.actions.get(action_id) if isinstance(action_id, int) else None
         if action is None:

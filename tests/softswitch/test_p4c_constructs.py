@@ -1,9 +1,11 @@
 """Valid p4c output that was refused for the wrong reason, made to run (issue #9).
 
-Each construct is put into the real p4c output of forwarding.p4 the way p4c
+Each construct is put into the real p4c output of our test programs the way p4c
 writes it, and the result must run on both backends:
-- ``e.isValid()`` where ``e`` is an expression (a ?: between headers): p4c writes
-  the field [<expression object>, "$valid$"] (gauntlet_mux_validity-bmv2);
+- a ?: between headers where the loader expected a header name, which crashed it
+  with "unhashable type: 'dict'" (gauntlet_mux_validity-bmv2): as the source of a
+  header assignment (what predication makes of ``if (c) { h = x; }``), and under
+  ``isValid()``, which p4c writes as the field [<expression object>, "$valid$"];
 - a P4Info table missing from the JSON because p4c removed the code that applied
   it, e.g. a ``switch`` behind a ``return`` (gauntlet_nested_switch-bmv2);
 - a match field of type ``error``: 0 bits (a string) in the P4Info, 32 in the JSON
@@ -22,6 +24,7 @@ from p4runtime_sh.p4runtime import P4RuntimeWriteException
 
 from softswitch.frontend import Unsupported
 from tests.softswitch.conftest import pipeline, program_files
+from tests.softswitch.test_primitives import fields, frame
 from tests.softswitch.test_p4runtime import MAC1, ip_frame
 
 
@@ -133,3 +136,24 @@ def test_a_match_field_of_type_error_is_matched_by_name(switch, tmp_path):
     assert switch.send(short, 1) == [(4, short)]
     whole = b"\x02" * 12 + b"\x88\xb5" + bytes(20)     # NoError: missed, floods group 1
     assert switch.send(whole, 1) == []
+
+
+def test_a_header_assigned_from_a_choice_of_headers(backend):
+    """primitives.p4's ``hdr.e2 = hdr.e1`` becomes ``hdr.e2 = hdr.t.b != 0 ? hdr.e1 : hdr.e2``."""
+    doc = json.loads(program_files("primitives")[0].read_text())
+    action = next(a for a in doc["actions"] if a["name"] == "Ing.headers_op")
+    copy = next(p for p in action["primitives"] if p["op"] == "assign_header")
+    copy["parameters"][1] = {"type": "expression", "value": {
+        "op": "?",
+        "cond": {"type": "expression", "value": {
+            "op": "!=", "left": {"type": "field", "value": ["t", "b"]},
+            "right": {"type": "hexstr", "value": "0x00000000"}}},
+        "left": {"type": "header", "value": "e1"},
+        "right": {"type": "header", "value": "e2"}}}
+    pipe = pipeline(json.dumps(doc).encode(), backend)
+    original = pipeline(program_files("primitives")[0].read_bytes(), backend)
+    [(_, copied)] = pipe.process(frame(9, a=77, b=1), 5)
+    assert [(5, copied)] == original.process(frame(9, a=77, b=1), 5)
+    assert fields(copied)["r1"] == 1                 # e2 was copied from e1: valid
+    [(_, kept)] = pipe.process(frame(9, a=77, b=0), 5)
+    assert fields(kept)["r1"] == 0 and len(kept) == len(copied) - 4   # e2 (4 bytes) stays out
