@@ -569,6 +569,25 @@ SS_EXPORT void ss_io_stop(ss_ctx *c) {
     c->running = 0;
 }
 
+SS_EXPORT void ss_free(ss_ctx *c) {
+    ss_io_stop(c);
+    for (int i = 0; i < SS_NTABLES; i++) {
+        ss_table *t = &c->t[i];
+        free(t->key); free(t->mask); free(t->data); free(t->action); free(t->prio);
+        free(t->freel); free(t->seq); free(t->live); free(t->pkts); free(t->bytes);
+        free(t->index); free(t->def_data);
+    }
+    for (int i = 0; i < SS_NREGS; i++) free(c->reg[i]);
+    for (int i = 0; i < SS_NCTRS; i++) { free(c->cpk[i]); free(c->cby[i]); }
+    for (int g = 0; g < 65536; g++)
+        if (c->groups[g]) { free(c->groups[g]->port); free(c->groups[g]->rid); free(c->groups[g]); }
+    for (int i = 0; i < SS_TXMAX; i++) free(c->tx[i].buf);
+    free(c->rxbuf);
+    free(c->outbuf);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
 SS_EXPORT void ss_io_stats(ss_ctx *c, uint64_t *out) {
     pthread_mutex_lock(&c->mu);
     out[0] = c->stat_rx; out[1] = c->stat_tx; out[2] = c->stat_drop;
