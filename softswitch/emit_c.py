@@ -173,7 +173,8 @@ class CEmitter:
                            -a.lo - 1 if a.known else None)
             if op == "b2d" or (a.known and 0 <= a.lo and a.hi <= 1):
                 return a
-            if not a.known or a.hi - a.lo > U64:
+            if not a.known or a.lo <= -(1 << 64) or a.hi >= 1 << 64:
+                # Only then is "zero modulo 2^64" the same as zero.
                 raise NativeUnsupported(f"d2b of a value that may not fit in 64 bits ({where})")
             return Val(f"(uint64_t)(({a.code}) != 0)", 0, 1)
         if op == "?":
