@@ -133,8 +133,6 @@ class Program:
         self.actions: dict[int, ActionSpec] = {}
         self.tables: dict[str, TableSpec] = {}
         self.direct_counters: dict[str, str] = {}   # table -> direct counter
-        self.registers_by_name = {}
-        self.counters_by_name = {}
         self.load_declarations()
         for name in ("ingress", "egress"):
             if name not in {p["name"] for p in doc.get("pipelines", [])}:
@@ -198,8 +196,6 @@ class Program:
             params = [(p["name"], p["bitwidth"]) for p in action.get("runtime_data", [])]
             self.actions[action["id"]] = ActionSpec(action["name"], action["id"], params,
                                                     action.get("primitives", []))
-        self.registers_by_name = {r["name"]: r for r in doc.get("register_arrays", [])}
-        self.counters_by_name = {c["name"]: c for c in doc.get("counter_arrays", [])}
         self.calculations = {c["name"]: c for c in doc.get("calculations", [])}
         self.too_short = self.errors.get("PacketTooShort", 1)
         self.no_error = self.errors.get("NoError", 0)
