@@ -126,3 +126,39 @@ def test_frames_of_any_size_never_crash_the_native_pipeline(size):
     for port in (0, 1, 511):
         for eport, out in pipe.process(data, port):
             assert isinstance(eport, int) and isinstance(out, bytes)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
+def test_the_native_switch_survives_garbage_on_the_wire():
+    import random
+
+    import p4runtime_sh.shell as sh
+
+    from testbed.netns import Topology
+    from testbed.targets import SwitchProcess
+    from tests.softswitch.test_cli_and_veth import receive
+
+    json_path, p4info_path = program_files("primitives")
+    with Topology(1) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
+        sh.setup(device_id=0, grpc_addr=switch.grpc_addr, election_id=(0, 1),
+                 config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+        sh.teardown()
+        sock = topo.hosts[0].raw_socket()
+        try:
+            rng = random.Random(11)
+            good = frame(1, a=40, b=2)
+            for _ in range(2000):
+                cut = rng.randrange(len(good) + 1)
+                junk = rng.randbytes(rng.randrange(14, 300))
+                sock.send(rng.choice([junk, good[:max(cut, 14)],
+                                      good[:cut] + rng.randbytes(len(good) - cut)]))
+            time.sleep(0.5)
+            receive(sock, timeout=0.5)
+            sock.send(good)
+            replies = [f for f in receive(sock) if f != good and len(f) == len(good)]
+            assert replies and fields(replies[-1])["r1"] == 42
+        finally:
+            sock.close()
+        assert switch.process.poll() is None
+        log = switch.log_tail(200)
+        assert "(native backend)" in log and "Python backend" not in log, log
