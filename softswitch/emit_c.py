@@ -626,7 +626,7 @@ class CEmitter:
             self.add("} else { _a = _t->def_action; ad = _t->def_data; }")
         else:
             self.add("_a = _t->def_action; ad = _t->def_data;")
-        self.add("(void)_hit; (void)ad;")
+        self.add("(void)_hit; (void)ad; (void)_a;")
         action_ids = spec.applied_actions
         for i, aid in enumerate(action_ids):
             action = self.prog.action(aid)

@@ -154,7 +154,7 @@ static inline uint64_t ss_div(ss_state *S, uint64_t a, uint64_t b, int mod) {
 /* ------------------------------------------------------------------ tables */
 
 static void *ss_grow(void *p, size_t n, size_t size) {
-    void *q = realloc(p, n * size ? n * size : 1);
+    void *q = realloc(p, n * size > 0 ? n * size : 1);
     if (!q) abort();
     return q;
 }
