@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import logging
 import os
 import random
 import shutil
@@ -23,8 +22,6 @@ from pathlib import Path
 from softswitch import emit_c, frontend
 from softswitch.frontend import DROP_PORT
 from softswitch.pipeline import Entry, TableError
-
-log = logging.getLogger("softswitch")
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE / "native" / "runtime.c"
@@ -59,8 +56,9 @@ def build(json_text: bytes, source: str) -> Path:
         raise NativeUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'} is not on PATH)")
     digest = hashlib.sha256()
     # The generated source also carries what the JSON alone does not (the drop port).
-    for part in (json_text, source.encode(), Path(emit_c.__file__).read_bytes(), RUNTIME.read_bytes(),
-                 Path(__file__).read_bytes(), cc.encode(), _compiler_identity(cc)):
+    for part in (json_text, source.encode(), Path(emit_c.__file__).read_bytes(),
+                 RUNTIME.read_bytes(), Path(__file__).read_bytes(), cc.encode(),
+                 _compiler_identity(cc)):
         digest.update(hashlib.sha256(part).digest())
     out_dir = cache_dir()
     so = out_dir / f"pipeline-{digest.hexdigest()[:32]}.so"
