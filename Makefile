@@ -9,7 +9,8 @@ P4C      ?= p4c-bm2-ss
 P4BUILD  ?= p4src/build
 N        ?= 4
 PYTEST   ?= $(PY) -m pytest
-APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping
+# gcc + libc6-dev: the softswitch compiles programs to C (its native backend).
+APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 
 .PHONY: setup apt-deps test test-bmv2 p4 p4-test-programs bench bench-switch \
         bench-worker bench-allreduce demo testbed loss-experiment clean

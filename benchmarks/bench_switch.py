@@ -1,7 +1,8 @@
 """Packets per second a switch forwards on the aggregation program (k values/packet).
 
 Four workers, each in its own network namespace behind a veth pair, send
-contributions with at most ``--window`` aggregations in flight; the switch sums
+contributions with at most ``--window`` aggregations in flight (halved for a target
+until a warm-up run loses nothing: saturated, not dropping); the switch sums
 them and multicasts each result back to all four. The figure is contributions
 processed per second, from the first send to the last result (a contribution
 carries k register read-add-writes). The load comes from C (benchmarks/native/
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,13 +78,20 @@ def frames_for(host_addresses, aggregations: int, first: int, fmt) -> list[list[
     return [[header + payload for header in headers] for payload in payloads]
 
 
+def worker_mac(i: int) -> str:
+    """The MAC a worker has in the job: not its interface's, so results (like the
+    ceiling's reflected frames) stop at the host's link layer instead of reaching
+    its UDP stack, which would answer each one with an ICMP port unreachable."""
+    return f"02:bb:00:00:00:{i + 1:02x}"
+
+
 def job_config(switch: SwitchProcess, topo: Topology, pool_size: int):
     return config_mod.parse({
         "switch": {"grpc_addr": switch.grpc_addr, "ports": sorted(topo.switch_ports)},
         "job": {"id": JOB_ID, "udp_port": protocol.AGG_UDP_PORT_BASE, "service_ip": SERVICE_IP,
                 "service_mac": SERVICE_MAC, "first_slot": 0, "num_slots": pool_size,
                 "multicast_group": GROUP,
-                "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": WORKER_UDP_BASE + i,
+                "workers": [{"id": i, "mac": worker_mac(i), "ip": h.ip, "udp_port": WORKER_UDP_BASE + i,
                              "switch_port": h.switch_port} for i, h in enumerate(topo.hosts)]},
     })
 
@@ -139,56 +148,63 @@ def worker_sockets(topo: Topology) -> list[socket.socket]:
     return socks
 
 
-def measure(native: Native, target: str, seconds: float, window: int, repeats: int) -> dict:
-    fmt = protocol.packet_format()
-    k, pool = fmt.values_per_packet, fmt.pool_size
-    cycle = 2 * pool              # slot n % pool, shadow set flipping on each reuse
-    with Topology(WORKERS, tag=f"bs{os.getpid() % 10000}") as topo:
+class Bench:
+    """One target on its own topology, programmed and ready; ``run`` times one run."""
+
+    def __init__(self, native: Native, target: str, window: int, stack: ExitStack, tag: str):
+        fmt = protocol.packet_format()
+        self.native, self.target, self.k = native, target, fmt.values_per_packet
+        pool = fmt.pool_size
+        self.window = min(window, pool)
+        self.cycle = 2 * pool        # slot n % pool, shadow set flipping on each reuse
+        topo = stack.enter_context(Topology(WORKERS, tag=tag))
         if target == "ceiling":
-            switch, want = Reflector(native, topo), CONTRIBUTION
+            stack.enter_context(Reflector(native, topo))
+            self.want = CONTRIBUTION
         else:
-            switch, want = SwitchProcess(target, topo.switch_ports), RESULT
-        with switch:
-            if target != "ceiling":
-                with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
-                    controller = Controller(conn)
-                    controller.push()
-                    controller.apply(job_config(switch, topo, pool))
-            socks = worker_sockets(topo)
-            frames = frames_for([(h.mac, h.ip) for h in topo.hosts], cycle, 0, fmt)
-            flen = len(frames[0][0])
-            blob = b"".join(f for per_worker in frames for f in per_worker)
-            fds = (ctypes.c_int * WORKERS)(*[s.fileno() for s in socks])
-            first = 0
+            switch = stack.enter_context(SwitchProcess(target, topo.switch_ports))
+            with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
+                controller = Controller(conn)
+                controller.push()
+                controller.apply(job_config(switch, topo, pool))
+            self.want = RESULT
+        self.socks = worker_sockets(topo)
+        stack.callback(lambda: [sock.close() for sock in self.socks])
+        frames = frames_for([(worker_mac(i), h.ip) for i, h in enumerate(topo.hosts)],
+                            self.cycle, 0, fmt)
+        self.flen = len(frames[0][0])
+        self.blob = b"".join(f for per_worker in frames for f in per_worker)
+        self.fds = (ctypes.c_int * WORKERS)(*[sock.fileno() for sock in self.socks])
+        self.first = 0
+        self.rates, self.received, self.lost, self.naggs = [], 0, 0, 0
 
-            def run(naggs: int) -> tuple[int, float]:
-                nonlocal first
-                elapsed = ctypes.c_double()
-                got = native.lib.run(WORKERS, fds, blob, flen, cycle, first, naggs,
-                                     min(window, pool), want, 1.0, ctypes.byref(elapsed))
-                first += naggs
-                return got, elapsed.value
+    def settle(self, naggs: int) -> float:
+        """Halve the window until a run loses nothing (saturated, not dropping): the rate."""
+        while True:
+            lost = self.lost
+            rate = self.run(naggs)
+            if self.lost == lost or self.window == 1:
+                self.received, self.lost = 0, 0
+                return rate
+            self.window //= 2
 
-            got, elapsed = run(500)                     # warm up, and size the runs
-            rate = got / max(elapsed, 1e-6)
-            naggs = max(500, int(rate * seconds / WORKERS))
-            rates, received, lost = [], 0, 0
-            for _ in range(repeats):
-                got, elapsed = run(naggs)
-                received += got
-                lost += naggs * WORKERS - got
-                rates.append(got / max(elapsed, 1e-6))
-            for sock in socks:
-                sock.close()
-    return {"target": target, "k": k, "contributions": naggs * WORKERS,
-            "results_received": received, "results_lost": lost, "rates": rates,
-            "pps": statistics.median(rates)}
+    def run(self, naggs: int) -> float:
+        """Contributions per second over ``naggs`` aggregations."""
+        elapsed = ctypes.c_double()
+        got = self.native.lib.run(WORKERS, self.fds, self.blob, self.flen, self.cycle,
+                                  self.first, naggs, self.window, self.want, 1.0,
+                                  ctypes.byref(elapsed))
+        self.first += naggs
+        self.received += got
+        self.lost += naggs * WORKERS - got
+        return got / max(elapsed.value, 1e-6)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each timed run")
-    parser.add_argument("--window", type=int, default=64, help="aggregations in flight")
+    parser.add_argument("--window", type=int, default=64,
+                        help="aggregations in flight (halved for a target until it drops none)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs per target; the median is reported")
     parser.add_argument("--targets", nargs="*", default=["ceiling"] + available_targets())
@@ -200,19 +216,26 @@ def main() -> int:
         print("bench_switch needs root for network namespaces", file=sys.stderr)
         return 1
     native = Native()
-    results = {}
     try:
-        print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        for target in args.targets:
-            r = measure(native, target, args.seconds, args.window, args.repeats)
-            results[target] = r
-            runs = ", ".join(f"{rate:,.0f}" for rate in r["rates"])
-            print(f"{target:>17}: {r['pps']:>10,.0f} packets/s  (median of {runs}; "
-                  f"{r['contributions']} contributions of k={r['k']} per run, "
-                  f"{r['results_received']} received, {r['results_lost']} lost)", flush=True)
+        with ExitStack() as stack:
+            benches = [Bench(native, target, args.window, stack, f"bs{os.getpid() % 1000}x{i}")
+                       for i, target in enumerate(args.targets)]
+            print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+            for bench in benches:           # warm up, and size each target's runs
+                bench.naggs = max(500, int(bench.settle(500) * args.seconds / WORKERS))
+            # Rounds over all targets, so a change in the machine's load hits them alike.
+            for _ in range(args.repeats):
+                for bench in benches:
+                    bench.rates.append(bench.run(bench.naggs))
     finally:
         native.close()
-    pps = {t: r["pps"] for t, r in results.items()}
+    pps = {}
+    for bench in benches:
+        pps[bench.target] = statistics.median(bench.rates)
+        runs = ", ".join(f"{rate:,.0f}" for rate in bench.rates)
+        print(f"{bench.target:>17}: {pps[bench.target]:>10,.0f} packets/s  (median of {runs}; "
+              f"{bench.naggs * WORKERS} contributions of k={bench.k} per run, window "
+              f"{bench.window}, {bench.received} received, {bench.lost} lost)")
     for name, a, b, goal in (("native / python", "softswitch", "softswitch-python", " (goal >= 5)"),
                              ("native / ceiling", "softswitch", "ceiling", " (goal >= 0.5)"),
                              ("native / BMv2", "softswitch", "bmv2", "")):

@@ -173,7 +173,8 @@ class CEmitter:
                            -a.lo - 1 if a.known else None)
             if op == "b2d" or (a.known and 0 <= a.lo and a.hi <= 1):
                 return a
-            if not a.known or a.hi - a.lo > U64:
+            if not a.known or a.lo <= -(1 << 64) or a.hi >= 1 << 64:
+                # Only then is "zero modulo 2^64" the same as zero.
                 raise NativeUnsupported(f"d2b of a value that may not fit in 64 bits ({where})")
             return Val(f"(uint64_t)(({a.code}) != 0)", 0, 1)
         if op == "?":
@@ -274,17 +275,8 @@ class CEmitter:
             val = self.expr(args[1], params, where)
             self.add(f"{self.fref(field)} = {self.store(val, field.width, field.signed)};")
         elif op in ("assign_header", "copy_header"):
-            dst, src = prog.header(args[0]["value"]), prog.header(args[1]["value"])
-            if [f.width for f in dst.fields] != [f.width for f in src.fields]:
-                raise Unsupported(f"{op} between different header types in {where}")
-            self.add(f"if ({self.valid_code(src)}) {{")
-            for d, s in zip(dst.fields, src.fields):
-                self.add(f"    {self.fref(d)} = {self.store(self.field_val(s), d.width, d.signed)};")
-            if not dst.metadata:
-                self.add(f"    S->v[{dst.id}] = 1;")
-            self.add("}")
-            if not dst.metadata:
-                self.add(f"else S->v[{dst.id}] = 0;")
+            dst = prog.header(args[0]["value"])
+            self.copy_header(dst, prog.header_choice(args[1]), params, where)
         elif op in ("add_header", "add_header_fast"):
             header = prog.header(args[0]["value"])
             if header.metadata:
@@ -351,6 +343,31 @@ class CEmitter:
             raise AssertionError("jumps are handled by statements()")
         else:
             raise Unsupported(f"primitive {op!r:.40} (in {where})")
+
+    def copy_header(self, dst: Header, src, params, where: str) -> None:
+        """``dst = src``; a (cond, then, else) source picks at run time."""
+        if isinstance(src, tuple):
+            cond, left, right = src
+            self.add(f"if ({self.expr(cond, params, where).code}) {{")
+            self.depth += 1
+            self.copy_header(dst, left, params, where)
+            self.depth -= 1
+            self.add("} else {")
+            self.depth += 1
+            self.copy_header(dst, right, params, where)
+            self.depth -= 1
+            self.add("}")
+            return
+        if [f.width for f in dst.fields] != [f.width for f in src.fields]:
+            raise Unsupported(f"header copy between different header types in {where}")
+        self.add(f"if ({self.valid_code(src)}) {{")
+        for d, s in zip(dst.fields, src.fields):
+            self.add(f"    {self.fref(d)} = {self.store(self.field_val(s), d.width, d.signed)};")
+        if not dst.metadata:
+            self.add(f"    S->v[{dst.id}] = 1;")
+        self.add("}")
+        if not dst.metadata:
+            self.add(f"else S->v[{dst.id}] = 0;")
 
     def statements(self, prims: list, params, where: str, exit_label: str) -> None:
         """An action's primitives, p4c's forward ``_jump``s turned back into if/else."""
@@ -609,7 +626,7 @@ class CEmitter:
             self.add("} else { _a = _t->def_action; ad = _t->def_data; }")
         else:
             self.add("_a = _t->def_action; ad = _t->def_data;")
-        self.add("(void)_hit; (void)ad;")
+        self.add("(void)_hit; (void)ad; (void)_a;")
         action_ids = spec.applied_actions
         for i, aid in enumerate(action_ids):
             action = self.prog.action(aid)

@@ -18,8 +18,7 @@ import random
 import re
 import struct
 
-from softswitch.frontend import (DROP_PORT, Apply, Field, Header, If, Program, Unsupported,
-                                 hexstr, mask)
+from softswitch.frontend import Field, Header, If, Program, Unsupported, hexstr, mask
 
 
 class ParserError(Exception):
@@ -305,19 +304,8 @@ class Generator:
                 value = self.hoist["indices"].get(value, value)   # already computed
             src.add(f"{self.v(field)} = {value}")
         elif op in ("assign_header", "copy_header"):
-            dst, source = self.header(args[0]["value"]), self.header(args[1]["value"])
-            if [f.width for f in dst.fields] != [f.width for f in source.fields]:
-                raise Unsupported(f"{op} between different header types in {where}")
-            src.add(f"if {self.valid_code(source)}:")
-            src.depth += 1
-            for d, s in zip(dst.fields, source.fields):
-                src.add(f"{self.v(d)} = {self.v(s)}")
-            if not dst.metadata:
-                src.add(f"{self.vv(dst)} = True")
-            src.depth -= 1
-            if not dst.metadata:
-                src.add("else:")
-                src.add(f"    {self.vv(dst)} = False")
+            dst = self.header(args[0]["value"])
+            self.copy_header(dst, self.prog.header_choice(args[1]), src, params, where)
         elif op in ("add_header", "add_header_fast"):
             header = self.header(args[0]["value"])
             if header.metadata:
@@ -382,6 +370,31 @@ class Generator:
             src.add(f"    _log_assert({where!r})")
         else:
             raise Unsupported(f"primitive {op!r} (in {where})")
+
+    def copy_header(self, dst: Header, source, src: Source, params, where: str) -> None:
+        """``dst = source``; a (cond, then, else) source picks at run time."""
+        if isinstance(source, tuple):
+            cond, left, right = source
+            code, _ = self.expr(cond, src, params)
+            src.add(f"if {code}:")
+            for branch in (left, right):
+                src.depth += 1
+                self.copy_header(dst, branch, src, params, where)
+                src.depth -= 1
+                if branch is left:
+                    src.add("else:")
+            return
+        if [f.width for f in dst.fields] != [f.width for f in source.fields]:
+            raise Unsupported(f"header copy between different header types in {where}")
+        src.add(f"if {self.valid_code(source)}:")
+        src.depth += 1
+        for d, s in zip(dst.fields, source.fields):
+            src.add(f"{self.v(d)} = {self.v(s)}")
+        if not dst.metadata:
+            src.add(f"{self.vv(dst)} = True")
+        src.depth -= 1
+        src.add("else:")
+        src.add(f"    {self.vv(dst)} = False" if not dst.metadata else "    pass")
 
     def index(self, node, src: Source, params):
         code, info = self.expr(node, src, params)
@@ -594,7 +607,7 @@ class Generator:
                     part = f"(({packed}) >> {shift})" if shift else f"({packed})"
                     pack_args.append(f"{part} & {mask(size * 8)}")
         struct_obj = struct.Struct(fmt)
-        name = f"S_{_ident(header.name)}"
+        name = f"S_{header.id}"
         self.ns[name] = struct_obj
         layout = (name, pieces, unpack_lines, pack_args)
         self.structs[header.name] = layout

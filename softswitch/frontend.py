@@ -120,6 +120,7 @@ class Program:
     """One BMv2 JSON document, checked and described for the emitters."""
 
     def __init__(self, doc: dict, drop_port: int = DROP_PORT):
+        _rewrite_validity(doc)
         self.doc = doc
         self.drop_port = drop_port
         self.headers: dict[str, Header] = {}
@@ -132,8 +133,6 @@ class Program:
         self.actions: dict[int, ActionSpec] = {}
         self.tables: dict[str, TableSpec] = {}
         self.direct_counters: dict[str, str] = {}   # table -> direct counter
-        self.registers_by_name = {}
-        self.counters_by_name = {}
         self.load_declarations()
         for name in ("ingress", "egress"):
             if name not in {p["name"] for p in doc.get("pipelines", [])}:
@@ -197,8 +196,6 @@ class Program:
             params = [(p["name"], p["bitwidth"]) for p in action.get("runtime_data", [])]
             self.actions[action["id"]] = ActionSpec(action["name"], action["id"], params,
                                                     action.get("primitives", []))
-        self.registers_by_name = {r["name"]: r for r in doc.get("register_arrays", [])}
-        self.counters_by_name = {c["name"]: c for c in doc.get("counter_arrays", [])}
         self.calculations = {c["name"]: c for c in doc.get("calculations", [])}
         self.too_short = self.errors.get("PacketTooShort", 1)
         self.no_error = self.errors.get("NoError", 0)
@@ -231,6 +228,20 @@ class Program:
         except KeyError:
             raise Unsupported(f"reference to unknown header {name}") from None
 
+    def header_choice(self, node):
+        """A header operand: a Header, or (cond, then, else) for p4c's ``?:`` of headers
+        (what predication makes of ``if (c) { h = x; }`` in an action)."""
+        if isinstance(node, dict) and node.get("type") == "header":
+            return self.header(node.get("value"))
+        if isinstance(node, dict) and node.get("type") == "expression":
+            value = node.get("value")
+            if isinstance(value, dict) and value.get("type") == "expression":
+                return self.header_choice(value)
+            if isinstance(value, dict) and value.get("op") == "?":
+                return (value.get("cond"), self.header_choice(value.get("left")),
+                        self.header_choice(value.get("right")))
+        raise Unsupported(f"header operand {_short(node)}")
+
     def action(self, action_id) -> ActionSpec:
         action = self.actions.get(action_id) if isinstance(action_id, int) else None
         if action is None:
@@ -259,10 +270,10 @@ class Program:
         ids = {s["name"]: i for i, s in enumerate(states)}
         for state in states:
             for t in state.get("transitions", []):
-                if t.get("next_state") is not None and t["next_state"] not in ids:
+                if t.get("next_state") is not None and _name(t["next_state"], "parser state") not in ids:
                     raise Unsupported(f"transition to unknown parser state {_short(t['next_state'])}")
         init = parsers["parser"].get("init_state")
-        if init is not None and init not in ids:
+        if init is not None and _name(init, "parser state") not in ids:
             raise Unsupported(f"unknown parser init state {_short(init)}")
         self.state_ids = ids
         return states, (ids[init] if init is not None else None), _topological(states, ids)
@@ -296,7 +307,7 @@ class Program:
         for checksum in self.doc.get("checksums", []):
             if checksum.get("type", "generic") not in ("generic", "ipv4"):
                 raise Unsupported(f"checksum type {checksum.get('type')!r}")
-            calc = self.calculations.get(checksum["calculation"])
+            calc = self.calculations.get(_name(checksum["calculation"], "calculation"))
             if calc is None:
                 raise Unsupported(f"unknown calculation {checksum['calculation']}")
             if calc.get("algo") != "csum16":
@@ -349,9 +360,9 @@ class Program:
         for n, (kind, obj, spec) in nodes.items():
             succ[n] = self.successors(kind, obj, spec)
             for s in succ[n]:
-                if s is not None and s not in nodes:
+                if s is not None and _name(s, f"control {name} node") not in nodes:
                     raise Unsupported(f"control {name}: {n} continues at unknown node {_short(s)}")
-        if init not in nodes:
+        if _name(init, f"control {name} start") not in nodes:
             raise Unsupported(f"control {name} starts at unknown node {_short(init)}")
         ipdom = _post_dominators(succ, init)
         return self.region(init, None, nodes, succ, ipdom)
@@ -483,6 +494,49 @@ def load(text: str | bytes, drop_port: int = DROP_PORT) -> Program:
         return Program(doc, drop_port)
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
+
+
+def _name(value, what: str) -> str:
+    """A name the JSON uses as a reference; anything else is refused, naming it."""
+    if not isinstance(value, str):
+        raise Unsupported(f"{what} {_short(value)} where a name is expected")
+    return value
+
+
+def _validity(node):
+    """The validity bit of a header expression, as an expression of validity bits."""
+    if isinstance(node, str):
+        return {"type": "field", "value": [node, "$valid$"]}
+    if isinstance(node, dict) and node.get("type") == "header":
+        return _validity(node.get("value"))
+    if isinstance(node, dict) and node.get("type") == "expression":
+        value = node.get("value")
+        if isinstance(value, dict) and value.get("type") == "expression":
+            return _validity(value)
+        if isinstance(value, dict) and value.get("op") == "?":
+            return {"type": "expression", "value": {
+                "op": "?", "cond": value.get("cond"),
+                "left": _validity(value.get("left")), "right": _validity(value.get("right"))}}
+    raise Unsupported(f"isValid() of the computed header {_short(node)}")
+
+
+def _rewrite_validity(node) -> None:
+    """p4c writes ``e.isValid()`` as the field [e, "$valid$"] even when e is an
+    expression (a ?: choosing between headers): make that an expression over the
+    validity bits of real headers, which both emitters handle."""
+    if isinstance(node, dict):
+        items = list(node.items())
+    elif isinstance(node, list):
+        items = list(enumerate(node))
+    else:
+        return
+    for key, value in items:
+        ref = value.get("value") if isinstance(value, dict) and value.get("type") == "field" else None
+        if (isinstance(ref, list) and len(ref) == 2 and ref[1] == "$valid$"
+                and not isinstance(ref[0], str)):
+            node[key] = _validity(ref[0])
+        else:
+            _rewrite_validity(value)
 
 
 def _short(value) -> str:

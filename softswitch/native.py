@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import logging
 import os
 import random
 import shutil
@@ -23,8 +22,6 @@ from pathlib import Path
 from softswitch import emit_c, frontend
 from softswitch.frontend import DROP_PORT
 from softswitch.pipeline import Entry, TableError
-
-log = logging.getLogger("softswitch")
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE / "native" / "runtime.c"
@@ -59,8 +56,9 @@ def build(json_text: bytes, source: str) -> Path:
         raise NativeUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'} is not on PATH)")
     digest = hashlib.sha256()
     # The generated source also carries what the JSON alone does not (the drop port).
-    for part in (json_text, source.encode(), Path(emit_c.__file__).read_bytes(), RUNTIME.read_bytes(),
-                 Path(__file__).read_bytes(), cc.encode(), _compiler_identity(cc)):
+    for part in (json_text, source.encode(), Path(emit_c.__file__).read_bytes(),
+                 RUNTIME.read_bytes(), Path(__file__).read_bytes(), cc.encode(),
+                 _compiler_identity(cc)):
         digest.update(hashlib.sha256(part).digest())
     out_dir = cache_dir()
     so = out_dir / f"pipeline-{digest.hexdigest()[:32]}.so"
@@ -103,6 +101,7 @@ def _load(so: Path) -> ctypes.CDLL:
         "ss_io_start": (I, [P, I, ctypes.POINTER(I), ctypes.POINTER(I), ctypes.POINTER(I)]),
         "ss_io_stop": (None, [P]),
         "ss_io_stats": (None, [P, c_u64p]),
+        "ss_free": (None, [P]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -117,17 +116,32 @@ def _u64s(values) -> ctypes.Array:
     return arr
 
 
+class _Context:
+    """The C state of one pipeline; freed when nothing refers to it any more (every
+    view below holds this object, not the bare pointer)."""
+
+    def __init__(self, lib, drop_port: int):
+        self.lib = lib
+        self.ctx = lib.ss_new(drop_port, random.getrandbits(64))
+        if not self.ctx:
+            raise NativeUnavailable("out of memory")
+
+    def __del__(self):
+        if getattr(self, "ctx", None):
+            self.lib.ss_free(self.ctx)
+
+
 class _Lock:
     """``with pipeline.lock``: the C mutex the data plane takes for every batch."""
 
-    def __init__(self, lib, ctx):
-        self.lib, self.ctx = lib, ctx
+    def __init__(self, c: _Context):
+        self.c = c
 
     def __enter__(self):
-        self.lib.ss_lock(self.ctx)
+        self.c.lib.ss_lock(self.c.ctx)
 
     def __exit__(self, *exc):
-        self.lib.ss_unlock(self.ctx)
+        self.c.lib.ss_unlock(self.c.ctx)
 
 
 class _Cells:
@@ -164,8 +178,8 @@ class _DirectCounter:
 
     def _io(self, values=None):
         buf = _u64s(values or [0, 0])
-        self.table.lib.ss_tbl_counter(self.table.ctx, self.table.index, self.handle, buf,
-                                      int(values is not None))
+        c = self.table.c
+        c.lib.ss_tbl_counter(c.ctx, self.table.index, self.handle, buf, int(values is not None))
         return [buf[0], buf[1]]
 
     def __iter__(self):
@@ -193,8 +207,10 @@ class _Spec:
 class NativeTable:
     """The control-plane view of one C table; entries are mirrored for reads."""
 
-    def __init__(self, spec, index: int, lib, ctx):
-        self.spec, self.index, self.lib, self.ctx = spec, index, lib, ctx
+    def __init__(self, spec, index: int, c: _Context, actions: dict):
+        self.spec, self.index, self.c = spec, index, c
+        # Action data slots per entry in C: as many as the table's widest action.
+        self.nd = max([len(actions[a].params) for a in spec.applied_actions] + [0])
         self.counted = spec.direct_counter is not None
         self.entries: dict = {}            # ident -> Entry
         self.handles: dict = {}            # ident -> C handle
@@ -216,10 +232,10 @@ class NativeTable:
         keys = entry.values if self.spec.keys else (0,)
         masks = entry.masks if self.spec.keys else (0,)
         aid, data = entry.action
-        handle = self.lib.ss_tbl_add(self.ctx, self.index, _u64s(keys), _u64s(masks),
-                                     entry.priority, aid, _u64s(data))
+        handle = self.c.lib.ss_tbl_add(self.c.ctx, self.index, _u64s(keys), _u64s(masks),
+                                     entry.priority, aid, self._data(data))
         if entry.ident in self.handles:      # a repeated const entry replaces the first
-            self.lib.ss_tbl_del(self.ctx, self.index, self.handles[entry.ident])
+            self.c.lib.ss_tbl_del(self.c.ctx, self.index, self.handles[entry.ident])
         self.handles[entry.ident] = handle
         entry.counter = _DirectCounter(self, handle)
         self.entries[entry.ident] = entry
@@ -238,37 +254,42 @@ class NativeTable:
             raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
         old.action = entry.action
         aid, data = entry.action
-        self.lib.ss_tbl_set_action(self.ctx, self.index, self.handles[entry.ident], aid,
-                                   _u64s(data))
+        self.c.lib.ss_tbl_set_action(self.c.ctx, self.index, self.handles[entry.ident], aid,
+                                   self._data(data))
 
     def delete(self, ident) -> None:
         if ident not in self.entries:
             raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
         del self.entries[ident]
-        self.lib.ss_tbl_del(self.ctx, self.index, self.handles.pop(ident))
+        self.c.lib.ss_tbl_del(self.c.ctx, self.index, self.handles.pop(ident))
 
     def set_default(self, action) -> None:
         self.default[0] = action
         aid, data = action
-        self.lib.ss_tbl_default(self.ctx, self.index, -1 if aid is None else aid, _u64s(data))
+        self.c.lib.ss_tbl_default(self.c.ctx, self.index, -1 if aid is None else aid,
+                                self._data(data))
+
+    def _data(self, data) -> ctypes.Array:
+        """Action data padded to the table's slots (C copies exactly that many)."""
+        return _u64s((tuple(data) + (0,) * self.nd)[:self.nd])
 
 
 class _Groups(dict):
     """mgid -> [(port, rid)], every change also made in C."""
 
-    def __init__(self, lib, ctx):
+    def __init__(self, c: _Context):
         super().__init__()
-        self.lib, self.ctx = lib, ctx
+        self.c = c
 
     def __setitem__(self, gid, replicas):
         super().__setitem__(gid, replicas)
         ports = (ctypes.c_uint16 * max(len(replicas), 1))(*[p & 0xFFFF for p, _ in replicas])
         rids = (ctypes.c_uint16 * max(len(replicas), 1))(*[r & 0xFFFF for _, r in replicas])
-        self.lib.ss_group_set(self.ctx, gid, len(replicas), ports, rids)
+        self.c.lib.ss_group_set(self.c.ctx, gid, len(replicas), ports, rids)
 
     def __delitem__(self, gid):
         super().__delitem__(gid)
-        self.lib.ss_group_set(self.ctx, gid, -1, None, None)
+        self.c.lib.ss_group_set(self.c.ctx, gid, -1, None, None)
 
 
 class NativePipeline:
@@ -287,38 +308,38 @@ class NativePipeline:
             raise NativeUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'} is not on PATH)")
         source = emit_c.emit(program, str(RUNTIME))
         self.so_path = build(json_text, source)
-        self.lib = lib = _load(self.so_path)
-        self.ctx = ctx = lib.ss_new(drop_port, random.getrandbits(64))
-        if not ctx:
-            raise NativeUnavailable("out of memory")
-        self.lock = _Lock(lib, ctx)
+        self.c = c = _Context(_load(self.so_path), drop_port)
+        lib = c.lib
+        self.lock = _Lock(c)
         self.actions = program.actions
-        self.tables = {name: NativeTable(spec, i, lib, ctx)
+        self.errors = program.errors
+        self.tables = {name: NativeTable(spec, i, c, program.actions)
                        for i, (name, spec) in enumerate(program.tables.items())}
         self.registers = {}
         for i, (name, spec) in enumerate(program.registers.items()):
             self.registers[name] = _Spec(spec, cells=_Cells(
-                spec.size, lambda j, i=i: lib.ss_reg_get(ctx, i, j),
-                lambda j, v, i=i: lib.ss_reg_set(ctx, i, j, v)))
+                spec.size, lambda j, i=i: lib.ss_reg_get(c.ctx, i, j),
+                lambda j, v, i=i: lib.ss_reg_set(c.ctx, i, j, v)))
         self.counters = {}
         for i, (name, spec) in enumerate(program.counters.items()):
             self.counters[name] = _Spec(
                 spec,
-                packets=_Cells(spec.size, lambda j, i=i: lib.ss_ctr_get(ctx, i, j, 0),
-                               lambda j, v, i=i: lib.ss_ctr_set(ctx, i, j, 0, v)),
-                bytes=_Cells(spec.size, lambda j, i=i: lib.ss_ctr_get(ctx, i, j, 1),
-                             lambda j, v, i=i: lib.ss_ctr_set(ctx, i, j, 1, v)))
-        self.groups = _Groups(lib, ctx)
+                packets=_Cells(spec.size, lambda j, i=i: lib.ss_ctr_get(c.ctx, i, j, 0),
+                               lambda j, v, i=i: lib.ss_ctr_set(c.ctx, i, j, 0, v)),
+                bytes=_Cells(spec.size, lambda j, i=i: lib.ss_ctr_get(c.ctx, i, j, 1),
+                             lambda j, v, i=i: lib.ss_ctr_set(c.ctx, i, j, 1, v)))
+        self.groups = _Groups(c)
         self.group_replicas: dict[int, list] = {}
 
     def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
         """Ingress, PRE, egress, deparser: the frames to send, as (port, bytes)."""
+        lib, ctx = self.c.lib, self.c.ctx
         with self.lock:
-            n = self.lib.ss_process(self.ctx, frame, len(frame), port)
+            n = lib.ss_process(ctx, frame, len(frame), port)
             out = []
             eport, length = ctypes.c_uint32(), ctypes.c_uint32()
             for i in range(n):
-                ptr = self.lib.ss_output(self.ctx, i, ctypes.byref(eport), ctypes.byref(length))
+                ptr = lib.ss_output(ctx, i, ctypes.byref(eport), ctypes.byref(length))
                 out.append((eport.value, ctypes.string_at(ptr, length.value)))
         return out
 
@@ -328,13 +349,13 @@ class NativePipeline:
         n = len(ports)
         arr = ctypes.c_int * max(n, 1)
         numbers, rx, tx = (arr(*[p[k] for p in ports]) for k in range(3))
-        if self.lib.ss_io_start(self.ctx, n, numbers, rx, tx) != 0:
+        if self.c.lib.ss_io_start(self.c.ctx, n, numbers, rx, tx) != 0:
             raise OSError("cannot start the native data-plane thread")
 
     def stop_io(self) -> None:
-        self.lib.ss_io_stop(self.ctx)
+        self.c.lib.ss_io_stop(self.c.ctx)
 
     def stats(self) -> dict[str, int]:
         buf = (ctypes.c_uint64 * 5)()
-        self.lib.ss_io_stats(self.ctx, buf)
+        self.c.lib.ss_io_stats(self.c.ctx, buf)
         return dict(zip(("received", "sent", "dropped", "send_errors", "asserts"), buf))

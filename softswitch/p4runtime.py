@@ -51,7 +51,8 @@ def from_bytes(data: bytes, width: int, what: str) -> int:
 class TableInfo:
     """A P4Info table joined to its JSON table."""
 
-    def __init__(self, info: p4info_pb2.Table, table, actions_by_id: dict, json_actions: dict):
+    def __init__(self, info: p4info_pb2.Table, table, actions_by_id: dict, json_actions: dict,
+                 errors: dict):
         self.info = info
         self.table = table
         self.name = info.preamble.name
@@ -60,8 +61,14 @@ class TableInfo:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"table {self.name}: P4Info has {len(self.fields)} match fields, "
                            f"the JSON {len(table.spec.keys)}")
-        for finfo, (_, width, _) in zip(self.fields, table.spec.keys):
-            if finfo.bitwidth != width:
+        # p4c gives an ``error`` field width 0 in the P4Info: P4Runtime carries it as the
+        # error's name, the JSON as its code. pos -> (name -> code, code -> name).
+        self.names = {}
+        self.widths = [width for _, width, _ in table.spec.keys]
+        for pos, (finfo, (_, width, _)) in enumerate(zip(self.fields, table.spec.keys)):
+            if finfo.bitwidth == 0:
+                self.names[pos] = (errors, {code: n for n, code in errors.items()})
+            elif finfo.bitwidth != width:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"table {self.name}: match field {finfo.name} is {finfo.bitwidth} "
                                f"bits in the P4Info, {width} in the JSON")
@@ -114,12 +121,18 @@ class Config:
         self.action_params = {a.preamble.id: sorted(a.params, key=lambda p: p.id)
                               for a in p4info.actions}
         self.tables = {}
+        # Tables p4c removed from the JSON because nothing can apply them (e.g. behind
+        # a return): id -> name. They have no entries; writes to them are refused.
+        self.unapplied = {}
         for t in p4info.tables:
             table = pipe.tables.get(t.preamble.name)
             if table is None:
-                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"P4Info table {t.preamble.name} is not in the JSON")
-            self.tables[t.preamble.id] = TableInfo(t, table, self.actions, pipe.actions)
+                self.unapplied[t.preamble.id] = t.preamble.name
+                log.info("P4Info table %s is not in the JSON: p4c removed it, nothing applies it",
+                         t.preamble.name)
+                continue
+            self.tables[t.preamble.id] = TableInfo(t, table, self.actions, pipe.actions,
+                                                   pipe.errors)
         self.counters = {}
         for c in p4info.counters:
             spec = pipe.counters.get(c.preamble.name)
@@ -312,6 +325,9 @@ class Device:
 
     def table_info(self, config: Config, table_id: int) -> TableInfo:
         info = config.tables.get(table_id)
+        if info is None and table_id in config.unapplied:
+            raise TableError("NOT_FOUND", f"table {config.unapplied[table_id]} is not in the "
+                             "compiled program: p4c removed it because nothing applies it")
         if info is None:
             raise TableError("NOT_FOUND", f"unknown table id {table_id}")
         return info
@@ -358,14 +374,22 @@ class Device:
                                  f"table {tinfo.name}: match field {fm.field_id} given twice")
             seen.add(pos)
             finfo = tinfo.fields[pos]
-            width = finfo.bitwidth
+            width = tinfo.widths[pos]
             kind = fm.WhichOneof("field_match_type")
             expected = MF.MatchType.Name(finfo.match_type).lower()
             if kind != expected:
                 raise TableError("INVALID_ARGUMENT",
                                  f"table {tinfo.name}: field {finfo.name} is {expected}, got {kind}")
             what = f"field {finfo.name}"
-            if kind == "exact":
+            if pos in tinfo.names and kind in ("exact", "optional"):
+                name = getattr(fm, kind).value.decode(errors="replace")
+                if name not in tinfo.names[pos][0]:
+                    raise TableError("INVALID_ARGUMENT",
+                                     f"{what}: {name!r} is not an error of this program")
+                values[pos], masks[pos] = tinfo.names[pos][0][name], mask(width)
+            elif pos in tinfo.names:
+                raise TableError("UNIMPLEMENTED", f"{what}: {kind} match on an error value")
+            elif kind == "exact":
                 values[pos], masks[pos] = from_bytes(fm.exact.value, width, what), mask(width)
             elif kind == "optional":
                 values[pos], masks[pos] = from_bytes(fm.optional.value, width, what), mask(width)
@@ -576,6 +600,8 @@ class Device:
 
     def read_tables(self, config: Config, query) -> list:
         out = []
+        if query.table_id in config.unapplied:
+            return []
         if query.table_id:
             tinfos = [self.table_info(config, query.table_id)]
         else:
@@ -599,13 +625,17 @@ class Device:
                 ent = p4runtime_pb2.Entity()
                 te = ent.table_entry
                 te.table_id = tinfo.info.preamble.id
-                for finfo, value, m in zip(tinfo.fields, e.values, e.masks):
+                for pos, (finfo, value, m) in enumerate(zip(tinfo.fields, e.values, e.masks)):
                     if m == 0:
                         continue
                     fm = te.match.add()
                     fm.field_id = finfo.id
                     width = finfo.bitwidth
-                    if finfo.match_type == MF.EXACT:
+                    if pos in tinfo.names:
+                        name = tinfo.names[pos][1].get(value, str(value)).encode()
+                        getattr(fm, "exact" if finfo.match_type == MF.EXACT else "optional"
+                                ).value = name
+                    elif finfo.match_type == MF.EXACT:
                         fm.exact.value = to_bytes(value, width)
                     elif finfo.match_type == MF.OPTIONAL:
                         fm.optional.value = to_bytes(value, width)

@@ -152,6 +152,7 @@ class Pipeline:
         self.registers = self.compiled.registers
         self.counters = self.compiled.counters
         self.actions = self.compiled.actions
+        self.errors = self.compiled.errors
         self.groups: dict[int, list[tuple[int, int]]] = {}   # mgid -> [(port, rid)]
         # As written over P4Runtime, for read-back: [((port, rid), "port"|"egress_port")]
         self.group_replicas: dict[int, list] = {}

@@ -154,7 +154,7 @@ static inline uint64_t ss_div(ss_state *S, uint64_t a, uint64_t b, int mod) {
 /* ------------------------------------------------------------------ tables */
 
 static void *ss_grow(void *p, size_t n, size_t size) {
-    void *q = realloc(p, n * size ? n * size : 1);
+    void *q = realloc(p, n * size > 0 ? n * size : 1);
     if (!q) abort();
     return q;
 }
@@ -172,10 +172,9 @@ static uint64_t ss_hash(const uint64_t *k, int nk) {
     return h;
 }
 
-static ss_table *ss_sorting;
-static int ss_order_cmp(const void *a, const void *b) {
+static int ss_order_cmp(const void *a, const void *b, void *arg) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    const ss_table *t = ss_sorting;
+    const ss_table *t = arg;
     if (t->prio[x] != t->prio[y]) return t->prio[x] > t->prio[y] ? -1 : 1;
     return t->seq[x] < t->seq[y] ? -1 : t->seq[x] > t->seq[y];
 }
@@ -187,8 +186,7 @@ static void ss_table_reindex(ss_table *t) {
         t->index = ss_grow(t->index, t->nlive + 1, sizeof(int32_t));
         uint32_t n = 0;
         for (int i = 0; i < t->used; i++) if (t->live[i]) t->index[n++] = i;
-        ss_sorting = t;
-        qsort(t->index, n, sizeof(int32_t), ss_order_cmp);
+        qsort_r(t->index, n, sizeof(int32_t), ss_order_cmp, t);
         t->icap = n;
         return;
     }
@@ -241,9 +239,6 @@ SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     pthread_mutex_init(&c->mu, &a);
     c->drop_port = drop_port;
     c->rng = seed | 1;
-    c->outbuf = malloc((size_t)SS_OUTMAX * (SS_SLOT + SS_MAXHDR));
-    c->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT);
-    for (int i = 0; i < SS_TXMAX; i++) c->tx[i].buf = malloc(SS_SLOT + SS_MAXHDR);
     ss_setup(c);
     return c;
 }
@@ -431,6 +426,10 @@ static void ss_out_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) 
 SS_EXPORT int ss_process(ss_ctx *c, const uint8_t *frame, uint32_t len, uint32_t port) {
     if (len > SS_SLOT) return 0;
     pthread_mutex_lock(&c->mu);
+    if (!c->outbuf && !(c->outbuf = malloc((size_t)SS_OUTMAX * (SS_SLOT + SS_MAXHDR)))) {
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
     c->nout = 0;
     ss_run(c, frame, len, port, ss_out_slot, ss_out_emit);
     int n = (int)c->nout;
@@ -553,6 +552,9 @@ SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, 
         c->txfd[k] = txfds[k];
         c->port_index[ports[k]] = k;
     }
+    if (!c->rxbuf && !(c->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT))) return -1;
+    for (int i = 0; i < SS_TXMAX; i++)
+        if (!c->tx[i].buf && !(c->tx[i].buf = malloc(SS_SLOT + SS_MAXHDR))) return -1;
     c->stop = 0;
     c->ntx = 0;
     if (pthread_create(&c->thread, NULL, ss_loop, c)) return -1;
@@ -565,6 +567,25 @@ SS_EXPORT void ss_io_stop(ss_ctx *c) {
     c->stop = 1;
     pthread_join(c->thread, NULL);
     c->running = 0;
+}
+
+SS_EXPORT void ss_free(ss_ctx *c) {
+    ss_io_stop(c);
+    for (int i = 0; i < SS_NTABLES; i++) {
+        ss_table *t = &c->t[i];
+        free(t->key); free(t->mask); free(t->data); free(t->action); free(t->prio);
+        free(t->freel); free(t->seq); free(t->live); free(t->pkts); free(t->bytes);
+        free(t->index); free(t->def_data);
+    }
+    for (int i = 0; i < SS_NREGS; i++) free(c->reg[i]);
+    for (int i = 0; i < SS_NCTRS; i++) { free(c->cpk[i]); free(c->cby[i]); }
+    for (int g = 0; g < 65536; g++)
+        if (c->groups[g]) { free(c->groups[g]->port); free(c->groups[g]->rid); free(c->groups[g]); }
+    for (int i = 0; i < SS_TXMAX; i++) free(c->tx[i].buf);
+    free(c->rxbuf);
+    free(c->outbuf);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
 }
 
 SS_EXPORT void ss_io_stats(ss_ctx *c, uint64_t *out) {

@@ -50,12 +50,13 @@ def test_unsupported_program_is_refused_at_load():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
-def test_frames_cross_real_veth_pairs_under_p4runtime_control():
+@pytest.mark.parametrize("target", ["softswitch", "softswitch-python"])
+def test_frames_cross_real_veth_pairs_under_p4runtime_control(target):
     from testbed.netns import Topology
     from testbed.targets import SwitchProcess
 
     json_path, p4info_path = program_files("forwarding")
-    with Topology(3) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
+    with Topology(3) as topo, SwitchProcess(target, topo.switch_ports) as switch:
         sh.setup(device_id=0, grpc_addr=switch.grpc_addr, election_id=(0, 1),
                  config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
         try:

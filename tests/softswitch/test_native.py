@@ -1,0 +1,164 @@
+"""What only the native backend has: fallback, the compiler cache, name safety."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from softswitch import emit_c, frontend
+from softswitch.backend import load_pipeline
+from softswitch.native import NativePipeline
+from softswitch.pipeline import Entry, Pipeline
+from tests.softswitch.conftest import free_port, program_files
+from tests.softswitch.test_cli_and_veth import REPO
+from tests.softswitch.test_primitives import fields, frame
+
+
+def forwarding_doc() -> dict:
+    return json.loads(program_files("forwarding")[0].read_bytes())
+
+
+def with_wide_field(doc: dict) -> bytes:
+    """The program plus a 72-bit metadata field nothing uses: Python runs it, C cannot."""
+    doc["header_types"].append({"name": "wide_t", "id": 99, "fields": [["big", 72, False]]})
+    doc["headers"].append({"name": "wide", "id": 99, "header_type": "wide_t", "metadata": True,
+                           "pi_omit": True})
+    return json.dumps(doc).encode()
+
+
+def test_a_refused_construct_runs_on_python_with_one_line_naming_it(caplog):
+    text = with_wide_field(forwarding_doc())
+    with pytest.raises(emit_c.NativeUnsupported, match="wide.big is 72 bits"):
+        NativePipeline(text)
+    with caplog.at_level(logging.WARNING, logger="softswitch"):
+        pipe = load_pipeline(text, backend="native")
+    assert isinstance(pipe, Pipeline)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "wide.big is 72 bits" in lines[0] and "Python backend" in lines[0]
+    mac = bytes.fromhex("020000000009")
+    forward = next(a.id for a in pipe.actions.values() if a.name == "Ing.forward")
+    pipe.tables["Ing.mac_table"].insert(
+        Entry((int.from_bytes(mac, "big"),), ((1 << 48) - 1,), 0, (forward, (3,))))
+    data = mac + bytes(6) + b"\x88\xb5" + bytes(40)
+    assert pipe.process(data, 1) == [(3, data)]
+
+
+def test_no_compiler_means_python_backend_and_one_log_line(tmp_path):
+    json_path, _ = program_files("primitives")
+    env = dict(os.environ, PYTHONPATH=str(REPO), CC="no-such-cc-here",
+               XDG_CACHE_HOME=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "softswitch", str(json_path), "--",
+                             "--grpc-server-addr", f"127.0.0.1:{free_port()}"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if "P4Runtime on" in line or not line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    fallback = [line for line in lines if "Python backend" in line]
+    assert len(fallback) == 1, lines
+    assert "no C compiler" in fallback[0] and "no-such-cc-here" in fallback[0]
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_the_shared_object_is_cached_per_program(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    text = program_files("forwarding")[0].read_bytes()
+    first = NativePipeline(text)
+    built = first.so_path.stat().st_mtime_ns
+    start = time.monotonic()
+    again = NativePipeline(text)
+    assert again.so_path == first.so_path and again.so_path.stat().st_mtime_ns == built
+    assert time.monotonic() - start < 1.0          # no compiler run
+    other = NativePipeline(text, drop_port=7)      # the drop port is compiled in
+    assert other.so_path != first.so_path
+    assert sorted(p.name for p in (tmp_path / "innet-softswitch").iterdir()) == sorted(
+        {first.so_path.name, other.so_path.name})
+
+
+def test_names_from_the_json_never_reach_the_c_source():
+    evil = 'x"; } int system(const char*); void f() { system("touch /tmp/pwned"); /*\n#error'
+    doc = json.loads(program_files("primitives")[0].read_bytes())
+    for kind in ("headers", "actions", "register_arrays", "counter_arrays"):
+        for item in doc[kind]:
+            if kind != "headers" or item["name"] not in ("scalars", "standard_metadata"):
+                rename(doc, item["name"], item["name"] + evil)
+    text = json.dumps(doc).encode()
+    source = emit_c.emit(frontend.load(text), "/runtime.c")
+    assert "system" not in source and "pwned" not in source and "#error" not in source
+    pipe = NativePipeline(text)
+    out = pipe.process(frame(1, a=40, b=2), 5)
+    assert [p for p, _ in out] == [5] and fields(out[0][1])["r1"] == 42
+
+
+def rename(node, old: str, new: str):
+    """Every string equal to ``old`` (a name and its references) becomes ``new``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if value == old:
+                node[key] = new
+            else:
+                rename(value, old, new)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if value == old:
+                node[i] = new
+            else:
+                rename(value, old, new)
+
+
+@pytest.mark.parametrize("size", [0, 1, 13, 14, 15, 60, 16384, 16385, 20000])
+def test_frames_of_any_size_never_crash_the_native_pipeline(size):
+    pipe = NativePipeline(program_files("primitives")[0].read_bytes())
+    data = (bytes.fromhex("020000000002" "020000000001" "88b5") + bytes(range(256)) * 100)[:size]
+    for port in (0, 1, 511):
+        for eport, out in pipe.process(data, port):
+            assert isinstance(eport, int) and isinstance(out, bytes)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
+def test_the_native_switch_survives_garbage_on_the_wire():
+    import random
+
+    import p4runtime_sh.shell as sh
+
+    from testbed.netns import Topology
+    from testbed.targets import SwitchProcess
+    from tests.softswitch.test_cli_and_veth import receive
+
+    json_path, p4info_path = program_files("primitives")
+    with Topology(1) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
+        sh.setup(device_id=0, grpc_addr=switch.grpc_addr, election_id=(0, 1),
+                 config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+        sh.teardown()
+        sock = topo.hosts[0].raw_socket()
+        try:
+            rng = random.Random(11)
+            good = frame(1, a=40, b=2)
+            for _ in range(2000):
+                cut = rng.randrange(len(good) + 1)
+                junk = rng.randbytes(rng.randrange(14, 300))
+                sock.send(rng.choice([junk, good[:max(cut, 14)],
+                                      good[:cut] + rng.randbytes(len(good) - cut)]))
+            time.sleep(0.5)
+            receive(sock, timeout=0.5)
+            sock.send(good)
+            replies = [f for f in receive(sock) if f != good and len(f) == len(good)]
+            assert replies and fields(replies[-1])["r1"] == 42
+        finally:
+            sock.close()
+        assert switch.process.poll() is None
+        log = switch.log_tail(200)
+        assert "(native backend)" in log and "Python backend" not in log, log
