@@ -1,7 +1,7 @@
 """Worker processes in network namespaces, aggregating through a real switch target.
 
 ``Fabric`` owns a topology of its own (its own interface names, so it never meets
-the packet tests' switch), a switch process (``default_target()``), and a
+the packet tests' switch), a switch process (the fixture's target), and a
 controller process; ``job()`` writes a job's TOML and installs it on fresh slots,
 ``run()`` starts ``python -m worker.run`` (or any module) on the job's hosts and
 collects what each prints.
