@@ -156,6 +156,7 @@ class PacketFormat:
             raise ValueError("expected exactly one bitmaps register in the program")
         self.pool_size = bitmaps[0]
         self._words = _words(self.header_fields)
+        self._word_of = {f.name: w for w in self._words for f in w.fields}
         self.header_bytes = sum(w.width for w in self._words) // 8
         self.dtype = np.dtype([(w.name, w.dtype()) for w in self._words]
                               + [("values", ">i4", (self.values_per_packet,))])
@@ -191,22 +192,22 @@ class PacketFormat:
     def write_header(self, packets: np.ndarray, rows=slice(None), **fields) -> None:
         """Set header fields of ``packets[rows]`` in place; each a scalar or an array
         of the rows' length. Fields that share a word (set and slot) go together."""
-        names = {f.name for f in self.header_fields}
-        unknown = set(fields) - names
-        if unknown:
-            raise ValueError(f"unknown header fields: {sorted(unknown)}")
-        for word in self._words:
-            given = [f.name in fields for f in word.fields]
-            if not any(given):
-                continue
-            if not all(given):
-                raise ValueError(f"fields {[f.name for f in word.fields]} share a word: "
-                                 "give them together")
+        words = []
+        for name in fields:
+            word = self._word_of.get(name)
+            if word is None:
+                raise ValueError(f"unknown header field: {name!r}")
+            if word not in words:
+                words.append(word)
+        for word in words:
             if word.signed:     # one signed field: stored as it is
                 packets[word.name][rows] = fields[word.fields[0].name]
                 continue
             acc = np.int64(0)
             for field, shift, mask in word.layout:
+                if field.name not in fields:
+                    raise ValueError(f"fields {[f.name for f in word.fields]} share a word: "
+                                     "give them together")
                 acc = acc | ((np.asarray(fields[field.name], dtype=np.int64) & mask) << shift)
             packets[word.name][rows] = acc
 

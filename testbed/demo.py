@@ -59,19 +59,22 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
     print(f"\nDDP on {args.workers} workers: 64-32-10 MLP ({first['parameters']} parameters), "
           f"digits, {first['steps']} steps of {args.batch} samples per worker, {target} switch, "
           f"{args.bw:g} Mbit/s links\n")
-    header = (f"{'aggregation':<12} {'accuracy':>9} {'ms/step':>8} {'KB sent/worker':>15} "
-              f"{'retransmissions':>16}")
+    header = (f"{'aggregation':<12} {'accuracy':>9} {'ms/step':>8} {'allreduce ms':>13} "
+              f"{'CPU ms/step':>12} {'KB sent/worker':>15} {'retransmissions':>16}")
     print(header)
     print("-" * len(header))
     for backend, answers in results.items():
         accuracy = answers[0]["accuracy"]
         step = max(a["step_time_ms"] for a in answers)
+        allreduce = max(a["allreduce_ms"] for a in answers)
+        cpu = sum(a["cpu_ms_per_step"] for a in answers) / len(answers)
         sent = sum(a["tx_bytes"] for a in answers) / len(answers) / 1000
         if backend == "switch":
             retrans = f"{sum(a['retransmissions'] for a in answers)} packets"
         else:
             retrans = f"{sum(a['tcp_retrans'] for a in answers)} TCP segs"
-        print(f"{backend:<12} {accuracy:>9.3f} {step:>8.1f} {sent:>15.1f} {retrans:>16}")
+        print(f"{backend:<12} {accuracy:>9.3f} {step:>8.1f} {allreduce:>13.1f} {cpu:>12.1f} "
+              f"{sent:>15.1f} {retrans:>16}")
     switch = results["switch"]
     packets = sum(a["aggregation_packets"] for a in switch)
     redone = sum(a["redone"] for a in switch)
@@ -80,7 +83,10 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
           f"blocks redone because\nthe speculated exponent missed (the first step probes every "
           f"block).")
     print("\nms/step: median step time (forward, backward, allreduce, update) of the slowest "
-          "worker.\nKB sent: bytes each worker's interface transmitted during training, headers "
+          "worker.\nallreduce ms: median time from DDP's call of the comm hook to its result, "
+          "slowest worker\n(it includes waiting for the slowest worker's gradients).\nCPU ms/step: "
+          "processor time of a worker process per step (mean over workers; the kernel's\n"
+          "work for its sockets included, the switch's not).\nKB sent: bytes each worker's interface transmitted during training, headers "
           "included. The switch\nrun sends each 64-value block once (308 B frames), plus redone "
           "blocks and retransmissions; gloo's\nring sends 2(n-1)/n of the gradient per step in "
           "TCP segments.\nretransmissions: aggregation packets resent after a loss was detected "

@@ -139,16 +139,24 @@ class Host:
         model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),
                                     torch.nn.Linear(32, 10))
         ddp = DDP(model)
+        # Both backends go through a comm hook, timed the same way: gloo's is the
+        # allreduce DDP runs by default.
+        hook_times: list[float] = []
         if backend == "switch":
             from worker.ddp_hook import SwitchHookState, switch_allreduce_hook
-            ddp.register_comm_hook(SwitchHookState(self.session), switch_allreduce_hook)
-        elif backend != "gloo":
+            ddp.register_comm_hook(SwitchHookState(self.session),
+                                   _timed(switch_allreduce_hook, hook_times))
+        elif backend == "gloo":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            ddp.register_comm_hook(None, _timed(allreduce_hook, hook_times))
+        else:
             raise ValueError(f"unknown backend {backend!r}")
         optimizer = torch.optim.Adam(ddp.parameters(), lr=float(cmd.get("lr", 0.01)))
         loss_fn = torch.nn.CrossEntropyLoss()
         steps_per_epoch = min(len(x_train) // batch, *self._all_ranks_min(len(x_train) // batch))
         stats_before = self.session.stats
         self.barrier()
+        cpu_before = time.process_time()
         before = interface_counters()
         step_times = []
         for epoch in range(epochs):
@@ -166,11 +174,14 @@ class Host:
             if self.rank == 0:
                 progress(f"{backend}: epoch {epoch + 1}/{epochs}  loss {total / steps_per_epoch:.3f}"
                          f"  {1000 * np.mean(step_times[-steps_per_epoch:]):.0f} ms/step")
+        cpu = time.process_time() - cpu_before
         delta = counter_delta(before)
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
         return {"accuracy": accuracy, "steps": len(step_times),
                 "step_time_ms": 1000 * float(np.median(step_times)),
+                "allreduce_ms": 1000 * float(np.median(hook_times)),
+                "cpu_ms_per_step": 1000 * cpu / len(step_times),
                 "tx_bytes": delta["tx_bytes"], "tcp_retrans": delta["tcp_retrans"],
                 **_aggregation_packets(self.session.stats - stats_before),
                 "parameters": sum(p.numel() for p in model.parameters())}
@@ -180,6 +191,18 @@ class Host:
         t = torch.tensor([value])
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return [int(t)]
+
+
+def _timed(hook, times: list[float]):
+    """``hook``, recording how long each bucket takes from the call to its result."""
+    def timed(state, bucket):
+        start = time.perf_counter()
+
+        def done(future):
+            times.append(time.perf_counter() - start)
+            return future.value()
+        return hook(state, bucket).then(done)
+    return timed
 
 
 def _aggregation_packets(stats) -> dict[str, int]:

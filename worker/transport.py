@@ -42,6 +42,7 @@ each slot whose last packet used set 0 one more, empty, round in set 1.
 
 from __future__ import annotations
 
+import copy
 import select
 import socket
 import time
@@ -113,7 +114,7 @@ class Stats:
                         for f in fields(self)})
 
     def copy(self) -> "Stats":
-        return Stats(**asdict(self))
+        return copy.copy(self)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
