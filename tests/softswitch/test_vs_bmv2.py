@@ -72,9 +72,9 @@ def compare(topo, frames, expected) -> tuple[list, int]:
         port_of = {sock: h.switch_port for sock, h in zip(socks, topo.hosts)}
         mismatches, forwarded = [], 0
         for data in frames:
-            socks[0].send(data)
-            got = sorted(collect(socks, port_of))
             want = sorted(expected(data))
+            socks[0].send(data)
+            got = sorted(collect(socks, port_of, len(want)))
             forwarded += bool(want)
             if got != want:
                 mismatches.append((data.hex(), want, got))
@@ -89,11 +89,16 @@ def drain(sock) -> None:
         sock.recv(65536)
 
 
-def collect(socks, port_of, quiet: float = 0.4) -> list[tuple[int, bytes]]:
-    """Frames the switch sent to the hosts, until ``quiet`` seconds pass without one."""
+def collect(socks, port_of, expected: int, quiet: float = 0.4,
+            patience: float = 3.0) -> list[tuple[int, bytes]]:
+    """Frames the switch sent to the hosts: until ``expected`` have come (waiting up to
+    ``patience`` seconds: BMv2 on a loaded machine is slow), then until ``quiet``
+    seconds pass without another."""
     out = []
+    deadline = time.monotonic() + patience
     while True:
-        ready, _, _ = select.select(socks, [], [], quiet)
+        wait = quiet if len(out) >= expected else max(deadline - time.monotonic(), quiet)
+        ready, _, _ = select.select(socks, [], [], wait)
         if not ready:
             return out
         for sock in ready:
