@@ -509,6 +509,9 @@ def _validity(node):
         return {"type": "field", "value": [node, "$valid$"]}
     if isinstance(node, dict) and node.get("type") == "header":
         return _validity(node.get("value"))
+    if isinstance(node, dict) and "type" not in node and node.get("op") == "?":
+        # what p4c really writes in the field: the ?: object bare, not wrapped
+        return _validity({"type": "expression", "value": node})
     if isinstance(node, dict) and node.get("type") == "expression":
         value = node.get("value")
         if isinstance(value, dict) and value.get("type") == "expression":
