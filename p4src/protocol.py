@@ -200,15 +200,14 @@ class PacketFormat:
             if word not in words:
                 words.append(word)
         for word in words:
-            if word.signed:     # one signed field: stored as it is
-                packets[word.name][rows] = fields[word.fields[0].name]
-                continue
             acc = np.int64(0)
             for field, shift, mask in word.layout:
                 if field.name not in fields:
                     raise ValueError(f"fields {[f.name for f in word.fields]} share a word: "
                                      "give them together")
                 acc = acc | ((np.asarray(fields[field.name], dtype=np.int64) & mask) << shift)
+            if word.signed:     # the bits as the word's two's complement
+                acc = np.where(acc > word.layout[0][2] >> 1, acc - (1 << word.width), acc)
             packets[word.name][rows] = acc
 
     def unpack(self, packets: np.ndarray, names=None) -> dict[str, np.ndarray]:
