@@ -123,8 +123,13 @@ def quantize(blocks: np.ndarray, own: np.ndarray, scale: np.ndarray, num_workers
     scale = np.asarray(scale, dtype=np.int32)
     bits = scale_bits(num_workers)
     # A block of zeros everywhere keeps EXPONENT_OF_ZERO; any shift quantizes it to 0.
-    shift = bits - np.maximum(scale, EXPONENT_OF_ZERO + 1)
-    scaled = np.ldexp(blocks, shift[:, None].astype(np.int32))  # 2**k itself is never formed
+    shift = (bits - np.maximum(scale, EXPONENT_OF_ZERO + 1)).astype(np.int32)
+    if shift.size and shift.max() <= 127:
+        # 2**shift is a float32 and the product is rounded once, exactly as ldexp
+        # rounds: the same bits, several times faster than ldexp.
+        scaled = blocks * np.ldexp(np.float32(1), shift)[:, None]
+    else:                  # blocks below 2**-96: 2**shift itself is not a float32
+        scaled = np.ldexp(blocks, shift[:, None])
     np.rint(scaled, out=scaled)
     over = own > scale
     if over.any():

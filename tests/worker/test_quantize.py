@@ -268,6 +268,18 @@ def test_dequantize_is_one_rounding_of_the_exact_value(n, average, dtype):
     np.testing.assert_array_equal(again.view(f"u{got.itemsize}"), expected.view(f"u{got.itemsize}"))
 
 
+def test_quantize_scales_exactly_as_ldexp():
+    """The fast path multiplies by 2**shift; it must round exactly as ldexp does,
+    subnormal inputs and results included."""
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((500, K)) * 2.0 ** rng.integers(-149, 20, (500, 1))).astype(np.float32)
+    e = q.block_exponents(x)
+    scale = np.clip(e.astype(np.int64) + rng.integers(0, 3, 500), -96, q.MAX_EXPONENT)
+    shift = q.scale_bits(5) - scale
+    expected = np.rint(np.ldexp(x, shift[:, None].astype(np.int32))).astype(np.int32)
+    np.testing.assert_array_equal(q.quantize(x, e, scale, 5), expected)
+
+
 def test_quantize_into_big_endian_packet_field():
     x = worker_inputs(1, 20, seed=9)[0]
     e = q.block_exponents(x)
