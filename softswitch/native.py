@@ -21,7 +21,7 @@ from pathlib import Path
 
 from softswitch import emit_c, frontend
 from softswitch.frontend import DROP_PORT
-from softswitch.pipeline import Entry, TableError
+from softswitch.pipeline import Entry, TableEntries
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE / "native" / "runtime.c"
@@ -204,29 +204,19 @@ class _Spec:
             setattr(self, key, value)
 
 
-class NativeTable:
+class NativeTable(TableEntries):
     """The control-plane view of one C table; entries are mirrored for reads."""
 
     def __init__(self, spec, index: int, c: _Context, actions: dict):
-        self.spec, self.index, self.c = spec, index, c
+        super().__init__(spec)
+        self.index, self.c = index, c
         # Action data slots per entry in C: as many as the table's widest action.
         self.nd = max([len(actions[a].params) for a in spec.applied_actions] + [0])
-        self.counted = spec.direct_counter is not None
-        self.entries: dict = {}            # ident -> Entry
         self.handles: dict = {}            # ident -> C handle
         self.default = [None]
         self.initial_default = spec.default if spec.default else (None, ())
         self.set_default(self.initial_default)
-        for values, masks, bmv2_priority, prefix, aid, data in spec.const_entries:
-            if spec.match_type == "lpm":
-                priority = prefix
-            elif spec.match_type == "ternary":
-                # BMv2: a smaller number wins; P4Runtime: a larger one does.
-                priority = (1 << 24) - bmv2_priority
-            else:
-                priority = 0
-            values = tuple(v & m for v, m in zip(values, masks))
-            self._add(Entry(values, masks, priority, (aid, data), const=True))
+        self._add_const_entries()
 
     def _add(self, entry: Entry) -> None:
         keys = entry.values if self.spec.keys else (0,)
@@ -240,28 +230,13 @@ class NativeTable:
         entry.counter = _DirectCounter(self, handle)
         self.entries[entry.ident] = entry
 
-    def insert(self, entry: Entry) -> None:
-        if entry.ident in self.entries:
-            raise TableError("ALREADY_EXISTS", f"table {self.spec.name}: entry already exists")
-        if self.spec.max_size and len(self.entries) >= self.spec.max_size:
-            raise TableError("RESOURCE_EXHAUSTED", f"table {self.spec.name} is full "
-                             f"({self.spec.max_size} entries)")
-        self._add(entry)
-
-    def modify(self, entry: Entry) -> None:
-        old = self.entries.get(entry.ident)
-        if old is None:
-            raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
-        old.action = entry.action
+    def _changed(self, entry: Entry) -> None:
         aid, data = entry.action
         self.c.lib.ss_tbl_set_action(self.c.ctx, self.index, self.handles[entry.ident], aid,
                                    self._data(data))
 
-    def delete(self, ident) -> None:
-        if ident not in self.entries:
-            raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
-        del self.entries[ident]
-        self.c.lib.ss_tbl_del(self.c.ctx, self.index, self.handles.pop(ident))
+    def _removed(self, entry: Entry) -> None:
+        self.c.lib.ss_tbl_del(self.c.ctx, self.index, self.handles.pop(entry.ident))
 
     def set_default(self, action) -> None:
         self.default[0] = action

@@ -34,29 +34,19 @@ class Entry:
         return (self.values, self.masks, self.priority)
 
 
-class Table:
-    """Entries of one table, in the shapes the generated code reads.
+class TableEntries:
+    """What a table is to the control plane, whichever backend runs it: its entries
+    by identity, the checks of insert, modify and delete, and the JSON's const
+    entries (BMv2's priorities turned into P4Runtime's). A backend puts the entries
+    where its packet path reads them: ``_add``, ``_changed``, ``_removed``."""
 
-    Exact tables are one dict (key -> (action id, data)); ternary and LPM tables are
-    a priority-sorted list scanned on a miss of a per-key cache, which any write
-    clears, so a steady flow costs one dict lookup.
-    """
-
-    def __init__(self, spec: TableSpec, ns: dict):
+    def __init__(self, spec: TableSpec):
         self.spec = spec
-        self.single = len(spec.keys) == 1
         self.counted = spec.direct_counter is not None
         self.entries: dict = {}            # ident -> Entry
-        self.exact: dict = {}              # key -> (aid, data), exact tables
-        self.scan: list = []               # [(values, masks, (aid, data))], ternary/lpm
-        self.cache: dict = {}
-        self.default = [spec.default if spec.default else (None, ())]
-        self.initial_default = self.default[0]
-        tid = spec.id
-        ns[f"E{tid}"] = self.exact
-        ns[f"C{tid}"] = self.cache
-        ns[f"L{tid}"] = self.lookup
-        ns[f"D{tid}"] = self.default
+
+    def _add_const_entries(self) -> None:
+        spec = self.spec
         for values, masks, bmv2_priority, prefix, aid, data in spec.const_entries:
             if spec.match_type == "lpm":
                 priority = prefix
@@ -67,6 +57,59 @@ class Table:
                 priority = 0
             values = tuple(v & m for v, m in zip(values, masks))
             self._add(Entry(values, masks, priority, (aid, data), const=True))
+
+    def insert(self, entry: Entry) -> None:
+        if entry.ident in self.entries:
+            raise TableError("ALREADY_EXISTS", f"table {self.spec.name}: entry already exists")
+        if self.spec.max_size and len(self.entries) >= self.spec.max_size:
+            raise TableError("RESOURCE_EXHAUSTED", f"table {self.spec.name} is full "
+                             f"({self.spec.max_size} entries)")
+        self._add(entry)
+
+    def modify(self, entry: Entry) -> None:
+        old = self.entries.get(entry.ident)
+        if old is None:
+            raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
+        old.action = entry.action
+        self._changed(old)
+
+    def delete(self, ident) -> None:
+        if ident not in self.entries:
+            raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
+        self._removed(self.entries.pop(ident))
+
+    def _add(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _changed(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _removed(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+
+class Table(TableEntries):
+    """Entries of one table, in the shapes the generated code reads.
+
+    Exact tables are one dict (key -> (action id, data)); ternary and LPM tables are
+    a priority-sorted list scanned on a miss of a per-key cache, which any write
+    clears, so a steady flow costs one dict lookup.
+    """
+
+    def __init__(self, spec: TableSpec, ns: dict):
+        super().__init__(spec)
+        self.single = len(spec.keys) == 1
+        self.exact: dict = {}              # key -> (aid, data), exact tables
+        self.scan: list = []               # [(values, masks, (aid, data))], ternary/lpm
+        self.cache: dict = {}
+        self.default = [spec.default if spec.default else (None, ())]
+        self.initial_default = self.default[0]
+        tid = spec.id
+        ns[f"E{tid}"] = self.exact
+        ns[f"C{tid}"] = self.cache
+        ns[f"L{tid}"] = self.lookup
+        ns[f"D{tid}"] = self.default
+        self._add_const_entries()
 
     @property
     def is_exact(self) -> bool:
@@ -107,29 +150,13 @@ class Table:
         else:
             self._rebuild_scan()
 
-    # ------------------------------------------------------------------ control plane
-    def insert(self, entry: Entry) -> None:
-        if entry.ident in self.entries:
-            raise TableError("ALREADY_EXISTS", f"table {self.spec.name}: entry already exists")
-        if self.spec.max_size and len(self.entries) >= self.spec.max_size:
-            raise TableError("RESOURCE_EXHAUSTED", f"table {self.spec.name} is full "
-                             f"({self.spec.max_size} entries)")
-        self._add(entry)
-
-    def modify(self, entry: Entry) -> None:
-        old = self.entries.get(entry.ident)
-        if old is None:
-            raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
-        old.action = entry.action
+    def _changed(self, entry: Entry) -> None:
         if self.is_exact:
-            self.exact[self.key(entry.values)] = self._target(old)
+            self.exact[self.key(entry.values)] = self._target(entry)
         else:
             self._rebuild_scan()
 
-    def delete(self, ident) -> None:
-        if ident not in self.entries:
-            raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
-        entry = self.entries.pop(ident)
+    def _removed(self, entry: Entry) -> None:
         if self.is_exact:
             del self.exact[self.key(entry.values)]
         else:

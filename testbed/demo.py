@@ -39,8 +39,8 @@ def run(args) -> None:
     print(f"[demo] starting the topology: {args.workers} hosts, {target} switch, "
           f"links {args.bw:g} Mbit/s", flush=True)
     with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots) as testbed:
-        print(f"[demo] job installed by the controller; starting one worker process per host "
-              f"(torch import, gloo rendezvous through the switch)", flush=True)
+        print("[demo] job installed by the controller; starting one worker process per host "
+              "(torch import, gloo rendezvous through the switch)", flush=True)
         with HostAgents(testbed) as agents:
             results = {}
             for backend in ("switch", "gloo"):

@@ -120,15 +120,15 @@ def test_loss_in_both_directions_changes_no_bit(fabric, tmp_path):
 
 
 def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp_path):
-    """A timeout capped at 5 ms, below the switch's round trip, retransmits packets
-    still waiting for slower workers (the switch drops those) and packets whose
-    result is on its way (the switch resends it by unicast, so it arrives twice, out
-    of order with later results)."""
+    """A timeout capped at 0.1 ms, below any switch's round trip, retransmits
+    packets still waiting for slower workers (the switch drops those) and packets
+    whose result is on its way (the switch resends it by unicast, so it arrives
+    twice, out of order with later results)."""
     job = fabric.job(4, num_slots=8)
-    runs = fabric.run(job, ["--size", "3000", "--reps", "2", "--seed", "5",
-                            "--initial-rto", "0.001", "--min-rto", "0.001", "--max-rto", "0.005",
-                            "--save", str(tmp_path)])
-    check_run(runs, job, tmp_path, size=3000, seed=5, reps=2)
+    runs = fabric.run(job, ["--size", "6000", "--reps", "3", "--seed", "5",
+                            "--initial-rto", "0.0001", "--min-rto", "0.0001",
+                            "--max-rto", "0.0001", "--save", str(tmp_path)])
+    check_run(runs, job, tmp_path, size=6000, seed=5, reps=3)
     counters = [r["counters"] for run in runs for r in run.reports]
     assert sum(c["retransmissions"] for c in counters) > 0
     assert sum(c["duplicates_ignored"] for c in counters) > 0
