@@ -7,6 +7,7 @@ benchmarks) is indifferent to which one runs. ``softswitch`` runs its default
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -26,6 +27,20 @@ def bmv2_path() -> str | None:
 
 def available_targets() -> list[str]:
     return ["softswitch", "softswitch-python"] + (["bmv2"] if bmv2_path() else [])
+
+
+def unavailable(target: str) -> str | None:
+    """Why ``target`` cannot run here (AGG_SWITCH selects another, BMv2 is not
+    installed, the softswitch package is absent), or None."""
+    wanted = os.environ.get("AGG_SWITCH")
+    if wanted and wanted != target:
+        return f"AGG_SWITCH={wanted} selects another target"
+    if target == "bmv2" and bmv2_path() is None:
+        return ("simple_switch_grpc is not on PATH: build BMv2 (see README) to run this "
+                "on real BMv2")
+    if target.startswith("softswitch") and importlib.util.find_spec("softswitch") is None:
+        return "the softswitch package is not present"
+    return None
 
 
 def default_target() -> str:

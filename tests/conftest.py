@@ -7,7 +7,6 @@ AGG_SWITCH=bmv2|softswitch|softswitch-python restricts to one.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ import pytest
 from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
 from testbed.netns import Topology
-from testbed.targets import SwitchProcess, bmv2_path
+from testbed.targets import SwitchProcess, unavailable
 
 from tests.dataplane.harness import TestHost, make_config
 
@@ -60,14 +59,9 @@ def hosts(topology):
     "softswitch", "softswitch-python", pytest.param("bmv2", marks=pytest.mark.bmv2)])
 def switch(request, topology):
     target = request.param
-    wanted = os.environ.get("AGG_SWITCH")
-    if wanted and wanted != target:
-        pytest.skip(f"AGG_SWITCH={wanted} selects the other target")
-    if target == "bmv2" and bmv2_path() is None:
-        pytest.skip("simple_switch_grpc is not on PATH: build BMv2 (see README) "
-                    "to run the packet tests on real BMv2")
-    if target.startswith("softswitch") and importlib.util.find_spec("softswitch") is None:
-        pytest.skip("the softswitch package is not present")
+    reason = unavailable(target)
+    if reason:
+        pytest.skip(reason)
     with SwitchProcess(target, topology.switch_ports) as process:
         with SwitchConnection(process.grpc_addr, process.device_id, TEST_ELECTION_ID) as conn:
             controller = Controller(conn)
