@@ -251,6 +251,11 @@ class CEmitter:
         raise Unsupported(f"expression operator {op!r:.40}")
 
     # ------------------------------------------------------------------ primitives
+    def guarded(self, idx: str, test: str, stmt: str, prelude: str = "") -> None:
+        """``stmt`` on element ``_ix`` = ``idx`` only if ``test`` (BMv2 skips an
+        out-of-range register or counter access); ``prelude`` runs either way."""
+        self.add(f"{{ uint64_t _ix = {idx}; {prelude}if ({test}) {stmt} }}")
+
     def index(self, node, params, size: int, where: str) -> tuple[str, str]:
         """(index code, bounds test on ``_ix``): BMv2 skips an out-of-range access."""
         val = self.expr(node, params, where)
@@ -295,12 +300,8 @@ class CEmitter:
             self.add(f"if (S->v[{header.id}]) {{ S->v[{header.id}] = 0; "
                      f"S->plen_reg -= {header.nbytes}; }}")
         elif op in ("mark_to_drop", "drop"):
-            spec, grp = prog.std("egress_spec"), prog.std("mcast_grp")
-            if spec is None:
-                raise Unsupported(f"{op} without standard_metadata.egress_spec")
-            self.add(f"{self.fref(spec)} = {prog.drop_port};")
-            if grp is not None:
-                self.add(f"{self.fref(grp)} = 0;")
+            for field, value in prog.drop_stores(op):
+                self.add(f"{self.fref(field)} = {value};")
         elif op == "register_read":
             field = prog.field(args[0]["value"])
             reg = prog.register(args[1]["value"])
@@ -308,21 +309,18 @@ class CEmitter:
             idx, test = self.index(args[2], params, reg.size, where)
             val = self.store(Val(f"c->reg[{r}][_ix]", 0, mask(reg.width)), field.width,
                              field.signed)
-            self.add(f"{{ uint64_t _ix = {idx}; if ({test}) "
-                     f"{self.fref(field)} = {val}; }}")
+            self.guarded(idx, test, f"{self.fref(field)} = {val};")
         elif op == "register_write":
             reg = prog.register(args[0]["value"])
             r = self.reg_index[reg.name]
             idx, test = self.index(args[1], params, reg.size, where)
             val = self.store(self.expr(args[2], params, where), reg.width, False)
-            self.add(f"{{ uint64_t _ix = {idx}; uint64_t _vx = {val}; "
-                     f"if ({test}) c->reg[{r}][_ix] = _vx; }}")
+            self.guarded(idx, test, f"c->reg[{r}][_ix] = _vx;", f"uint64_t _vx = {val}; ")
         elif op == "count":
             ctr = prog.counter(args[0]["value"])
             n = self.ctr_index[ctr.name]
             idx, test = self.index(args[1], params, ctr.size, where)
-            self.add(f"{{ uint64_t _ix = {idx}; if ({test}) "
-                     f"{{ c->cpk[{n}][_ix]++; c->cby[{n}][_ix] += S->in_len; }} }}")
+            self.guarded(idx, test, f"{{ c->cpk[{n}][_ix]++; c->cby[{n}][_ix] += S->in_len; }}")
         elif op == "modify_field_rng_uniform":
             field = prog.field(args[0]["value"])
             lo, hi = self.expr(args[1], params, where), self.expr(args[2], params, where)

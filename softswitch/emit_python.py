@@ -326,12 +326,8 @@ class Generator:
             src.add(f"    {self.vv(header)} = False")
             src.add(f"    plen_reg -= {header.nbytes}")
         elif op in ("mark_to_drop", "drop"):
-            spec, grp = self.std("egress_spec"), self.std("mcast_grp")
-            if spec is None:
-                raise Unsupported(f"{op} without standard_metadata.egress_spec")
-            src.add(f"{self.v(spec)} = {self.drop_port}")
-            if grp is not None:
-                src.add(f"{self.v(grp)} = 0")
+            for field, value in self.prog.drop_stores(op):
+                src.add(f"{self.v(field)} = {value}")
         elif op == "register_read":
             field = self.field(args[0]["value"])
             reg = self.prog.register(args[1]["value"])

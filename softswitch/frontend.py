@@ -208,6 +208,14 @@ class Program:
                 return self.fields.get(self.aliases[key])
         return self.fields.get(("standard_metadata", name))
 
+    def drop_stores(self, op: str) -> list[tuple[Field, int]]:
+        """What ``mark_to_drop``/``drop`` stores, as simple_switch does: the drop
+        port in egress_spec, and no multicast group."""
+        spec, grp = self.std("egress_spec"), self.std("mcast_grp")
+        if spec is None:
+            raise Unsupported(f"{op} without standard_metadata.egress_spec")
+        return [(spec, self.drop_port)] + ([(grp, 0)] if grp is not None else [])
+
     def field(self, ref) -> Field:
         header, name = _pair(ref, "field reference")
         if name == "$valid$":
