@@ -10,7 +10,13 @@ P4BUILD  ?= p4src/build
 N        ?= 4
 PYTEST   ?= $(PY) -m pytest
 # gcc + libc6-dev: the softswitch compiles programs to C (its native backend).
-APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
+# python3-venv, ca-certificates: a minimal Debian has neither venv nor pip's TLS roots.
+# procps: sysctl inside the test namespaces.
+APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev \
+                python3-venv ca-certificates procps
+# The CPU wheel on disk; an unpinned torch pulls a multi-GB CUDA build. Pinned here,
+# for this venv only: the package itself asks for torch>=2.1 and only in [torch].
+TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 p4 p4-test-programs bench bench-switch \
         bench-worker bench-allreduce demo testbed loss-experiment clean
@@ -26,9 +32,11 @@ apt-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends $$missing; fi
 
+# A venv whose creation or install failed is removed whole, so the next run starts clean.
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test]'
+	@$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH) \
+	    && $(PY) -m pip install -q -e '.[test]' \
+	    || { rm -rf $(VENV); echo "make setup: could not build $(VENV) (see above)" >&2; exit 1; }
 	touch $@
 
 test: setup

@@ -1,7 +1,7 @@
 """P4Runtime server: the subset simple_switch_grpc (PI) serves, plus register writes.
 
 Status codes follow PI: a failed Write is UNKNOWN with one p4.v1.Error per update
-in the details (what p4runtime-shell and other PI clients parse), everything else
+in the details (what PI clients parse), everything else
 fails with its own code and a message.
 """
 
@@ -13,9 +13,11 @@ import threading
 from concurrent import futures
 
 import grpc
-from google.rpc import code_pb2, status_pb2
-from p4.config.v1 import p4info_pb2
-from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+from finsy.proto import p4i as p4info_pb2
+from finsy.proto import p4r as p4runtime_pb2
+from finsy.proto import p4r_grpc as p4runtime_pb2_grpc
+from finsy.proto import rpc_code as code_pb2
+from finsy.proto import rpc_status as status_pb2
 
 from softswitch.frontend import DROP_PORT, Unsupported, mask
 from softswitch.backend import load_pipeline

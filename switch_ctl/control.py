@@ -11,10 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from p4runtime_sh import shell as sh
-from p4runtime_sh.context import P4Type
-
-from .client import SwitchConnection
+from .client import P4MulticastGroupEntry, P4TableEntry, SwitchConnection
 from .config import Config
 
 
@@ -59,9 +56,9 @@ def entry_action(msg) -> tuple:
     return (action.action_id, tuple(sorted((p.param_id, _int(p.value)) for p in action.params)))
 
 
-def match_values(table: str, msg) -> dict[str, int]:
-    """Exact-match field values by P4Info name, for ownership tests."""
-    names = {mf.id: mf.name for mf in sh.context.get_obj(P4Type.table, table).match_fields}
+def match_values(conn: SwitchConnection, table: str, msg) -> dict[str, int]:
+    """Match field values (the value part) by P4Info name, for ownership tests."""
+    names = {mf.id: mf.name for mf in conn.schema.tables[table].match_fields}
     return {names[fm.field_id]: _field_value(fm)[1] for fm in msg.match}
 
 
@@ -82,49 +79,39 @@ class Control:
 
     # -- helpers for subclasses ----------------------------------------------
     def entry(self, table: str, action: str, match: dict, params: dict,
-              priority: int = 0) -> sh.TableEntry:
-        te = self.conn.table_entry(table, action)
-        for name, value in match.items():
-            te.match[name] = str(value)
-        for name, value in params.items():
-            te.action[name] = str(value)
-        if priority:
-            te.priority = priority
-        return te
+              priority: int = 0) -> P4TableEntry:
+        return self.conn.table_entry(table, action, match, params, priority=priority)
 
-    def sync(self, table: str, desired: Iterable[sh.TableEntry],
+    def sync(self, table: str, desired: Iterable[P4TableEntry],
              owned: Callable[[dict[str, int]], bool]) -> Changes:
-        """Make the entries of ``table`` that ``owned`` selects equal ``desired``."""
-        changes = Changes()
+        """Make the entries of ``table`` that ``owned`` selects equal ``desired``,
+        in one batched write per kind of change."""
         present = {}
-        for te in self.conn.read(self.conn.table_entry(table)):
-            msg = te.msg()
-            if owned(match_values(table, msg)):
-                present[entry_key(msg)] = te
+        for entity in self.conn.read_raw(P4TableEntry(table)):
+            if owned(match_values(self.conn, table, entity.table_entry)):
+                present[entry_key(entity.table_entry)] = entity
+        inserts, modifies = [], []
         for te in desired:
-            msg = te.msg()
-            key = entry_key(msg)
-            existing = present.pop(key, None)
+            entity = self.conn.encode(te)
+            existing = present.pop(entry_key(entity.table_entry), None)
             if existing is None:
-                self.conn.insert(te)
-                changes.inserted += 1
-            elif entry_action(existing.msg()) != entry_action(msg):
-                self.conn.modify(te)
-                changes.modified += 1
-        for te in present.values():
-            self.conn.delete(te)
-            changes.deleted += 1
-        return changes
+                inserts.append(entity)
+            elif entry_action(existing.table_entry) != entry_action(entity.table_entry):
+                modifies.append(entity)
+        deletes = list(present.values())
+        self.conn.insert(inserts)
+        self.conn.modify(modifies)
+        self.conn.delete(deletes)
+        return Changes(len(inserts), len(modifies), len(deletes))
 
     def sync_multicast_group(self, group_id: int, replicas: set[tuple[int, int]] | None) -> Changes:
         """Make PRE group ``group_id`` hold exactly ``replicas`` (port, rid); None deletes it."""
         current = None
-        for group in self.conn.read(self.conn.multicast_group(0)):
-            if group.group_id == group_id:
+        for entity in self.conn.read_raw(P4MulticastGroupEntry()):
+            group = entity.packet_replication_engine_entry.multicast_group_entry
+            if group.multicast_group_id == group_id:
                 current = {(r.egress_port, r.instance) for r in group.replicas}
-        wanted = self.conn.multicast_group(group_id)
-        for port, rid in sorted(replicas or ()):
-            wanted.add(port, rid)
+        wanted = P4MulticastGroupEntry(group_id, replicas=sorted(replicas or ()))
         if replicas is None:
             if current is None:
                 return Changes()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from p4src import protocol
 
+from .client import P4CounterEntry
 from .config import Config
 from .control import Changes, Control
 
@@ -136,11 +137,10 @@ class OutcomeCounters(Control):
     def read_counters(self) -> dict[str, dict[str, int]]:
         out = {}
         for counter, outcomes in self.COUNTERS.items():
-            entry = self.conn.counter_entry(counter)
-            for cell in self.conn.read(entry):
+            for cell in self.conn.read(P4CounterEntry(counter)):
                 index = cell.index
                 if index in outcomes._value2member_map_:
                     name = f"{counter.split('.')[0].removeprefix('Agg').lower()}." \
                            f"{outcomes(index).name.lower()}"
-                    out[name] = {"packets": cell.packet_count, "bytes": cell.byte_count}
+                    out[name] = {"packets": cell.data.packet_count, "bytes": cell.data.byte_count}
         return out

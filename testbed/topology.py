@@ -21,6 +21,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomli_w
+
 from p4src import protocol
 from switch_ctl import config as config_mod
 from switch_ctl.client import SwitchConnection
@@ -77,27 +79,6 @@ def job_config_dict(ports: dict[int, str], grpc_addr: str, device_id: int, job_i
                 "num_slots": min(num_slots or pool, pool), "workers": workers},
         "loss": {"ingress": loss[0], "egress": loss[1]},
     }
-
-
-def to_toml(raw: dict) -> str:
-    """Enough TOML for a job configuration: tables, arrays of tables, scalars, lists."""
-    def value(v) -> str:
-        if isinstance(v, str):
-            return f'"{v}"'
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
-
-    lines = []
-    for section, body in raw.items():
-        lines.append(f"[{section}]")
-        nested = {k: v for k, v in body.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
-        lines += [f"{k} = {value(v)}" for k, v in body.items() if k not in nested]
-        for key, tables in nested.items():
-            for table in tables:
-                lines += ["", f"[[{section}.{key}]]"] + [f"{k} = {value(v)}" for k, v in table.items()]
-        lines.append("")
-    return "\n".join(lines)
 
 
 class ShapedIntf(TCIntf):
@@ -201,7 +182,7 @@ class Testbed:
                               self.switch.device_id, self.job_id,
                               self.num_slots or default_window(self.workers, self.target))
         self.config = config_mod.parse(raw)
-        self.config_path.write_text(to_toml(raw))
+        self.config_path.write_text(tomli_w.dumps(raw))
         self.conn = SwitchConnection(self.switch.grpc_addr, self.switch.device_id).connect()
         self.controller = Controller(self.conn)
         self.controller.push()

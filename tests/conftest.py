@@ -53,8 +53,7 @@ def hosts(topology):
         h.close()
 
 
-# Per module, not per session: p4runtime-shell allows one connection per process, and
-# other modules (the testbed) open their own.
+# Per module: each module's topology has a switch of its own.
 @pytest.fixture(scope="module", params=[
     "softswitch", "softswitch-python", pytest.param("bmv2", marks=pytest.mark.bmv2)])
 def switch(request, topology):

@@ -14,6 +14,7 @@ import pytest
 from softswitch.native import NativePipeline
 from softswitch.p4runtime import Device, serve
 from softswitch.pipeline import Pipeline
+from switch_ctl.client import SwitchConnection
 
 PROGRAMS = Path(__file__).parent / "programs"
 BACKENDS = ("native", "python")
@@ -75,3 +76,15 @@ def switch(backend):
     sw = Switch(backend=backend)
     yield sw
     sw.stop()
+
+
+def connect(addr: str, program: str | None = None, **kw) -> SwitchConnection:
+    """A controller session (switch_ctl's client) with ``program`` pushed, if given."""
+    conn = SwitchConnection(addr, 0, (0, 1), **kw).connect()
+    if program is not None:
+        try:
+            conn.push_pipeline(*program_files(program))
+        except BaseException:
+            conn.close()
+            raise
+    return conn

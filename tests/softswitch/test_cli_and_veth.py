@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-import p4runtime_sh.shell as sh
 import pytest
 
-from tests.softswitch.conftest import free_port, program_files
+from switch_ctl.client import P4CounterEntry, P4MulticastGroupEntry
+from tests.softswitch.conftest import connect, free_port, program_files
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,20 +55,12 @@ def test_frames_cross_real_veth_pairs_under_p4runtime_control(target):
     from testbed.netns import Topology
     from testbed.targets import SwitchProcess
 
-    json_path, p4info_path = program_files("forwarding")
     with Topology(3) as topo, SwitchProcess(target, topo.switch_ports) as switch:
-        sh.setup(device_id=0, grpc_addr=switch.grpc_addr, election_id=(0, 1),
-                 config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+        conn = connect(switch.grpc_addr, "forwarding")
         try:
-            for host in topo.hosts:
-                te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-                te.match["dst"] = host.mac
-                te.action["port"] = str(host.switch_port)
-                te.insert()
-            group = sh.MulticastGroupEntry(1)
-            for host in topo.hosts:
-                group.add(host.switch_port, 0)
-            group.insert()
+            conn.insert([conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": host.mac},
+                                          {"port": host.switch_port}) for host in topo.hosts])
+            conn.insert(P4MulticastGroupEntry(1, replicas=[(h.switch_port, 0) for h in topo.hosts]))
             socks = [h.raw_socket() for h in topo.hosts]
             src, dst = topo.hosts[0], topo.hosts[2]
             frame = (bytes.fromhex(dst.mac.replace(":", "")) + bytes.fromhex(src.mac.replace(":", ""))
@@ -79,11 +71,10 @@ def test_frames_cross_real_veth_pairs_under_p4runtime_control(target):
             broadcast = b"\xff" * 6 + frame[6:12] + b"\x88\xb5" + b"flood" + bytes(50)
             socks[0].send(broadcast)
             assert broadcast in receive(socks[1]) and broadcast in receive(socks[2])
-            ce = sh.CounterEntry("Ing.port_packets")
-            ce.index = src.switch_port
-            assert list(ce.read())[0].packet_count >= 2
+            (cell,) = conn.read(P4CounterEntry("Ing.port_packets", index=src.switch_port))
+            assert cell.data.packet_count >= 2
         finally:
-            sh.teardown()
+            conn.close()
             for sock in locals().get("socks", []):
                 sock.close()
         assert switch.process.poll() is None

@@ -15,7 +15,7 @@ from softswitch import emit_c, frontend
 from softswitch.backend import load_pipeline
 from softswitch.native import NativePipeline
 from softswitch.pipeline import Entry, Pipeline
-from tests.softswitch.conftest import free_port, program_files
+from tests.softswitch.conftest import connect, free_port, program_files
 from tests.softswitch.test_cli_and_veth import REPO
 from tests.softswitch.test_primitives import fields, frame
 
@@ -132,17 +132,12 @@ def test_frames_of_any_size_never_crash_the_native_pipeline(size):
 def test_the_native_switch_survives_garbage_on_the_wire():
     import random
 
-    import p4runtime_sh.shell as sh
-
     from testbed.netns import Topology
     from testbed.targets import SwitchProcess
     from tests.softswitch.test_cli_and_veth import receive
 
-    json_path, p4info_path = program_files("primitives")
     with Topology(1) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
-        sh.setup(device_id=0, grpc_addr=switch.grpc_addr, election_id=(0, 1),
-                 config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
-        sh.teardown()
+        connect(switch.grpc_addr, "primitives").close()
         sock = topo.hosts[0].raw_socket()
         try:
             rng = random.Random(11)

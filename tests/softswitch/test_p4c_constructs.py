@@ -22,15 +22,14 @@ from __future__ import annotations
 import json
 import os
 
-import p4runtime_sh.shell as sh
 import pytest
+from finsy.proto import p4i as p4info_pb2
 from google.protobuf import text_format
-from p4.config.v1 import p4info_pb2
-from p4runtime_sh.p4runtime import P4RuntimeException, P4RuntimeWriteException
 
 from softswitch.frontend import Unsupported
+from switch_ctl.client import P4RuntimeError, P4TableEntry, SwitchConnection
 from testbed.targets import bmv2_path
-from tests.softswitch.conftest import load, pipeline, program_files
+from tests.softswitch.conftest import connect, load, pipeline, program_files
 from tests.softswitch.test_primitives import fields, frame
 from tests.softswitch.test_p4runtime import MAC1, ip_frame
 
@@ -85,12 +84,26 @@ def test_is_valid_of_an_expression_that_is_no_header_is_refused_by_name(backend)
         pipeline(json.dumps(doc).encode(), backend)
 
 
-def push(switch, doc: dict, info: p4info_pb2.P4Info, tmp_path) -> None:
+def push(switch, doc: dict, info: p4info_pb2.P4Info, tmp_path) -> SwitchConnection:
     json_path, p4info_path = tmp_path / "prog.json", tmp_path / "prog.p4info.txtpb"
     json_path.write_text(json.dumps(doc))
     p4info_path.write_text(text_format.MessageToString(info))
-    sh.setup(device_id=0, grpc_addr=switch.addr, election_id=(0, 1),
-             config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+    conn = connect(switch.addr)
+    conn.push_pipeline(json_path, p4info_path)
+    return conn
+
+
+def error_entry(conn: SwitchConnection, table: str, error: str, port: int):
+    """An entry matching the error-typed key "err" by name, as P4Runtime sends an
+    error (its P4Info width is 0, so it is no bitstring finsy could encode)."""
+    entity = conn.encode(conn.table_entry(table, "Ing.forward", params={"port": port}))
+    match = entity.table_entry.match.add(field_id=conn.schema.tables[table].match_fields["err"].id)
+    match.exact.value = error.encode()
+    return entity
+
+
+def raw_entries(conn: SwitchConnection, table: str) -> list:
+    return [e.table_entry for e in conn.read_raw(P4TableEntry(table))]
 
 
 def test_a_p4info_table_p4c_removed_from_the_json_is_accepted(switch, tmp_path):
@@ -98,20 +111,14 @@ def test_a_p4info_table_p4c_removed_from_the_json_is_accepted(switch, tmp_path):
     gone = info.tables.add()
     gone.CopyFrom(next(t for t in info.tables if t.preamble.name == "Ing.mac_table"))
     gone.preamble.id, gone.preamble.name, gone.preamble.alias = 33554000, "Ing.gone", "gone"
-    push(switch, doc, info, tmp_path)
+    conn = push(switch, doc, info, tmp_path)
     try:
-        te = sh.TableEntry("Ing.gone")(action="Ing.forward")
-        te.match["dst"] = MAC1
-        te.action["port"] = "2"
-        with pytest.raises(P4RuntimeWriteException, match="nothing applies it"):
-            te.insert()
-        assert list(sh.TableEntry("Ing.gone").read()) == []
-        te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-        te.match["dst"] = MAC1
-        te.action["port"] = "2"
-        te.insert()
+        with pytest.raises(P4RuntimeError, match="nothing applies it"):
+            conn.insert(conn.table_entry("Ing.gone", "Ing.forward", {"dst": MAC1}, {"port": 2}))
+        assert raw_entries(conn, "Ing.gone") == []
+        conn.insert(conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": MAC1}, {"port": 2}))
     finally:
-        sh.teardown()
+        conn.close()
     frame = bytes.fromhex(MAC1.replace(":", "")) + bytes(6) + b"\x88\xb5" + bytes(40)
     assert switch.send(frame, 1) == [(2, frame)]
 
@@ -124,21 +131,15 @@ def test_a_match_field_of_type_error_is_matched_by_name(switch, tmp_path):
     table["key"][0]["name"] = "err"
     field = next(t for t in info.tables if t.preamble.name == "Ing.mac_table").match_fields[0]
     field.name, field.bitwidth = "err", 0           # what p4c writes for an error
-    push(switch, doc, info, tmp_path)
+    conn = push(switch, doc, info, tmp_path)
     try:
-        te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-        te.match["err"] = "PacketTooShort"
-        te.action["port"] = "4"
-        te.insert()
-        bad = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-        bad.match["err"] = "NoSuchError"
-        bad.action["port"] = "4"
-        with pytest.raises(P4RuntimeWriteException, match="not an error of this program"):
-            bad.insert()
-        [read] = list(sh.TableEntry("Ing.mac_table").read())
-        assert read.match["err"].exact.value == b"PacketTooShort"
+        conn.insert(error_entry(conn, "Ing.mac_table", "PacketTooShort", 4))
+        with pytest.raises(P4RuntimeError, match="not an error of this program"):
+            conn.insert(error_entry(conn, "Ing.mac_table", "NoSuchError", 4))
+        [read] = raw_entries(conn, "Ing.mac_table")
+        assert read.match[0].exact.value == b"PacketTooShort"
     finally:
-        sh.teardown()
+        conn.close()
     short = b"\x02" * 13                      # ethernet does not fit: PacketTooShort
     assert switch.send(short, 1) == [(4, short)]
     whole = b"\x02" * 12 + b"\x88\xb5" + bytes(20)     # NoError: missed, floods group 1
@@ -208,29 +209,23 @@ REMOVED_MAC = "02:00:00:00:00:02"
 def program_removed_table(addr: str, bmv2: bool = False) -> None:
     """Entries in "kept" work; "dead" is refused (softswitch: naming why; BMv2: its
     generic target error, and reading it fails)."""
-    json_path, p4info_path = program_files("removed_table")
-    sh.setup(device_id=0, grpc_addr=addr, election_id=(0, 1),
-             config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+    conn = connect(addr, "removed_table")
     try:
-        te = sh.TableEntry("Ing.kept")(action="Ing.forward")
-        te.match["dst"] = REMOVED_MAC
-        te.action["port"] = "2"
-        te.insert()
-        [read] = list(sh.TableEntry("Ing.kept").read())
-        assert read.match["dst"].exact.value == bytes.fromhex("020000000002")
-        dead = sh.TableEntry("Ing.dead")(action="Ing.tag")
-        dead.match["src"] = "02:00:00:00:00:01"
-        dead.action["t"] = "0x1234"
+        conn.insert(conn.table_entry("Ing.kept", "Ing.forward", {"dst": REMOVED_MAC}, {"port": 2}))
+        [read] = raw_entries(conn, "Ing.kept")
+        assert read.match[0].exact.value.rjust(6, b"\0") == bytes.fromhex("020000000002")
+        dead = conn.table_entry("Ing.dead", "Ing.tag", {"src": "02:00:00:00:00:01"},
+                                {"t": 0x1234})
         refusal = "Error when adding match entry to target" if bmv2 else "nothing applies it"
-        with pytest.raises(P4RuntimeWriteException, match=refusal):
-            dead.insert()
+        with pytest.raises(P4RuntimeError, match=refusal):
+            conn.insert(dead)
         if bmv2:
-            with pytest.raises(P4RuntimeException, match="reading table entries"):
-                list(sh.TableEntry("Ing.dead").read())
+            with pytest.raises(P4RuntimeError, match="reading table entries"):
+                raw_entries(conn, "Ing.dead")
         else:
-            assert list(sh.TableEntry("Ing.dead").read()) == []
+            assert raw_entries(conn, "Ing.dead") == []
     finally:
-        sh.teardown()
+        conn.close()
 
 
 REMOVED_CASES = [(ETH + b"\x88\xb5" + bytes(20), [(2, ETH + b"\x88\xb5" + bytes(20))]),
@@ -264,26 +259,17 @@ ERROR_CASES = [(tagged(b"\x05" + bytes(20)), [(3, tagged(b"\x05" + bytes(20)))])
 
 
 def program_error_key(addr: str, check_refusal: bool) -> None:
-    json_path, p4info_path = program_files("error_key")
-    sh.setup(device_id=0, grpc_addr=addr, election_id=(0, 1),
-             config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+    conn = connect(addr, "error_key")
     try:
-        for name, port in ERROR_ENTRIES:
-            te = sh.TableEntry("Ing.by_error")(action="Ing.forward")
-            te.match["err"] = name
-            te.action["port"] = str(port)
-            te.insert()
-        read = {e.match["err"].exact.value: int.from_bytes(e.action["port"].value, "big")
-                for e in sh.TableEntry("Ing.by_error").read()}
+        conn.insert([error_entry(conn, "Ing.by_error", name, port) for name, port in ERROR_ENTRIES])
+        read = {e.match[0].exact.value: int.from_bytes(e.action.action.params[0].value, "big")
+                for e in raw_entries(conn, "Ing.by_error")}
         assert read == {name.encode(): port for name, port in ERROR_ENTRIES}
         if check_refusal:
-            bad = sh.TableEntry("Ing.by_error")(action="Ing.forward")
-            bad.match["err"] = "NoSuchError"
-            bad.action["port"] = "1"
-            with pytest.raises(P4RuntimeWriteException, match="not an error of this program"):
-                bad.insert()
+            with pytest.raises(P4RuntimeError, match="not an error of this program"):
+                conn.insert(error_entry(conn, "Ing.by_error", "NoSuchError", 1))
     finally:
-        sh.teardown()
+        conn.close()
 
 
 def test_p4c_writes_an_error_match_key_in_error_key_p4():
@@ -298,10 +284,7 @@ def test_p4c_writes_an_error_match_key_in_error_key_p4():
 
 
 def test_error_key_p4_runs_over_p4runtime(switch):
-    json_path, p4info_path = program_files("error_key")
-    sh.setup(device_id=0, grpc_addr=switch.addr, election_id=(0, 1),
-             config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
-    sh.teardown()
+    connect(switch.addr, "error_key").close()
     assert [switch.send(data, 1) for data, _ in ERROR_CASES] == [[]] * len(ERROR_CASES)
     program_error_key(switch.addr, check_refusal=True)
     assert [switch.send(data, 1) for data, _ in ERROR_CASES] == [o for _, o in ERROR_CASES]
@@ -325,24 +308,17 @@ def test_bmv2_gives_the_same_outputs_for_the_three_programs():
 
     results = {}
     with Topology(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        json_path, p4info_path = program_files("error_key")
-        sh.setup(device_id=0, grpc_addr=bmv2.grpc_addr, election_id=(0, 1),
-                 config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+        conn = connect(bmv2.grpc_addr, "error_key")
         try:
-            te = sh.TableEntry("Ing.by_error")(action="Ing.forward")
-            te.match["err"] = "BadTag"
-            te.action["port"] = "2"
-            with pytest.raises(P4RuntimeWriteException, match="does not fit within 0 bits"):
-                te.insert()
+            with pytest.raises(P4RuntimeError, match="does not fit within 0 bits"):
+                conn.insert(error_entry(conn, "Ing.by_error", "BadTag", 2))
         finally:
-            sh.teardown()
+            conn.close()
         results["error"] = compare(topo, [d for d, _ in ERROR_CASES], lambda data: [])
         program_removed_table(bmv2.grpc_addr, bmv2=True)
         results["removed"] = compare(topo, [d for d, _ in REMOVED_CASES], expect(REMOVED_CASES))
-        json_path, p4info_path = program_files("mux_headers")
-        with pytest.raises(SystemExit):                  # p4runtime_sh: config refused
-            sh.setup(device_id=0, grpc_addr=bmv2.grpc_addr, election_id=(0, 1),
-                     config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+        with pytest.raises(P4RuntimeError, match="UNKNOWN|INVALID_ARGUMENT|INTERNAL"):
+            connect(bmv2.grpc_addr, "mux_headers")
     for name, (mismatches, forwarded) in results.items():
         assert not mismatches, (name, mismatches[:3])
     assert [f for _, f in results.values()] == [0, 2]

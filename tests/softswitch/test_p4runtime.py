@@ -1,4 +1,4 @@
-"""P4Runtime against the softswitch over real gRPC, driven by p4runtime-shell.
+"""P4Runtime against the softswitch over real gRPC, driven by the controller's client.
 
 Runs programs/forwarding.p4: exact, LPM and ternary tables, const entries, default
 actions, multicast, counters, registers, checksum update. Packets go straight into
@@ -7,28 +7,30 @@ the pipeline the server committed.
 
 from __future__ import annotations
 
+import queue
+
 import grpc
-import p4runtime_sh.shell as sh
 import pytest
+from finsy.proto import p4i as p4info_pb2
+from finsy.proto import p4r as p4runtime_pb2
+from finsy.proto import p4r_grpc as p4runtime_pb2_grpc
 from google.protobuf import text_format
-from p4.config.v1 import p4info_pb2
-from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
-from p4runtime_sh.p4runtime import P4RuntimeWriteException
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from tests.softswitch.conftest import program_files
+from switch_ctl.client import (P4CounterEntry, P4DirectCounterEntry, P4MulticastGroupEntry,
+                               P4RuntimeError, P4TableEntry)
+from tests.softswitch.conftest import connect, program_files
 
 MAC1, MAC2, MAC9 = "02:00:00:00:00:01", "02:00:00:00:00:02", "02:00:00:00:00:09"
 
 
 @pytest.fixture
 def shell(switch):
-    json_path, p4info_path = program_files("forwarding")
-    sh.setup(device_id=0, grpc_addr=switch.addr, election_id=(0, 1),
-             config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+    """The switch, with forwarding.p4 pushed by a controller session (``shell.conn``)."""
+    switch.conn = connect(switch.addr, "forwarding")
     yield switch
-    sh.teardown()
+    switch.conn.close()
 
 
 def ip_frame(src="10.0.0.5", dst="10.1.2.3", proto=17, tos=0, ttl=64, dst_mac=MAC9):
@@ -46,41 +48,39 @@ def checksum_ok(data: bytes) -> bool:
     return IP(bytes(ip)).chksum == sent
 
 
-def add_route(prefix, plen, port, mac):
-    te = sh.TableEntry("Ing.routes")(action="Ing.route")
-    te.match["dst_addr"] = f"{prefix}/{plen}"
-    te.action["port"] = str(port)
-    te.action["next_mac"] = mac
-    te.insert()
+def entries(conn, table: str, **kw) -> list:
+    """What the switch holds in ``table``, as P4Runtime TableEntry messages."""
+    return [e.table_entry for e in conn.read_raw(P4TableEntry(table, **kw))]
+
+
+def add_route(conn, prefix, plen, port, mac):
+    te = conn.table_entry("Ing.routes", "Ing.route", {"dst_addr": f"{prefix}/{plen}"},
+                          {"port": port, "next_mac": mac})
+    conn.insert(te)
     return te
 
 
 def test_exact_table_and_flood_through_a_multicast_group(shell):
-    te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-    te.match["dst"] = MAC2
-    te.action["port"] = "2"
-    te.insert()
-    group = sh.MulticastGroupEntry(1)
-    group.add(1, 0).add(2, 0).add(3, 0)
-    group.insert()
+    conn = shell.conn
+    conn.insert(conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": MAC2}, {"port": 2}))
+    conn.insert(P4MulticastGroupEntry(1, replicas=[(1, 0), (2, 0), (3, 0)]))
     arp = bytes(Ether(src=MAC1, dst=MAC2, type=0x0806) / (b"\0" * 28))
     assert shell.send(arp, 1) == [(2, arp)]
     unknown = bytes(Ether(src=MAC1, dst=MAC9, type=0x0806) / (b"\0" * 28))
     assert [p for p, _ in shell.send(unknown, 1)] == [2, 3]      # pruned at the ingress port
-    groups = list(sh.MulticastGroupEntry(1).read())
-    assert [(r.egress_port, r.instance) for r in groups[0].msg().multicast_group_entry.replicas] == \
-        [(1, 0), (2, 0), (3, 0)]
-    te.action["port"] = "3"
-    te.modify()
+    (group,) = conn.read_raw(P4MulticastGroupEntry(1))
+    replicas = group.packet_replication_engine_entry.multicast_group_entry.replicas
+    assert [(r.egress_port, r.instance) for r in replicas] == [(1, 0), (2, 0), (3, 0)]
+    conn.modify(conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": MAC2}, {"port": 3}))
     assert [p for p, _ in shell.send(arp, 1)] == [3]
-    te.delete()
+    conn.delete(conn.table_entry("Ing.mac_table", match={"dst": MAC2}))
     assert [p for p, _ in shell.send(arp, 1)] == [2, 3]
-    assert list(sh.TableEntry("Ing.mac_table").read()) == []
+    assert entries(conn, "Ing.mac_table") == []
 
 
 def test_lpm_prefers_the_longest_prefix_and_rewrites_with_a_valid_checksum(shell):
-    add_route("10.0.0.0", 8, 1, "02:00:00:00:00:aa")
-    add_route("10.1.0.0", 16, 2, "02:00:00:00:00:bb")
+    add_route(shell.conn, "10.0.0.0", 8, 1, "02:00:00:00:00:aa")
+    add_route(shell.conn, "10.1.0.0", 16, 2, "02:00:00:00:00:bb")
     out = shell.send(ip_frame(dst="10.1.2.3", ttl=64), 5)
     assert [p for p, _ in out] == [2]
     pkt = Ether(out[0][1])
@@ -89,100 +89,83 @@ def test_lpm_prefers_the_longest_prefix_and_rewrites_with_a_valid_checksum(shell
     assert checksum_ok(out[0][1])
     assert [p for p, _ in shell.send(ip_frame(dst="10.7.0.1"), 5)] == [1]
     assert shell.send(ip_frame(dst="11.0.0.1"), 5) == []          # default: drop
-    entries = list(sh.TableEntry("Ing.routes").read())
-    assert sorted(e.match["dst_addr"].lpm.prefix_len for e in entries) == [8, 16]
+    assert sorted(e.match[0].lpm.prefix_len for e in entries(shell.conn, "Ing.routes")) == [8, 16]
 
 
 def test_default_action_can_be_changed_and_read_back(shell):
-    default = sh.TableEntry("Ing.routes")(action="Ing.route", is_default=True)
-    default.action["port"] = "4"
-    default.action["next_mac"] = "02:00:00:00:00:cc"
-    default.modify()
+    conn = shell.conn
+    conn.modify(conn.table_entry("Ing.routes", "Ing.route",
+                                 params={"port": 4, "next_mac": "02:00:00:00:00:cc"},
+                                 is_default=True))
     assert [p for p, _ in shell.send(ip_frame(dst="192.168.1.1"), 5)] == [4]
-    read = list(sh.TableEntry("Ing.routes")(is_default=True).read())
-    assert len(read) == 1 and read[0].is_default
-    assert read[0].msg().action.action.params[0].value == b"\x00\x04"
-    const_default = sh.TableEntry("Ing.dscp")(action="NoAction", is_default=True)
-    with pytest.raises(P4RuntimeWriteException, match="PERMISSION_DENIED"):
-        const_default.modify()
+    read = entries(conn, "Ing.routes", is_default_action=True)
+    assert len(read) == 1 and read[0].is_default_action
+    assert read[0].action.action.params[0].value == b"\x00\x04"
+    with pytest.raises(P4RuntimeError, match="PERMISSION_DENIED"):
+        conn.modify(conn.table_entry("Ing.dscp", "NoAction", is_default=True))
 
 
 def test_ternary_priorities(shell):
-    add_route("10.0.0.0", 8, 1, MAC2)
-    deny = sh.TableEntry("Ing.acl")(action="Ing.drop")
-    deny.match["src_addr"] = "10.0.0.0&&&255.0.0.0"
-    deny.priority = 10
-    deny.insert()
-    allow = sh.TableEntry("Ing.acl")(action="Ing.set_port")
-    allow.match["src_addr"] = "10.0.0.5&&&255.255.255.255"
-    allow.match["protocol"] = "17&&&0xff"
-    allow.action["port"] = "3"
-    allow.priority = 20
-    allow.insert()
+    conn = shell.conn
+    add_route(conn, "10.0.0.0", 8, 1, MAC2)
+    conn.insert(conn.table_entry("Ing.acl", "Ing.drop", {"src_addr": "10.0.0.0/&255.0.0.0"},
+                                 priority=10))
+    allow = {"src_addr": "10.0.0.5/&255.255.255.255", "protocol": "17/&0xff"}
+    conn.insert(conn.table_entry("Ing.acl", "Ing.set_port", allow, {"port": 3}, priority=20))
     assert [p for p, _ in shell.send(ip_frame(src="10.0.0.5"), 5)] == [3]
     assert shell.send(ip_frame(src="10.0.0.6"), 5) == []
     assert shell.send(ip_frame(src="10.0.0.5", proto=6), 5) == []   # TCP: only deny matches
     assert [p for p, _ in shell.send(ip_frame(src="20.0.0.1"), 5)] == [1]
-    allow.priority = 5
-    allow.insert()                                  # same match, other priority: new entry
-    assert len(list(sh.TableEntry("Ing.acl").read())) == 3
+    # Same match, other priority: a new entry.
+    conn.insert(conn.table_entry("Ing.acl", "Ing.set_port", allow, {"port": 3}, priority=5))
+    assert len(entries(conn, "Ing.acl")) == 3
 
 
 def test_const_entries_are_visible_and_read_only(shell):
-    add_route("0.0.0.0", 1, 1, MAC2)
-    add_route("128.0.0.0", 1, 1, MAC2)
+    add_route(shell.conn, "0.0.0.0", 1, 1, MAC2)
+    add_route(shell.conn, "128.0.0.0", 1, 1, MAC2)
     for tos, cls in ((0xB8, 3), (0xBB, 3), (0x04, 0), (0x24, 1), (0xC0, 2)):
         out = shell.send(ip_frame(tos=tos), 5)
         assert Ether(out[0][1])[IP].id == cls, hex(tos)
-    assert len(list(sh.TableEntry("Ing.dscp").read())) == 4
-    channel, stub = raw_stub(shell)
-    with channel:
-        req = p4runtime_pb2.ReadRequest(device_id=0)
-        req.entities.add().table_entry.table_id = p4info_ids()["Ing.dscp"]
-        entries = [e.table_entry for r in stub.Read(req) for e in r.entities]
-    assert len(entries) == 4 and all(e.is_const for e in entries)
-    priorities = [e.priority for e in entries]
+    read = entries(shell.conn, "Ing.dscp")
+    assert len(read) == 4 and all(e.is_const for e in read)
+    priorities = [e.priority for e in read]
     assert priorities == sorted(priorities, reverse=True) and len(set(priorities)) == 4
-    extra = sh.TableEntry("Ing.dscp")(action="Ing.classify")
-    extra.match["diffserv"] = "0x10&&&0xff"
-    extra.action["cls"] = "1"
-    extra.priority = 1
-    with pytest.raises(P4RuntimeWriteException, match="PERMISSION_DENIED"):
-        extra.insert()
+    with pytest.raises(P4RuntimeError, match="PERMISSION_DENIED"):
+        shell.conn.insert(shell.conn.table_entry("Ing.dscp", "Ing.classify",
+                                                 {"diffserv": "0x10/&0xff"}, {"cls": 1},
+                                                 priority=1))
 
 
 def test_counters_read_with_and_without_index(shell):
-    add_route("10.0.0.0", 8, 1, MAC2)
+    conn = shell.conn
+    add_route(conn, "10.0.0.0", 8, 1, MAC2)
     data = ip_frame(tos=0x24)
     for _ in range(3):
         shell.send(data, 7)
-    ce = sh.CounterEntry("Ing.port_packets")
-    ce.index = 7
-    (entry,) = list(ce.read())
-    assert (entry.packet_count, entry.byte_count) == (3, 3 * len(data))
-    everything = list(sh.CounterEntry("Ing.port_packets").read())
-    assert len(everything) == 512 and sum(e.packet_count for e in everything) == 3
-    classes = list(sh.CounterEntry("Ing.class_packets").read())
-    assert [e.packet_count for e in classes] == [0, 3, 0, 0]
+    (entry,) = conn.read(P4CounterEntry("Ing.port_packets", index=7))
+    assert (entry.data.packet_count, entry.data.byte_count) == (3, 3 * len(data))
+    everything = conn.read(P4CounterEntry("Ing.port_packets"))
+    assert len(everything) == 512 and sum(e.data.packet_count for e in everything) == 3
+    classes = conn.read(P4CounterEntry("Ing.class_packets"))
+    assert [e.data.packet_count for e in classes] == [0, 3, 0, 0]
 
 
 def test_direct_counter_counts_hits_per_entry(shell):
-    te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-    te.match["dst"] = MAC2
-    te.action["port"] = "2"
-    te.insert()
+    conn = shell.conn
+    te = conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": MAC2}, {"port": 2})
+    conn.insert(te)
     arp = bytes(Ether(src=MAC1, dst=MAC2, type=0x0806) / (b"\0" * 28))
     other = bytes(Ether(src=MAC1, dst=MAC9, type=0x0806) / (b"\0" * 28))
     shell.send(arp, 1)
     shell.send(arp, 1)
     shell.send(other, 1)                            # a miss: the default entry is not counted
-    (entry,) = list(sh.DirectCounterEntry("Ing.mac_hits").read())
-    assert (entry.packet_count, entry.byte_count) == (2, 2 * len(arp))
-    entry.packet_count = 0
-    entry.byte_count = 0
-    entry.modify()
-    (entry,) = list(sh.DirectCounterEntry("Ing.mac_hits").read())
-    assert entry.packet_count == 0
+    (entry,) = conn.read(P4DirectCounterEntry("Ing.mac_hits"))
+    assert (entry.data.packet_count, entry.data.byte_count) == (2, 2 * len(arp))
+    conn.modify(P4DirectCounterEntry("Ing.mac_hits", table_entry=te,
+                                     data=type(entry.data)(packet_count=0, byte_count=0)))
+    (entry,) = conn.read(P4DirectCounterEntry("Ing.mac_hits"))
+    assert entry.data.packet_count == 0
 
 
 def raw_stub(switch):
@@ -197,7 +180,7 @@ def p4info_ids():
 
 
 def test_registers_read_and_write(shell):
-    add_route("10.0.0.0", 8, 1, MAC2)
+    add_route(shell.conn, "10.0.0.0", 8, 1, MAC2)
     shell.send(ip_frame(ttl=42), 6)
     reg_id = p4info_ids()["Ing.last_ttl"]
     channel, stub = raw_stub(shell)
@@ -223,23 +206,18 @@ def test_registers_read_and_write(shell):
 
 
 def test_write_errors_come_back_per_update(shell):
-    te = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-    te.match["dst"] = MAC2
-    te.action["port"] = "2"
-    te.insert()
-    with pytest.raises(P4RuntimeWriteException, match="ALREADY_EXISTS"):
-        te.insert()
-    missing = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-    missing.match["dst"] = MAC1
-    missing.action["port"] = "1"
-    with pytest.raises(P4RuntimeWriteException, match="NOT_FOUND"):
-        missing.modify()
-    with pytest.raises(P4RuntimeWriteException, match="NOT_FOUND"):
-        missing.delete()
-    lpm = sh.TableEntry("Ing.acl")(action="Ing.drop")
-    lpm.match["protocol"] = "6&&&0xff"
-    with pytest.raises(P4RuntimeWriteException, match="INVALID_ARGUMENT"):
-        lpm.insert()                                 # a ternary entry needs a priority
+    conn = shell.conn
+    te = conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": MAC2}, {"port": 2})
+    conn.insert(te)
+    with pytest.raises(P4RuntimeError, match="ALREADY_EXISTS"):
+        conn.insert(te)
+    missing = conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": MAC1}, {"port": 1})
+    with pytest.raises(P4RuntimeError, match="NOT_FOUND"):
+        conn.modify(missing)
+    with pytest.raises(P4RuntimeError, match="NOT_FOUND"):
+        conn.delete(missing)
+    with pytest.raises(P4RuntimeError, match="INVALID_ARGUMENT"):   # ternary needs a priority
+        conn.insert(conn.table_entry("Ing.acl", "Ing.drop", {"protocol": "6/&0xff"}))
 
 
 def test_arbitration_only_the_primary_writes(shell):
@@ -248,7 +226,6 @@ def test_arbitration_only_the_primary_writes(shell):
         requests = [p4runtime_pb2.StreamMessageRequest()]
         requests[0].arbitration.device_id = 0
         requests[0].arbitration.election_id.low = 0   # lower than the shell's (0, 1)
-        import queue
         q: queue.Queue = queue.Queue()
         q.put(requests[0])
         stream = stub.StreamChannel(iter(q.get, None))
@@ -346,8 +323,6 @@ def test_verify_save_and_commit_actions(switch):
 
 
 def test_backup_becomes_primary_when_the_primary_leaves(switch):
-    import queue
-
     channel, stub = raw_stub(switch)
 
     def open_stream(election):

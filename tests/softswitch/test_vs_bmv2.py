@@ -11,11 +11,11 @@ import os
 import select
 import time
 
-import p4runtime_sh.shell as sh
 import pytest
 
 from testbed.targets import bmv2_path
-from tests.softswitch.conftest import load, program_files
+from switch_ctl.client import P4MulticastGroupEntry
+from tests.softswitch.conftest import connect, load, program_files
 from tests.softswitch.test_primitives import frame
 
 pytestmark = pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
@@ -43,19 +43,14 @@ def test_bmv2_and_softswitch_agree_frame_by_frame(backend):
     from testbed.netns import Topology
     from testbed.targets import SwitchProcess
 
-    json_path, p4info_path = program_files("primitives")
     soft = load("primitives", backend)
     soft.groups[GROUP] = REPLICAS        # outputs are compared sorted: order is not tested
     with Topology(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        sh.setup(device_id=0, grpc_addr=bmv2.grpc_addr, election_id=(0, 1),
-                 config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+        conn = connect(bmv2.grpc_addr, "primitives")
         try:
-            group = sh.MulticastGroupEntry(GROUP)
-            for port, rid in REPLICAS:
-                group.add(port, rid)
-            group.insert()
+            conn.insert(P4MulticastGroupEntry(GROUP, replicas=list(REPLICAS)))
         finally:
-            sh.teardown()
+            conn.close()
         mismatches, forwarded = compare(topo, cases(), lambda data: soft.process(data, 1))
     assert not mismatches, mismatches[:3]
     assert forwarded > 50                      # most cases send something: not a vacuous match
@@ -111,36 +106,23 @@ def program_forwarding(grpc_addr: str) -> None:
     """The same P4Runtime writes for both switches (forwarding.p4)."""
     from tests.softswitch.test_p4runtime import MAC2, add_route
 
-    json_path, p4info_path = program_files("forwarding")
-    sh.setup(device_id=0, grpc_addr=grpc_addr, election_id=(0, 1),
-             config=sh.FwdPipeConfig(str(p4info_path), str(json_path)), verbose=False)
+    conn = connect(grpc_addr, "forwarding")
     try:
-        add_route("10.0.0.0", 8, 1, "02:00:00:00:00:aa")
-        add_route("10.1.0.0", 16, 2, "02:00:00:00:00:bb")
-        add_route("10.1.2.0", 24, 3, "02:00:00:00:00:cc")
-        for prio, src, proto, action, port in ((10, "10.0.0.0&&&255.0.0.0", None, "drop", None),
-                                               (20, "10.0.0.5&&&255.255.255.255", "17&&&0xff",
+        add_route(conn, "10.0.0.0", 8, 1, "02:00:00:00:00:aa")
+        add_route(conn, "10.1.0.0", 16, 2, "02:00:00:00:00:bb")
+        add_route(conn, "10.1.2.0", 24, 3, "02:00:00:00:00:cc")
+        for prio, src, proto, action, port in ((10, "10.0.0.0/&255.0.0.0", None, "drop", None),
+                                               (20, "10.0.0.5/&255.255.255.255", "17/&0xff",
                                                 "set_port", 4),
-                                               (30, "10.0.0.7&&&255.255.255.255", None,
+                                               (30, "10.0.0.7/&255.255.255.255", None,
                                                 "set_port", 2)):
-            acl = sh.TableEntry("Ing.acl")(action=f"Ing.{action}")
-            acl.match["src_addr"] = src
-            if proto:
-                acl.match["protocol"] = proto
-            if port:
-                acl.action["port"] = str(port)
-            acl.priority = prio
-            acl.insert()
-        mac = sh.TableEntry("Ing.mac_table")(action="Ing.forward")
-        mac.match["dst"] = MAC2
-        mac.action["port"] = "2"
-        mac.insert()
-        group = sh.MulticastGroupEntry(1)
-        for port in (1, 2, 3, 4):
-            group.add(port, 0)
-        group.insert()
+            match = {"src_addr": src} | ({"protocol": proto} if proto else {})
+            conn.insert(conn.table_entry("Ing.acl", f"Ing.{action}", match,
+                                         {"port": port} if port else {}, priority=prio))
+        conn.insert(conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": MAC2}, {"port": 2}))
+        conn.insert(P4MulticastGroupEntry(1, replicas=[(port, 0) for port in (1, 2, 3, 4)]))
     finally:
-        sh.teardown()
+        conn.close()
 
 
 def test_bmv2_and_softswitch_agree_on_p4runtime_programmed_tables(switch):

@@ -117,9 +117,8 @@ def test_lower_election_id_cannot_write(switch, config_file):
         conn = SwitchConnection("{switch.process.grpc_addr}", 0, (0, 5)).connect()
         conn.load_p4info()
         te = conn.table_entry("AggIngress.l2_forwarding.mac_table",
-                              "AggIngress.l2_forwarding.forward")
-        te.match["dst_mac"] = "02:00:00:00:aa:aa"
-        te.action["port"] = "1"
+                              "AggIngress.l2_forwarding.forward",
+                              {{"dst_mac": "02:00:00:00:aa:aa"}}, {{"port": 1}})
         try:
             conn.insert(te)
             print("WRITTEN")
@@ -144,11 +143,9 @@ def test_errors_are_one_readable_line(switch, tmp_path):
 
 def test_p4runtime_rejection_is_a_p4runtime_error(switch):
     conn = switch.controller.conn
-    te = conn.table_entry("AggIngress.job_lookup.jobs", "AggIngress.job_lookup.set_job")
-    te.match["job_id"] = "250"
-    te.match["udp_port"] = str(protocol.AGG_UDP_PORT_BASE)
-    for name in ("num_workers", "group", "first_slot", "num_slots"):
-        te.action[name] = "1"
+    te = conn.table_entry("AggIngress.job_lookup.jobs", "AggIngress.job_lookup.set_job",
+                          {"job_id": 250, "udp_port": protocol.AGG_UDP_PORT_BASE},
+                          dict.fromkeys(("num_workers", "group", "first_slot", "num_slots"), 1))
     conn.insert(te)
     try:
         with pytest.raises(P4RuntimeError, match="ALREADY_EXISTS"):

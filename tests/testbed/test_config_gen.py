@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+import tomli_w
 
 from p4src import protocol
 from switch_ctl import config as config_mod
@@ -17,13 +18,7 @@ topology = pytest.importorskip("testbed.topology", reason="Mininet is not instal
 def test_generated_config_round_trips_and_validates():
     raw = topology.job_config_dict({1: "s1-eth1", 2: "s1-eth2", 3: "s1-eth3"},
                                    "127.0.0.1:9559", 0, job_id=7, num_slots=64)
-    assert tomllib.loads(topology.to_toml(raw)) == raw
-    config = config_mod.parse(tomllib.loads(topology.to_toml(raw)))
+    config = config_mod.parse(tomllib.loads(tomli_w.dumps(raw)))
     assert [w.switch_port for w in config.job.workers] == [1, 2, 3]
     assert [w.ip for w in config.job.workers] == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
     assert config.job.num_slots == 64 and config.job.id == 7
-
-
-def test_toml_writer_handles_nested_tables():
-    raw = {"a": {"x": 1, "s": "t", "l": [1, 2], "items": [{"k": 1.5}, {"k": 0.0}]}}
-    assert tomllib.loads(topology.to_toml(raw)) == raw

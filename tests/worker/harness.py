@@ -2,7 +2,7 @@
 
 ``Fabric`` owns a topology of its own (its own interface names, so it never meets
 the packet tests' switch), a switch process (the fixture's target), and a
-controller process; ``job()`` writes a job's TOML and installs it on fresh slots,
+controller session of its own beside the packet tests' one; ``job()`` writes a job's TOML and installs it on fresh slots,
 ``run()`` starts ``python -m worker.run`` (or any module) on the job's hosts and
 collects what each prints.
 """
@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from p4src import protocol
+from switch_ctl import config as config_mod
+from switch_ctl.client import SwitchConnection
+from switch_ctl.controller import Controller
 from testbed.netns import Topology
 from testbed.targets import SwitchProcess
 
@@ -57,7 +60,7 @@ class Fabric:
     workdir: Path
     topology: Topology | None = None
     switch: SwitchProcess | None = None
-    control: subprocess.Popen | None = None
+    control: Controller | None = None
     next_slot: int = 0
     next_job: int = 100
     jobs: list[Job] = field(default_factory=list)
@@ -67,11 +70,8 @@ class Fabric:
         try:
             self.switch = SwitchProcess(self.target, self.topology.switch_ports,
                                         log_path=self.workdir / f"{self.target}.log").start(60)
-            self.control = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("control_agent.py")),
-                 self.switch.grpc_addr], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                text=True, env=_env(), cwd=REPO)
-            self._reply()
+            self.control = Controller(SwitchConnection(self.switch.grpc_addr).connect())
+            self.control.push()
         except BaseException:
             self.stop()
             raise
@@ -79,32 +79,15 @@ class Fabric:
 
     def stop(self) -> None:
         if self.control is not None:
-            self.control.stdin.close()
-            try:
-                self.control.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.control.kill()
-                self.control.wait()
+            self.control.conn.close()
         if self.switch is not None:
             self.switch.stop()
         if self.topology is not None:
             self.topology.destroy()
 
     # -- control plane ---------------------------------------------------------
-    def _command(self, op: str, job: Job, **kw):
-        self.control.stdin.write(json.dumps({"op": op, "config": str(job.path), **kw}) + "\n")
-        self.control.stdin.flush()
-        return self._reply()
-
-    def _reply(self):
-        line = self.control.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the controller process exited ({self.control.poll()}); "
-                               f"switch log:\n{self.switch.log_tail()}")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"controller: {reply['error']}")
-        return reply.get("result")
+    def _config(self, job: Job) -> config_mod.Config:
+        return config_mod.load(job.path)
 
     def job(self, num_workers: int, num_slots: int = 16) -> Job:
         """A job over the first hosts, on slots no earlier job used."""
@@ -123,19 +106,20 @@ class Fabric:
         path.write_text("\n".join(lines) + "\n")
         self.next_slot += num_slots
         job = Job(job_id, path, hosts, num_slots)
-        self._command("apply", job)
+        self.control.apply(self._config(job))
         self.jobs.append(job)
         return job
 
     def remove(self, job: Job) -> None:
-        self._command("remove", job)
+        self.control.remove(self._config(job))
 
     def set_loss(self, job: Job, probability: float) -> None:
         """Drop this fraction of aggregation packets on every port, in and out."""
-        self._command("loss", job, ingress=probability, egress=probability)
+        self.control.set_loss(self._config(job).switch.ports, ingress=probability,
+                              egress=probability)
 
     def counters(self, job: Job) -> dict[str, int]:
-        return {k: v["packets"] for k, v in self._command("counters", job).items()}
+        return {k: v["packets"] for k, v in self.control.counters().items()}
 
     # -- workers -----------------------------------------------------------------
     def run(self, job: Job, args: list[str], *, workers: list[int] | None = None,
