@@ -18,7 +18,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 # for this venv only: the package itself asks for torch>=2.1 and only in [torch].
 TORCH    ?= torch==2.13.0
 
-.PHONY: setup apt-deps test test-bmv2 p4 p4-test-programs bench bench-switch \
+.PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-test-programs bench bench-switch \
         bench-worker bench-allreduce demo testbed loss-experiment clean
 
 setup: apt-deps $(VENV)/.installed
@@ -41,6 +41,24 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(PYTEST) -q -rs
+
+# The library's unit tests (in process: no namespaces, no switch process) on each
+# Python it supports, each in a venv of its own without torch (the core needs numpy
+# only; tests that need torch skip). An interpreter not on PATH is reported, not run.
+PYTHONS    ?= python3.11 python3.12 python3.13
+UNIT_TESTS := tests/test_protocol.py tests/switch_ctl/test_config.py \
+              tests/worker/test_quantize.py tests/worker/test_session.py \
+              tests/softswitch/test_primitives.py tests/softswitch/test_backends_agree.py \
+              tests/softswitch/test_p4runtime.py tests/softswitch/test_p4c_constructs.py
+test-pythons:
+	@for py in $(PYTHONS); do \
+	    if ! $$py --version >/dev/null 2>&1; then echo "== $$py: not installed, skipped"; continue; fi; \
+	    venv=.venv-$$(basename $$py); echo "== $$py ($$($$py --version))"; \
+	    { [ -x $$venv/bin/python ] || $$py -m venv $$venv; } \
+	    && $$venv/bin/python -m pip install -q -e '.[controller,softswitch]' scapy pytest pytest-timeout \
+	    && $$venv/bin/python -m pytest -q -p no:cacheprovider $(UNIT_TESTS) -k "not bmv2" \
+	    || exit 1; \
+	done
 
 # The packet tests on real BMv2 alone.
 test-bmv2: setup
@@ -78,4 +96,4 @@ loss-experiment: setup
 	$(PY) -m testbed.loss_experiment
 
 clean:
-	rm -rf $(VENV) results .pytest_cache
+	rm -rf $(VENV) .venv-python3.* results .pytest_cache

@@ -9,6 +9,7 @@ pass) continue while the packets fly.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -185,9 +186,8 @@ def _host_copy(tensor):
             return tensor, lambda: None
         work = np.ascontiguousarray(tensor)
         return work, lambda: np.copyto(tensor, work)
-    import torch  # a tensor's owner has imported it already
-
-    if not isinstance(tensor, torch.Tensor):
+    torch = sys.modules.get("torch")    # a tensor's owner has imported it already
+    if torch is None or not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch tensor or numpy array, not {type(tensor).__name__}")
     if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise TypeError(f"can only aggregate floating point tensors, not {tensor.dtype}")

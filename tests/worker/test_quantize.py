@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from p4src.protocol import EXPONENT_OF_ZERO
 from worker import quantize as q
@@ -95,6 +94,7 @@ def test_float16_inputs_and_output():
 
 
 def test_bfloat16_through_float32():
+    torch = pytest.importorskip("torch", reason="the [torch] extra is not installed")
     gen = torch.Generator().manual_seed(4)
     inputs = [torch.randn(100 * K, generator=gen, dtype=torch.float32).to(torch.bfloat16)
               for _ in range(3)]
