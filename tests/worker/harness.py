@@ -85,6 +85,23 @@ class Fabric:
         if self.topology is not None:
             self.topology.destroy()
 
+    def restart_switch(self) -> None:
+        """Kill the switch and start a fresh process on the same ports and P4Runtime
+        address: no program, no entries, no slot state, as after a crash."""
+        self.control.conn.close()
+        if self.switch.process.poll() is None:
+            self.switch.process.kill()
+            self.switch.process.wait()
+        self.switch = SwitchProcess(self.target, self.topology.switch_ports,
+                                    grpc_addr=self.switch.grpc_addr,
+                                    log_path=self.workdir / f"{self.target}-restarted.log").start(60)
+        self.control = None
+
+    def reconnect(self) -> None:
+        """The fabric's controller again, on the program someone else pushed."""
+        self.control = Controller(SwitchConnection(self.switch.grpc_addr).connect())
+        self.control.conn.load_p4info()
+
     # -- control plane ---------------------------------------------------------
     def _config(self, job: Job) -> config_mod.Config:
         return config_mod.load(job.path)

@@ -1,0 +1,40 @@
+"""A switch that dies during training: the workers end with a clear error within
+``peer_timeout`` (no hang), and after a restart and ``switch_ctl apply --push`` new
+sessions aggregate exactly again."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+from tests.worker.harness import REPO
+from tests.worker.test_end_to_end import check_run
+
+
+def test_a_killed_switch_fails_calls_clearly_and_a_restarted_one_aggregates_exactly(
+        fabric, tmp_path):
+    job = fabric.job(3, num_slots=8)
+    killer = threading.Timer(1.5, fabric.switch.process.kill)
+    killer.start()
+    try:
+        runs = fabric.run(job, ["--size", "20000", "--reps", "100000", "--peer-timeout", "3",
+                                "--max-rto", "0.5"], timeout=60)
+    finally:
+        killer.cancel()
+    # fabric.run's 60 s limit is the hang guard; the workers gave up on their own.
+    for run in runs:
+        assert run.returncode == 1, run.stderr[-2000:]
+        assert run.error.startswith("AggregationTimeout: job "), run.error
+        assert len(run.reports) < 100000
+    fabric.restart_switch()
+    # The documented recovery: the controller pushes the program and the job again.
+    applied = subprocess.run([sys.executable, "-m", "switch_ctl", "apply", "--push",
+                              str(job.path), "--election-id", "20"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert applied.returncode == 0, applied.stderr
+    fabric.reconnect()
+    runs = fabric.run(job, ["--size", "3000", "--reps", "3", "--seed", "9",
+                            "--save", str(tmp_path)])
+    check_run(runs, job, tmp_path, size=3000, seed=9, reps=3)
+    fabric.remove(job)
