@@ -72,6 +72,7 @@ _SIZES = parse_defines(_read("size.p4"))
 MsgType = IntEnum("MsgType", _ENUMS["MsgType"])
 RegisterOp = IntEnum("RegisterOp", _ENUMS["RegisterOp"])
 NextStep = IntEnum("NextStep", _ENUMS["NextStep"])
+ControlOp = IntEnum("ControlOp", _ENUMS["ControlOp"])
 IngressOutcome = IntEnum("IngressOutcome", _ENUMS["IngressOutcome"])
 EgressOutcome = IntEnum("EgressOutcome", _ENUMS["EgressOutcome"])
 
@@ -79,6 +80,7 @@ AGG_UDP_PORT_BASE = _CONSTS["AGG_UDP_PORT_BASE"]
 AGG_UDP_PORT_MASK = _CONSTS["AGG_UDP_PORT_MASK"]
 FLOOD_MCAST_GROUP = _CONSTS["FLOOD_MCAST_GROUP"]
 EXPONENT_OF_ZERO = _CONSTS["EXPONENT_OF_ZERO"]
+CPU_PORT = _CONSTS["CPU_PORT"]
 MAX_WORKERS = _SIZES["MAX_WORKERS"]
 MAX_JOBS = _SIZES["MAX_JOBS"]
 AGG_UDP_PORTS = range(AGG_UDP_PORT_BASE, AGG_UDP_PORT_BASE + ((~AGG_UDP_PORT_MASK) & 0xFFFF) + 1)

@@ -141,16 +141,21 @@ def main(argv: list[str] | None = None) -> int:
         except (Unsupported, ValueError) as exc:
             print(f"softswitch: error: cannot load {args.json}: {exc}", file=sys.stderr)
             return 1
-    if args.cpu_port is not None:
-        log.warning("--cpu-port %d ignored: this switch has no packet-in/out", args.cpu_port)
+    if args.cpu_port is not None and args.cpu_port in args.ports:
+        print(f"softswitch: error: --cpu-port {args.cpu_port} is also an interface's port",
+              file=sys.stderr)
+        return 1
     try:
         dataplane = DataPlane(args.ports)
     except (OSError, ValueError) as exc:
         print(f"softswitch: error: cannot open the interfaces: {exc}", file=sys.stderr)
         return 1
     dataplane.set_pipeline(pipeline)
+    cpu_port = args.cpu_port
     device = Device(args.device_id, on_pipeline=dataplane.set_pipeline,
-                    drop_port=args.drop_port, backend=backend)
+                    drop_port=args.drop_port, backend=backend,
+                    on_packet_out=None if cpu_port is None
+                    else lambda frame: dataplane.inject(frame, cpu_port))
     try:
         server = serve(device, args.grpc_server_addr)
     except (OSError, RuntimeError) as exc:

@@ -183,6 +183,27 @@ class DataPlane:
                                                 self.send_errors)
         poller.close()
 
+    def inject(self, frame: bytes, port: int) -> None:
+        """Run a frame entering on ``port`` (the CPU port: a PacketOut) through the
+        pipeline, beside the packet loop, and send what it outputs. Copies for the CPU
+        port itself are dropped: this switch has no PacketIn."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        if getattr(pipeline, "native", False):
+            out = pipeline.process(frame, port)       # takes the runtime's lock itself
+        else:
+            with pipeline.lock:
+                out = pipeline.process(frame, port)
+        for eport, data in out:
+            target = self.ports.get(eport)
+            if target is not None:
+                try:
+                    target.tx.send(data)
+                except OSError as exc:
+                    log.warning("send of a packet-out's %d bytes on port %d failed: %s",
+                                len(data), eport, exc)
+
     @staticmethod
     def _drain(rx, buf) -> None:
         """No pipeline yet: what arrives is dropped, as BMv2 does with --no-p4."""

@@ -172,9 +172,11 @@ class Device:
     """The switch as P4Runtime sees it: config, arbitration, entities."""
 
     def __init__(self, device_id: int, on_pipeline=None, drop_port: int = DROP_PORT,
-                 backend: str | None = None):
+                 backend: str | None = None, on_packet_out=None):
         self.device_id = device_id
         self.drop_port = drop_port
+        # PacketOut frames (the packet_out header, then the payload) go here; None: no CPU port.
+        self.on_packet_out = on_packet_out
         self.backend = backend
         self.config: Config | None = None
         self.saved: Config | None = None
@@ -248,6 +250,24 @@ class Device:
             raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
                            "No forwarding pipeline config set for this device")
         return self.config
+
+    def packet_out(self, conn: Connection, packet) -> None:
+        """A PacketOut from the primary enters the pipeline at the CPU port, its
+        metadata serialized first as the program's packet_out header (as PI does:
+        the fields in P4Info order, bit-packed, big-endian)."""
+        with self.lock:
+            if self.on_packet_out is None or self.config is None or conn is not self.primary():
+                log.debug("packet-out dropped: no CPU port, no pipeline, or not from the primary")
+                return
+            header = next((h for h in self.config.proto.p4info.controller_packet_metadata
+                           if h.preamble.name == "packet_out"), None)
+        value, bits = 0, 0
+        if header is not None:
+            given = {m.metadata_id: int.from_bytes(m.value, "big") for m in packet.metadata}
+            for field in header.metadata:
+                value = (value << field.bitwidth) | (given.get(field.id, 0) & mask(field.bitwidth))
+                bits += field.bitwidth
+        self.on_packet_out(value.to_bytes((bits + 7) // 8, "big") + packet.payload)
 
     # ------------------------------------------------------------------ pipeline config
     def set_pipeline(self, request) -> None:
@@ -806,7 +826,7 @@ class Service(p4runtime_pb2_grpc.P4RuntimeServicer):
                         device.arbitrate(conn, election, is_new=not joined)
                         joined = True
                     elif kind == "packet":
-                        log.debug("packet-out dropped: this switch has no CPU port")
+                        device.packet_out(conn, request.packet)
             except RpcError as exc:
                 conn.outbox.put(exc)
             except grpc.RpcError:

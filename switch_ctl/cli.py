@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     loss.add_argument("--egress", type=float)
     remove = sub.add_parser("remove", help="remove the job in CONFIG")
     target(remove, True)
+    reset = sub.add_parser("reset", help="return the slots of the job in CONFIG to a fresh "
+                                         "switch's state (after a failed call)")
+    target(reset, True)
     return parser
 
 
@@ -82,6 +85,9 @@ def run(args) -> None:
             changes = ctl.apply(config)
             print(f"job {config.job.id}: {changes.inserted} inserted, {changes.modified} "
                   f"modified, {changes.deleted} deleted")
+        elif args.command == "reset":
+            slots = ctl.reset(config)
+            print(f"job {config.job.id}: {slots} slots reset")
         elif args.command == "remove":
             changes = ctl.remove(config)
             print(f"job {config.job.id} removed: {changes.deleted} entries deleted")

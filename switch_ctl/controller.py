@@ -9,7 +9,7 @@ from p4src import protocol
 from .client import SwitchConnection
 from .config import Config
 from .control import Changes
-from .controls import (ArpResponder, DropSimulator, JobLookup, L2Forwarding,
+from .controls import (ArpResponder, BitmapChecker, DropSimulator, JobLookup, L2Forwarding,
                        OutcomeCounters, ResultRewrite, SenderIdentification)
 
 
@@ -25,6 +25,7 @@ class Controller:
         self.result_rewrite = ResultRewrite(conn)
         self.drop_simulator = DropSimulator(conn)
         self.outcome_counters = OutcomeCounters(conn)
+        self.bitmap_checker = BitmapChecker(conn)
         # Install order: addresses and groups before the tables that make workers
         # known, so no packet is admitted before its result can be delivered.
         self._job_controls = [self.l2_forwarding, self.arp_responder, self.result_rewrite,
@@ -44,6 +45,11 @@ class Controller:
         for control in reversed(self._job_controls):
             changes += control.clear(config)
         return changes + self.drop_simulator.clear(config)
+
+    def reset(self, config: Config) -> int:
+        """Return the job's slots to a fresh switch's state (after AggregationTimeout),
+        keeping its entries; the workers then open new sessions. Returns the slot count."""
+        return self.bitmap_checker.reset(config)
 
     def set_loss(self, ports, ingress: float | None = None, egress: float | None = None) -> Changes:
         wanted = {name: p for name, p in (("ingress", ingress), ("egress", egress)) if p is not None}

@@ -5,9 +5,11 @@ Table paths are the P4Info names: <pipeline control>.<instance>.<table>.
 
 from __future__ import annotations
 
+import time
+
 from p4src import protocol
 
-from .client import P4CounterEntry
+from .client import P4CounterEntry, P4RuntimeError
 from .config import Config
 from .control import Changes, Control
 
@@ -144,3 +146,31 @@ class OutcomeCounters(Control):
                            f"{outcomes(index).name.lower()}"
                     out[name] = {"packets": cell.data.packet_count, "bytes": cell.data.byte_count}
         return out
+
+
+class BitmapChecker(Control):
+    """The slots' worker bitmaps, cleared for a job's slot range: its slots are then
+    as on a fresh switch. P4Runtime cannot write BMv2's registers, so each slot's
+    reset is a PacketOut (op RESET_SLOT) that the program accepts only from the CPU
+    port; the switch counts each one as outcome SLOT_RESET."""
+    COUNTER = "AggIngress.ingress_outcomes"
+
+    def reset(self, config: Config, timeout: float = 10.0) -> int:
+        job = config.job
+        before = self._resets()
+        for slot in range(job.first_slot, job.first_slot + job.num_slots):
+            self.conn.packet_out(b"", op=protocol.ControlOp.RESET_SLOT, job_id=job.id, slot=slot)
+        # PacketOuts are not acknowledged: done when the switch has counted them all.
+        deadline = time.monotonic() + timeout
+        while (done := self._resets() - before) < job.num_slots:
+            if time.monotonic() > deadline:
+                raise P4RuntimeError(
+                    f"{done} of {job.num_slots} slot resets reached the switch in {timeout:g} s "
+                    f"(is it started with --cpu-port {protocol.CPU_PORT}?)")
+            time.sleep(0.01)
+        return job.num_slots
+
+    def _resets(self) -> int:
+        (cell,) = self.conn.read(P4CounterEntry(self.COUNTER,
+                                                index=protocol.IngressOutcome.SLOT_RESET))
+        return cell.data.packet_count

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from p4src import protocol
+
 BMV2_BINARY = "simple_switch_grpc"
 TARGETS = ("softswitch", "softswitch-python", "bmv2")
 
@@ -90,7 +92,8 @@ def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: s
     if target == "bmv2":
         # Each instance needs its own Thrift port, or a second one fails to start.
         argv += ["--thrift-port", str(free_tcp_port())]
-    return argv + ["--", "--grpc-server-addr", grpc_addr]
+    # PacketOuts (the controller's slot reset) enter the pipeline on the program's CPU port.
+    return argv + ["--", "--grpc-server-addr", grpc_addr, "--cpu-port", str(protocol.CPU_PORT)]
 
 
 class SwitchProcess:

@@ -44,6 +44,11 @@ const bit<16> AGG_UDP_PORT_MASK = 0xFFF0;
 // Job groups are numbered from 1 and must stay below it.
 const mcast_group_t FLOOD_MCAST_GROUP = 0x7FFF;
 
+// Where the controller's PacketOut frames enter (simple_switch_grpc --cpu-port):
+// above every front-panel port of our topologies (at most 250), below v1model's
+// drop port 511. Only frames from this port are parsed as a packet_out header.
+const port_t CPU_PORT = 255;
+
 // Exponent a worker sends for a block that is all zeros: smaller than any real one.
 const exponent_t EXPONENT_OF_ZERO = -128;
 
@@ -61,6 +66,10 @@ enum bit<8> RegisterOp {
 }
 
 // Where an aggregation packet goes after ingress.
+enum bit<8> ControlOp {
+    RESET_SLOT = 1
+}
+
 enum bit<8> NextStep {
     FORWARD_L2 = 0,
     DROP = 1,
@@ -68,7 +77,8 @@ enum bit<8> NextStep {
     UNICAST = 3
 }
 
-// Index into the ingress_outcomes counter: exactly one per aggregation packet.
+// Index into the ingress_outcomes counter: exactly one per aggregation packet and
+// per controller PacketOut.
 enum bit<8> IngressOutcome {
     CONSUMED = 0,
     COMPLETED = 1,
@@ -78,7 +88,8 @@ enum bit<8> IngressOutcome {
     UNKNOWN_JOB = 5,
     UNKNOWN_SENDER = 6,
     BAD_SLOT = 7,
-    SIMULATED_DROP = 8
+    SIMULATED_DROP = 8,
+    SLOT_RESET = 9
 }
 
 // Index into the egress_outcomes counter: one per result copy leaving the switch.

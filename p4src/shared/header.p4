@@ -74,7 +74,17 @@ header values_h {
 // UDP length of a well-formed aggregation packet: UDP 8 + agg_h 10 + values.
 const bit<16> AGG_UDP_LENGTH = 8 + 10 + 4 * VALUES_PER_PACKET;
 
+// The controller's command, alone in a PacketOut: P4Runtime serializes the metadata
+// as this header in front of the (empty) payload.
+@controller_header("packet_out")
+header packet_out_h {
+    bit<8>  op;        // ControlOp
+    bit<8>  job_id;    // the job the controller resets, for the counters' sake
+    bit<16> slot;      // pool index
+}
+
 struct headers_t {
+    packet_out_h packet_out;
     ethernet_h ethernet;
     arp_h      arp;
     ipv4_h     ipv4;

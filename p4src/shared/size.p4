@@ -42,7 +42,7 @@
 #define PORT_TABLE_SIZE 512
 
 // Counter sizes: one cell per outcome enum member (see define.p4).
-#define NUM_INGRESS_OUTCOMES 9
+#define NUM_INGRESS_OUTCOMES 10
 #define NUM_EGRESS_OUTCOMES 3
 
 #endif  // _SIZE_P4_

@@ -55,7 +55,18 @@ control AggIngress(inout headers_t hdr,
         mark_to_drop(standard_metadata);
         meta.next_step = NextStep.FORWARD_L2;
 
-        if (meta.is_agg) {
+        if (hdr.packet_out.isValid()) {
+            // The controller's, from the CPU port: nothing else parses as one.
+            meta.next_step = NextStep.DROP;
+            if (hdr.packet_out.op == (bit<8>)ControlOp.RESET_SLOT
+                    && (bit<32>)hdr.packet_out.slot < POOL_SIZE) {
+                bitmap_checker.apply(hdr, meta);
+                meta.outcome = IngressOutcome.SLOT_RESET;
+            } else {
+                meta.outcome = IngressOutcome.MALFORMED;
+            }
+            ingress_outcomes.count((bit<32>)(bit<8>)meta.outcome);
+        } else if (meta.is_agg) {
             bool lost;
             bool job_found;
             meta.next_step = NextStep.DROP;

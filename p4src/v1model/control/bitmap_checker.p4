@@ -4,6 +4,7 @@
  * One register word per slot holds both sets' bitmaps, so one read-modify-write
  * marks the sender in its set and clears it in the other: contributing to set s
  * re-arms set 1-s, and workers reuse slots forever without any reset (SwitchML).
+ * After a failed call the controller clears a job's slots with PacketOuts.
  */
 #ifndef _BITMAP_CHECKER_P4_
 #define _BITMAP_CHECKER_P4_
@@ -26,8 +27,18 @@ control BitmapChecker(in headers_t hdr, inout metadata_t meta) {
         meta.first = (before == 0) ? 1w1 : 1w0;
     }
 
+    // The controller's reset: both sets empty, as on a fresh switch. Counts and
+    // values need nothing: the next contribution is a first one and overwrites them.
+    action clear_slot() {
+        bitmaps.write((bit<32>)hdr.packet_out.slot, 0);
+    }
+
     apply {
-        check_and_mark();
+        if (hdr.packet_out.isValid()) {
+            clear_slot();
+        } else {
+            check_and_mark();
+        }
     }
 }
 
