@@ -68,7 +68,8 @@ enum bit<8> NextStep {
     UNICAST = 3
 }
 
-// Index into the ingress_outcomes counter: exactly one per aggregation packet.
+// Index into the ingress_outcomes counter: exactly one per frame the switch
+// receives, so the counters account for every frame.
 enum bit<8> IngressOutcome {
     CONSUMED = 0,
     COMPLETED = 1,
@@ -78,7 +79,9 @@ enum bit<8> IngressOutcome {
     UNKNOWN_JOB = 5,
     UNKNOWN_SENDER = 6,
     BAD_SLOT = 7,
-    SIMULATED_DROP = 8
+    SIMULATED_DROP = 8,
+    SPOOFED_SOURCE = 9,   // any frame claiming a service address as its source: dropped
+    FORWARDED_L2 = 10     // not aggregation: answered by the ARP responder or switched at L2
 }
 
 // Index into the egress_outcomes counter: one per result copy leaving the switch.
