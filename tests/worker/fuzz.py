@@ -420,8 +420,9 @@ def print_report(report: dict) -> None:
     for name, p in report["phases"].items():
         sent = ", ".join(f"{k} {v:,}" for k, v in p["sent"].items())
         outcomes = ", ".join(f"{k} {v:,}" for k, v in p["outcomes"].items() if v)
-        print(f"  {name:<10} {p['seconds']:6.2f} s  sent: {sent}; switch received "
-              f"{p['received']:,}")
+        rate = sum(p["sent"].values()) / p["seconds"] if p["seconds"] else 0
+        print(f"  {name:<10} {p['seconds']:6.2f} s  sent: {sent} ({rate:,.0f}/s); switch "
+              f"received {p['received']:,}")
         print(f"  {'':<10} outcomes: {outcomes}")
         if "calls" in p:
             print(f"  {'':<10} {p['calls']} allreduce calls, exact and identical: {p['exact']}; "
@@ -437,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=100_000)
     parser.add_argument("--rate", type=float, default=20_000, help="hostile frames per second")
     parser.add_argument("--target", default="softswitch")
-    parser.add_argument("--reps", type=int, default=20, help="allreduce calls while under attack")
+    parser.add_argument("--reps", type=int, default=5, help="allreduce calls while under attack")
     parser.add_argument("--size", type=int, default=65_536)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
