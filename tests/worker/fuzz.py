@@ -373,7 +373,9 @@ def campaign(fabric: Fabric, outdir: Path, *, frames: int, rate: float, workers:
             exact = False
             report["problems"].append(f"{name}: allreduce not exact: {exc}")
         counters = [r["counters"] for run in runs for r in run.reports if "counters" in r]
+        seconds = [r["seconds"] for run in runs for r in run.reports if "seconds" in r]
         return {"calls": len(counters), "exact": exact,
+                "median_call_s": round(float(np.median(seconds)), 3) if seconds else None,
                 "socket_errors": sum(c["socket_errors"] for c in counters),
                 "retransmissions": sum(c["retransmissions"] for c in counters),
                 "worker_packets": sum(c["packets_sent"] for c in counters)}
@@ -420,14 +422,15 @@ def print_report(report: dict) -> None:
     for name, p in report["phases"].items():
         sent = ", ".join(f"{k} {v:,}" for k, v in p["sent"].items())
         outcomes = ", ".join(f"{k} {v:,}" for k, v in p["outcomes"].items() if v)
-        rate = sum(p["sent"].values()) / p["seconds"] if p["seconds"] else 0
-        print(f"  {name:<10} {p['seconds']:6.2f} s  sent: {sent} ({rate:,.0f}/s); switch "
+        total = sum(p["sent"].values())
+        rate = f" ({total / p['seconds']:,.0f}/s)" if total else ""
+        print(f"  {name:<10} {p['seconds']:6.2f} s  sent: {sent}{rate}; switch "
               f"received {p['received']:,}")
         print(f"  {'':<10} outcomes: {outcomes}")
         if "calls" in p:
-            print(f"  {'':<10} {p['calls']} allreduce calls, exact and identical: {p['exact']}; "
-                  f"worker socket errors {p['socket_errors']}, retransmissions "
-                  f"{p['retransmissions']}")
+            print(f"  {'':<10} {p['calls']} allreduce calls (median {p['median_call_s']} s), "
+                  f"exact and identical: {p['exact']}; worker socket errors "
+                  f"{p['socket_errors']}, retransmissions {p['retransmissions']}")
     print("every frame accounted for" if not report["problems"]
           else "PROBLEMS:\n  " + "\n  ".join(report["problems"]))
 
