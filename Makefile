@@ -19,7 +19,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-test-programs bench bench-switch \
-        bench-worker bench-allreduce demo testbed loss-experiment clean
+        bench-worker bench-allreduce demo testbed loss-experiment fuzz clean
 
 setup: apt-deps $(VENV)/.installed
 
@@ -74,6 +74,11 @@ p4-test-programs: setup
 	for f in tests/softswitch/programs/*.p4; do \
 	    $(PY) tools/p4build.py --p4c $(P4C) --out tests/softswitch/programs/build $$f || exit 1; \
 	done
+
+# Hostile frames (10^5 and more) at the native softswitch, alone and while every
+# worker aggregates; prints frames, counters and time (tests/worker/fuzz.py).
+fuzz: setup
+	$(PY) -m tests.worker.fuzz --frames 120000
 
 bench: bench-switch bench-worker bench-allreduce
 

@@ -10,7 +10,7 @@ from .client import SwitchConnection
 from .config import Config
 from .control import Changes
 from .controls import (ArpResponder, BitmapChecker, DropSimulator, JobLookup, L2Forwarding,
-                       OutcomeCounters, ResultRewrite, SenderIdentification)
+                       OutcomeCounters, ResultRewrite, SenderIdentification, SourceGuard)
 
 
 class Controller:
@@ -20,16 +20,18 @@ class Controller:
         self.conn = conn
         self.l2_forwarding = L2Forwarding(conn)
         self.arp_responder = ArpResponder(conn)
+        self.source_guard = SourceGuard(conn)
         self.job_lookup = JobLookup(conn)
         self.sender_identification = SenderIdentification(conn)
         self.result_rewrite = ResultRewrite(conn)
         self.drop_simulator = DropSimulator(conn)
         self.outcome_counters = OutcomeCounters(conn)
         self.bitmap_checker = BitmapChecker(conn)
-        # Install order: addresses and groups before the tables that make workers
-        # known, so no packet is admitted before its result can be delivered.
-        self._job_controls = [self.l2_forwarding, self.arp_responder, self.result_rewrite,
-                              self.sender_identification, self.job_lookup]
+        # Install order: port security and addresses and groups before the tables
+        # that make workers known, so no packet is admitted before its result can be
+        # delivered, nor before spoofs of its result are refused.
+        self._job_controls = [self.source_guard, self.l2_forwarding, self.arp_responder,
+                              self.result_rewrite, self.sender_identification, self.job_lookup]
 
     def push(self, bmv2_json: Path = protocol.PROGRAM_JSON, p4info: Path = protocol.P4INFO) -> None:
         self.conn.push_pipeline(bmv2_json, p4info)

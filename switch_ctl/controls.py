@@ -50,6 +50,30 @@ class ArpResponder(Control):
         return self.sync(self.TABLE, [], self._owned(config))
 
 
+class SourceGuard(Control):
+    """Port security: frames claiming the job's service MAC or IPv4 as their source
+    (Ethernet, IPv4 or ARP sender) are dropped, since only the switch sources them."""
+    TABLE = "AggIngress.source_guard.service_sources"
+
+    def _owned(self, config: Config):
+        ip = int.from_bytes(bytes(map(int, config.job.service_ip.split("."))), "big")
+        mac = int(config.job.service_mac.replace(":", ""), 16)
+        claims = {("src_mac", mac), ("arp_sender_mac", mac), ("src_ip", ip)}
+        return lambda m: bool(claims & set(m.items()))
+
+    def install(self, config: Config) -> Changes:
+        # One ternary entry per claimed field, the others left out (wildcards).
+        job = config.job
+        desired = [self.entry(self.TABLE, "NoAction", {field: address}, {}, priority=1)
+                   for field, address in (("src_mac", job.service_mac),
+                                          ("arp_sender_mac", job.service_mac),
+                                          ("src_ip", job.service_ip))]
+        return self.sync(self.TABLE, desired, self._owned(config))
+
+    def clear(self, config: Config) -> Changes:
+        return self.sync(self.TABLE, [], self._owned(config))
+
+
 class JobLookup(Control):
     """The job: worker count, multicast group, slot range, UDP port."""
     TABLE = "AggIngress.job_lookup.jobs"

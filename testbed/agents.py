@@ -61,9 +61,12 @@ class HostAgents:
              progress=print) -> list[dict]:
         """Send a command (one for all, or one per worker); the workers' answers in order."""
         commands = command if isinstance(command, list) else [command] * len(self.procs)
-        for proc, cmd in zip(self.procs, commands):
-            proc.stdin.write((json.dumps(cmd) + "\n").encode())
-            proc.stdin.flush()
+        for i, (proc, cmd) in enumerate(zip(self.procs, commands)):
+            try:
+                proc.stdin.write((json.dumps(cmd) + "\n").encode())
+                proc.stdin.flush()
+            except BrokenPipeError:     # it died (at start: mnexec or the interpreter failed)
+                raise self._exited(i) from None
         answers: list[dict | None] = [None] * len(self.procs)
         deadline = time.monotonic() + timeout
         while any(a is None for a in answers):
@@ -78,9 +81,7 @@ class HostAgents:
                 i = pending[fd]
                 chunk = os.read(fd, 65536)
                 if not chunk:
-                    self.procs[i].wait()
-                    raise AgentError(f"worker {i} exited with {self.procs[i].returncode}\n"
-                                     + self._tails([i]))
+                    raise self._exited(i)
                 self._buffers[i] += chunk
                 while b"\n" in self._buffers[i] and answers[i] is None:
                     line, self._buffers[i] = self._buffers[i].split(b"\n", 1)
@@ -93,6 +94,16 @@ class HostAgents:
                     else:
                         answers[i] = message
         return answers
+
+    def _exited(self, i: int) -> AgentError:
+        """The error for worker ``i``, whose output closed: its exit status and log."""
+        try:
+            self.procs[i].wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.procs[i].kill()
+            self.procs[i].wait()
+        return AgentError(f"worker {i} exited with {self.procs[i].returncode}\n"
+                          + self._tails([i]))
 
     def _tails(self, workers: list[int], lines: int = 15) -> str:
         out = []

@@ -46,8 +46,11 @@ CSV_FIELDS = ["workers", "size", "bytes", "bw_mbit", "backend", "rep", "time_s",
 
 
 def ingress_packets(counters: dict) -> int:
-    """Aggregation packets the switch's ingress pipeline has handled, whatever the outcome."""
-    return sum(c["packets"] for name, c in counters.items() if name.startswith("ingress."))
+    """Aggregation packets the switch's ingress pipeline has handled, whatever the
+    outcome (not the frames it switched at L2 or refused as spoofs)."""
+    other = ("ingress.forwarded_l2", "ingress.spoofed_source")
+    return sum(c["packets"] for name, c in counters.items()
+               if name.startswith("ingress.") and name not in other)
 
 
 def agg_frame_bytes() -> int:

@@ -24,8 +24,11 @@ ETH_P_ALL = 0x0003
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, capture_output=True, text=True)
+def _run(*argv: str, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{' '.join(argv)} did not finish within {timeout:g} s") from None
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
     return result

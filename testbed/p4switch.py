@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import select
 import sys
+import time
 from pathlib import Path
 
 MININET_DIRS = ("/usr/lib/python3/dist-packages", "/usr/local/lib/python3/dist-packages")
@@ -38,7 +40,7 @@ import_mininet()
 
 from mininet.log import lg  # noqa: E402
 from mininet.net import Mininet  # noqa: E402
-from mininet.node import Switch  # noqa: E402
+from mininet.node import Host, Switch  # noqa: E402
 
 from .targets import SwitchProcess, default_target  # noqa: E402
 
@@ -58,7 +60,53 @@ class QuietMininet(Mininet):
         cls.inited = True
 
 
-class P4Switch(Switch):
+class BoundedShell:
+    """A Mininet node whose shell must show its prompt within ``start_timeout``.
+
+    Mininet's startShell reads the pty until bash's prompt and then polls it with no
+    timeout; when mnexec fails (a namespace it cannot make, a missing binary) it
+    prints why and exits, but the parent still holds the pty open, so the poll waits
+    for ever. Here the wait for the prompt is bounded and a shell that exits or
+    stays silent fails the node with what it printed."""
+    start_timeout = 30.0
+    _start_deadline: float | None = None
+
+    def startShell(self, mnopts=None):
+        self._start_deadline = time.monotonic() + self.start_timeout
+        try:
+            super().startShell(mnopts)
+        finally:
+            self._start_deadline = None
+
+    def read(self, size=1024):
+        if self._start_deadline is None:
+            return super().read(size)
+        out = ""
+        while not out.endswith(chr(127)):   # Mininet's prompt
+            readable = select.select([self.stdout], [], [], 0.1)[0]
+            if readable:
+                out += super().read(size)
+            elif self.shell.poll() is not None:
+                self._abandon(f"its shell (mnexec) exited with {self.shell.returncode}", out)
+            elif time.monotonic() > self._start_deadline:
+                self._abandon(f"its shell printed no prompt within {self.start_timeout:g} s", out)
+        return out
+
+    def _abandon(self, why: str, output: str):
+        self.shell.kill()
+        self.shell.wait()
+        self.stdin.close()
+        os.close(self.slave)
+        self.shell = None
+        raise RuntimeError(f"node {self.name} did not start: {why}; it printed:\n"
+                           f"{output.strip() or '(nothing)'}")
+
+
+class BoundedHost(BoundedShell, Host):
+    """Mininet's host, with a bounded start."""
+
+
+class P4Switch(BoundedShell, Switch):
     """A Mininet switch whose datapath is a P4 target (BMv2 or the embedded softswitch).
 
     Mininet port n is the target's port n (``-i n@<name>-eth<n>``), so the job

@@ -28,7 +28,7 @@ from switch_ctl import config as config_mod
 from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
 
-from .p4switch import P4Switch, QuietMininet
+from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, default_target, free_tcp_port
 
 from mininet.cli import CLI  # noqa: E402  (importable once testbed.p4switch ran)
@@ -158,8 +158,9 @@ class Testbed:
         return self
 
     def _build(self) -> None:
-        self.net = QuietMininet(controller=None, switch=P4Switch, link=ShapedLink, build=False,
-                                autoSetMacs=False, waitConnected=False)
+        self.net = QuietMininet(controller=None, host=BoundedHost, switch=P4Switch,
+                                link=ShapedLink, build=False, autoSetMacs=False,
+                                waitConnected=False)
         name = f"s{os.getpid() % 100000}n{next(_instances) % 10}"
         self.switch = self.net.addSwitch(name, cls=P4Switch, target=self.target,
                                          grpc_addr=f"127.0.0.1:{free_tcp_port()}",

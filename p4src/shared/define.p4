@@ -77,8 +77,9 @@ enum bit<8> NextStep {
     UNICAST = 3
 }
 
-// Index into the ingress_outcomes counter: exactly one per aggregation packet and
-// per controller PacketOut.
+// Index into the ingress_outcomes counter: exactly one per frame the switch
+// receives (PacketOuts from the controller included), so the counters account for
+// every frame.
 enum bit<8> IngressOutcome {
     CONSUMED = 0,
     COMPLETED = 1,
@@ -89,7 +90,9 @@ enum bit<8> IngressOutcome {
     UNKNOWN_SENDER = 6,
     BAD_SLOT = 7,
     SIMULATED_DROP = 8,
-    SLOT_RESET = 9
+    SPOOFED_SOURCE = 9,   // any frame claiming a service address as its source: dropped
+    FORWARDED_L2 = 10,    // not aggregation: answered by the ARP responder or switched at L2
+    SLOT_RESET = 11       // the controller's PacketOut cleared a slot
 }
 
 // Index into the egress_outcomes counter: one per result copy leaving the switch.

@@ -38,11 +38,15 @@
 // Addresses the ARP responder answers for: one service address per job.
 #define ARP_TABLE_SIZE MAX_JOBS
 
+// Port-security entries: per job, its service MAC as Ethernet source and as ARP
+// sender, and its service IPv4 as IPv4 source or ARP sender (3 ternary entries).
+#define SERVICE_SOURCE_TABLE_SIZE (MAX_JOBS * 3)
+
 // Ports with a loss-simulator entry: all of v1model's 9-bit port space.
 #define PORT_TABLE_SIZE 512
 
 // Counter sizes: one cell per outcome enum member (see define.p4).
-#define NUM_INGRESS_OUTCOMES 10
+#define NUM_INGRESS_OUTCOMES 12
 #define NUM_EGRESS_OUTCOMES 3
 
 #endif  // _SIZE_P4_

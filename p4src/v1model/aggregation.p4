@@ -12,6 +12,7 @@
 
 #include "../shared/header.p4"
 #include "parser.p4"
+#include "control/source_guard.p4"
 #include "control/l2_forwarding.p4"
 #include "control/arp_responder.p4"
 #include "control/drop_simulator.p4"
@@ -27,6 +28,7 @@
 control AggIngress(inout headers_t hdr,
                    inout metadata_t meta,
                    inout standard_metadata_t standard_metadata) {
+    SourceGuard()          source_guard;
     DropSimulator()        ingress_loss;
     ArpResponder()         arp_responder;
     L2Forwarding()         l2_forwarding;
@@ -54,7 +56,13 @@ control AggIngress(inout headers_t hdr,
         // BMv2 sends to port 0 when nothing sets egress_spec (behavioral-model #992).
         mark_to_drop(standard_metadata);
         meta.next_step = NextStep.FORWARD_L2;
+        meta.outcome = IngressOutcome.FORWARDED_L2;
 
+        // A PacketOut has no Ethernet header to check.
+        bool spoofed = false;
+        if (!hdr.packet_out.isValid()) {
+            source_guard.apply(hdr, spoofed);
+        }
         if (hdr.packet_out.isValid()) {
             // The controller's, from the CPU port: nothing else parses as one.
             meta.next_step = NextStep.DROP;
@@ -65,7 +73,9 @@ control AggIngress(inout headers_t hdr,
             } else {
                 meta.outcome = IngressOutcome.MALFORMED;
             }
-            ingress_outcomes.count((bit<32>)(bit<8>)meta.outcome);
+        } else if (spoofed) {
+            meta.next_step = NextStep.DROP;
+            meta.outcome = IngressOutcome.SPOOFED_SOURCE;
         } else if (meta.is_agg) {
             bool lost;
             bool job_found;
@@ -100,8 +110,8 @@ control AggIngress(inout headers_t hdr,
                     }
                 }
             }
-            ingress_outcomes.count((bit<32>)(bit<8>)meta.outcome);
         }
+        ingress_outcomes.count((bit<32>)(bit<8>)meta.outcome);
 
         if (meta.next_step == NextStep.FORWARD_L2) {
             bool replied;

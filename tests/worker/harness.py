@@ -34,6 +34,7 @@ class Job:
     id: int
     path: Path
     hosts: list            # testbed.netns.Host, worker i on hosts[i]
+    first_slot: int
     num_slots: int
 
     @property
@@ -121,8 +122,8 @@ class Fabric:
                       f"udp_port = {WORKER_UDP_PORT}", f"switch_port = {h.switch_port}"]
         path = self.workdir / f"job{job_id}.toml"
         path.write_text("\n".join(lines) + "\n")
+        job = Job(job_id, path, hosts, self.next_slot, num_slots)
         self.next_slot += num_slots
-        job = Job(job_id, path, hosts, num_slots)
         self.control.apply(self._config(job))
         self.jobs.append(job)
         return job
