@@ -32,9 +32,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import tomli_w
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -182,7 +184,7 @@ def goodput(target: str, elements: int, reps: int, slots: int) -> None:
                                     "switch_port": h.switch_port}
                                    for i, h in enumerate(topo.hosts)]}}
         path = Path(tmp) / "job.toml"
-        path.write_text(_toml(raw))
+        path.write_text(tomli_w.dumps(raw))
         config = config_mod.load(path)
         with SwitchConnection(switch.grpc_addr, 0, (0, 1)) as conn:
             controller = Controller(conn)
@@ -193,7 +195,9 @@ def goodput(target: str, elements: int, reps: int, slots: int) -> None:
                               "--reps", str(reps), "--steady"], stdout=subprocess.PIPE,
                              text=True,
                              env=env, cwd=REPO) for i, h in enumerate(topo.hosts)]
-            outputs = [p.communicate(timeout=600)[0] for p in procs]
+            # Drained together: a worker blocked on a full pipe would stall the others.
+            with ThreadPoolExecutor(len(procs)) as pool:
+                outputs = list(pool.map(lambda p: p.communicate(timeout=600)[0], procs))
     reports = [json.loads(line) for out in outputs for line in out.splitlines()]
     failed = [r for r in reports if "error" in r]
     if failed or len(reports) != WORKERS * reps:
@@ -211,16 +215,6 @@ def goodput(target: str, elements: int, reps: int, slots: int) -> None:
           f"{BASELINE_MBPS} MB/s of the per-packet worker; median of {len(rates)} calls, min "
           f"{min(rates):.3f}, max {max(rates):.3f}); {sent} packets sent, {redone} redone, "
           f"{retrans} retransmitted")
-
-
-def _toml(raw: dict) -> str:
-    sw, job = raw["switch"], raw["job"]
-    lines = ["[switch]", f'grpc_addr = "{sw["grpc_addr"]}"', "device_id = 0",
-             f"ports = {sw['ports']}", "", "[job]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in job.items() if k != "workers"]
-    for w in job["workers"]:
-        lines += ["", "[[job.workers]]"] + [f"{k} = {json.dumps(v)}" for k, v in w.items()]
-    return "\n".join(lines) + "\n"
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ or forged frame, a full buffer) counts as a lost packet for the same machinery. 
 slot that gets no result within ``peer_timeout`` ends the call with
 AggregationTimeout; after that the switch's per-slot state for this job is unknown
 (some workers may have contributed, others not), so the transport refuses further
-calls: re-apply the job with a fresh slot range, or restart the switch, and start
+calls: reset the job's slots (``python -m switch_ctl reset job.toml``) and start
 new sessions on every worker.
 
 A session starts at set 0 in every slot, which is right on a fresh switch and
@@ -220,8 +220,8 @@ class Transport:
         (``POISON_EXPONENT`` for a block some worker could not carry)."""
         if self.broken is not None:
             raise TransportBroken("an earlier aggregation failed, so the switch's slot state "
-                                  "for this job is unknown; re-apply the job with a fresh slot "
-                                  "range (or restart the switch) and open new sessions"
+                                  "for this job is unknown; reset the job's slots "
+                                  "(python -m switch_ctl reset <job.toml>) and open new sessions"
                                   ) from self.broken
         if blocks.ndim != 2 or blocks.shape[1] != self.fmt.values_per_packet:
             raise ValueError(f"blocks must be (N, {self.fmt.values_per_packet})")
@@ -475,5 +475,5 @@ class _Call:
             f"job {t.job_id}: no result for {len(slots)} slot(s) [{shown}] after {oldest:.1f} s "
             f"(peer_timeout {t.policy.peer_timeout:g} s, {int(self.retries[waiting].sum())} "
             f"timer expiries): a worker is not sending or the switch is unreachable. The "
-            f"switch's slot state for this job is now unknown: re-apply the job with a fresh "
-            f"slot range (or restart the switch) before aggregating again")
+            f"switch's slot state for this job is now unknown: reset the job's slots "
+            f"(python -m switch_ctl reset <job.toml>) before aggregating again")

@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,15 +109,17 @@ class Fabric:
     def _config(self, job: Job) -> config_mod.Config:
         return config_mod.load(job.path)
 
-    def job(self, num_workers: int, num_slots: int = 16) -> Job:
-        """A job over the first hosts, on slots no earlier job used."""
+    def job(self, num_workers: int, num_slots: int = 16, *, first_host: int = 0,
+            service: tuple[str, str] = (SERVICE_IP, SERVICE_MAC)) -> Job:
+        """A job over hosts ``first_host``..., on slots no earlier job used, with
+        ``service`` as its (IPv4, MAC) service address."""
         job_id = self.next_job
         self.next_job += 1
-        hosts = self.topology.hosts[:num_workers]
+        hosts = self.topology.hosts[first_host:first_host + num_workers]
         lines = ["[switch]", f'grpc_addr = "{self.switch.grpc_addr}"', "device_id = 0",
                  f"ports = {[h.switch_port for h in self.topology.hosts]}", "",
                  "[job]", f"id = {job_id}", f"udp_port = {protocol.AGG_UDP_PORT_BASE}",
-                 f'service_ip = "{SERVICE_IP}"', f'service_mac = "{SERVICE_MAC}"',
+                 f'service_ip = "{service[0]}"', f'service_mac = "{service[1]}"',
                  f"first_slot = {self.next_slot}", f"num_slots = {num_slots}"]
         for i, h in enumerate(hosts):
             lines += ["", "[[job.workers]]", f"id = {i}", f'mac = "{h.mac}"', f'ip = "{h.ip}"',
@@ -147,21 +151,31 @@ class Fabric:
         ``--config <job> --worker-id <i>`` plus ``args`` (and ``extra[i]``); waits for all."""
         ids = range(job.num_workers) if workers is None else workers
         extra = extra or {}
-        procs = {i: job.hosts[i].popen(
-            [sys.executable, "-m", module, "--config", str(job.path), "--worker-id", str(i),
-             *args, *extra.get(i, [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=_env(), cwd=REPO) for i in ids}
-        runs = []
+        # Output goes to files, not pipes: a pipe nobody drains fills after ~160 reports
+        # and blocks its worker in print(), which stalls every other worker's call.
+        outdir = Path(tempfile.mkdtemp(prefix=f"job{job.id}-", dir=self.workdir))
+        procs = {}
+        for i in ids:
+            with open(outdir / f"{i}.out", "w") as out, open(outdir / f"{i}.err", "w") as err:
+                procs[i] = job.hosts[i].popen(
+                    [sys.executable, "-m", module, "--config", str(job.path), "--worker-id",
+                     str(i), *args, *extra.get(i, [])], stdout=out, stderr=err,
+                    env=_env(), cwd=REPO)
+        deadline = time.monotonic() + timeout
         for i, proc in procs.items():
             try:
-                out, err = proc.communicate(timeout=timeout)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 for p in procs.values():
                     p.kill()
+                    p.wait()
                 raise AssertionError(f"worker {i} still running after {timeout} s (a hang); "
                                      f"switch log tail:\n{self.switch.log_tail()}")
+        runs = []
+        for i, proc in procs.items():
+            out = (outdir / f"{i}.out").read_text()
             reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-            runs.append(WorkerRun(i, proc.returncode, reports, err))
+            runs.append(WorkerRun(i, proc.returncode, reports, (outdir / f"{i}.err").read_text()))
         return runs
 
 

@@ -147,7 +147,7 @@ def test_a_dead_worker_ends_the_others_with_a_clear_error(fabric):
     for run in runs:
         assert run.returncode == 1
         assert run.error.startswith("AggregationTimeout: job ")
-        assert "no result for 8 slot(s)" in run.error and "fresh slot range" in run.error
+        assert "no result for 8 slot(s)" in run.error and "switch_ctl reset" in run.error
         waited = float(re.search(r"after (\d+\.\d) s \(peer_timeout 3 s", run.error)[1])
         assert waited >= 3.0
     fabric.remove(job)
