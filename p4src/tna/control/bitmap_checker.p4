@@ -1,0 +1,66 @@
+/*
+ * Per slot, which workers have contributed to each shadow set.
+ *
+ * One register word per slot holds both sets' bitmaps (a 2 x 32-bit pair, one
+ * stateful ALU in dual mode), so one read-modify-write marks the sender in its set
+ * and clears it in the other: contributing to set s re-arms set 1-s, and workers
+ * reuse slots forever without any reset (SwitchML).
+ *
+ * TNA form of v1model/control/bitmap_checker.p4. A stateful ALU returns one word,
+ * so the action for set s returns set s's bitmap as it was before (bitmap_before);
+ * map_result = bitmap_before & worker_bit follows in the next stage. v1model's
+ * seen = (map_result != 0) and first = (bitmap_before == 0) are not computed here:
+ * the tables that need them (ContributionCounter, ValueAggregator, ExponentMax)
+ * match bitmap_before and map_result directly, which saves the stage a separate
+ * seen/first table would cost. ContributionCounter writes meta.seen/meta.first.
+ */
+#ifndef _TNA_BITMAP_CHECKER_P4_
+#define _TNA_BITMAP_CHECKER_P4_
+
+control BitmapChecker(in tna_headers_t hdr,
+                      in metadata_t meta,
+                      out worker_bitmap_t bitmap_before,
+                      out worker_bitmap_t map_result) {
+    Register<worker_bitmap_pair_t, slot_t>(POOL_SIZE) bitmaps;
+
+    RegisterAction<worker_bitmap_pair_t, slot_t, worker_bitmap_t>(bitmaps) mark_set0 = {
+        void apply(inout worker_bitmap_pair_t pair, out worker_bitmap_t before) {
+            before = pair.set0;
+            pair.set0 = pair.set0 | meta.worker_bit;
+            pair.set1 = pair.set1 & ~meta.worker_bit;
+        }
+    };
+
+    RegisterAction<worker_bitmap_pair_t, slot_t, worker_bitmap_t>(bitmaps) mark_set1 = {
+        void apply(inout worker_bitmap_pair_t pair, out worker_bitmap_t before) {
+            before = pair.set1;
+            pair.set0 = pair.set0 & ~meta.worker_bit;
+            pair.set1 = pair.set1 | meta.worker_bit;
+        }
+    };
+
+    action check_and_mark_set0() {
+        bitmap_before = mark_set0.execute(hdr.agg.slot);
+    }
+
+    action check_and_mark_set1() {
+        bitmap_before = mark_set1.execute(hdr.agg.slot);
+    }
+
+    table check_and_mark {
+        key = { hdr.agg.set: exact @name("set"); }
+        actions = { check_and_mark_set0; check_and_mark_set1; }
+        const entries = {
+            0: check_and_mark_set0();
+            1: check_and_mark_set1();
+        }
+        const default_action = check_and_mark_set0();   // unreachable: set is 1 bit
+    }
+
+    apply {
+        check_and_mark.apply();
+        map_result = bitmap_before & meta.worker_bit;   // != 0: a retransmission
+    }
+}
+
+#endif  // _TNA_BITMAP_CHECKER_P4_

@@ -1,0 +1,82 @@
+/*
+ * Contributions per (slot, set). The first contribution writes 1 instead of
+ * adding, so no reset is ever needed; a retransmission only reads, which tells
+ * whether the slot it retransmits for is finished.
+ *
+ * TNA form of v1model/control/contribution_counter.p4: one Register, three
+ * RegisterActions (one stateful ALU). The table matches BitmapChecker's outputs
+ * (see there) and sets v1model's meta.seen / meta.first from the entry it hits, so
+ * NextStepSelector keys on the same fields as on v1model.
+ */
+#ifndef _TNA_CONTRIBUTION_COUNTER_P4_
+#define _TNA_CONTRIBUTION_COUNTER_P4_
+
+control ContributionCounter(inout metadata_t meta,
+                            in worker_bitmap_t bitmap_before,
+                            in worker_bitmap_t map_result) {
+    Register<count_t, cell_t>(NUM_CELLS) counts;
+
+    RegisterAction<count_t, cell_t, count_t>(counts) write_one = {
+        void apply(inout count_t stored, out count_t count) {
+            stored = 1;
+            count = stored;
+        }
+    };
+
+    RegisterAction<count_t, cell_t, count_t>(counts) increment = {
+        void apply(inout count_t stored, out count_t count) {
+            stored = stored + 1;
+            count = stored;
+        }
+    };
+
+    RegisterAction<count_t, cell_t, count_t>(counts) read_count = {
+        void apply(inout count_t stored, out count_t count) {
+            count = stored;
+        }
+    };
+
+    action count_first() {       // first contribution to this (slot, set)
+        meta.seen = 0;
+        meta.first = 1;
+        meta.count = write_one.execute(meta.cell);
+    }
+
+    action count_next() {        // a further worker's contribution
+        meta.seen = 0;
+        meta.first = 0;
+        meta.count = increment.execute(meta.cell);
+    }
+
+    action count_read() {        // retransmission: no change
+        meta.seen = 1;
+        meta.first = 0;
+        meta.count = read_count.execute(meta.cell);
+    }
+
+    table count_op {
+        key = {
+            bitmap_before: ternary @name("bitmap_before");
+            map_result:    ternary @name("map_result");
+        }
+        actions = { count_first; count_next; count_read; }
+        const entries = {
+            // bitmap_before map_result      (first entry that matches wins)
+            (     0,              _    ): count_first();   // seen 0, first 1
+            (     _,              0    ): count_next();    // seen 0, first 0
+            (     _,              _    ): count_read();    // seen 1
+        }
+        const default_action = count_read();
+    }
+
+    apply {
+        count_op.apply();
+        if (meta.count == meta.num_workers) {
+            meta.done = 1;
+        } else {
+            meta.done = 0;
+        }
+    }
+}
+
+#endif  // _TNA_CONTRIBUTION_COUNTER_P4_

@@ -1,0 +1,42 @@
+/*
+ * Loss simulator: each port may carry a drop probability, drawn per aggregation
+ * packet. Instantiated twice, as ingress_loss and egress_loss.
+ *
+ * TNA form of v1model/control/drop_simulator.p4. v1model's random(draw, 0, 2^32-1)
+ * becomes the Random<bit<32>> extern, and draw < p (a 32-bit compare of two
+ * fields, which a Tofino gateway cannot do in one step) becomes a saturating add
+ * of ~p: draw + (2^32-1-p) stays below 2^32-1 exactly when draw < p, so
+ *     drop  <=>  (draw |+| ~p) != 0xFFFFFFFF
+ * and P(drop) = p / 2^32 as on v1model (p = 0 never drops). The controller writes
+ * the same p to the same table.
+ */
+#ifndef _TNA_DROP_SIMULATOR_P4_
+#define _TNA_DROP_SIMULATOR_P4_
+
+control DropSimulator(in port_t port, out bool drop) {
+    Random<bit<32>>() rng;
+    drop_probability_t complement = 0;   // ~p
+
+    action set_drop_probability(drop_probability_t p) {
+        complement = ~p;
+    }
+
+    table drop_probability {
+        key = { port: exact @name("port"); }
+        actions = { set_drop_probability; @defaultonly NoAction; }
+        const default_action = NoAction();
+        size = PORT_TABLE_SIZE;
+    }
+
+    apply {
+        drop = false;
+        if (drop_probability.apply().hit) {
+            bit<32> draw = rng.get();
+            if ((draw |+| complement) != 0xFFFFFFFF) {
+                drop = true;
+            }
+        }
+    }
+}
+
+#endif  // _TNA_DROP_SIMULATOR_P4_

@@ -1,0 +1,72 @@
+/*
+ * The largest block exponent any worker sent for a (slot, set): workers use it to
+ * agree on one scale per block (block floating point).
+ *
+ * TNA form of v1model/control/exponent_max.p4: a signed 8-bit Register (the
+ * stateful ALU's maxs), one RegisterAction per v1model action, keyed like
+ * ValueAggregator on BitmapChecker's outputs. On a retransmission it reads
+ * (v1model reads only when the slot is done; the packet is dropped otherwise, so
+ * the extra read is never seen). Pass 2 of a result does not touch it: pass 1
+ * already put the maximum in the packet.
+ */
+#ifndef _TNA_EXPONENT_MAX_P4_
+#define _TNA_EXPONENT_MAX_P4_
+
+control ExponentMax(inout tna_headers_t hdr,
+                    in metadata_t meta,
+                    in worker_bitmap_t bitmap_before,
+                    in worker_bitmap_t map_result) {
+    Register<exponent_t, cell_t>(NUM_CELLS) exponents;
+
+    RegisterAction<exponent_t, cell_t, exponent_t>(exponents) store_exponent = {
+        void apply(inout exponent_t stored, out exponent_t result) {
+            stored = hdr.agg.exponent;
+            result = stored;
+        }
+    };
+
+    RegisterAction<exponent_t, cell_t, exponent_t>(exponents) max_of_exponents = {
+        void apply(inout exponent_t stored, out exponent_t result) {
+            stored = max(stored, hdr.agg.exponent);
+            result = stored;
+        }
+    };
+
+    RegisterAction<exponent_t, cell_t, exponent_t>(exponents) load_exponent = {
+        void apply(inout exponent_t stored, out exponent_t result) {
+            result = stored;
+        }
+    };
+
+    action write_exponent() {
+        hdr.agg.exponent = store_exponent.execute(meta.cell);
+    }
+
+    action max_exponent() {
+        hdr.agg.exponent = max_of_exponents.execute(meta.cell);
+    }
+
+    action read_exponent() {
+        hdr.agg.exponent = load_exponent.execute(meta.cell);
+    }
+
+    table register_op {
+        key = {
+            bitmap_before: ternary @name("bitmap_before");
+            map_result:    ternary @name("map_result");
+        }
+        actions = { write_exponent; max_exponent; read_exponent; }
+        const entries = {
+            (0, _): write_exponent();   // WRITE: first contribution
+            (_, 0): max_exponent();     // ADD: a further worker
+            (_, _): read_exponent();    // READ: retransmission
+        }
+        const default_action = read_exponent();
+    }
+
+    apply {
+        register_op.apply();
+    }
+}
+
+#endif  // _TNA_EXPONENT_MAX_P4_

@@ -1,0 +1,66 @@
+/*
+ * The fixed decision of the program, as a truth table: what the registers do, and
+ * where the packet goes. Identical to v1model/control/next_step_selector.p4.
+ *
+ * On Tofino meta.register_op only documents the decision (and is visible in the
+ * compiler's PHV/table logs): the register tables cannot wait for `done`, so they
+ * match BitmapChecker's outputs, which give the same WRITE/ADD; where this table
+ * says NONE (retransmission, slot not done) they READ, and the packet is dropped.
+ */
+#ifndef _TNA_NEXT_STEP_SELECTOR_P4_
+#define _TNA_NEXT_STEP_SELECTOR_P4_
+
+control NextStepSelector(inout metadata_t meta) {
+    // A contribution that is not the last: store it, then drop the packet.
+    action consume(RegisterOp op) {
+        meta.register_op = op;
+        meta.next_step = NextStep.DROP;
+        meta.outcome = IngressOutcome.CONSUMED;
+    }
+
+    // The last contribution: the packet leaves carrying the result, to every worker.
+    action complete(RegisterOp op) {
+        meta.register_op = op;
+        meta.next_step = NextStep.MULTICAST;
+        meta.outcome = IngressOutcome.COMPLETED;
+    }
+
+    // Retransmission for a finished slot: its result was lost on the way back.
+    action resend() {
+        meta.register_op = RegisterOp.READ;
+        meta.next_step = NextStep.UNICAST;
+        meta.outcome = IngressOutcome.RESENT;
+    }
+
+    // Retransmission for an unfinished slot: already counted, nothing to send yet.
+    action drop_duplicate() {
+        meta.register_op = RegisterOp.NONE;
+        meta.next_step = NextStep.DROP;
+        meta.outcome = IngressOutcome.DUPLICATE_DROPPED;
+    }
+
+    table next_step {
+        key = {
+            meta.seen:  ternary @name("seen");
+            meta.first: ternary @name("first");
+            meta.done:  ternary @name("done");
+        }
+        actions = { consume; complete; resend; drop_duplicate; }
+        const entries = {
+            // seen first done
+            (  0,   1,   0  ): consume(RegisterOp.WRITE);
+            (  0,   0,   0  ): consume(RegisterOp.ADD);
+            (  0,   1,   1  ): complete(RegisterOp.WRITE);   // single-worker job
+            (  0,   0,   1  ): complete(RegisterOp.ADD);
+            (  1,   _,   1  ): resend();
+            (  1,   _,   0  ): drop_duplicate();
+        }
+        const default_action = drop_duplicate();
+    }
+
+    apply {
+        next_step.apply();
+    }
+}
+
+#endif  // _TNA_NEXT_STEP_SELECTOR_P4_
