@@ -120,6 +120,9 @@ class Config:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         pipe = self.pipeline
         self.actions = {a.preamble.id: a for a in p4info.actions}
+        # The packet_out controller header's fields, (id, bitwidth) in P4Info order.
+        self.packet_out = [(f.id, f.bitwidth) for h in p4info.controller_packet_metadata
+                           if h.preamble.name == "packet_out" for f in h.metadata]
         self.action_params = {a.preamble.id: sorted(a.params, key=lambda p: p.id)
                               for a in p4info.actions}
         self.tables = {}
@@ -259,14 +262,12 @@ class Device:
             if self.on_packet_out is None or self.config is None or conn is not self.primary():
                 log.debug("packet-out dropped: no CPU port, no pipeline, or not from the primary")
                 return
-            header = next((h for h in self.config.proto.p4info.controller_packet_metadata
-                           if h.preamble.name == "packet_out"), None)
+            fields = self.config.packet_out
         value, bits = 0, 0
-        if header is not None:
-            given = {m.metadata_id: int.from_bytes(m.value, "big") for m in packet.metadata}
-            for field in header.metadata:
-                value = (value << field.bitwidth) | (given.get(field.id, 0) & mask(field.bitwidth))
-                bits += field.bitwidth
+        given = {m.metadata_id: int.from_bytes(m.value, "big") for m in packet.metadata}
+        for field_id, width in fields:
+            value = (value << width) | (given.get(field_id, 0) & mask(width))
+            bits += width
         self.on_packet_out(value.to_bytes((bits + 7) // 8, "big") + packet.payload)
 
     # ------------------------------------------------------------------ pipeline config

@@ -5,6 +5,7 @@ Table paths are the P4Info names: <pipeline control>.<instance>.<table>.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 
 from p4src import protocol
@@ -12,6 +13,15 @@ from p4src import protocol
 from .client import P4CounterEntry, P4RuntimeError
 from .config import Config
 from .control import Changes, Control
+
+
+def mac_int(mac: str) -> int:
+    """A MAC as P4Runtime's match value, to compare with what a read returns."""
+    return int(mac.replace(":", ""), 16)
+
+
+def ip_int(ip: str) -> int:
+    return int(ipaddress.IPv4Address(ip))
 
 
 class L2Forwarding(Control):
@@ -22,13 +32,13 @@ class L2Forwarding(Control):
         desired = [self.entry(self.TABLE, "AggIngress.l2_forwarding.forward",
                               {"dst_mac": w.mac}, {"port": w.switch_port})
                    for w in config.job.workers]
-        macs = {int(w.mac.replace(":", ""), 16) for w in config.job.workers}
+        macs = {mac_int(w.mac) for w in config.job.workers}
         changes = self.sync(self.TABLE, desired, lambda m: m["dst_mac"] in macs)
         flood = {(port, 0) for port in config.switch.ports}
         return changes + self.sync_multicast_group(protocol.FLOOD_MCAST_GROUP, flood)
 
     def clear(self, config: Config) -> Changes:
-        macs = {int(w.mac.replace(":", ""), 16) for w in config.job.workers}
+        macs = {mac_int(w.mac) for w in config.job.workers}
         return self.sync(self.TABLE, [], lambda m: m["dst_mac"] in macs)
 
 
@@ -37,7 +47,7 @@ class ArpResponder(Control):
     TABLE = "AggIngress.arp_responder.arp_table"
 
     def _owned(self, config: Config):
-        ip = int.from_bytes(bytes(map(int, config.job.service_ip.split("."))), "big")
+        ip = ip_int(config.job.service_ip)
         return lambda m: m["target_ip"] == ip
 
     def install(self, config: Config) -> Changes:
@@ -56,8 +66,7 @@ class SourceGuard(Control):
     TABLE = "AggIngress.source_guard.service_sources"
 
     def _owned(self, config: Config):
-        ip = int.from_bytes(bytes(map(int, config.job.service_ip.split("."))), "big")
-        mac = int(config.job.service_mac.replace(":", ""), 16)
+        ip, mac = ip_int(config.job.service_ip), mac_int(config.job.service_mac)
         claims = {("src_mac", mac), ("arp_sender_mac", mac), ("src_ip", ip)}
         return lambda m: bool(claims & set(m.items()))
 

@@ -4,12 +4,10 @@ exact while they run."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.worker.harness import REPO
 from tests.worker.test_end_to_end import check_run
+from tests.worker.test_reset import switch_ctl
 
 # Calls long enough for job B to be still running while job A is reset and removed.
 B_REPS = {"softswitch": 80, "softswitch-python": 40, "bmv2": 12}
@@ -30,9 +28,7 @@ def test_two_jobs_at_once_and_one_leaving_spares_the_other(fabric, tmp_path):
 
         reps = B_REPS[fabric.target]
         runs_b = pool.submit(fabric.run, b, args(23, reps, tmp_path / "b2"))
-        reset = subprocess.run([sys.executable, "-m", "switch_ctl", "reset", str(a.path),
-                                "--election-id", "20"],
-                               cwd=REPO, capture_output=True, text=True, timeout=120)
+        reset = switch_ctl("reset", str(a.path))
         assert reset.returncode == 0, reset.stderr
         fabric.remove(a)
         assert not runs_b.done(), "job B finished before A was reset and removed: no overlap"

@@ -4,12 +4,10 @@ sessions aggregate exactly again."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 
-from tests.worker.harness import REPO
 from tests.worker.test_end_to_end import check_run
+from tests.worker.test_reset import switch_ctl
 
 
 def test_a_killed_switch_fails_calls_clearly_and_a_restarted_one_aggregates_exactly(
@@ -29,9 +27,7 @@ def test_a_killed_switch_fails_calls_clearly_and_a_restarted_one_aggregates_exac
         assert len(run.reports) < 100000
     fabric.restart_switch()
     # The documented recovery: the controller pushes the program and the job again.
-    applied = subprocess.run([sys.executable, "-m", "switch_ctl", "apply", "--push",
-                              str(job.path), "--election-id", "20"],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    applied = switch_ctl("apply", "--push", str(job.path))
     assert applied.returncode == 0, applied.stderr
     fabric.reconnect()
     runs = fabric.run(job, ["--size", "3000", "--reps", "3", "--seed", "9",
