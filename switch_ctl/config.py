@@ -56,6 +56,14 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class ParentLink:
+    """A leaf's way to its parent switch: out of ``port``, to the parent's service address."""
+    port: int
+    mac: str
+    ip: str
+
+
+@dataclass(frozen=True)
 class JobConfig:
     id: int
     udp_port: int
@@ -63,12 +71,15 @@ class JobConfig:
     service_mac: str
     first_slot: int
     num_slots: int
-    workers: tuple[WorkerConfig, ...]
+    workers: tuple[WorkerConfig, ...]      # this switch's contributors (child switches too)
     multicast_group: int
+    parent: ParentLink | None = None       # set on a leaf of a tree
+    total_workers: int = 0                 # in a tree: workers under every leaf
 
     @property
     def num_workers(self) -> int:
-        return len(self.workers)
+        """The workers each result sums (the whole tree's)."""
+        return self.total_workers or len(self.workers)
 
 
 @dataclass(frozen=True)
@@ -89,15 +100,21 @@ class Config:
     switch: SwitchConfig
     job: JobConfig
     loss: LossConfig = field(default_factory=LossConfig)
+    # L2 routes to hosts that are not this switch's workers (in a tree): (MAC, port)
+    l2_routes: tuple[tuple[str, int], ...] = ()
 
 
-def load(path: Path | str, pool_size: int | None = None) -> Config:
+def load(path: Path | str, pool_size: int | None = None) -> "Config | Tree":
+    """A one-switch job (Config) or, if the file has [switches], a tree (Tree)."""
     try:
         raw = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError([f"{path}: no such file"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    if "switches" in raw:
+        from .tree import parse_tree
+        return parse_tree(raw, pool_size)
     return parse(raw, pool_size)
 
 

@@ -25,20 +25,25 @@ def ip_int(ip: str) -> int:
 
 
 class L2Forwarding(Control):
-    """Workers' MACs to their ports; the flood group over every switch port."""
+    """Workers' MACs to their ports (in a tree, also the other switches' workers, by
+    the port towards them); the flood group over every switch port."""
     TABLE = "AggIngress.l2_forwarding.mac_table"
 
+    @staticmethod
+    def _routes(config: Config) -> list[tuple[str, int]]:
+        return [(w.mac, w.switch_port) for w in config.job.workers] + list(config.l2_routes)
+
     def install(self, config: Config) -> Changes:
+        routes = self._routes(config)
         desired = [self.entry(self.TABLE, "AggIngress.l2_forwarding.forward",
-                              {"dst_mac": w.mac}, {"port": w.switch_port})
-                   for w in config.job.workers]
-        macs = {mac_int(w.mac) for w in config.job.workers}
+                              {"dst_mac": mac}, {"port": port}) for mac, port in routes]
+        macs = {mac_int(mac) for mac, _ in routes}
         changes = self.sync(self.TABLE, desired, lambda m: m["dst_mac"] in macs)
         flood = {(port, 0) for port in config.switch.ports}
         return changes + self.sync_multicast_group(protocol.FLOOD_MCAST_GROUP, flood)
 
     def clear(self, config: Config) -> Changes:
-        macs = {mac_int(w.mac) for w in config.job.workers}
+        macs = {mac_int(mac) for mac, _ in self._routes(config)}
         return self.sync(self.TABLE, [], lambda m: m["dst_mac"] in macs)
 
 
@@ -84,15 +89,22 @@ class SourceGuard(Control):
 
 
 class JobLookup(Control):
-    """The job: worker count, multicast group, slot range, UDP port."""
+    """The job: contributor count, multicast group, slot range, UDP port, and on a
+    leaf of a tree its parent."""
     TABLE = "AggIngress.job_lookup.jobs"
 
     def install(self, config: Config) -> Changes:
         job = config.job
-        desired = [self.entry(self.TABLE, "AggIngress.job_lookup.set_job",
-                              {"job_id": job.id, "udp_port": job.udp_port},
-                              {"num_workers": job.num_workers, "group": job.multicast_group,
-                               "first_slot": job.first_slot, "num_slots": job.num_slots})]
+        params = {"num_workers": len(job.workers), "total_workers": job.num_workers,
+                  "group": job.multicast_group, "first_slot": job.first_slot,
+                  "num_slots": job.num_slots}
+        action = "set_job"
+        if job.parent is not None:
+            action = "set_leaf_job"
+            params.update(parent_port=job.parent.port, parent_mac=job.parent.mac,
+                          parent_ip=job.parent.ip)
+        desired = [self.entry(self.TABLE, f"AggIngress.job_lookup.{action}",
+                              {"job_id": job.id, "udp_port": job.udp_port}, params)]
         return self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
 
     def clear(self, config: Config) -> Changes:
@@ -100,7 +112,8 @@ class JobLookup(Control):
 
 
 class SenderIdentification(Control):
-    """Who may contribute: (port, source IP, source UDP port) -> worker id."""
+    """Who may contribute: (port, source IP, source UDP port) -> worker id; on a leaf,
+    also who may send results: the parent, from its service address and the job's port."""
     TABLE = "AggIngress.sender_identification.senders"
 
     def install(self, config: Config) -> Changes:
@@ -110,6 +123,10 @@ class SenderIdentification(Control):
                                "src_udp_port": w.udp_port, "job_id": job.id},
                               {"worker_id": w.id, "worker_bit": 1 << w.id})
                    for w in job.workers]
+        if job.parent is not None:
+            desired.append(self.entry(self.TABLE, "AggIngress.sender_identification.set_parent",
+                                      {"ingress_port": job.parent.port, "src_ip": job.parent.ip,
+                                       "src_udp_port": job.udp_port, "job_id": job.id}, {}))
         return self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
 
     def clear(self, config: Config) -> Changes:

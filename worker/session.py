@@ -65,11 +65,14 @@ class AggregationSession:
     @classmethod
     def from_config(cls, config: config_mod.Config | str | Path, worker_id: int,
                     **kwargs) -> "AggregationSession":
-        """The session of worker ``worker_id`` of the job in a TOML file (or a Config):
-        the switch is the job's service address, reached through its ARP responder."""
+        """The session of worker ``worker_id`` of the job in a TOML file (or a Config,
+        or a Tree): the switch is the service address of the worker's own switch,
+        reached through its ARP responder."""
         fmt = kwargs.get("packet_format") or protocol.packet_format()
-        if not isinstance(config, config_mod.Config):
+        if isinstance(config, (str, Path)):
             config = config_mod.load(config, pool_size=fmt.pool_size)
+        if not isinstance(config, config_mod.Config):
+            config = config.for_worker(worker_id)
         job = config.job
         me = [w for w in job.workers if w.id == worker_id]
         if not me:

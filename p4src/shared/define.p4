@@ -49,6 +49,10 @@ const mcast_group_t FLOOD_MCAST_GROUP = 0x7FFF;
 // drop port 511. Only frames from this port are parsed as a packet_out header.
 const port_t CPU_PORT = 255;
 
+// Set in a (slot, set)'s contribution count once a leaf holds its parent's result
+// for it (see ContributionCounter): count_t has a bit to spare above MAX_WORKERS.
+const count_t FINAL_FLAG = 0x80;
+
 // Exponent a worker sends for a block that is all zeros: smaller than any real one.
 const exponent_t EXPONENT_OF_ZERO = -128;
 
@@ -65,16 +69,18 @@ enum bit<8> RegisterOp {
     READ = 3
 }
 
-// Where an aggregation packet goes after ingress.
+// The controller's command in a PacketOut.
 enum bit<8> ControlOp {
     RESET_SLOT = 1
 }
 
+// Where an aggregation packet goes after ingress.
 enum bit<8> NextStep {
     FORWARD_L2 = 0,
     DROP = 1,
     MULTICAST = 2,
-    UNICAST = 3
+    UNICAST = 3,
+    UPSTREAM = 4          // a leaf's partial sum, to its parent switch
 }
 
 // Index into the ingress_outcomes counter: exactly one per frame the switch
@@ -92,14 +98,19 @@ enum bit<8> IngressOutcome {
     SIMULATED_DROP = 8,
     SPOOFED_SOURCE = 9,   // any frame claiming a service address as its source: dropped
     FORWARDED_L2 = 10,    // not aggregation: answered by the ARP responder or switched at L2
-    SLOT_RESET = 11       // the controller's PacketOut cleared a slot
+    SLOT_RESET = 11,      // the controller's PacketOut cleared a slot
+    SENT_UP = 12,         // a leaf's local sum is complete: sent to the parent as one contribution
+    RESENT_UP = 13,       // a worker retransmitted before the parent's result came: partial resent
+    PARENT_RESULT = 14    // the parent's result: stored, multicast to the leaf's workers
 }
 
-// Index into the egress_outcomes counter: one per result copy leaving the switch.
+// Index into the egress_outcomes counter: one per result copy or partial sum leaving
+// the switch.
 enum bit<8> EgressOutcome {
     MULTICAST_COPY = 0,
     UNICAST_RESEND = 1,
-    SIMULATED_DROP = 2
+    SIMULATED_DROP = 2,   // a result copy or a partial sum, dropped by the loss simulator
+    UPSTREAM = 3          // a partial sum leaving a leaf for its parent
 }
 
 #endif  // _DEFINE_P4_

@@ -56,13 +56,13 @@ header udp_h {
 }
 
 header agg_h {
-    MsgType    msg_type;       // CONTRIBUTION from a worker, RESULT from the switch
+    MsgType    msg_type;       // CONTRIBUTION towards the root, RESULT back from it
     job_id_t   job_id;
     set_t      set;            // shadow set; a contribution to one re-arms the other
     slot_t     slot;           // pool index, absolute, within the job's slot range
     pkt_id_t   pkt_id;         // chosen by the worker, echoed in the result
     exponent_t exponent;       // in: the sender's block exponent; out: max over workers
-    count_t    contributions;  // out: how many workers the result sums
+    count_t    contributions;  // out: how many workers the result sums (the whole tree's)
 }
 
 #define VALUE_FIELD(i) value_t v##i;
@@ -100,12 +100,18 @@ struct metadata_t {
     NextStep        next_step;
     IngressOutcome  outcome;
     // from the jobs table
-    count_t         num_workers;
+    count_t         num_workers;     // contributors at this switch: workers, or child switches
+    count_t         total_workers;   // workers the job's results sum, under every leaf
     mcast_group_t   job_group;
     slot_t          first_slot;
     slot_t          num_slots;
+    bit<1>          has_parent;      // a leaf: its sums go on to the parent switch
+    port_t          parent_port;
+    mac_addr_t      parent_mac;
+    ipv4_addr_t     parent_ip;
     // from the senders table: who sent it, never taken from the packet
     bool            known_sender;
+    bit<1>          from_parent;     // the parent switch, sending its result
     worker_id_t     worker_id;
     worker_bitmap_t worker_bit;
     // per (slot, set) state
@@ -113,7 +119,8 @@ struct metadata_t {
     bit<1>          seen;            // the sender's bit was already set: a retransmission
     bit<1>          first;           // no worker had contributed to this (slot, set)
     bit<1>          done;            // all num_workers have contributed
-    count_t         count;
+    bit<1>          final;           // a leaf holds the parent's result for it
+    count_t         count;           // contributions, FINAL_FLAG masked off
     RegisterOp      register_op;
     // loss simulator
     drop_probability_t drop_probability;

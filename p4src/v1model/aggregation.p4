@@ -6,6 +6,10 @@
  * leaves as a RESULT multicast to every worker of the job. A worker that
  * retransmits for a finished slot gets the stored result back by unicast.
  * Everything else is switched at L2.
+ *
+ * Switches form a tree per job, by table entries alone: a leaf sends its local sum
+ * to its parent as one contribution and hands the parent's result to its workers;
+ * the root is a one-switch job whose workers include child switches.
  */
 #include <core.p4>
 #include <v1model.p4>
@@ -45,11 +49,24 @@ control AggIngress(inout headers_t hdr,
     // The packet leaves as a result: from the service address it was sent to.
     action become_result() {
         hdr.agg.msg_type = MsgType.RESULT;
-        hdr.agg.contributions = meta.count;
+        hdr.agg.contributions = meta.total_workers;
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = hdr.udp.dst_port;
         hdr.udp.checksum = 0;  // the payload changed; 0 means "none" in IPv4
+    }
+
+    // A leaf's sum leaves as one contribution to its parent, from this switch's
+    // service address (which its parent knows it by) to the parent's.
+    action become_partial() {
+        hdr.agg.contributions = meta.count;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ethernet.dst_addr = meta.parent_mac;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.ipv4.dst_addr = meta.parent_ip;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.checksum = 0;
+        standard_metadata.egress_spec = meta.parent_port;
     }
 
     apply {
@@ -86,7 +103,8 @@ control AggIngress(inout headers_t hdr,
             } else if (standard_metadata.parser_error != error.NoError
                        || !hdr.values.isValid()
                        || hdr.udp.length != AGG_UDP_LENGTH
-                       || hdr.agg.msg_type != MsgType.CONTRIBUTION) {
+                       || (hdr.agg.msg_type != MsgType.CONTRIBUTION
+                           && hdr.agg.msg_type != MsgType.RESULT)) {
                 meta.outcome = IngressOutcome.MALFORMED;
             } else {
                 job_lookup.apply(hdr, meta, job_found);
@@ -100,9 +118,17 @@ control AggIngress(inout headers_t hdr,
                     sender_identification.apply(hdr, meta, standard_metadata);
                     if (!meta.known_sender) {
                         meta.outcome = IngressOutcome.UNKNOWN_SENDER;
+                    } else if ((meta.from_parent == 1) != (hdr.agg.msg_type == MsgType.RESULT)) {
+                        // Workers send contributions only, a parent results only.
+                        meta.outcome = IngressOutcome.MALFORMED;
                     } else {
                         meta.cell = hdr.agg.slot ++ hdr.agg.set;
-                        bitmap_checker.apply(hdr, meta);
+                        // The parent is not a worker here: it has no bit to mark.
+                        meta.seen = 0;
+                        meta.first = 0;
+                        if (meta.from_parent == 0) {
+                            bitmap_checker.apply(hdr, meta);
+                        }
                         contribution_counter.apply(meta);
                         next_step_selector.apply(meta);
                         value_aggregator.apply(hdr, meta);
@@ -125,6 +151,8 @@ control AggIngress(inout headers_t hdr,
         } else if (meta.next_step == NextStep.UNICAST) {
             become_result();
             standard_metadata.egress_spec = standard_metadata.ingress_port;
+        } else if (meta.next_step == NextStep.UPSTREAM) {
+            become_partial();
         }
     }
 }
@@ -138,19 +166,22 @@ control AggEgress(inout headers_t hdr,
     counter(NUM_EGRESS_OUTCOMES, CounterType.packets_and_bytes) egress_outcomes;
 
     apply {
-        if (meta.next_step == NextStep.MULTICAST || meta.next_step == NextStep.UNICAST) {
+        if (meta.next_step == NextStep.MULTICAST || meta.next_step == NextStep.UNICAST
+                || meta.next_step == NextStep.UPSTREAM) {
             bool lost;
             EgressOutcome outcome = EgressOutcome.UNICAST_RESEND;
             worker_id_t worker = meta.worker_id;
             if (meta.next_step == NextStep.MULTICAST) {
                 outcome = EgressOutcome.MULTICAST_COPY;
                 worker = (worker_id_t)standard_metadata.egress_rid;
+            } else if (meta.next_step == NextStep.UPSTREAM) {
+                outcome = EgressOutcome.UPSTREAM;
             }
             egress_loss.apply(standard_metadata.egress_port, lost);
             if (lost) {
                 mark_to_drop(standard_metadata);
                 outcome = EgressOutcome.SIMULATED_DROP;
-            } else {
+            } else if (meta.next_step != NextStep.UPSTREAM) {
                 result_rewrite.apply(hdr, standard_metadata, hdr.agg.job_id, worker);
             }
             egress_outcomes.count((bit<32>)(bit<8>)outcome);

@@ -8,6 +8,7 @@ headers like a real worker's would.
 
 from __future__ import annotations
 
+import dataclasses
 import select
 import socket
 import time
@@ -18,7 +19,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from p4src import protocol
-from switch_ctl.config import Config, parse
+from switch_ctl.config import Config, ParentLink, parse
 from testbed.netns import Host, in_netns
 
 PACKET_OUTGOING = 4
@@ -28,16 +29,22 @@ WORKER_UDP_PORT = 40000
 
 
 def make_config(hosts: list[Host], switch_ports: list[int], grpc_addr: str, job_id: int,
-                first_slot: int, num_slots: int,
-                udp_port: int = protocol.AGG_UDP_PORT_BASE) -> Config:
-    """A job with one worker per host, worker id = position in ``hosts``."""
-    return parse({
+                first_slot: int, num_slots: int, udp_port: int = protocol.AGG_UDP_PORT_BASE,
+                parent: Host | None = None, total_workers: int = 0) -> Config:
+    """A job with one worker per host, worker id = position in ``hosts``; with
+    ``parent``, the switch is a leaf whose parent switch is that host's address."""
+    config = parse({
         "switch": {"grpc_addr": grpc_addr, "device_id": 0, "ports": sorted(switch_ports)},
         "job": {"id": job_id, "udp_port": udp_port, "service_ip": SERVICE_IP,
                 "service_mac": SERVICE_MAC, "first_slot": first_slot, "num_slots": num_slots,
                 "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": WORKER_UDP_PORT,
                              "switch_port": h.switch_port} for i, h in enumerate(hosts)]},
     })
+    if parent is None:
+        return config
+    return dataclasses.replace(config, job=dataclasses.replace(
+        config.job, parent=ParentLink(parent.switch_port, parent.mac, parent.ip),
+        total_workers=total_workers))
 
 
 @dataclass
@@ -122,9 +129,10 @@ class TestHost:
 
 
 def contribution(values, *, job_id: int, slot: int, set_: int, pkt_id: int = 0,
-                 exponent: int = 0) -> bytes:
+                 exponent: int = 0, msg_type: int = protocol.MsgType.CONTRIBUTION,
+                 contributions: int = 0) -> bytes:
     fmt = protocol.packet_format()
     values = np.asarray(values, dtype=np.int64).reshape(1, fmt.values_per_packet)
-    return fmt.pack(values.astype(np.int32), msg_type=protocol.MsgType.CONTRIBUTION,
-                    job_id=job_id, set=set_, slot=slot, pkt_id=pkt_id,
-                    exponent=exponent).tobytes()
+    return fmt.pack(values.astype(np.int32), msg_type=msg_type, job_id=job_id, set=set_,
+                    slot=slot, pkt_id=pkt_id, exponent=exponent,
+                    contributions=contributions).tobytes()

@@ -71,7 +71,7 @@ def install_job(pipe, pool: int) -> None:
         pipe.tables[table].insert(Entry(tuple(key), full, 0, (actions[action], tuple(data))))
 
     insert("AggIngress.job_lookup.jobs", (JOB, protocol.AGG_UDP_PORT_BASE),
-           "AggIngress.job_lookup.set_job", (WORKERS, GROUP, 0, pool))
+           "AggIngress.job_lookup.set_job", (WORKERS, WORKERS, GROUP, 0, pool))
     for i in range(WORKERS):
         ip = int.from_bytes(socket.inet_aton(f"10.0.0.{i + 1}"), "big")
         insert("AggIngress.sender_identification.senders", (i + 1, ip, 40000 + i, JOB),

@@ -145,7 +145,8 @@ def test_p4runtime_rejection_is_a_p4runtime_error(switch):
     conn = switch.controller.conn
     te = conn.table_entry("AggIngress.job_lookup.jobs", "AggIngress.job_lookup.set_job",
                           {"job_id": 250, "udp_port": protocol.AGG_UDP_PORT_BASE},
-                          dict.fromkeys(("num_workers", "group", "first_slot", "num_slots"), 1))
+                          dict.fromkeys(("num_workers", "total_workers", "group", "first_slot",
+                                         "num_slots"), 1))
     conn.insert(te)
     try:
         with pytest.raises(P4RuntimeError, match="ALREADY_EXISTS"):

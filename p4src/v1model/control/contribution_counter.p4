@@ -2,6 +2,11 @@
  * Contributions per (slot, set). The first contribution writes 1 instead of
  * adding, so no reset is ever needed; a retransmission only reads, which tells
  * whether the slot it retransmits for is finished.
+ *
+ * On a leaf the same word records whether the parent's result is stored: its
+ * arrival sets FINAL_FLAG, but only on a complete local sum (a result for a round
+ * the leaf has not finished is stale). The next round's first contribution
+ * writes 1 and so clears it. One read-modify-write per packet in every case.
  */
 #ifndef _CONTRIBUTION_COUNTER_P4_
 #define _CONTRIBUTION_COUNTER_P4_
@@ -26,23 +31,35 @@ control ContributionCounter(inout metadata_t meta) {
         counts.read(meta.count, (bit<32>)meta.cell);
     }
 
+    action count_finalize() {
+        count_t count;
+        counts.read(count, (bit<32>)meta.cell);
+        counts.write((bit<32>)meta.cell,
+                     (count == meta.num_workers) ? (count | FINAL_FLAG) : count);
+        meta.count = count;
+    }
+
     table count_op {
         key = {
-            meta.seen:  ternary @name("seen");
-            meta.first: ternary @name("first");
+            meta.from_parent: ternary @name("from_parent");
+            meta.seen:        ternary @name("seen");
+            meta.first:       ternary @name("first");
         }
-        actions = { count_first; count_next; count_read; }
+        actions = { count_first; count_next; count_read; count_finalize; }
         const entries = {
-            // seen first
-            (  0,   1  ): count_first();   // first contribution to this (slot, set)
-            (  0,   0  ): count_next();    // a further worker's contribution
-            (  1,   _  ): count_read();    // retransmission: no change
+            // parent seen first
+            (  0,     0,   1  ): count_first();     // first contribution to this (slot, set)
+            (  0,     0,   0  ): count_next();      // a further worker's contribution
+            (  0,     1,   _  ): count_read();      // retransmission: no change
+            (  1,     _,   _  ): count_finalize();  // the parent's result
         }
         const default_action = count_read();
     }
 
     apply {
         count_op.apply();
+        meta.final = ((meta.count & FINAL_FLAG) != 0) ? 1w1 : 1w0;
+        meta.count = meta.count & ~FINAL_FLAG;
         meta.done = (meta.count == meta.num_workers) ? 1w1 : 1w0;
     }
 }

@@ -1,6 +1,13 @@
 /*
  * The fixed decision of the program, as a truth table: what the value and exponent
  * registers do, and where the packet goes.
+ *
+ * A leaf (has_parent) differs in three rows: its complete local sum goes up to the
+ * parent instead of back to the workers; a worker's retransmission for a complete
+ * sum gets the stored result if the parent's has come (final), and otherwise
+ * resends the stored partial sum upstream, so loss anywhere in the tree is repaired
+ * by the workers' timers alone; and the parent's result, stored over the partial
+ * sum, is multicast to the leaf's workers.
  */
 #ifndef _NEXT_STEP_SELECTOR_P4_
 #define _NEXT_STEP_SELECTOR_P4_
@@ -34,21 +41,53 @@ control NextStepSelector(inout metadata_t meta) {
         meta.outcome = IngressOutcome.DUPLICATE_DROPPED;
     }
 
+    // A leaf's local sum is complete: it leaves for the parent as one contribution.
+    action send_up(RegisterOp op) {
+        meta.register_op = op;
+        meta.next_step = NextStep.UPSTREAM;
+        meta.outcome = IngressOutcome.SENT_UP;
+    }
+
+    // Retransmission at a leaf whose parent result has not come: the partial sum
+    // or the parent's result was lost above; the parent's bitmap drops a duplicate.
+    action resend_up() {
+        meta.register_op = RegisterOp.READ;
+        meta.next_step = NextStep.UPSTREAM;
+        meta.outcome = IngressOutcome.RESENT_UP;
+    }
+
+    // The parent's result: kept for unicast resends, and sent to every local worker.
+    action accept_result() {
+        meta.register_op = RegisterOp.WRITE;
+        meta.next_step = NextStep.MULTICAST;
+        meta.outcome = IngressOutcome.PARENT_RESULT;
+    }
+
     table next_step {
         key = {
-            meta.seen:  ternary @name("seen");
-            meta.first: ternary @name("first");
-            meta.done:  ternary @name("done");
+            meta.from_parent: ternary @name("from_parent");
+            meta.has_parent:  ternary @name("has_parent");
+            meta.seen:        ternary @name("seen");
+            meta.first:       ternary @name("first");
+            meta.done:        ternary @name("done");
+            meta.final:       ternary @name("final");
         }
-        actions = { consume; complete; resend; drop_duplicate; }
+        actions = { consume; complete; resend; drop_duplicate;
+                    send_up; resend_up; accept_result; }
         const entries = {
-            // seen first done
-            (  0,   1,   0  ): consume(RegisterOp.WRITE);
-            (  0,   0,   0  ): consume(RegisterOp.ADD);
-            (  0,   1,   1  ): complete(RegisterOp.WRITE);   // single-worker job
-            (  0,   0,   1  ): complete(RegisterOp.ADD);
-            (  1,   _,   1  ): resend();
-            (  1,   _,   0  ): drop_duplicate();
+            // parent leaf seen first done final
+            (  0,     _,   0,   1,   0,   _  ): consume(RegisterOp.WRITE);
+            (  0,     _,   0,   0,   0,   _  ): consume(RegisterOp.ADD);
+            (  0,     0,   0,   1,   1,   _  ): complete(RegisterOp.WRITE);  // single worker
+            (  0,     0,   0,   0,   1,   _  ): complete(RegisterOp.ADD);
+            (  0,     1,   0,   1,   1,   _  ): send_up(RegisterOp.WRITE);   // single worker
+            (  0,     1,   0,   0,   1,   _  ): send_up(RegisterOp.ADD);
+            (  0,     0,   1,   _,   1,   _  ): resend();
+            (  0,     1,   1,   _,   1,   1  ): resend();
+            (  0,     1,   1,   _,   1,   0  ): resend_up();
+            (  0,     _,   1,   _,   0,   _  ): drop_duplicate();
+            (  1,     _,   _,   _,   1,   0  ): accept_result();
+            (  1,     _,   _,   _,   _,   _  ): drop_duplicate();  // stale, or already stored
         }
         const default_action = drop_duplicate();
     }
