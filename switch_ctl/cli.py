@@ -5,6 +5,9 @@
     python -m switch_ctl counters job.toml [--json]
     python -m switch_ctl loss job.toml --ingress 0.01 --egress 0.01
     python -m switch_ctl remove job.toml
+
+A job file may describe a tree of switches (switch_ctl/tree.py): every command then
+acts on each of its switches in turn.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from p4src import protocol
 from . import config as config_mod
 from .client import P4RuntimeError, SwitchConnection
 from .controller import Controller
+from .tree import Tree
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     target(loss, True)
     loss.add_argument("--ingress", type=float)
     loss.add_argument("--egress", type=float)
+    loss.add_argument("--switches", help="a tree's switches to set it on, comma-separated "
+                                         "(default: all)")
     remove = sub.add_parser("remove", help="remove the job in CONFIG")
     target(remove, True)
     reset = sub.add_parser("reset", help="return the slots of the job in CONFIG to a fresh "
@@ -69,7 +75,32 @@ def _connection(args, config) -> SwitchConnection:
 
 
 def run(args) -> None:
+    """One switch, or every switch of a tree: parents first when installing, children
+    first when removing, so no switch forwards sums to one that lacks the job."""
     config = config_mod.load(args.config) if args.config else None
+    if not isinstance(config, Tree):
+        if getattr(args, "switches", None):
+            raise SystemExit("switch_ctl: --switches is for a tree's job file")
+        run_on_switch(args, config)
+        return
+    if args.grpc_addr is not None or args.device_id is not None:
+        raise SystemExit("switch_ctl: a tree names each switch's address; --grpc-addr and "
+                         "--device-id apply to one-switch jobs only")
+    names = list(config.switches)
+    if getattr(args, "switches", None):
+        wanted = args.switches.split(",")
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            raise SystemExit(f"switch_ctl: no switch {', '.join(unknown)} in the tree {names}")
+        names = [n for n in names if n in wanted]
+    if args.command == "remove":
+        names.reverse()
+    for name in names:
+        print(f"[{name}]", flush=True)
+        run_on_switch(args, config.switches[name])
+
+
+def run_on_switch(args, config: config_mod.Config | None) -> None:
     with _connection(args, config) as conn:
         if not conn.is_primary and args.command != "counters":
             raise P4RuntimeError(f"another controller is primary on {conn.grpc_addr} "

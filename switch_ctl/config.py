@@ -32,8 +32,12 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from p4src import protocol
+
+if TYPE_CHECKING:
+    from .tree import Tree
 
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
@@ -107,11 +111,18 @@ class Config:
 def load(path: Path | str, pool_size: int | None = None) -> "Config | Tree":
     """A one-switch job (Config) or, if the file has [switches], a tree (Tree)."""
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError([f"{path}: no such file"]) from None
+    return load_text(text, pool_size, str(path))
+
+
+def load_text(text: str, pool_size: int | None = None,
+              where: str = "configuration") -> "Config | Tree":
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+        raise ConfigError([f"{where}: not valid TOML: {exc}"]) from None
     if "switches" in raw:
         from .tree import parse_tree
         return parse_tree(raw, pool_size)

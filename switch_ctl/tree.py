@@ -98,6 +98,7 @@ def parse_tree(raw: dict, pool_size: int | None = None) -> Tree:
 
     parents = _structure(switches, root, problems)
     homes = _homes(switches, problems)
+    _check_addresses(switches, problems)
     if problems:
         raise ConfigError(problems)
 
@@ -136,9 +137,6 @@ def parse_tree(raw: dict, pool_size: int | None = None) -> Tree:
         configs[name] = dataclasses.replace(
             config, job=dataclasses.replace(config.job, parent=parent, total_workers=total),
             l2_routes=_routes(name, switches, parents, homes))
-    if problems:
-        raise ConfigError(problems)
-    _check_addresses(configs, problems)
     if problems:
         raise ConfigError(problems)
     return Tree(root=root, switches=configs, parents=parents, homes=homes)
@@ -258,12 +256,12 @@ def _routes(name: str, switches: dict, parents: dict[str, str],
     return tuple(routes)
 
 
-def _check_addresses(configs: dict[str, Config], problems: list[str]) -> None:
+def _check_addresses(switches: dict, problems: list[str]) -> None:
     """Each switch's service address is its own: two switches answering ARP for one
     IPv4, or claiming one MAC, would steer frames to the wrong switch."""
     seen: dict[tuple, str] = {}
-    for name, config in configs.items():
-        for key in (("ip", config.job.service_ip), ("mac", config.job.service_mac)):
+    for name, sw in switches.items():
+        for key in (("ip", str(sw.get("service_ip"))), ("mac", str(sw.get("service_mac")).lower())):
             if key in seen:
                 problems.append(f"switches.{name} has the same service {key[0]} {key[1]} as "
                                 f"switches.{seen[key]}")

@@ -81,11 +81,13 @@ class Host:
 
 @dataclass
 class Topology:
-    """``num_hosts`` hosts, host i on switch port i+1, addresses 10.0.0.(i+1)/24."""
+    """``num_hosts`` hosts, host i on switch port i+1, addresses 10.0.0.(first_host+i+1)/24
+    (``first_host`` numbers the hosts of several switches apart, in one subnet)."""
     num_hosts: int
     tag: str = field(default_factory=lambda: f"t{os.getpid() % 100000}x{next(_topologies) % 100}")
     subnet_prefix: str = "10.0.0."
     hosts: list[Host] = field(default_factory=list)
+    first_host: int = 0
 
     def __post_init__(self):
         if not 1 <= self.num_hosts <= 250:
@@ -109,8 +111,9 @@ class Topology:
         return self
 
     def _add_host(self, i: int) -> None:
-        host = Host(index=i, netns=f"{self.tag}h{i}", ip=f"{self.subnet_prefix}{i + 1}",
-                    mac=f"02:00:00:00:{(i + 1) >> 8:02x}:{(i + 1) & 0xff:02x}",
+        n = self.first_host + i + 1
+        host = Host(index=i, netns=f"{self.tag}h{i}", ip=f"{self.subnet_prefix}{n}",
+                    mac=f"02:00:00:00:{n >> 8:02x}:{n & 0xff:02x}",
                     switch_port=i + 1, switch_ifname=f"{self.tag}s{i}")
         peer = f"{self.tag}p{i}"
         _run("ip", "netns", "add", host.netns)
@@ -127,9 +130,7 @@ class Topology:
         # A user-space switch forwards what the kernel hands it; with TX checksum
         # offload the checksum is never filled in and the receiver drops the packet.
         _run(*ns, "ethtool", "-K", host.ifname, "tx", "off")
-        _run("ethtool", "-K", host.switch_ifname, "tx", "off")
-        Path(f"/proc/sys/net/ipv6/conf/{host.switch_ifname}/disable_ipv6").write_text("1")
-        _run("ip", "link", "set", host.switch_ifname, "up")
+        _switch_side_up(host.switch_ifname)
 
     def destroy(self) -> None:
         for host in self.hosts:
@@ -142,3 +143,35 @@ class Topology:
 
     def __exit__(self, *exc) -> None:
         self.destroy()
+
+
+def _switch_side_up(ifname: str) -> None:
+    """A switch's interface: no TX checksum offload (see above), no IPv6 chatter."""
+    _run("ethtool", "-K", ifname, "tx", "off")
+    Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
+    _run("ip", "link", "set", ifname, "up")
+
+
+@dataclass
+class SwitchLink:
+    """A cable between two switch processes: a veth pair, both ends in the root
+    namespace, named ``<tag>a`` and ``<tag>b``."""
+    tag: str
+
+    @property
+    def ends(self) -> tuple[str, str]:
+        return f"{self.tag}a", f"{self.tag}b"
+
+    def create(self) -> "SwitchLink":
+        a, b = self.ends
+        _run("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+        try:
+            for end in self.ends:
+                _switch_side_up(end)
+        except Exception:
+            self.destroy()
+            raise
+        return self
+
+    def destroy(self) -> None:
+        _run("ip", "link", "del", self.ends[0], check=False)

@@ -28,6 +28,7 @@ from switch_ctl import config as config_mod
 from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
 
+from .layout import host_mac, job_config_dict, tree_config_dict
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, default_target, free_tcp_port
 
@@ -36,9 +37,6 @@ from mininet.link import TCIntf, TCLink  # noqa: E402
 from mininet.log import setLogLevel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SERVICE_IP = "10.0.0.254"
-SERVICE_MAC = "02:00:00:00:00:fe"
-WORKER_UDP_PORT = 40000
 _instances = itertools.count()
 
 
@@ -54,31 +52,12 @@ def default_window(workers: int, target: str) -> int:
     return max(8, 64 // workers) if target == "bmv2" else 128
 
 
-def host_mac(i: int) -> str:
-    return f"02:00:00:00:{i >> 8:02x}:{i & 0xff:02x}"
-
-
 def netem_available() -> bool:
     """Whether this kernel has sch_netem (needed for link delay and loss); probed in a
     throwaway network namespace so no real interface is touched."""
     probe = subprocess.run(["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root",
                             "netem", "delay", "0ms"], capture_output=True)
     return probe.returncode == 0
-
-
-def job_config_dict(ports: dict[int, str], grpc_addr: str, device_id: int, job_id: int = 1,
-                    num_slots: int | None = None, loss: tuple[float, float] = (0.0, 0.0)) -> dict:
-    """The job's configuration (switch_ctl.config format) for worker i on port i+1."""
-    pool = protocol.packet_format().pool_size
-    workers = [{"id": port - 1, "mac": host_mac(port), "ip": f"10.0.0.{port}",
-                "udp_port": WORKER_UDP_PORT, "switch_port": port} for port in sorted(ports)]
-    return {
-        "switch": {"grpc_addr": grpc_addr, "device_id": device_id, "ports": sorted(ports)},
-        "job": {"id": job_id, "udp_port": protocol.AGG_UDP_PORTS.start, "service_ip": SERVICE_IP,
-                "service_mac": SERVICE_MAC, "first_slot": 0,
-                "num_slots": min(num_slots or pool, pool), "workers": workers},
-        "loss": {"ingress": loss[0], "egress": loss[1]},
-    }
 
 
 class ShapedIntf(TCIntf):

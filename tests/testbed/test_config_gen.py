@@ -10,15 +10,36 @@ import tomli_w
 from p4src import protocol
 from switch_ctl import config as config_mod
 
-topology = pytest.importorskip("testbed.topology", reason="Mininet is not installed",
-                               exc_type=ImportError)
+from testbed import layout
 
 
 @pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(), reason="the P4 program is not built")
 def test_generated_config_round_trips_and_validates():
-    raw = topology.job_config_dict({1: "s1-eth1", 2: "s1-eth2", 3: "s1-eth3"},
-                                   "127.0.0.1:9559", 0, job_id=7, num_slots=64)
+    raw = layout.job_config_dict({1: "s1-eth1", 2: "s1-eth2", 3: "s1-eth3"},
+                                 "127.0.0.1:9559", 0, job_id=7, num_slots=64)
     config = config_mod.parse(tomllib.loads(tomli_w.dumps(raw)))
     assert [w.switch_port for w in config.job.workers] == [1, 2, 3]
     assert [w.ip for w in config.job.workers] == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
     assert config.job.num_slots == 64 and config.job.id == 7
+
+
+@pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(), reason="the P4 program is not built")
+def test_generated_tree_validates_and_routes_every_worker():
+    switches = {name: (f"127.0.0.1:{9560 + i}", 0)
+                for i, name in enumerate(("spine", "leaf0", "leaf1"))}
+    raw = layout.tree_config_dict(switches, leaves=2, per_leaf=4, job_id=3, num_slots=32,
+                                  loss={"leaf1": {"egress": 0.01}})
+    tree = config_mod.load_text(tomli_w.dumps(raw))
+    assert list(tree.switches) == ["spine", "leaf0", "leaf1"]
+    assert tree.num_workers == 8 and tree.for_worker(5) is tree.switches["leaf1"]
+    spine, leaf0, leaf1 = tree.switches.values()
+    # The spine's contributors are the leaves, at the leaves' service addresses.
+    assert [(w.id, w.ip, w.switch_port) for w in spine.job.workers] == [
+        (0, "10.0.0.240", 1), (1, "10.0.0.241", 2)]
+    assert spine.job.parent is None and leaf1.job.parent.ip == layout.SERVICE_IP
+    assert leaf1.job.parent.port == 5 and leaf1.job.num_workers == 8
+    assert [w.id for w in leaf1.job.workers] == [4, 5, 6, 7]
+    # L2: every other switch's worker by the port towards it.
+    assert dict(leaf0.l2_routes) == {layout.host_mac(g): 5 for g in range(5, 9)}
+    assert dict(spine.l2_routes) == {layout.host_mac(g): 1 + (g > 4) for g in range(1, 9)}
+    assert (leaf1.loss.egress, leaf0.loss.egress) == (0.01, 0.0)

@@ -18,12 +18,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomli_w
+
 from p4src import protocol
 from switch_ctl import config as config_mod
 from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
-from testbed.netns import Topology
+from switch_ctl.tree import Tree
+from testbed.netns import SwitchLink, Topology
 from testbed.targets import SwitchProcess
+from testbed.layout import tree_config_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_IP = "10.0.0.254"
@@ -177,6 +181,96 @@ class Fabric:
             reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
             runs.append(WorkerRun(i, proc.returncode, reports, (outdir / f"{i}.err").read_text()))
         return runs
+
+
+@dataclass
+class TreeFabric(Fabric):
+    """A spine and ``leaves`` leaf switches of ``per_leaf`` hosts each (the testbed's
+    tree layout, ``testbed.topology.tree_config_dict``), each switch a process of the
+    target with a controller session of its own; leaf j's uplink is a veth pair to
+    spine port j+1."""
+    leaves: int = 2
+    per_leaf: int = 2
+    topologies: list = field(default_factory=list)
+    links: list = field(default_factory=list)
+    switches: dict = field(default_factory=dict)      # name -> SwitchProcess
+    controls: dict = field(default_factory=dict)      # name -> Controller
+
+    def start(self) -> "TreeFabric":
+        tag = f"tr{os.getpid() % 100000}"
+        try:
+            spine_ports = {}
+            for j in range(self.leaves):
+                topo = Topology(self.per_leaf, tag=f"{tag}{j}",
+                                first_host=j * self.per_leaf).create()
+                self.topologies.append(topo)
+                link = SwitchLink(f"{tag}u{j}").create()
+                self.links.append(link)
+                spine_ports[j + 1] = link.ends[1]
+                self._start_switch(f"leaf{j}", {**topo.switch_ports,
+                                                self.per_leaf + 1: link.ends[0]})
+            self._start_switch("spine", spine_ports)
+            self.switch = self.switches["spine"]
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_switch(self, name: str, ports: dict[int, str]) -> None:
+        self.switches[name] = SwitchProcess(self.target, ports,
+                                            log_path=self.workdir / f"{name}.log").start(60)
+        self.controls[name] = Controller(SwitchConnection(self.switches[name].grpc_addr).connect())
+        self.controls[name].push()
+
+    def stop(self) -> None:
+        for control in self.controls.values():
+            control.conn.close()
+        for switch in self.switches.values():
+            switch.stop()
+        for thing in self.links + self.topologies:
+            thing.destroy()
+
+    @property
+    def hosts(self) -> list:
+        return [h for topo in self.topologies for h in topo.hosts]
+
+    def _config(self, job: Job) -> Tree:
+        return config_mod.load(job.path)
+
+    def job(self, num_slots: int = 16) -> Job:
+        """The tree job over every host, on slots no earlier job used."""
+        job_id = self.next_job
+        self.next_job += 1
+        raw = tree_config_dict({n: (s.grpc_addr, 0) for n, s in self.switches.items()},
+                               self.leaves, self.per_leaf, job_id, num_slots,
+                               udp_port=WORKER_UDP_PORT)
+        raw["job"]["first_slot"] = self.next_slot
+        path = self.workdir / f"tree{job_id}.toml"
+        path.write_text(tomli_w.dumps(raw))
+        job = Job(job_id, path, self.hosts, self.next_slot, num_slots)
+        self.next_slot += num_slots
+        for name, config in self._config(job).switches.items():   # parents first
+            self.controls[name].apply(config)
+        self.jobs.append(job)
+        return job
+
+    def remove(self, job: Job) -> None:
+        for name, config in reversed(self._config(job).switches.items()):
+            self.controls[name].remove(config)
+
+    def set_loss(self, job: Job, probability: float) -> None:
+        """Drop this fraction of aggregation packets on every link, in each direction:
+        on leaving every switch port, and on entering the leaves from the workers."""
+        tree = self._config(job)
+        for name, config in tree.switches.items():
+            ports = config.switch.ports
+            self.controls[name].set_loss(ports, egress=probability)
+            workers = [w.switch_port for w in config.job.workers] if name != tree.root else []
+            self.controls[name].set_loss(workers, ingress=probability)
+
+    def counters(self, job: Job) -> dict[str, dict[str, int]]:
+        return {name: {k: v["packets"] for k, v in control.counters().items()}
+                for name, control in self.controls.items()}
 
 
 def _env() -> dict[str, str]:

@@ -1,0 +1,70 @@
+"""Two-level aggregation: a spine and two leaves of 2 or 4 workers each, every switch a
+process of the target, with loss on every link. Results must be bit-identical on
+every worker and equal to the one-switch model's (tests/worker/test_end_to_end)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from p4src import protocol
+from testbed.targets import unavailable
+
+from .harness import TreeFabric
+from .test_end_to_end import check_run
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param((target, per_leaf), id=f"{target}-2x{per_leaf}",
+                 marks=[pytest.mark.bmv2] if target == "bmv2" else [])
+    for target in ("softswitch", "softswitch-python", "bmv2") for per_leaf in (2, 4)])
+def tree(request, tmp_path_factory):
+    target, per_leaf = request.param
+    if os.geteuid() != 0:
+        pytest.skip("worker end-to-end tests need root to create network namespaces")
+    if not protocol.PROGRAM_JSON.exists():
+        pytest.skip(f"{protocol.PROGRAM_JSON} is missing: run 'make p4'")
+    reason = unavailable(target)
+    if reason:
+        pytest.skip(reason)
+    fabric = TreeFabric(target, 2 * per_leaf, tmp_path_factory.mktemp("tree-fabric"),
+                        leaves=2, per_leaf=per_leaf).start()
+    yield fabric
+    fabric.stop()
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.01, 0.10])
+def test_tree_sums_are_exact_under_loss_on_every_link(tree, tmp_path, loss):
+    job = tree.job(num_slots=16)
+    size = {"bmv2": 4000}.get(tree.target, 12000)
+    reps = 2
+    tree.set_loss(job, loss)
+    before = tree.counters(job)
+    runs = tree.run(job, ["--size", str(size), "--reps", str(reps), "--seed", str(int(loss * 100)),
+                          "--save", str(tmp_path)], timeout=300)
+    after = tree.counters(job)
+    tree.set_loss(job, 0.0)
+    check_run(runs, job, tmp_path, size=size, seed=int(loss * 100), reps=reps)
+    digests = {tuple(r["digest"] for r in run.reports) for run in runs}
+    assert len(digests) == 1, "workers disagree"
+
+    delta = {name: {k: after[name][k] - before[name][k] for k in after[name]}
+             for name in after}
+    # Every switch took part: the leaves sent sums up, the spine completed them, and
+    # the leaves handed the spine's results down; no worker result left the spine.
+    blocks = -(-size // protocol.packet_format().values_per_packet) * reps
+    for leaf in ("leaf0", "leaf1"):
+        assert delta[leaf]["ingress.sent_up"] >= blocks
+        assert delta[leaf]["ingress.parent_result"] >= blocks
+        assert delta[leaf]["ingress.completed"] == 0
+    assert delta["spine"]["ingress.completed"] >= blocks
+    assert delta["spine"]["ingress.sent_up"] == 0
+    if loss:
+        repaired = sum(delta[leaf]["ingress.resent_up"] + delta[leaf]["ingress.resent"]
+                       for leaf in ("leaf0", "leaf1"))
+        assert repaired > 0, "loss on every link but no leaf ever resent"
+        dropped = sum(d["ingress.simulated_drop"] + d["egress.simulated_drop"]
+                      for d in delta.values())
+        assert dropped > 0
+    tree.remove(job)
