@@ -8,6 +8,12 @@ PY       := $(VENV)/bin/python
 P4C      ?= p4c-bm2-ss
 P4BUILD  ?= p4src/build
 N        ?= 4
+# TOPO=tree: a spine and LEAVES leaf switches, N / LEAVES workers on each.
+TOPO     ?= star
+LEAVES   ?= 2
+TOPOLOGY := --topo $(TOPO) --leaves $(LEAVES)
+# loss-experiment: the switches whose ports drop (all, or e.g. spine, leaf0).
+LOSS_AT  ?= all
 PYTEST   ?= $(PY) -m pytest
 # gcc + libc6-dev: the softswitch compiles programs to C (its native backend).
 # python3-venv, ca-certificates: a minimal Debian has neither venv nor pip's TLS roots.
@@ -89,16 +95,16 @@ bench-worker: setup
 	$(PY) benchmarks/bench_worker.py
 
 bench-allreduce: setup
-	$(PY) -m testbed.baseline_experiment
+	$(PY) -m testbed.baseline_experiment $(TOPOLOGY)
 
 demo: setup
-	$(PY) -m testbed.demo --workers $(N)
+	$(PY) -m testbed.demo --workers $(N) $(TOPOLOGY)
 
 testbed: setup
-	$(PY) -m testbed.topology --workers $(N)
+	$(PY) -m testbed.topology --workers $(N) $(TOPOLOGY)
 
 loss-experiment: setup
-	$(PY) -m testbed.loss_experiment
+	$(PY) -m testbed.loss_experiment $(TOPOLOGY) --loss-at $(LOSS_AT)
 
 clean:
 	rm -rf $(VENV) .venv-python3.* results .pytest_cache

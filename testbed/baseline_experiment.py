@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import os
 import statistics
 import sys
@@ -37,17 +38,19 @@ from pathlib import Path
 
 from p4src import protocol
 
+from .layout import add_topology_arguments, check_topology
 from .loss_experiment import csv_list
 from .targets import add_switch_arguments, default_target
 
 ETH_IP_UDP = 14 + 20 + 8
 TCP_FRAME, TCP_PAYLOAD = 1514, 1448
-CSV_FIELDS = ["workers", "size", "bytes", "bw_mbit", "backend", "rep", "time_s", "switch_pps"]
+CSV_FIELDS = ["topo", "workers", "size", "bytes", "bw_mbit", "backend", "rep", "time_s", "switch_pps"]
 
 
 def ingress_packets(counters: dict) -> int:
-    """Aggregation packets the switch's ingress pipeline has handled, whatever the
-    outcome (not the frames it switched at L2 or refused as spoofs)."""
+    """Aggregation packets the switches' ingress pipelines have handled, whatever the
+    outcome (not the frames switched at L2 or refused as spoofs); in a tree, the
+    leaves' partial sums count again at the spine."""
     other = ("ingress.forwarded_l2", "ingress.spoofed_source")
     return sum(c["packets"] for name, c in counters.items()
                if name.startswith("ingress.") and name not in other)
@@ -78,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="link rate in Mbit/s, one for all or one per worker count "
                              "(default 20 for n <= 4, 10 above: see above)")
     add_switch_arguments(parser)
+    add_topology_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("results/baseline"),
                         help="results folder (default results/baseline)")
     return parser
@@ -88,12 +92,15 @@ def run(args) -> list[dict]:
     from .topology import Testbed
 
     target = args.target or default_target()
+    # A tree is measured beside one switch, on the same n and link rate.
+    topologies = ["star"] if args.topo == "star" else ["star", "tree"]
     rows = []
-    for n, bw in zip(args.workers, link_rates(args)):
-        print(f"[baseline] n = {n}: starting {n} hosts on a {target} switch, "
+    for (n, bw), topo in itertools.product(zip(args.workers, link_rates(args)), topologies):
+        shape = "one" if topo == "star" else f"a spine and {args.leaves} leaf"
+        print(f"[baseline] n = {n}: starting {n} hosts on {shape} {target} switch(es), "
               f"{bw:g} Mbit/s links", flush=True)
-        with Testbed(n, bw=bw, target=target, num_slots=args.slots) as testbed, \
-                HostAgents(testbed) as agents:
+        with Testbed(n, bw=bw, target=target, num_slots=args.slots, topo=topo,
+                     leaves=args.leaves) as testbed, HostAgents(testbed) as agents:
             for size in args.sizes:
                 for backend in ("switch", "gloo"):
                     agents.call({"op": "allreduce", "backend": backend, "size": size,
@@ -107,11 +114,11 @@ def run(args) -> list[dict]:
                         raise RuntimeError(f"{backend} allreduce of {size} values on {n} "
                                            f"workers returned a wrong sum")
                     times = [max(a["times"][r] for a in answers) for r in range(args.reps)]
-                    rows += [{"workers": n, "size": size, "bytes": 4 * size, "bw_mbit": bw,
-                              "backend": backend, "rep": r, "time_s": t,
+                    rows += [{"topo": topo, "workers": n, "size": size, "bytes": 4 * size,
+                              "bw_mbit": bw, "backend": backend, "rep": r, "time_s": t,
                               "switch_pps": switched / sum(times)}
                              for r, t in enumerate(times)]
-                    print(f"  n={n} size={size:>8} {backend:<6} median "
+                    print(f"  n={n} size={size:>8} {topo:<5} {backend:<6} median "
                           f"{1000 * statistics.median(times):9.1f} ms", flush=True)
     return rows
 
@@ -127,10 +134,49 @@ def link_rates(args) -> list[float]:
     return args.bw
 
 
+def medians(rows: list[dict], topo: str) -> dict[tuple, float]:
+    """(n, size, backend) -> median time, for one topology."""
+    times: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r["topo"] == topo:
+            times.setdefault((r["workers"], r["size"], r["backend"]), []).append(r["time_s"])
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
+def tree_table(rows: list[dict]) -> list[dict]:
+    """One line per (n, size): the tree's time beside one switch's and gloo's."""
+    star, tree = medians(rows, "star"), medians(rows, "tree")
+    rate = {r["workers"]: r["bw_mbit"] for r in rows}
+    return [{"n": n, "size": size, "bw_mbit": rate[n],
+             "t_tree_ms": 1000 * t, "t_star_ms": 1000 * star[(n, size, "switch")],
+             "t_gloo_ms": 1000 * star[(n, size, "gloo")],
+             "t_gloo_tree_ms": 1000 * tree[(n, size, "gloo")],
+             "tree_ratio": t / star[(n, size, "gloo")],
+             "star_ratio": star[(n, size, "switch")] / star[(n, size, "gloo")],
+             "limit": limits(n)[0], "limit_headers": limits(n)[1]}
+            for (n, size, backend), t in tree.items() if backend == "switch"]
+
+
+def print_tree_table(lines: list[dict]) -> None:
+    header = (f"{'n':>2} {'Mbit/s':>6} {'values':>8} {'tree ms':>8} {'1 switch ms':>12} "
+              f"{'gloo ms':>8} {'gloo/tree ms':>13} {'tree/gloo':>10} {'1 sw/gloo':>10} "
+              f"{'limit':>6} {'w/ hdrs':>8}")
+    print(header)
+    print("-" * len(header))
+    for l in lines:
+        print(f"{l['n']:>2} {l['bw_mbit']:>6g} {l['size']:>8} {l['t_tree_ms']:>8.1f} "
+              f"{l['t_star_ms']:>12.1f} {l['t_gloo_ms']:>8.1f} {l['t_gloo_tree_ms']:>13.1f} "
+              f"{l['tree_ratio']:>10.2f} {l['star_ratio']:>10.2f} {l['limit']:>6.2f} "
+              f"{l['limit_headers']:>8.2f}")
+
+
 def table(rows: list[dict]) -> list[dict]:
-    """One line per (n, size): medians, ratio, limits, goodputs, switch packet rate."""
+    """One line per (n, size) on one switch: medians, ratio, limits, goodputs, switch
+    packet rate."""
     med, pps, rate = {}, {}, {}
     for r in rows:
+        if r["topo"] != "star":
+            continue
         med.setdefault((r["workers"], r["size"], r["backend"]), []).append(r["time_s"])
         pps[(r["workers"], r["size"], r["backend"])] = r["switch_pps"]
         rate[r["workers"]] = r["bw_mbit"]
@@ -220,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         link_rates(args)
+        if args.topo == "tree":
+            for n in args.workers:
+                check_topology("tree", n, args.leaves)
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
         with open(args.out / "baseline.csv", "w", newline="") as f:
@@ -244,6 +293,14 @@ def main(argv: list[str] | None = None) -> int:
           f"could deliver at that frame size.\nbound by 'switch': the software switch, not the link, set "
           f"the time; only 'links' rows measure the protocol.\nwrote {args.out / 'baseline.csv'}, "
           f"{args.out / 'baseline.png'}")
+    if args.topo == "tree":
+        print(f"\nA spine and {args.leaves} leaves (every link at the same rate) beside one "
+              f"switch and gloo:\n")
+        print_tree_table(tree_table(rows))
+        print("\ntree/gloo and 1 sw/gloo: the tree's and one switch's time over gloo's ring on one "
+              "switch (gloo/tree: the ring\nover the tree's links). The limits are one switch's; "
+              "a tree adds a hop and a second pipeline pass\nper block, not bytes on any worker's "
+              "link.")
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from .layout import add_topology_arguments
 from .targets import add_switch_arguments, default_target
 
 
@@ -27,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--bw", type=float, default=20.0, help="link rate, Mbit/s")
     add_switch_arguments(parser)
+    add_topology_arguments(parser)
     return parser
 
 
@@ -36,9 +38,11 @@ def run(args) -> None:
 
     target = args.target or default_target()
     t0 = time.monotonic()
-    print(f"[demo] starting the topology: {args.workers} hosts, {target} switch, "
+    shape = "switch" if args.topo == "star" else f"spine and {args.leaves} leaf switches"
+    print(f"[demo] starting the topology: {args.workers} hosts, {target} {shape}, "
           f"links {args.bw:g} Mbit/s", flush=True)
-    with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots) as testbed:
+    with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots,
+                 topo=args.topo, leaves=args.leaves) as testbed:
         print("[demo] job installed by the controller; starting one worker process per host "
               "(torch import, gloo rendezvous through the switch)", flush=True)
         with HostAgents(testbed) as agents:
@@ -49,7 +53,7 @@ def run(args) -> None:
                 results[backend] = agents.call({"op": "train", "backend": backend,
                                                 "epochs": args.epochs, "batch": args.batch,
                                                 "lr": args.lr, "seed": 0}, timeout=1800)
-            counters = testbed.counters()
+            counters = testbed.switch_counters()
     report(results, counters, args, target)
     print(f"[demo] done in {time.monotonic() - t0:.0f} s", flush=True)
 
@@ -57,7 +61,8 @@ def run(args) -> None:
 def report(results: dict[str, list[dict]], counters: dict, args, target: str) -> None:
     first = results["switch"][0]
     print(f"\nDDP on {args.workers} workers: 64-32-10 MLP ({first['parameters']} parameters), "
-          f"digits, {first['steps']} steps of {args.batch} samples per worker, {target} switch, "
+          f"digits, {first['steps']} steps of {args.batch} samples per worker, {target} "
+          f"{'switch' if args.topo == 'star' else f'spine and {args.leaves} leaves'}, "
           f"{args.bw:g} Mbit/s links\n")
     header = (f"{'aggregation':<12} {'accuracy':>9} {'ms/step':>8} {'allreduce ms':>13} "
               f"{'CPU ms/step':>12} {'KB sent/worker':>15} {'retransmissions':>16}")
@@ -91,10 +96,11 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
           "blocks and retransmissions; gloo's\nring sends 2(n-1)/n of the gradient per step in "
           "TCP segments.\nretransmissions: aggregation packets resent after a loss was detected "
           "or a timer fired (switch),\nTCP segments (gloo).")
-    admitted = {k: v["packets"] for k, v in counters.items() if v["packets"]}
-    if admitted:
-        print("\nswitch counters (packets): "
-              + ", ".join(f"{k} {v}" for k, v in sorted(admitted.items())))
+    for switch, outcomes in counters.items():
+        admitted = {k: v["packets"] for k, v in outcomes.items() if v["packets"]}
+        if admitted:
+            print(f"\n{switch} counters (packets): "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(admitted.items())))
 
 
 def step_ratio(results: dict[str, list[dict]]) -> float:

@@ -63,3 +63,21 @@ def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf
     if "all" in loss:
         raw["loss"] = loss["all"]
     return raw
+
+
+TOPOLOGIES = ("star", "tree")
+
+
+def check_topology(topo: str, workers: int, leaves: int) -> None:
+    if topo not in TOPOLOGIES:
+        raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, not {topo!r}")
+    if topo == "tree" and (leaves < 1 or workers % leaves or workers // leaves > 250):
+        raise ValueError(f"a tree of {leaves} leaves needs a worker count that is a multiple "
+                         f"of {leaves}, not {workers}")
+
+
+def add_topology_arguments(parser) -> None:
+    parser.add_argument("--topo", choices=TOPOLOGIES, default="star",
+                        help="star: one switch; tree: a spine and --leaves leaf switches, "
+                             "the workers spread evenly (default star)")
+    parser.add_argument("--leaves", type=int, default=2, help="leaf switches of a tree (default 2)")

@@ -2,10 +2,13 @@
 
     python -m testbed.loss_experiment                       # defaults: a few minutes
     python -m testbed.loss_experiment --sizes 4096,262144 --reps 10 --workers 4
+    python -m testbed.loss_experiment --topo tree --workers 4 --loss-at spine
 
 The switch's loss simulator drops aggregation packets with the given probability
 on ingress (contributions lost before they are summed), egress (result copies
-lost on the way back), or both. For each point the workers allreduce
+lost on the way back), or both, on every port of the switches --loss-at names (in
+a tree, the spine's ports drop partial sums and the spine's results, the leaves'
+the workers' packets and the partial sums or results on the uplink). For each point the workers allreduce
 integer-valued tensors, so a result is ``exact`` when it equals the true sum, and
 ``identical`` when it is bit-identical to the no-loss run of the same inputs (the
 no-loss point runs first). Completion time is the slowest worker's.
@@ -32,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from .layout import add_topology_arguments
 from .targets import add_switch_arguments, default_target
 
 DIRECTIONS = {"ingress": (1, 0), "egress": (0, 1), "both": (1, 1)}
@@ -60,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reps", type=int, default=3, help="repetitions per point (default 3)")
     parser.add_argument("--bw", type=float, default=50.0, help="link rate, Mbit/s (default 50)")
     add_switch_arguments(parser)
+    add_topology_arguments(parser)
+    parser.add_argument("--loss-at", default="all",
+                        help="the switches whose ports drop, comma-separated: all (default), "
+                             "or in a tree spine, leaf0, leaf1, ...")
     parser.add_argument("--out", type=Path, default=Path("results/loss"),
                         help="results folder (default results/loss)")
     parser.add_argument("--timeout", type=float, default=300.0,
@@ -92,14 +100,16 @@ def run(args) -> list[dict]:
 
     target = args.target or default_target()
     todo = points(args)
-    print(f"[loss] {args.workers} workers, {target} switch, {len(todo)} points x {args.reps} "
-          f"repetitions", flush=True)
+    shape = "one switch" if args.topo == "star" else f"a spine and {args.leaves} leaves"
+    print(f"[loss] {args.workers} workers, {target}, {shape}, loss at {args.loss_at}, "
+          f"{len(todo)} points x {args.reps} repetitions", flush=True)
     rows, reference = [], {}
-    with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots) as testbed, \
-            HostAgents(testbed, gloo=False) as agents:
+    with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots, topo=args.topo,
+                 leaves=args.leaves) as testbed, HostAgents(testbed, gloo=False) as agents:
+        lossy = None if args.loss_at == "all" else args.loss_at.split(",")
         for n, (size, direction, loss) in enumerate(todo, 1):
             ingress, egress = (f * loss / 100 for f in DIRECTIONS.get(direction, (0, 0)))
-            testbed.set_loss(ingress, egress)
+            testbed.set_loss(ingress, egress, lossy)
             started = time.monotonic()
             if direction == "none":      # warm-up: the shape's first call probes
                 agents.call({"op": "allreduce", "backend": "switch", "size": size, "reps": 1,

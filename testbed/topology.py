@@ -1,8 +1,10 @@
-"""The Mininet testbed: one P4 switch, N worker hosts, the job installed by the controller.
+"""The Mininet testbed: P4 switches, N worker hosts, the job installed by the controller.
 
-    python -m testbed.topology --workers 4          # Mininet CLI, everything configured
+    python -m testbed.topology --workers 4                      # one switch
+    python -m testbed.topology --workers 8 --topo tree --leaves 2   # a spine and 2 leaves
 
-Host hN is worker N-1 on switch port N, at 10.0.0.N with MAC 02:00:00:00:00:0N.
+Host hN is worker N-1, at 10.0.0.N with MAC 02:00:00:00:00:0N: on port N of the one
+switch, or on leaf (N-1) // (N / leaves) (testbed.layout.tree_config_dict).
 Links are rate-limited by tc (HTB through Mininet's TCLink); no Open vSwitch and no
 Mininet controller are involved, so nothing outside this topology is touched. The
 job's TOML configuration is generated from the topology and written next to the
@@ -27,8 +29,10 @@ from p4src import protocol
 from switch_ctl import config as config_mod
 from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
+from switch_ctl.tree import Tree
 
-from .layout import host_mac, job_config_dict, tree_config_dict
+from .layout import (add_topology_arguments, check_topology, host_mac, job_config_dict,
+                     tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, default_target, free_tcp_port
 
@@ -86,6 +90,9 @@ class ShapedLink(TCLink):
 class Testbed:
     """Build, start, configure and tear down the topology (a context manager).
 
+    ``topo`` "star": one switch, host hN on port N. "tree": a spine and ``leaves``
+    leaf switches, ``workers / leaves`` hosts on each, every link (host-leaf and
+    leaf-spine) shaped alike; the job is one tree job (testbed.layout).
     ``bw`` is each link's rate in Mbit/s (None: unlimited). ``delay`` (e.g. "1ms")
     and ``link_loss`` (percent) need netem in the kernel; without it they raise.
     ``num_slots`` is the job's window (None: ``default_window``).
@@ -99,16 +106,18 @@ class Testbed:
     job_id: int = 1
     workdir: Path | None = None
     log_level: str = "warning"
+    topo: str = "star"
+    leaves: int = 2
 
     def __post_init__(self):
         if not 1 <= self.workers <= min(protocol.MAX_WORKERS, 250):
             raise ValueError(f"workers must be 1..{min(protocol.MAX_WORKERS, 250)}, "
                              f"not {self.workers}")
+        check_topology(self.topo, self.workers, self.leaves)
         self.net = None
-        self.switch: P4Switch | None = None
-        self.conn: SwitchConnection | None = None
-        self.controller: Controller | None = None
-        self.config: config_mod.Config | None = None
+        self.switches: dict[str, P4Switch] = {}        # by the job description's names
+        self.controllers: dict[str, Controller] = {}
+        self.config: config_mod.Config | Tree | None = None
         self._own_workdir = self.workdir is None
         self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="testbed-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +129,17 @@ class Testbed:
     @property
     def hosts(self) -> list:
         return self.net.hosts if self.net else []
+
+    @property
+    def switch(self) -> P4Switch | None:
+        """The switch the job's results come from: the only one, or the tree's root."""
+        return self.switches.get("spine", self.switches.get("switch"))
+
+    def configs(self) -> dict[str, config_mod.Config]:
+        """Each switch's configuration, by name (parents first)."""
+        if isinstance(self.config, Tree):
+            return dict(self.config.switches)
+        return {"switch": self.config} if self.config else {}
 
     def start(self) -> "Testbed":
         setLogLevel(self.log_level)
@@ -136,56 +156,95 @@ class Testbed:
             raise
         return self
 
+    def _add_switch(self, name: str, node: str) -> P4Switch:
+        self.switches[name] = self.net.addSwitch(
+            node, cls=P4Switch, target=self.target, grpc_addr=f"127.0.0.1:{free_tcp_port()}",
+            log_path=self.workdir / f"{name}.log")
+        return self.switches[name]
+
     def _build(self) -> None:
         self.net = QuietMininet(controller=None, host=BoundedHost, switch=P4Switch,
                                 link=ShapedLink, build=False, autoSetMacs=False,
                                 waitConnected=False)
-        name = f"s{os.getpid() % 100000}n{next(_instances) % 10}"
-        self.switch = self.net.addSwitch(name, cls=P4Switch, target=self.target,
-                                         grpc_addr=f"127.0.0.1:{free_tcp_port()}",
-                                         log_path=self.workdir / "switch.log")
+        # Interface names are <node>-eth<port>, at most 15 characters.
+        node = f"s{os.getpid() % 10000}{next(_instances) % 10}"
         link = {"bw": self.bw, "txo": False}  # no TX checksum offload: see netns.py
         if self.delay:
             link["delay"] = self.delay
         if self.link_loss:
             link["loss"] = self.link_loss
-        for i in range(1, self.workers + 1):
+        if self.topo == "star":
+            edges = [self._add_switch("switch", node)] * self.workers
+            ports = list(range(1, self.workers + 1))
+        else:
+            per_leaf = self.workers // self.leaves
+            spine = self._add_switch("spine", f"{node}sp")
+            edges, ports = [], []
+            for j in range(self.leaves):
+                leaf = self._add_switch(f"leaf{j}", f"{node}l{j}")
+                self.net.addLink(leaf, spine, port1=per_leaf + 1, port2=j + 1, cls=ShapedLink,
+                                 **link)
+                edges += [leaf] * per_leaf
+                ports += list(range(1, per_leaf + 1))
+        for i, (edge, port) in enumerate(zip(edges, ports), start=1):
             host = self.net.addHost(f"h{i}", ip=f"10.0.0.{i}/24", mac=host_mac(i))
-            self.net.addLink(host, self.switch, port2=i, cls=ShapedLink, **link)
+            self.net.addLink(host, edge, port2=port, cls=ShapedLink, **link)
         self.net.build()
         for host in self.net.hosts:
             host.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
         self.net.start()
 
     def _configure_job(self) -> None:
-        raw = job_config_dict(self.switch.port_map(), self.switch.grpc_addr,
-                              self.switch.device_id, self.job_id,
-                              self.num_slots or default_window(self.workers, self.target))
-        self.config = config_mod.parse(raw)
+        window = self.num_slots or default_window(self.workers, self.target)
+        if self.topo == "star":
+            raw = job_config_dict(self.switch.port_map(), self.switch.grpc_addr,
+                                  self.switch.device_id, self.job_id, window)
+        else:
+            raw = tree_config_dict({n: (s.grpc_addr, s.device_id) for n, s in self.switches.items()},
+                                   self.leaves, self.workers // self.leaves, self.job_id, window)
         self.config_path.write_text(tomli_w.dumps(raw))
-        self.conn = SwitchConnection(self.switch.grpc_addr, self.switch.device_id).connect()
-        self.controller = Controller(self.conn)
-        self.controller.push()
-        self.controller.apply(self.config)
+        self.config = config_mod.load(self.config_path)
+        for name, config in self.configs().items():     # parents first
+            conn = SwitchConnection(config.switch.grpc_addr, config.switch.device_id).connect()
+            self.controllers[name] = Controller(conn)
+            self.controllers[name].push()
+            self.controllers[name].apply(config)
 
-    def set_loss(self, ingress: float | None = None, egress: float | None = None) -> None:
-        """Simulated drop probability (0..1) in the switch, on every worker port."""
-        self.controller.set_loss(self.config.switch.ports, ingress, egress)
+    def set_loss(self, ingress: float | None = None, egress: float | None = None,
+                 switches: list[str] | None = None) -> None:
+        """Simulated drop probability (0..1) on every port of each switch (all of them,
+        or those named: "switch", or "spine" and "leafJ")."""
+        configs = self.configs()
+        for name in switches or configs:
+            if name not in configs:
+                raise ValueError(f"no switch {name!r} in this testbed ({', '.join(configs)})")
+            self.controllers[name].set_loss(configs[name].switch.ports, ingress, egress)
+
+    def switch_counters(self) -> dict[str, dict[str, dict[str, int]]]:
+        return {name: control.counters() for name, control in self.controllers.items()}
 
     def counters(self) -> dict[str, dict[str, int]]:
-        return self.controller.counters()
+        """Outcome counters, summed over the switches."""
+        total: dict[str, dict[str, int]] = {}
+        for counters in self.switch_counters().values():
+            for name, c in counters.items():
+                t = total.setdefault(name, {"packets": 0, "bytes": 0})
+                t["packets"] += c["packets"]
+                t["bytes"] += c["bytes"]
+        return total
 
     def interfaces(self) -> list[str]:
         """The switch-side interfaces (the only ones in the root namespace)."""
-        return sorted(self.switch.port_map().values()) if self.switch else []
+        return sorted(i for s in set(self.switches.values()) for i in s.port_map().values())
 
     def stop(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        for control in self.controllers.values():
+            control.conn.close()
+        self.controllers = {}
         if self.net is not None:
-            if self.switch is not None and self.switch.process is not None:
-                self.switch.process.stop()  # before its interfaces disappear
+            for switch in self.switches.values():
+                if switch.process is not None:
+                    switch.process.stop()  # before its interfaces disappear
             self.net.stop()
             self.net = None
         if self._own_workdir and self.workdir.exists():
@@ -207,17 +266,22 @@ class TestbedCLI(CLI):
         super().__init__(testbed.net, **kwargs)
 
     def do_counters(self, _line):
-        """Print the switch's outcome counters."""
-        for name, c in self.testbed.counters().items():
-            print(f"{name:<28} {c['packets']:>10} packets {c['bytes']:>12} bytes")
+        """Print each switch's outcome counters."""
+        for switch, counters in self.testbed.switch_counters().items():
+            print(f"[{switch}]")
+            for name, c in counters.items():
+                print(f"{name:<28} {c['packets']:>10} packets {c['bytes']:>12} bytes")
 
     def do_loss(self, line):
-        """loss PERCENT | loss INGRESS% EGRESS%: the switch's simulated loss on every worker port."""
+        """loss PERCENT [EGRESS%] [SWITCH,...]: simulated loss (ingress, egress) on every
+        port of every switch, or of those named (spine, leaf0, ...)."""
         try:
-            values = [float(x) / 100 for x in line.split()]
+            words = line.split()
+            switches = words.pop().split(",") if words and not words[-1][0].isdigit() else None
+            values = [float(x) / 100 for x in words]
             if not 1 <= len(values) <= 2:
                 raise ValueError("give one or two percentages")
-            self.testbed.set_loss(values[0], values[-1])
+            self.testbed.set_loss(values[0], values[-1], switches)
         except (ValueError, RuntimeError) as exc:
             print(f"loss: {exc}")
 
@@ -253,6 +317,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--delay", help="link delay, e.g. 1ms (needs netem in the kernel)")
     parser.add_argument("--link-loss", type=float, help="link loss %% (needs netem)")
     add_switch_arguments(parser)
+    add_topology_arguments(parser)
     return parser
 
 
@@ -261,15 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         testbed = Testbed(args.workers, bw=args.bw, target=args.target or default_target(),
                           delay=args.delay, link_loss=args.link_loss, num_slots=args.slots,
-                          log_level="info")
+                          log_level="info", topo=args.topo, leaves=args.leaves)
         with testbed:
-            print(f"\n{args.workers} workers on a {testbed.target} switch "
-                  f"(P4Runtime {testbed.switch.grpc_addr}), links {args.bw:g} Mbit/s")
+            shape = ("one" if args.topo == "star"
+                     else f"a tree of {args.leaves} leaves under a spine of")
+            grpc = ", ".join(f"{n} {s.grpc_addr}" for n, s in testbed.switches.items())
+            print(f"\n{args.workers} workers on {shape} {testbed.target} switch(es) "
+                  f"(P4Runtime {grpc}), links {args.bw:g} Mbit/s")
             print(f"job configuration: {testbed.config_path}   switch and host logs: "
                   f"{testbed.workdir} (removed on exit)")
             print(f"counters from another shell: {sys.executable} -m switch_ctl counters "
                   f"{testbed.config_path}")
-            print("try: h1 ping -c1 h2 | allreduce 4096 | loss 1 | counters   "
+            print("try: h1 ping -c1 hN | allreduce 4096 | loss 1 | loss 5 0 spine | counters   "
                   "(hosts h1..hN are workers 0..N-1)\n")
             cli = TestbedCLI(testbed)
             if cli.agents is not None:

@@ -1,4 +1,5 @@
-"""End to end through the Mininet testbed: ping via the switch, one allreduce, clean teardown."""
+"""End to end through the Mininet testbed, one switch and a tree: ping via the switches,
+one allreduce, clean teardown."""
 
 from __future__ import annotations
 
@@ -29,23 +30,28 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason(
 
 
 @pytest.fixture(scope="module", params=[
-    "softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
+    ("softswitch", "star"), ("softswitch", "tree"),
+    pytest.param(("bmv2", "star"), marks=pytest.mark.bmv2),
+    pytest.param(("bmv2", "tree"), marks=pytest.mark.bmv2)], ids="-".join)
 def testbed(request):
     from testbed.targets import bmv2_path
     from testbed.topology import Testbed
+    target, topo = request.param
     wanted = os.environ.get("AGG_SWITCH")
-    if wanted and wanted != request.param:
+    if wanted and wanted != target:
         pytest.skip(f"AGG_SWITCH={wanted} selects the other target")
-    if request.param == "bmv2" and bmv2_path() is None:
+    if target == "bmv2" and bmv2_path() is None:
         pytest.skip("simple_switch_grpc is not on PATH")
-    bed = Testbed(NUM_HOSTS, bw=50.0, target=request.param).start()
+    # A tree of 2 leaves: h1, h2 on leaf0, h3, h4 on leaf1.
+    hosts = NUM_HOSTS if topo == "star" else 4
+    bed = Testbed(hosts, bw=50.0, target=target, topo=topo).start()
     yield bed
     bed.stop()
 
 
 def test_ping_through_the_switch(testbed):
-    h1, h2, h3 = testbed.hosts
-    for src, dst in ((h1, h2), (h3, h1)):
+    h1, h2, h3 = testbed.hosts[:3]
+    for src, dst in ((h1, h2), (h3, h1)):     # in a tree, h3 -> h1 crosses the spine
         out = src.cmd(f"ping -c 2 -W 3 {dst.IP()}")
         assert " 0% packet loss" in out, out
     # ARP was answered by the other host, through the switch's flood group.
@@ -53,9 +59,12 @@ def test_ping_through_the_switch(testbed):
 
 
 def test_switch_answers_arp_for_the_job(testbed):
-    h1 = testbed.hosts[0]
-    h1.cmd(f"ping -c 1 -W 2 {testbed.config.job.service_ip}")  # only to trigger ARP
-    assert testbed.config.job.service_mac in h1.cmd(f"ip neigh show {testbed.config.job.service_ip}")
+    for i in (0, len(testbed.hosts) - 1):
+        host = testbed.hosts[i]
+        config = testbed.config
+        job = (config.for_worker(i) if hasattr(config, "for_worker") else config).job
+        host.cmd(f"ping -c 1 -W 2 {job.service_ip}")  # only to trigger ARP
+        assert job.service_mac in host.cmd(f"ip neigh show {job.service_ip}")
 
 
 def test_tx_checksum_offload_is_off(testbed):
@@ -78,9 +87,9 @@ def test_one_allreduce_through_the_switch(testbed):
 
 def test_teardown_removes_what_it_made(testbed):
     interfaces = testbed.interfaces()
-    process = testbed.switch.process.process
-    assert interfaces and process.poll() is None
+    processes = [s.process.process for s in testbed.switches.values()]
+    assert interfaces and all(p.poll() is None for p in processes)
     testbed.stop()
-    assert process.poll() is not None
+    assert all(p.poll() is not None for p in processes)
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert not [name for name in interfaces if f" {name}:" in links or f" {name}@" in links]
