@@ -109,7 +109,8 @@ def parse_tree(raw: dict, pool_size: int | None = None) -> Tree:
         sw = switches[name]
         children = [c for c in order if parents.get(c) == name]
         own = list(sw.get("workers", []))
-        free = sorted(set(range(protocol.MAX_WORKERS)) - {w.get("id") for w in own})
+        free = sorted(set(range(protocol.MAX_WORKERS))
+                      - {w.get("id") for w in own if isinstance(w, dict)})
         if len(children) > len(free):
             problems.append(f"switches.{name} has {len(own)} workers and {len(children)} child "
                             f"switches; the bitmap holds {protocol.MAX_WORKERS}")

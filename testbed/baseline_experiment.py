@@ -2,6 +2,7 @@
 
     python -m testbed.baseline_experiment                   # n = 2,4,8; a few minutes
     python -m testbed.baseline_experiment --workers 2,4 --sizes 65536,262144 --bw 10,10
+    python -m testbed.baseline_experiment --topo tree --leaves 2   # + a spine and 2 leaves
 
 Why the ratio has a limit: a ring allreduce sends 2(n-1)/n times the tensor from
 every worker; in-network aggregation sends it once (and receives it once). When
@@ -96,9 +97,10 @@ def run(args) -> list[dict]:
     topologies = ["star"] if args.topo == "star" else ["star", "tree"]
     rows = []
     for (n, bw), topo in itertools.product(zip(args.workers, link_rates(args)), topologies):
-        shape = "one" if topo == "star" else f"a spine and {args.leaves} leaf"
-        print(f"[baseline] n = {n}: starting {n} hosts on {shape} {target} switch(es), "
-              f"{bw:g} Mbit/s links", flush=True)
+        shape = (f"one {target} switch" if topo == "star"
+                 else f"a {target} spine and {args.leaves} leaves")
+        print(f"[baseline] n = {n}: starting {n} hosts on {shape}, {bw:g} Mbit/s links",
+              flush=True)
         with Testbed(n, bw=bw, target=target, num_slots=args.slots, topo=topo,
                      leaves=args.leaves) as testbed, HostAgents(testbed) as agents:
             for size in args.sizes:

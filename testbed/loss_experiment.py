@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--workers", type=int, default=3, help="hosts (default 3)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="hosts (default 3; 4 in a tree, 2 per leaf)")
     parser.add_argument("--loss", type=csv_list(float), default=[0, 0.01, 0.1, 1, 5, 10],
                         help="loss rates in percent (default 0,0.01,0.1,1,5,10)")
     parser.add_argument("--directions", type=csv_list(str), default=list(DIRECTIONS),
@@ -99,6 +100,8 @@ def run(args) -> list[dict]:
     from .topology import Testbed
 
     target = args.target or default_target()
+    if args.workers is None:
+        args.workers = 3 if args.topo == "star" else 2 * args.leaves
     todo = points(args)
     shape = "one switch" if args.topo == "star" else f"a spine and {args.leaves} leaves"
     print(f"[loss] {args.workers} workers, {target}, {shape}, loss at {args.loss_at}, "

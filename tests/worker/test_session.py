@@ -91,7 +91,6 @@ def test_rto_follows_rfc6298_and_backs_off_once_per_period():
     for now in range(200, 300, 10):
         rto.timed_out(now=float(now))
     assert rto.rto == 4.0                   # capped
-    assert rto.backoff(3) == 4.0 and rto.backoff(5000) == 4.0   # no float overflow
     rto.sample(0.1)                         # a fresh sample resets it
     assert rto.rto < 1.0
 
