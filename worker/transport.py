@@ -29,7 +29,7 @@ without waiting for a timer. Every packet also has a retransmission timer: the R
 follows the switch, not a constant chosen for the slowest one), doubled once per
 timeout period until a fresh sample comes (one back-off for all packets: backing
 off per packet as well compounded to 4^k after k rounds of loss, and through a
-tree's four lossy hops at 10 % stretched calls 37-fold). Any error on the socket (an ICMP error queued by a stale
+tree's four lossy passes at 10 % stretched calls 37-fold). Any error on the socket (an ICMP error queued by a stale
 or forged frame, a full buffer) counts as a lost packet for the same machinery. A
 slot that gets no result within ``peer_timeout`` ends the call with
 AggregationTimeout; after that the switch's per-slot state for this job is unknown
