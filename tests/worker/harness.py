@@ -237,17 +237,32 @@ class TreeFabric(Fabric):
     def _config(self, job: Job) -> Tree:
         return config_mod.load(job.path)
 
-    def job(self, num_slots: int = 16) -> Job:
-        """The tree job over every host, on slots no earlier job used."""
+    def job(self, num_slots: int = 16, *, per_leaf: int | None = None, first: int = 0,
+            addresses: int = 0) -> Job:
+        """A tree job on slots no earlier job used, over hosts ``first``.. ``first +
+        per_leaf`` of every leaf (all by default), numbered 0.. leaf by leaf; each
+        ``addresses`` value gives every switch a service address of its own."""
         job_id = self.next_job
         self.next_job += 1
+        per_leaf = per_leaf or self.per_leaf
         raw = tree_config_dict({n: (s.grpc_addr, 0) for n, s in self.switches.items()},
                                self.leaves, self.per_leaf, job_id, num_slots,
                                udp_port=WORKER_UDP_PORT)
         raw["job"]["first_slot"] = self.next_slot
+        hosts = []
+        for j in range(self.leaves):
+            leaf = raw["switches"][f"leaf{j}"]
+            leaf["workers"] = leaf["workers"][first:first + per_leaf]
+            for k, w in enumerate(leaf["workers"]):
+                w["id"] = j * per_leaf + k
+                hosts.append(self.topologies[j].hosts[first + k])
+        for n, (name, sw) in enumerate(raw["switches"].items()):
+            if addresses:
+                sw["service_ip"] = f"10.0.0.{200 + 10 * addresses + n}"
+                sw["service_mac"] = f"02:00:00:00:{0x10 + addresses:02x}:{n:02x}"
         path = self.workdir / f"tree{job_id}.toml"
         path.write_text(tomli_w.dumps(raw))
-        job = Job(job_id, path, self.hosts, self.next_slot, num_slots)
+        job = Job(job_id, path, hosts, self.next_slot, num_slots)
         self.next_slot += num_slots
         for name, config in self._config(job).switches.items():   # parents first
             self.controls[name].apply(config)
