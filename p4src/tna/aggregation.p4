@@ -61,7 +61,7 @@ control AggIngress(inout tna_headers_t hdr,
     // The packet leaves as a result: from the service address it was sent to.
     action become_result() {
         hdr.agg.msg_type = MsgType.RESULT;
-        hdr.agg.contributions = meta.count;
+        hdr.agg.contributions = meta.total_workers;
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = hdr.udp.dst_port;

@@ -1,15 +1,17 @@
 /*
  * Binds an aggregation packet to a job: its worker count, multicast group and slot
  * range. Keyed on the UDP port too, so a job only answers on its own port.
- * Same table as v1model/control/job_lookup.p4 (nothing target-specific).
+ * Same table as v1model/control/job_lookup.p4 (nothing target-specific), without
+ * its set_leaf_job: this draft has the root role only.
  */
 #ifndef _TNA_JOB_LOOKUP_P4_
 #define _TNA_JOB_LOOKUP_P4_
 
 control JobLookup(in tna_headers_t hdr, inout metadata_t meta, out bool found) {
-    action set_job(count_t num_workers, mcast_group_t group,
+    action set_job(count_t num_workers, count_t total_workers, mcast_group_t group,
                    slot_t first_slot, slot_t num_slots) {
         meta.num_workers = num_workers;
+        meta.total_workers = total_workers;
         meta.job_group = group;
         meta.first_slot = first_slot;
         meta.num_slots = num_slots;
