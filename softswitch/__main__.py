@@ -163,13 +163,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         dataplane.stop()
         return 1
+    # Before the line that says it is up, so a SIGTERM right after it stops it in order.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     dataplane.start()
     log.info("device %d (%s backend): ports %s, P4Runtime on %s%s", args.device_id, backend,
              ", ".join(f"{p}@{i}" for p, i in sorted(args.ports.items())) or "none",
              args.grpc_server_addr, "" if pipeline else ", waiting for a pipeline")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     server.stop(0.5)
     dataplane.stop()

@@ -66,7 +66,7 @@ def test_no_compiler_means_python_backend_and_one_log_line(tmp_path):
                 break
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)   # a loaded CI machine; what is checked is the log line
     fallback = [line for line in lines if "Python backend" in line]
     assert len(fallback) == 1, lines
     assert "no C compiler" in fallback[0] and "no-such-cc-here" in fallback[0]
