@@ -106,7 +106,7 @@ def test_a_json_given_on_the_command_line_forwards_without_p4runtime():
             sock.close()
         finally:
             switch.terminate()
-            assert switch.wait(timeout=10) == 0
+            assert switch.wait(timeout=60) == 0   # a clean exit; generous for a loaded machine
 
 
 def receive(sock, timeout: float = 3.0) -> list[bytes]:
