@@ -328,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                           delay=args.delay, link_loss=args.link_loss, num_slots=args.slots,
                           log_level="info", topo=args.topo, leaves=args.leaves)
         with testbed:
-            shape = ("one" if args.topo == "star"
-                     else f"a tree of {args.leaves} leaves under a spine of")
+            shape = (f"one {testbed.target} switch" if args.topo == "star"
+                     else f"a {testbed.target} spine and {args.leaves} leaves")
             grpc = ", ".join(f"{n} {s.grpc_addr}" for n, s in testbed.switches.items())
-            print(f"\n{args.workers} workers on {shape} {testbed.target} switch(es) "
-                  f"(P4Runtime {grpc}), links {args.bw:g} Mbit/s")
+            print(f"\n{args.workers} workers on {shape} (P4Runtime {grpc}), "
+                  f"links {args.bw:g} Mbit/s")
             print(f"job configuration: {testbed.config_path}   switch and host logs: "
                   f"{testbed.workdir} (removed on exit)")
             print(f"counters from another shell: {sys.executable} -m switch_ctl counters "
