@@ -36,7 +36,7 @@ def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf
     has leaf j on port j+1; "leafJ" has its workers on ports 1..per_leaf and its
     uplink on port per_leaf+1; worker g (= j * per_leaf + i) is host g+1, 10.0.0.(g+1).
     ``switches`` maps each name to its (gRPC address, device id); ``loss`` maps a
-    switch name, or "all", to {"ingress": p, "egress": p}."""
+    switch name to its {"ingress": p, "egress": p}."""
     pool = protocol.packet_format().pool_size
     loss = loss or {}
 
@@ -57,12 +57,9 @@ def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf
                             "udp_port": udp_port, "switch_port": g - j * per_leaf + 1}
                            for g in range(j * per_leaf, (j + 1) * per_leaf)]
         tree[f"leaf{j}"] = leaf
-    raw = {"job": {"id": job_id, "udp_port": protocol.AGG_UDP_PORTS.start, "first_slot": 0,
-                   "num_slots": min(num_slots or pool, pool)},
-           "tree": {"root": "spine"}, "switches": tree}
-    if "all" in loss:
-        raw["loss"] = loss["all"]
-    return raw
+    return {"job": {"id": job_id, "udp_port": protocol.AGG_UDP_PORTS.start, "first_slot": 0,
+                    "num_slots": min(num_slots or pool, pool)},
+            "tree": {"root": "spine"}, "switches": tree}
 
 
 TOPOLOGIES = ("star", "tree")

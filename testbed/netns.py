@@ -146,7 +146,8 @@ class Topology:
 
 
 def _switch_side_up(ifname: str) -> None:
-    """A switch's interface: no TX checksum offload (see above), no IPv6 chatter."""
+    """A switch's interface: no TX checksum offload (see ``Topology._add_host``), no IPv6
+    chatter."""
     _run("ethtool", "-K", ifname, "tx", "off")
     Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
     _run("ip", "link", "set", ifname, "up")

@@ -130,11 +130,6 @@ class Testbed:
     def hosts(self) -> list:
         return self.net.hosts if self.net else []
 
-    @property
-    def switch(self) -> P4Switch | None:
-        """The switch the job's results come from: the only one, or the tree's root."""
-        return self.switches.get("spine", self.switches.get("switch"))
-
     def configs(self) -> dict[str, config_mod.Config]:
         """Each switch's configuration, by name (parents first)."""
         if isinstance(self.config, Tree):
@@ -197,8 +192,9 @@ class Testbed:
     def _configure_job(self) -> None:
         window = self.num_slots or default_window(self.workers, self.target)
         if self.topo == "star":
-            raw = job_config_dict(self.switch.port_map(), self.switch.grpc_addr,
-                                  self.switch.device_id, self.job_id, window)
+            switch = self.switches["switch"]
+            raw = job_config_dict(switch.port_map(), switch.grpc_addr, switch.device_id,
+                                  self.job_id, window)
         else:
             raw = tree_config_dict({n: (s.grpc_addr, s.device_id) for n, s in self.switches.items()},
                                    self.leaves, self.workers // self.leaves, self.job_id, window)

@@ -9,6 +9,7 @@ collects what each prints.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -183,10 +184,13 @@ class Fabric:
         return runs
 
 
+_tree_fabrics = itertools.count()
+
+
 @dataclass
 class TreeFabric(Fabric):
     """A spine and ``leaves`` leaf switches of ``per_leaf`` hosts each (the testbed's
-    tree layout, ``testbed.topology.tree_config_dict``), each switch a process of the
+    tree layout, ``testbed.layout.tree_config_dict``), each switch a process of the
     target with a controller session of its own; leaf j's uplink is a veth pair to
     spine port j+1."""
     leaves: int = 2
@@ -197,7 +201,7 @@ class TreeFabric(Fabric):
     controls: dict = field(default_factory=dict)      # name -> Controller
 
     def start(self) -> "TreeFabric":
-        tag = f"tr{os.getpid() % 100000}"
+        tag = f"tr{os.getpid() % 10000}{next(_tree_fabrics) % 10}"
         try:
             spine_ports = {}
             for j in range(self.leaves):
