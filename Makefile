@@ -52,7 +52,7 @@ test: setup
 # Python it supports, each in a venv of its own without torch (the core needs numpy
 # only; tests that need torch skip). An interpreter not on PATH is reported, not run.
 PYTHONS    ?= python3.11 python3.12 python3.13
-UNIT_TESTS := tests/test_protocol.py tests/switch_ctl/test_config.py \
+UNIT_TESTS := tests/test_protocol.py tests/switch_ctl/test_config.py tests/switch_ctl/test_tree_config.py \
               tests/worker/test_quantize.py tests/worker/test_session.py \
               tests/softswitch/test_primitives.py tests/softswitch/test_backends_agree.py \
               tests/softswitch/test_p4runtime.py tests/softswitch/test_p4c_constructs.py
@@ -61,7 +61,7 @@ test-pythons:
 	    if ! $$py --version >/dev/null 2>&1; then echo "== $$py: not installed, skipped"; continue; fi; \
 	    venv=.venv-$$(basename $$py); echo "== $$py ($$($$py --version))"; \
 	    { [ -x $$venv/bin/python ] || $$py -m venv $$venv; } \
-	    && $$venv/bin/python -m pip install -q -e '.[controller,softswitch]' scapy pytest pytest-timeout \
+	    && $$venv/bin/python -m pip install -q -e '.[controller,softswitch]' scapy tomli-w pytest pytest-timeout \
 	    && $$venv/bin/python -m pytest -q -p no:cacheprovider $(UNIT_TESTS) -k "not bmv2" \
 	    || exit 1; \
 	done
