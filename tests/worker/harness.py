@@ -27,7 +27,7 @@ from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
 from switch_ctl.tree import Tree
 from testbed.netns import SwitchLink, Topology
-from testbed.targets import SwitchProcess
+from testbed.targets import SwitchProcess, unavailable
 from testbed.layout import tree_config_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -290,6 +290,18 @@ class TreeFabric(Fabric):
     def counters(self, job: Job) -> dict[str, dict[str, int]]:
         return {name: {k: v["packets"] for k, v in control.counters().items()}
                 for name, control in self.controls.items()}
+
+
+def skip_unless_runnable(target: str) -> None:
+    """Skip, saying why, where the worker fabrics cannot run on ``target``."""
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip("worker end-to-end tests need root to create network namespaces")
+    if not protocol.PROGRAM_JSON.exists():
+        pytest.skip(f"{protocol.PROGRAM_JSON} is missing: run 'make p4'")
+    reason = unavailable(target)
+    if reason:
+        pytest.skip(reason)
 
 
 def _env() -> dict[str, str]:

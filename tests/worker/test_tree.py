@@ -10,9 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from p4src import protocol
-from testbed.targets import unavailable
 
-from .harness import TreeFabric
+from .harness import TreeFabric, skip_unless_runnable
 from .test_end_to_end import check_run
 
 
@@ -22,13 +21,7 @@ from .test_end_to_end import check_run
     for target in ("softswitch", "softswitch-python", "bmv2") for per_leaf in (2, 4)])
 def tree(request, tmp_path_factory):
     target, per_leaf = request.param
-    if os.geteuid() != 0:
-        pytest.skip("worker end-to-end tests need root to create network namespaces")
-    if not protocol.PROGRAM_JSON.exists():
-        pytest.skip(f"{protocol.PROGRAM_JSON} is missing: run 'make p4'")
-    reason = unavailable(target)
-    if reason:
-        pytest.skip(reason)
+    skip_unless_runnable(target)
     fabric = TreeFabric(target, 2 * per_leaf, tmp_path_factory.mktemp("tree-fabric"),
                         leaves=2, per_leaf=per_leaf).start()
     yield fabric
