@@ -4,10 +4,7 @@ AGG_SWITCH restricts to one."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
 
 from .harness import Fabric, skip_unless_runnable
 
