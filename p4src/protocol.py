@@ -23,6 +23,9 @@ BUILD_DIR = P4SRC_DIR / "build"
 PROGRAM_NAME = "aggregation"
 PROGRAM_JSON = BUILD_DIR / f"{PROGRAM_NAME}.json"
 P4INFO = BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
+# The Tofino (TNA) build: its P4Info and resource summary only (make p4-tofino).
+TNA_BUILD_DIR = P4SRC_DIR / "tna" / "build"
+TNA_P4INFO = TNA_BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
 
 
 def _read(name: str) -> str:

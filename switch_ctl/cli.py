@@ -5,6 +5,7 @@
     python -m switch_ctl counters job.toml [--json]
     python -m switch_ctl loss job.toml --ingress 0.01 --egress 0.01
     python -m switch_ctl remove job.toml
+    python -m switch_ctl check job.toml --p4info p4src/tna/build/aggregation.p4info.txtpb
 
 A job file may describe a tree of switches (switch_ctl/tree.py): every command then
 acts on each of its switches in turn.
@@ -19,8 +20,11 @@ from pathlib import Path
 
 from p4src import protocol
 
+from finsy.proto import p4r
+
 from . import config as config_mod
-from .client import P4RuntimeError, SwitchConnection
+from .client import DryRun, P4RuntimeError, SwitchConnection
+from .control import field_value
 from .controller import Controller
 from .tree import Tree
 
@@ -62,10 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     reset = sub.add_parser("reset", help="return the slots of the job in CONFIG to a fresh "
                                          "switch's state (after a failed call)")
     target(reset, True)
+    check = sub.add_parser("check", help="print what apply would write for CONFIG into a program, "
+                                         "from its P4Info alone (no switch): the Tofino build's, say")
+    check.add_argument("config", type=Path, help="job configuration (TOML)")
+    check.add_argument("--p4info", type=Path, default=protocol.P4INFO)
     return parser
 
 
 def _connection(args, config) -> SwitchConnection:
+    if args.command == "check":
+        return DryRun(args.p4info)
     addr = args.grpc_addr or (config.switch.grpc_addr if config else None)
     if not addr:
         raise SystemExit("switch_ctl: give a CONFIG or --grpc-addr")
@@ -83,7 +93,7 @@ def run(args) -> None:
             raise SystemExit("switch_ctl: --switches is for a tree's job file")
         run_on_switch(args, config)
         return
-    if args.grpc_addr is not None or args.device_id is not None:
+    if getattr(args, "grpc_addr", None) is not None or getattr(args, "device_id", None) is not None:
         raise SystemExit("switch_ctl: a tree names each switch's address; --grpc-addr and "
                          "--device-id apply to one-switch jobs only")
     names = list(config.switches)
@@ -111,11 +121,15 @@ def run_on_switch(args, config: config_mod.Config | None) -> None:
             print(f"pushed {protocol.PROGRAM_NAME} to {conn.grpc_addr}")
             if args.command == "push":
                 return
+        if args.command == "check":
+            changes = ctl.apply(config)
+            for update, entity in conn.written:
+                print(f"{p4r.Update.Type.Name(update).lower()} {describe(entity, conn.schema)}")
+            _print_applied(config, changes)
+            return
         conn.load_p4info()
         if args.command == "apply":
-            changes = ctl.apply(config)
-            print(f"job {config.job.id}: {changes.inserted} inserted, {changes.modified} "
-                  f"modified, {changes.deleted} deleted")
+            _print_applied(config, ctl.apply(config))
         elif args.command == "reset":
             slots = ctl.reset(config)
             print(f"job {config.job.id}: {slots} slots reset")
@@ -136,6 +150,37 @@ def run_on_switch(args, config: config_mod.Config | None) -> None:
                 print(f"{'counter':<{width}}  {'packets':>12}  {'bytes':>14}")
                 for name, c in counts.items():
                     print(f"{name:<{width}}  {c['packets']:>12}  {c['bytes']:>14}")
+
+
+def _print_applied(config, changes) -> None:
+    print(f"job {config.job.id}: {changes.inserted} inserted, {changes.modified} modified, "
+          f"{changes.deleted} deleted")
+    if changes.skipped:
+        print(f"job {config.job.id}: the program has no {', '.join(changes.skipped)}; "
+              f"left out (optional)")
+
+
+def _number(value: int) -> str:
+    """Counts and ports in decimal, addresses and masks in hex."""
+    return str(value) if value < 1 << 16 else hex(value)
+
+
+def describe(entity, schema) -> str:
+    """One line per entity, by the program's full names."""
+    if entity.HasField("table_entry"):
+        te = entity.table_entry
+        table = schema.tables[te.table_id]
+        fields = {mf.id: mf.name for mf in table.match_fields}
+        match = " ".join(f"{fields[fm.field_id]}=" + "&&&".join(map(_number, field_value(fm)[1:]))
+                         for fm in te.match)
+        action = schema.actions[te.action.action.action_id]
+        args = ", ".join(f"{action.params[p.param_id].name}={_number(int.from_bytes(p.value, 'big'))}"
+                         for p in te.action.action.params)
+        priority = f" priority={te.priority}" if te.priority else ""
+        return f"{table.name} {match}{priority} -> {action.name}({args})"
+    group = entity.packet_replication_engine_entry.multicast_group_entry
+    replicas = ", ".join(f"port {r.egress_port} rid {r.instance}" for r in group.replicas)
+    return f"multicast group {group.multicast_group_id}: {replicas}"
 
 
 def main(argv: list[str] | None = None) -> int:

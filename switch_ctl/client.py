@@ -23,8 +23,9 @@ from google.protobuf import text_format
 
 from p4src import protocol
 
-__all__ = ["P4RuntimeError", "SwitchConnection", "P4CounterEntry", "P4DirectCounterEntry",
-           "P4MulticastGroupEntry", "P4PacketOut", "P4RegisterEntry", "P4TableEntry"]
+__all__ = ["P4RuntimeError", "SwitchConnection", "DryRun", "read_p4info", "P4CounterEntry",
+           "P4DirectCounterEntry", "P4MulticastGroupEntry", "P4PacketOut", "P4RegisterEntry",
+           "P4TableEntry"]
 
 # A pipeline is a few hundred KiB of JSON; gRPC's 4 MiB default would refuse a larger one.
 MAX_MESSAGE = 64 << 20
@@ -48,6 +49,12 @@ def describe(exc: grpc.RpcError) -> str:
     if errors:
         return "write rejected: " + "; ".join(errors)
     return f"{exc.code().name}: {exc.details()}"
+
+
+def read_p4info(path: Path) -> p4i.P4Info:
+    if not Path(path).exists():
+        raise P4RuntimeError(f"{path} does not exist: compile the program first (make p4)")
+    return text_format.Parse(Path(path).read_text(), p4i.P4Info())
 
 
 class SwitchConnection:
@@ -141,7 +148,7 @@ class SwitchConnection:
         for path in (bmv2_json, p4info):
             if not Path(path).exists():
                 raise P4RuntimeError(f"{path} does not exist: run 'make p4'")
-        info = text_format.Parse(Path(p4info).read_text(), p4i.P4Info())
+        info = read_p4info(p4info)
         request = p4r.SetForwardingPipelineConfigRequest(
             device_id=self.device_id, election_id=self._election(),
             action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
@@ -159,6 +166,20 @@ class SwitchConnection:
         if not reply.config.p4info.tables:
             raise P4RuntimeError(f"the switch at {self.grpc_addr} has no program: push one first")
         self.schema = P4Schema(reply.config.p4info)
+
+    def resolve(self, kind: str, name: str) -> str | None:
+        """The program's P4Info name for ``name`` as the v1model program spells it
+        (``AggIngress.job_lookup.jobs``): the same, or that with a pipeline's name in
+        front, as bf-p4c names a TNA program's objects (``pipe.AggIngress...``).
+        None if the program has no such object. ``kind``: tables, actions, counters."""
+        entities = getattr(self.schema, kind)
+        if entities.get(name) is not None:
+            return name
+        found = [e.name for e in entities if e.name.endswith("." + name)]
+        if len(found) > 1:
+            raise P4RuntimeError(f"{name} is in several pipelines of the program "
+                                 f"({', '.join(sorted(found))}); the controller programs one")
+        return found[0] if found else None
 
     # -- entities ------------------------------------------------------------
     @staticmethod
@@ -235,3 +256,31 @@ class SwitchConnection:
             return fn(request)
         except grpc.RpcError as exc:
             raise P4RuntimeError(describe(exc)) from None
+
+
+class DryRun(SwitchConnection):
+    """An empty switch that only records: what the controller would write for a job
+    into a program with this P4Info, each entity encoded (names, widths) as for a
+    real switch. For checking a job against a program no switch here can run, such
+    as the Tofino build (switch_ctl check)."""
+
+    def __init__(self, p4info: Path):
+        super().__init__(f"dry run of {p4info}")
+        self.schema = P4Schema(read_p4info(p4info))
+        self.is_primary = True
+        self.written: list[tuple[int, p4r.Entity]] = []
+
+    def connect(self) -> "DryRun":
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def read_raw(self, entity) -> list[p4r.Entity]:
+        self.encode(entity)
+        return []
+
+    def write(self, update_type: int, entities) -> None:
+        if not isinstance(entities, (list, tuple)):
+            entities = [entities]
+        self.written += [(update_type, self.encode(e)) for e in entities]

@@ -4,6 +4,11 @@ Each subclass names the P4 control it configures and says which entries a job
 should have. ``sync`` reads what the switch holds and writes only the difference,
 so applying a configuration twice changes nothing, and a restarted controller picks
 up where the last one left off.
+
+Names are written as the v1model program's P4Info spells them and resolved against
+the program the switch runs (``SwitchConnection.resolve``), so one job file serves
+the BMv2 and the Tofino build; a control whose objects a program lacks says so
+(``missing``) before anything is written.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .client import P4MulticastGroupEntry, P4TableEntry, SwitchConnection
+from .client import P4MulticastGroupEntry, P4RuntimeError, P4TableEntry, SwitchConnection
 from .config import Config
 
 
@@ -20,10 +25,11 @@ class Changes:
     inserted: int = 0
     modified: int = 0
     deleted: int = 0
+    skipped: tuple[str, ...] = ()   # optional controls the program does not have
 
     def __add__(self, other: "Changes") -> "Changes":
         return Changes(self.inserted + other.inserted, self.modified + other.modified,
-                       self.deleted + other.deleted)
+                       self.deleted + other.deleted, self.skipped + other.skipped)
 
     @property
     def total(self) -> int:
@@ -34,7 +40,7 @@ def _int(data: bytes) -> int:
     return int.from_bytes(data, "big")
 
 
-def _field_value(fm) -> tuple:
+def field_value(fm) -> tuple:
     kind = fm.WhichOneof("field_match_type")
     m = getattr(fm, kind)
     if kind in ("exact", "optional"):
@@ -48,7 +54,7 @@ def _field_value(fm) -> tuple:
 
 def entry_key(msg) -> tuple:
     """Identity of a table entry, independent of how bytestrings were padded."""
-    return (msg.priority, tuple(sorted((fm.field_id, _field_value(fm)) for fm in msg.match)))
+    return (msg.priority, tuple(sorted((fm.field_id, field_value(fm)) for fm in msg.match)))
 
 
 def entry_action(msg) -> tuple:
@@ -59,14 +65,37 @@ def entry_action(msg) -> tuple:
 def match_values(conn: SwitchConnection, table: str, msg) -> dict[str, int]:
     """Match field values (the value part) by P4Info name, for ownership tests."""
     names = {mf.id: mf.name for mf in conn.schema.tables[table].match_fields}
-    return {names[fm.field_id]: _field_value(fm)[1] for fm in msg.match}
+    return {names[fm.field_id]: field_value(fm)[1] for fm in msg.match}
 
 
 class Control:
     """One P4 control instance: install a job's entries, clear them, read its counters."""
+    TABLE = ""
+    ACTIONS: tuple[str, ...] = ()
+    # An optional control is left out, and named, where the program lacks it (the TNA
+    # program has no SourceGuard); a job cannot run without a required one.
+    OPTIONAL = False
 
     def __init__(self, conn: SwitchConnection):
         self.conn = conn
+
+    def needs(self, config: Config) -> list[tuple[str, str]]:
+        """(P4Info kind, name) of every object installing ``config`` writes."""
+        return [("tables", self.TABLE)] + [("actions", a) for a in self.ACTIONS]
+
+    def missing(self, config: Config) -> list[str]:
+        return [name for kind, name in self.needs(config) if self.conn.resolve(kind, name) is None]
+
+    def present(self) -> bool:
+        """The program has the control's table, so a job may have entries in it."""
+        return self.conn.resolve("tables", self.TABLE) is not None
+
+    def name(self, kind: str, name: str) -> str:
+        full = self.conn.resolve(kind, name)
+        if full is None:
+            raise P4RuntimeError(f"the program on {self.conn.grpc_addr} has no "
+                                 f"{kind.removesuffix('s')} {name}")
+        return full
 
     def install(self, config: Config) -> Changes:
         return Changes()
@@ -80,12 +109,14 @@ class Control:
     # -- helpers for subclasses ----------------------------------------------
     def entry(self, table: str, action: str, match: dict, params: dict,
               priority: int = 0) -> P4TableEntry:
-        return self.conn.table_entry(table, action, match, params, priority=priority)
+        return self.conn.table_entry(self.name("tables", table), self.name("actions", action),
+                                     match, params, priority=priority)
 
     def sync(self, table: str, desired: Iterable[P4TableEntry],
              owned: Callable[[dict[str, int]], bool]) -> Changes:
         """Make the entries of ``table`` that ``owned`` selects equal ``desired``,
         in one batched write per kind of change."""
+        table = self.name("tables", table)
         present = {}
         for entity in self.conn.read_raw(P4TableEntry(table)):
             if owned(match_values(self.conn, table, entity.table_entry)):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from p4src import protocol
 
-from .client import SwitchConnection
+from .client import P4RuntimeError, SwitchConnection
 from .config import Config
 from .control import Changes
 from .controls import (ArpResponder, BitmapChecker, DropSimulator, JobLookup, L2Forwarding,
@@ -37,16 +37,30 @@ class Controller:
         self.conn.push_pipeline(bmv2_json, p4info)
 
     def apply(self, config: Config) -> Changes:
-        changes = Changes()
-        for control in self._job_controls:
+        """Install the job; a program lacking what it needs is refused before any write
+        (a tree's leaf on the TNA program, say), an optional control it lacks is named."""
+        controls, skipped = [], []
+        for control in self._job_controls + [self.drop_simulator]:
+            missing = control.missing(config)
+            if not missing:
+                controls.append(control)
+            elif control.OPTIONAL:
+                skipped.append(type(control).__name__)
+            else:
+                raise P4RuntimeError(
+                    f"job {config.job.id} needs {', '.join(missing)}, which the program on "
+                    f"{self.conn.grpc_addr} ({self.conn.schema.arch or 'no arch'}) does not have")
+        changes = Changes(skipped=tuple(skipped))
+        for control in controls:
             changes += control.install(config)
-        return changes + self.drop_simulator.install(config)
+        return changes
 
     def remove(self, config: Config) -> Changes:
         changes = Changes()
-        for control in reversed(self._job_controls):
-            changes += control.clear(config)
-        return changes + self.drop_simulator.clear(config)
+        for control in reversed(self._job_controls + [self.drop_simulator]):
+            if control.present():
+                changes += control.clear(config)
+        return changes
 
     def reset(self, config: Config) -> int:
         """Return the job's slots to a fresh switch's state (after AggregationTimeout),

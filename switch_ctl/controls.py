@@ -1,6 +1,7 @@
 """One class per P4 control the controller configures, named as in p4src/v1model/control/.
 
-Table paths are the P4Info names: <pipeline control>.<instance>.<table>.
+Table paths are the v1model P4Info names, <pipeline control>.<instance>.<table>;
+the base class resolves them against the program the switch runs (control.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class L2Forwarding(Control):
     """Workers' MACs to their ports (in a tree, also the other switches' workers, by
     the port towards them); the flood group over every switch port."""
     TABLE = "AggIngress.l2_forwarding.mac_table"
+    ACTIONS = ("AggIngress.l2_forwarding.forward",)
 
     @staticmethod
     def _routes(config: Config) -> list[tuple[str, int]]:
@@ -35,8 +37,8 @@ class L2Forwarding(Control):
 
     def install(self, config: Config) -> Changes:
         routes = self._routes(config)
-        desired = [self.entry(self.TABLE, "AggIngress.l2_forwarding.forward",
-                              {"dst_mac": mac}, {"port": port}) for mac, port in routes]
+        desired = [self.entry(self.TABLE, self.ACTIONS[0], {"dst_mac": mac}, {"port": port})
+                   for mac, port in routes]
         macs = {mac_int(mac) for mac, _ in routes}
         changes = self.sync(self.TABLE, desired, lambda m: m["dst_mac"] in macs)
         flood = {(port, 0) for port in config.switch.ports}
@@ -50,14 +52,14 @@ class L2Forwarding(Control):
 class ArpResponder(Control):
     """The job's service address, answered by the switch itself."""
     TABLE = "AggIngress.arp_responder.arp_table"
+    ACTIONS = ("AggIngress.arp_responder.reply",)
 
     def _owned(self, config: Config):
         ip = ip_int(config.job.service_ip)
         return lambda m: m["target_ip"] == ip
 
     def install(self, config: Config) -> Changes:
-        desired = [self.entry(self.TABLE, "AggIngress.arp_responder.reply",
-                              {"target_ip": config.job.service_ip},
+        desired = [self.entry(self.TABLE, self.ACTIONS[0], {"target_ip": config.job.service_ip},
                               {"mac": config.job.service_mac})]
         return self.sync(self.TABLE, desired, self._owned(config))
 
@@ -69,6 +71,8 @@ class SourceGuard(Control):
     """Port security: frames claiming the job's service MAC or IPv4 as their source
     (Ethernet, IPv4 or ARP sender) are dropped, since only the switch sources them."""
     TABLE = "AggIngress.source_guard.service_sources"
+    ACTIONS = ("NoAction",)
+    OPTIONAL = True
 
     def _owned(self, config: Config):
         ip, mac = ip_int(config.job.service_ip), mac_int(config.job.service_mac)
@@ -78,7 +82,7 @@ class SourceGuard(Control):
     def install(self, config: Config) -> Changes:
         # One ternary entry per claimed field, the others left out (wildcards).
         job = config.job
-        desired = [self.entry(self.TABLE, "NoAction", {field: address}, {}, priority=1)
+        desired = [self.entry(self.TABLE, self.ACTIONS[0], {field: address}, {}, priority=1)
                    for field, address in (("src_mac", job.service_mac),
                                           ("arp_sender_mac", job.service_mac),
                                           ("src_ip", job.service_ip))]
@@ -93,17 +97,23 @@ class JobLookup(Control):
     leaf of a tree its parent."""
     TABLE = "AggIngress.job_lookup.jobs"
 
+    @staticmethod
+    def _action(config: Config) -> str:
+        return "AggIngress.job_lookup." + ("set_job" if config.job.parent is None
+                                           else "set_leaf_job")
+
+    def needs(self, config: Config) -> list[tuple[str, str]]:
+        return [("tables", self.TABLE), ("actions", self._action(config))]
+
     def install(self, config: Config) -> Changes:
         job = config.job
         params = {"num_workers": len(job.workers), "total_workers": job.num_workers,
                   "group": job.multicast_group, "first_slot": job.first_slot,
                   "num_slots": job.num_slots}
-        action = "set_job"
         if job.parent is not None:
-            action = "set_leaf_job"
             params.update(parent_port=job.parent.port, parent_mac=job.parent.mac,
                           parent_ip=job.parent.ip)
-        desired = [self.entry(self.TABLE, f"AggIngress.job_lookup.{action}",
+        desired = [self.entry(self.TABLE, self._action(config),
                               {"job_id": job.id, "udp_port": job.udp_port}, params)]
         return self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
 
@@ -115,16 +125,22 @@ class SenderIdentification(Control):
     """Who may contribute: (port, source IP, source UDP port) -> worker id; on a leaf,
     also who may send results: the parent, from its service address and the job's port."""
     TABLE = "AggIngress.sender_identification.senders"
+    SENDER = "AggIngress.sender_identification.set_sender"
+    PARENT = "AggIngress.sender_identification.set_parent"
+
+    def needs(self, config: Config) -> list[tuple[str, str]]:
+        actions = [self.SENDER] + ([self.PARENT] if config.job.parent is not None else [])
+        return [("tables", self.TABLE)] + [("actions", a) for a in actions]
 
     def install(self, config: Config) -> Changes:
         job = config.job
-        desired = [self.entry(self.TABLE, "AggIngress.sender_identification.set_sender",
+        desired = [self.entry(self.TABLE, self.SENDER,
                               {"ingress_port": w.switch_port, "src_ip": w.ip,
                                "src_udp_port": w.udp_port, "job_id": job.id},
                               {"worker_id": w.id, "worker_bit": 1 << w.id})
                    for w in job.workers]
         if job.parent is not None:
-            desired.append(self.entry(self.TABLE, "AggIngress.sender_identification.set_parent",
+            desired.append(self.entry(self.TABLE, self.PARENT,
                                       {"ingress_port": job.parent.port, "src_ip": job.parent.ip,
                                        "src_udp_port": job.udp_port, "job_id": job.id}, {}))
         return self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
@@ -136,10 +152,11 @@ class SenderIdentification(Control):
 class ResultRewrite(Control):
     """Where each worker's copy of a result goes; the job's PRE group (rid = worker id)."""
     TABLE = "AggEgress.result_rewrite.workers"
+    ACTIONS = ("AggEgress.result_rewrite.set_worker_address",)
 
     def install(self, config: Config) -> Changes:
         job = config.job
-        desired = [self.entry(self.TABLE, "AggEgress.result_rewrite.set_worker_address",
+        desired = [self.entry(self.TABLE, self.ACTIONS[0],
                               {"job_id": job.id, "worker_id": w.id},
                               {"mac": w.mac, "ip": w.ip, "udp_port": w.udp_port})
                    for w in job.workers]
@@ -155,6 +172,14 @@ class ResultRewrite(Control):
 class DropSimulator(Control):
     """Loss simulator probabilities, per port, for the ingress and egress instances."""
     INSTANCES = {"ingress": "AggIngress.ingress_loss", "egress": "AggEgress.egress_loss"}
+
+    def needs(self, config: Config) -> list[tuple[str, str]]:
+        return [(kind, f"{control}.{name}") for control in self.INSTANCES.values()
+                for kind, name in (("tables", "drop_probability"),
+                                   ("actions", "set_drop_probability"))]
+
+    def present(self) -> bool:
+        return all(self.conn.resolve(kind, name) is not None for kind, name in self.needs(None))
 
     @staticmethod
     def encode(probability: float) -> int:
@@ -189,7 +214,7 @@ class OutcomeCounters(Control):
     def read_counters(self) -> dict[str, dict[str, int]]:
         out = {}
         for counter, outcomes in self.COUNTERS.items():
-            for cell in self.conn.read(P4CounterEntry(counter)):
+            for cell in self.conn.read(P4CounterEntry(self.name("counters", counter))):
                 index = cell.index
                 if index in outcomes._value2member_map_:
                     name = f"{counter.split('.')[0].removeprefix('Agg').lower()}." \
@@ -207,6 +232,11 @@ class BitmapChecker(Control):
 
     def reset(self, config: Config, timeout: float = 10.0) -> int:
         job = config.job
+        packet_out = self.conn.schema.controller_packet_metadata.get("packet_out")
+        if packet_out is None or packet_out.metadata.get("op") is None:
+            raise P4RuntimeError(f"the program on {self.conn.grpc_addr} has no slot reset by "
+                                 f"PacketOut (the TNA program has none yet): only reloading "
+                                 f"the program clears its slots")
         before = self._resets()
         for slot in range(job.first_slot, job.first_slot + job.num_slots):
             self.conn.packet_out(b"", op=protocol.ControlOp.RESET_SLOT, job_id=job.id, slot=slot)
@@ -221,6 +251,6 @@ class BitmapChecker(Control):
         return job.num_slots
 
     def _resets(self) -> int:
-        (cell,) = self.conn.read(P4CounterEntry(self.COUNTER,
+        (cell,) = self.conn.read(P4CounterEntry(self.name("counters", self.COUNTER),
                                                 index=protocol.IngressOutcome.SLOT_RESET))
         return cell.data.packet_count
