@@ -6,6 +6,8 @@ PYTHON   ?= python3
 VENV     ?= .venv
 PY       := $(VENV)/bin/python
 P4C      ?= p4c-bm2-ss
+# The open-source Tofino compiler (p4c's backends/tofino); see README, "Tofino".
+BF_P4C   ?= bf-p4c
 P4BUILD  ?= p4src/build
 N        ?= 4
 # TOPO=tree: a spine and LEAVES leaf switches, N / LEAVES workers on each.
@@ -24,7 +26,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 # for this venv only: the package itself asks for torch>=2.1 and only in [torch].
 TORCH    ?= torch==2.13.0
 
-.PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-test-programs bench bench-switch \
+.PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
         bench-worker bench-allreduce demo testbed loss-experiment fuzz clean
 
 setup: apt-deps $(VENV)/.installed
@@ -74,6 +76,13 @@ test-bmv2: setup
 p4: setup
 	$(PY) tools/p4build.py p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD) \
 	    --sources 'p4src/shared/*.p4' 'p4src/v1model/*.p4' 'p4src/v1model/control/*.p4'
+
+# Compile the TNA program for Tofino 1 with bf-p4c. Committed: the P4Info, our resource
+# summary and the manifest; the compiler's output stays in p4src/tna/build/bf-p4c.
+p4-tofino: setup
+	$(PY) tools/p4build.py p4src/tna/aggregation.p4 --target tofino --p4c $(BF_P4C) \
+	    --out p4src/tna/build \
+	    --sources 'p4src/shared/*.p4' 'p4src/tna/*.p4' 'p4src/tna/control/*.p4'
 
 # Compile the softswitch's small per-primitive test programs.
 p4-test-programs: setup

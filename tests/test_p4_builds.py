@@ -6,6 +6,7 @@ tools/p4build.py with the files as they are now.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ sys.path.insert(0, str(REPO / "tools"))
 from p4build import stale_sources  # noqa: E402
 
 MANIFESTS = sorted(REPO.glob("p4src/build/*.manifest.json")) + sorted(
+    REPO.glob("p4src/tna/build/*.manifest.json")) + sorted(
     REPO.glob("tests/**/build/*.manifest.json"))
 
 
@@ -27,7 +29,7 @@ def test_the_main_program_is_built():
 def test_build_matches_its_sources(manifest):
     stale = stale_sources(manifest)
     assert not stale, (f"{manifest.parent} is stale: {', '.join(stale)} changed since it was "
-                       f"compiled; run 'make p4' (or 'make p4-test-programs') with p4c and commit")
-    name = manifest.name.removesuffix(".manifest.json")
-    for suffix in (".json", ".p4info.txtpb"):
-        assert (manifest.parent / f"{name}{suffix}").exists()
+                       f"compiled; run 'make p4' (or 'make p4-test-programs', or 'make "
+                       f"p4-tofino' with bf-p4c) and commit")
+    for output in json.loads(manifest.read_text())["outputs"]:
+        assert (manifest.parent / output).exists(), output

@@ -1,11 +1,18 @@
-"""Compile one of our P4 programs with p4c-bm2-ss and record what it was built from.
+"""Compile one of our P4 programs and record what it was built from.
 
-Writes NAME.json (BMv2), NAME.p4info.txtpb and NAME.manifest.json into --out. The
-manifest holds a hash of every source file, so tests/test_p4_builds.py can tell a
-committed build from a stale one on machines that have no p4c.
+Two targets, one front half (sources, hashes, manifest):
+- bmv2 (p4c-bm2-ss): NAME.json and NAME.p4info.txtpb into --out;
+- tofino (bf-p4c, TNA): NAME.p4info.txtpb and NAME.resources.txt, our summary of the
+  compiler's resource logs, into --out; the compiler's own output (tofino.bin,
+  context.json, bfrt.json, logs) stays in --out/bf-p4c, which is not committed.
+Both write NAME.manifest.json: the compiler's version, the outputs, and a hash of
+every source file, so tests/test_p4_builds.py can tell a committed build from a
+stale one on machines that have no compiler.
 
     python tools/p4build.py --p4c p4c-bm2-ss --out p4src/build p4src/v1model/aggregation.p4 \
         --sources 'p4src/**/*.p4'
+    python tools/p4build.py --target tofino --p4c bf-p4c --out p4src/tna/build \
+        p4src/tna/aggregation.p4 --sources 'p4src/shared/*.p4' 'p4src/tna/**/*.p4'
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from tofino_resources import summary  # noqa: E402
 
 
 def source_hashes(patterns: list[str]) -> dict[str, str]:
@@ -39,36 +48,63 @@ def stale_sources(manifest_path: Path) -> list[str]:
                   if recorded.get(name) != current.get(name))
 
 
+def bmv2(compiler: str, program: Path, out: Path, defines: list[str]) -> list[str]:
+    name = program.stem
+    run([compiler, "--arch", "v1model", "--std", "p4-16", *[f"-D{d}" for d in defines],
+         "-o", str(out / f"{name}.json"), "--p4runtime-files", str(out / f"{name}.p4info.txtpb"),
+         str(program)])
+    return [f"{name}.json", f"{name}.p4info.txtpb"]
+
+
+def tofino(compiler: str, program: Path, out: Path, defines: list[str]) -> list[str]:
+    """Standard P4Runtime externs (counters, registers), as a P4Runtime server on
+    Tofino (Stratum's) takes them, rather than bf-p4c's Tofino-specific ones."""
+    name, scratch = program.stem, out / "bf-p4c"
+    shutil.rmtree(scratch, ignore_errors=True)
+    run([compiler, "--target", "tofino", "--arch", "tna", "--std", "p4-16", "-g",
+         "--p4runtime-force-std-externs", *[f"-D{d}" for d in defines],
+         "--p4runtime-files", str(out / f"{name}.p4info.txtpb"), "-o", str(scratch),
+         str(program)])
+    (out / f"{name}.resources.txt").write_text(summary(scratch))
+    return [f"{name}.p4info.txtpb", f"{name}.resources.txt"]
+
+
+TARGETS = {"bmv2": bmv2, "tofino": tofino}
+
+
+def run(cmd: list[str]) -> None:
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
 def compile_program(p4c: str, program: Path, out: Path, patterns: list[str],
-                    defines: list[str]) -> None:
+                    defines: list[str], target: str = "bmv2") -> None:
     compiler = shutil.which(p4c)
     if compiler is None:
-        raise SystemExit(f"{p4c} not found: build p4c (see README, 'Real BMv2') or pass P4C=")
+        raise SystemExit(f"{p4c} not found: build it (see README: 'Real BMv2' for p4c, "
+                         f"'Tofino' for bf-p4c) or pass P4C= / BF_P4C=")
     out.mkdir(parents=True, exist_ok=True)
-    name = program.stem
-    cmd = [compiler, "--arch", "v1model", "--std", "p4-16",
-           *[f"-D{d}" for d in defines],
-           "-o", str(out / f"{name}.json"),
-           "--p4runtime-files", str(out / f"{name}.p4info.txtpb"),
-           str(program)]
-    print(" ".join(cmd))
-    subprocess.run(cmd, check=True)
-    version = subprocess.run([compiler, "--version"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True).stdout
+    outputs = TARGETS[target](compiler, program, out, defines)
+    version = [l.strip() for l in subprocess.run(
+        [compiler, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True).stdout.splitlines() if l.strip()]
     manifest = {
         "program": str(program.resolve().relative_to(REPO)),
-        "compiler": next((l.strip() for l in version.splitlines() if "Version" in l), "unknown"),
+        "target": target,
+        "compiler": next((l for l in version if "Version" in l), version[0] if version else "?"),
         "defines": defines,
+        "outputs": outputs,
         "patterns": patterns,
         "sources": source_hashes(patterns),
     }
-    (out / f"{name}.manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / f"{program.stem}.manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("program", type=Path)
-    parser.add_argument("--p4c", default="p4c-bm2-ss")
+    parser.add_argument("--target", choices=sorted(TARGETS), default="bmv2")
+    parser.add_argument("--p4c", default="p4c-bm2-ss", help="the compiler for --target")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sources", nargs="*",
                         help="globs, relative to the repo, of every file the build depends on "
@@ -78,7 +114,7 @@ def main() -> None:
     program = args.program.resolve()
     patterns = args.sources or [str(program.relative_to(REPO))]
     try:
-        compile_program(args.p4c, program, args.out, patterns, args.defines)
+        compile_program(args.p4c, program, args.out, patterns, args.defines, args.target)
     except subprocess.CalledProcessError as exc:
         sys.exit(f"p4c failed with exit code {exc.returncode}")
 

@@ -1,0 +1,85 @@
+"""A text summary of what a bf-p4c compile uses of Tofino: stages, stateful ALUs,
+SRAM/TCAM, PHV. The compiler's own reports (pipe/logs/resources.json, metrics.json)
+are megabytes of JSON tied to one compiler version; this is what a reader of the
+repo needs, in a file small enough to commit and diff (p4src/tna/build/).
+
+Read from the schemas in p4c's backends/tofino/compiler_interfaces/schemas:
+resources.json (per-stage use, what is available) and metrics.json (totals, PHV use).
+
+    python tools/tofino_resources.py p4src/tna/build/bf-p4c
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _log(out: Path, name: str) -> dict:
+    hits = sorted(out.rglob(name))
+    if not hits:
+        raise SystemExit(f"no {name} under {out}: did bf-p4c run with its logs (-g)?")
+    return json.loads(hits[0].read_text())
+
+
+def _short(name: str) -> str:
+    """A table or register without the pipeline and top-level control in front."""
+    return name.split("Agg", 1)[-1].split(".", 1)[-1] if "Agg" in name else name
+
+
+def summary(out: Path) -> str:
+    resources = _log(out, "resources.json")
+    metrics = _log(out, "metrics.json")
+    mau = resources["resources"]["mau"]
+    stages = sorted(mau["mau_stages"], key=lambda s: s["stage_number"])
+
+    def tables(stage) -> list[str]:
+        return sorted({_short(t["table_name"]) for t in stage["logical_tables"]["ids"]})
+
+    def salus(stage) -> list[str]:
+        return sorted({_short(u["used_by"]) for alu in stage["meter_alus"]["meters"]
+                       for u in alu["usages"]})
+
+    used = [s for s in stages if tables(s) or s["meter_alus"]["meters"]]
+    n_salus = sum(len(s["meter_alus"]["meters"]) for s in stages)
+    salu_total = mau["nStages"] * stages[0]["meter_alus"]["nAlus"]
+    per_stage_srams = stages[0]["rams"]["nRows"] * stages[0]["rams"]["nColumns"]
+    per_stage_tcams = stages[0]["tcams"]["nRows"] * stages[0]["tcams"]["nColumns"]
+    totals = metrics["mau"]
+    lines = [
+        f"program: {resources.get('program_name', '?')}",
+        f"compiler: {resources.get('compiler_version', metrics.get('compiler_version', '?'))}",
+        f"target: {metrics.get('target', '?')}",
+        "",
+        f"stages used: {len(used)} of {mau['nStages']}",
+        f"stateful ALUs: {n_salus} of {salu_total}",
+        f"SRAM blocks: {totals['srams']} of {mau['nStages'] * per_stage_srams}",
+        f"TCAM blocks: {totals['tcams']} of {mau['nStages'] * per_stage_tcams}",
+        f"logical tables: {totals['logical_tables']}",
+    ]
+    available = {(kind, c["width"]): c["units"]
+                 for kind in ("normal", "mocha", "dark", "tagalong")
+                 for c in resources["resources"]["phv_containers"].get(kind, [])}
+    for kind in ("normal", "mocha", "dark", "tagalong"):
+        for use in metrics["phv"].get(kind, []):
+            width = use["bit_width"]
+            of = available.get((kind, width))
+            lines.append(f"PHV {kind} {width}-bit: {use['containers_occupied']}"
+                         f"{f' of {of}' if of is not None else ''} containers, "
+                         f"{use['bits_occupied']} bits")
+    lines += ["", "per stage: stateful ALUs (registers) | tables"]
+    for s in stages:
+        lines.append(f"  {s['stage_number']:2}: {len(s['meter_alus']['meters'])} "
+                     f"({', '.join(salus(s)) or '-'}) | {', '.join(tables(s)) or '-'}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="bf-p4c's output directory (its -o)")
+    print(summary(parser.parse_args().out), end="")
+
+
+if __name__ == "__main__":
+    main()
