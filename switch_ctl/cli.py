@@ -18,9 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-from p4src import protocol
-
 from finsy.proto import p4r
+
+from p4src import protocol
 
 from . import config as config_mod
 from .client import DryRun, P4RuntimeError, SwitchConnection
