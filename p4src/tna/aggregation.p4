@@ -111,6 +111,7 @@ control AggIngress(inout tna_headers_t hdr,
             if (meta.is_agg) {
                 bool lost;
                 bool job_found;
+                slot_t room;   // slots left in the job's range from this one (JobLookup)
                 meta.next_step = NextStep.DROP;
                 ingress_loss.apply(ig_intr_md.ingress_port, lost);
                 if (lost) {
@@ -121,12 +122,10 @@ control AggIngress(inout tna_headers_t hdr,
                            || hdr.agg.msg_type != MsgType.CONTRIBUTION) {
                     meta.outcome = IngressOutcome.MALFORMED;
                 } else {
-                    job_lookup.apply(hdr, meta, job_found);
+                    job_lookup.apply(hdr, meta, job_found, room);
                     if (!job_found) {
                         meta.outcome = IngressOutcome.UNKNOWN_JOB;
-                    } else if ((bit<32>)hdr.agg.slot >= POOL_SIZE
-                               || hdr.agg.slot - meta.first_slot >= meta.num_slots) {
-                        // The second test also catches slot < first_slot, by wrap-around.
+                    } else if (hdr.agg.slot >= POOL_SIZE || room == 0) {
                         meta.outcome = IngressOutcome.BAD_SLOT;
                     } else {
                         sender_identification.apply(hdr, meta, ig_intr_md.ingress_port);

@@ -35,6 +35,14 @@ header bridge_h {
     mcast_group_t job_group;     // the job's PRE group, for pass 2 of a multicast
 }
 
+// The start of an ARP header, looked at before it is parsed (parser.p4).
+header arp_probe_h {
+    bit<16> htype;
+    bit<16> ptype;
+    bit<16> hlen_plen;
+    bit<16> oper;
+}
+
 struct tna_headers_t {
     bridge_h   bridge;
     ethernet_h ethernet;

@@ -45,7 +45,18 @@ parser AggIngressParser(packet_in packet,
         }
     }
 
+    // Only what ArpResponder answers is parsed as ARP: an Ethernet/IPv4 request
+    // (htype 1, ptype 0x0800, oper 1). Testing that here spares ingress a
+    // condition on 5 bytes, over a gateway's 4; anything else is switched as is.
     state parse_arp {
+        arp_probe_h probe = packet.lookahead<arp_probe_h>();
+        transition select(probe.htype, probe.ptype, probe.oper) {
+            (1, ETHERTYPE_IPV4, ARP_OPER_REQUEST): parse_arp_request;
+            default:                               accept;
+        }
+    }
+
+    state parse_arp_request {
         packet.extract(hdr.arp);
         transition accept;
     }

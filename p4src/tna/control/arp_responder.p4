@@ -32,8 +32,7 @@ control ArpResponder(inout tna_headers_t hdr,
 
     apply {
         replied = false;
-        if (hdr.arp.isValid() && hdr.arp.oper == ARP_OPER_REQUEST
-                && hdr.arp.htype == 1 && hdr.arp.ptype == ETHERTYPE_IPV4) {
+        if (hdr.arp.isValid()) {   // an Ethernet/IPv4 request: the parser checked
             replied = arp_table.apply().hit;
         }
     }

@@ -15,7 +15,7 @@
 
 control DropSimulator(in port_t port, out bool drop) {
     Random<bit<32>>() rng;
-    drop_probability_t complement = 0;   // ~p
+    drop_probability_t complement = 0xFFFFFFFF;   // ~p; p = 0 where no entry
 
     action set_drop_probability(drop_probability_t p) {
         complement = ~p;
@@ -29,13 +29,10 @@ control DropSimulator(in port_t port, out bool drop) {
     }
 
     apply {
-        drop = false;
-        if (drop_probability.apply().hit) {
-            bit<32> draw = rng.get();
-            if ((draw |+| complement) != 0xFFFFFFFF) {
-                drop = true;
-            }
-        }
+        drop_probability.apply();
+        // The sum, not the test, saturates: a gateway cannot hold the addition.
+        bit<32> sum = rng.get() |+| complement;
+        drop = sum != 0xFFFFFFFF;
     }
 }
 
