@@ -54,9 +54,8 @@ control AggIngress(inout tna_headers_t hdr,
 
     Counter<bit<64>, bit<8>>(NUM_INGRESS_OUTCOMES, CounterType_t.PACKETS_AND_BYTES) ingress_outcomes;
 
-    // BitmapChecker's outputs: the sender's set as it was, and the sender's bit in it.
+    // BitmapChecker's output: the sender's set as it was.
     worker_bitmap_t bitmap_before = 0;
-    worker_bitmap_t map_result = 0;
 
     // The packet leaves as a result: from the service address it was sent to.
     action become_result() {
@@ -113,7 +112,13 @@ control AggIngress(inout tna_headers_t hdr,
                 bool job_found;
                 slot_t room;   // slots left in the job's range from this one (JobLookup)
                 meta.next_step = NextStep.DROP;
+                // The lookups have no side effects, so all three run, side by side in
+                // the first stage, and the checks below decide in v1model's order:
+                // gating each on the one before would cost a stage apiece before the
+                // bitmap, and the 34 stateful ALUs after it need nine of the twelve.
                 ingress_loss.apply(ig_intr_md.ingress_port, lost);
+                job_lookup.apply(hdr, meta, job_found, room);
+                sender_identification.apply(hdr, meta, ig_intr_md.ingress_port);
                 if (lost) {
                     meta.outcome = IngressOutcome.SIMULATED_DROP;
                 } else if (ig_prsr_md.parser_err != 0
@@ -121,25 +126,21 @@ control AggIngress(inout tna_headers_t hdr,
                            || hdr.udp.length != AGG_UDP_LENGTH
                            || hdr.agg.msg_type != MsgType.CONTRIBUTION) {
                     meta.outcome = IngressOutcome.MALFORMED;
+                } else if (!job_found) {
+                    meta.outcome = IngressOutcome.UNKNOWN_JOB;
+                } else if (hdr.agg.slot >= POOL_SIZE) {
+                    meta.outcome = IngressOutcome.BAD_SLOT;
+                } else if (room == 0) {
+                    meta.outcome = IngressOutcome.BAD_SLOT;
+                } else if (!meta.known_sender) {
+                    meta.outcome = IngressOutcome.UNKNOWN_SENDER;
                 } else {
-                    job_lookup.apply(hdr, meta, job_found, room);
-                    if (!job_found) {
-                        meta.outcome = IngressOutcome.UNKNOWN_JOB;
-                    } else if (hdr.agg.slot >= POOL_SIZE || room == 0) {
-                        meta.outcome = IngressOutcome.BAD_SLOT;
-                    } else {
-                        sender_identification.apply(hdr, meta, ig_intr_md.ingress_port);
-                        if (!meta.known_sender) {
-                            meta.outcome = IngressOutcome.UNKNOWN_SENDER;
-                        } else {
-                            meta.cell = hdr.agg.slot ++ hdr.agg.set;
-                            bitmap_checker.apply(hdr, meta, bitmap_before, map_result);
-                            contribution_counter.apply(meta, bitmap_before, map_result);
-                            next_step_selector.apply(meta);
-                            exponent_max.apply(hdr, meta, bitmap_before, map_result);
-                            aggregate = true;
-                        }
-                    }
+                    meta.cell = hdr.agg.slot ++ hdr.agg.set;
+                    bitmap_checker.apply(hdr, meta, bitmap_before);
+                    contribution_counter.apply(meta, bitmap_before);
+                    next_step_selector.apply(meta);
+                    exponent_max.apply(hdr, meta, bitmap_before);
+                    aggregate = true;
                 }
                 ingress_outcomes.count((bit<8>)meta.outcome);
             }
@@ -163,7 +164,7 @@ control AggIngress(inout tna_headers_t hdr,
         }
 
         if (aggregate && hdr.values.isValid()) {   // valid whenever aggregate is set
-            value_aggregator.apply(hdr, meta, bitmap_before, map_result, harvest);
+            value_aggregator.apply(hdr, meta, bitmap_before, harvest);
         }
     }
 }

@@ -31,4 +31,17 @@
 #error "VALUES_PER_PACKET must be 8, 16, 32 or 64"
 #endif
 
+// One const entry per worker w of the register tables: bit w of bitmap_before set
+// means w's contribution is in already (v1model's seen). Matching it per worker
+// spares the stage that computing bitmap_before & worker_bit would take.
+#define WORKERS_0_TO_7(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define WORKERS_8_TO_15(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
+#define WORKERS_16_TO_23(M) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23)
+#define WORKERS_24_TO_31(M) M(24) M(25) M(26) M(27) M(28) M(29) M(30) M(31)
+#if MAX_WORKERS != 32
+#error "FOR_EACH_WORKER lists 32 workers: MAX_WORKERS must be 32"
+#endif
+#define FOR_EACH_WORKER(M) WORKERS_0_TO_7(M) WORKERS_8_TO_15(M) WORKERS_16_TO_23(M) WORKERS_24_TO_31(M)
+#define SEEN_BIT(w) (32w1 << w) &&& (32w1 << w)
+
 #endif  // _TNA_UNROLL_P4_

@@ -7,20 +7,19 @@
  * reuse slots forever without any reset (SwitchML).
  *
  * TNA form of v1model/control/bitmap_checker.p4. A stateful ALU returns one word,
- * so the action for set s returns set s's bitmap as it was before (bitmap_before);
- * map_result = bitmap_before & worker_bit follows in the next stage. v1model's
- * seen = (map_result != 0) and first = (bitmap_before == 0) are not computed here:
- * the tables that need them (ContributionCounter, ValueAggregator, ExponentMax)
- * match bitmap_before and map_result directly, which saves the stage a separate
- * seen/first table would cost. ContributionCounter writes meta.seen/meta.first.
+ * so the action for set s returns set s's bitmap as it was before (bitmap_before).
+ * v1model's seen (the sender's bit set in it) and first (bitmap_before == 0) are
+ * not computed here: the tables that need them (ContributionCounter, ValuePair,
+ * ExponentMax) match (worker_id, bitmap_before) directly, one entry per worker
+ * (FOR_EACH_WORKER), in the stage right after this one; computing seen would cost
+ * a stage. ContributionCounter writes meta.seen / meta.first.
  */
 #ifndef _TNA_BITMAP_CHECKER_P4_
 #define _TNA_BITMAP_CHECKER_P4_
 
 control BitmapChecker(in tna_headers_t hdr,
                       in metadata_t meta,
-                      out worker_bitmap_t bitmap_before,
-                      out worker_bitmap_t map_result) {
+                      out worker_bitmap_t bitmap_before) {
     Register<worker_bitmap_pair_t, slot_t>(POOL_SIZE) bitmaps;
 
     RegisterAction<worker_bitmap_pair_t, slot_t, worker_bitmap_t>(bitmaps) mark_set0 = {
@@ -59,7 +58,6 @@ control BitmapChecker(in tna_headers_t hdr,
 
     apply {
         check_and_mark.apply();
-        map_result = bitmap_before & meta.worker_bit;   // != 0: a retransmission
     }
 }
 

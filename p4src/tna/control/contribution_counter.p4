@@ -4,7 +4,7 @@
  * whether the slot it retransmits for is finished.
  *
  * TNA form of v1model/control/contribution_counter.p4: one Register, three
- * RegisterActions (one stateful ALU). The table matches BitmapChecker's outputs
+ * RegisterActions (one stateful ALU). The table matches BitmapChecker's output
  * (see there) and sets v1model's meta.seen / meta.first from the entry it hits, so
  * NextStepSelector keys on the same fields as on v1model.
  */
@@ -12,8 +12,7 @@
 #define _TNA_CONTRIBUTION_COUNTER_P4_
 
 control ContributionCounter(inout metadata_t meta,
-                            in worker_bitmap_t bitmap_before,
-                            in worker_bitmap_t map_result) {
+                            in worker_bitmap_t bitmap_before) {
     Register<count_t, cell_t>(NUM_CELLS) counts;
 
     RegisterAction<count_t, cell_t, count_t>(counts) write_one = {
@@ -56,17 +55,19 @@ control ContributionCounter(inout metadata_t meta,
 
     table count_op {
         key = {
-            bitmap_before: ternary @name("bitmap_before");
-            map_result:    ternary @name("map_result");
+            meta.worker_id: ternary @name("worker_id");
+            bitmap_before:  ternary @name("bitmap_before");
         }
         actions = { count_first; count_next; count_read; }
         const entries = {
-            // bitmap_before map_result      (first entry that matches wins)
-            (     0,              _    ): count_first();   // seen 0, first 1
-            (     _,              0    ): count_next();    // seen 0, first 0
-            (     _,              _    ): count_read();    // seen 1
+            // worker_id bitmap_before        (first entry that matches wins)
+            (_, 0): count_first();                      // seen 0, first 1
+#define SEEN(w) (w, SEEN_BIT(w)): count_read();
+            FOR_EACH_WORKER(SEEN)                       // seen 1
+#undef SEEN
+            (_, _): count_next();                       // seen 0, first 0
         }
-        const default_action = count_read();
+        const default_action = count_next();
     }
 
     apply {

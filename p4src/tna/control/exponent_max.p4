@@ -14,8 +14,7 @@
 
 control ExponentMax(inout tna_headers_t hdr,
                     in metadata_t meta,
-                    in worker_bitmap_t bitmap_before,
-                    in worker_bitmap_t map_result) {
+                    in worker_bitmap_t bitmap_before) {
     Register<exponent_t, cell_t>(NUM_CELLS) exponents;
 
     RegisterAction<exponent_t, cell_t, exponent_t>(exponents) store_exponent = {
@@ -52,16 +51,18 @@ control ExponentMax(inout tna_headers_t hdr,
 
     table register_op {
         key = {
-            bitmap_before: ternary @name("bitmap_before");
-            map_result:    ternary @name("map_result");
+            meta.worker_id: ternary @name("worker_id");
+            bitmap_before:  ternary @name("bitmap_before");
         }
         actions = { write_exponent; max_exponent; read_exponent; }
         const entries = {
-            (0, _): write_exponent();   // WRITE: first contribution
-            (_, 0): max_exponent();     // ADD: a further worker
-            (_, _): read_exponent();    // READ: retransmission
+            (_, 0): write_exponent();   // WRITE: first contribution
+#define SEEN(w) (w, SEEN_BIT(w)): read_exponent();
+            FOR_EACH_WORKER(SEEN)       // READ: retransmission
+#undef SEEN
+            (_, _): max_exponent();     // ADD: a further worker
         }
-        const default_action = read_exponent();
+        const default_action = max_exponent();
     }
 
     apply {

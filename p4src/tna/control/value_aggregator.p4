@@ -14,7 +14,6 @@
 control ValueAggregator(inout tna_headers_t hdr,
                         in metadata_t meta,
                         in worker_bitmap_t bitmap_before,
-                        in worker_bitmap_t map_result,
                         in bit<1> harvest) {
 #define VALUE_PAIR(p, a, b) ValuePair() pair_##p;
     FOR_EACH_VALUE_PAIR(VALUE_PAIR)
@@ -22,7 +21,7 @@ control ValueAggregator(inout tna_headers_t hdr,
 
     apply {
 #define APPLY_PAIR(p, a, b) \
-        pair_##p.apply(hdr.values.v##a, hdr.values.v##b, meta.cell, bitmap_before, map_result, harvest);
+        pair_##p.apply(hdr.values.v##a, hdr.values.v##b, meta.cell, meta.worker_id, bitmap_before, harvest);
         FOR_EACH_VALUE_PAIR(APPLY_PAIR)
 #undef APPLY_PAIR
     }

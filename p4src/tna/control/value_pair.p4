@@ -18,8 +18,8 @@
 control ValuePair(inout value_t lo,
                   inout value_t hi,
                   in cell_t cell,
+                  in worker_id_t worker_id,
                   in worker_bitmap_t bitmap_before,
-                  in worker_bitmap_t map_result,
                   in bit<1> harvest) {
     Register<value_pair_t, cell_t>(NUM_CELLS) sums;
 
@@ -70,19 +70,21 @@ control ValuePair(inout value_t lo,
 
     table register_op {
         key = {
-            harvest:       exact   @name("harvest");
+            harvest:       ternary @name("harvest");
+            worker_id:     ternary @name("worker_id");
             bitmap_before: ternary @name("bitmap_before");
-            map_result:    ternary @name("map_result");
         }
         actions = { write_values; add_values; read_values; harvest_values; }
         const entries = {
-            // harvest bitmap_before map_result   (first entry that matches wins)
-            (  1,        _,            _    ): harvest_values();  // pass 2 of a result
-            (  0,        0,            _    ): write_values();    // WRITE: first contribution
-            (  0,        _,            0    ): add_values();      // ADD: a further worker
-            (  0,        _,            _    ): read_values();     // READ: retransmission
+            // harvest worker_id bitmap_before   (first entry that matches wins)
+            (1, _, _): harvest_values();   // pass 2 of a result
+            (0, _, 0): write_values();     // WRITE: first contribution
+#define SEEN(w) (0, w, SEEN_BIT(w)): read_values();
+            FOR_EACH_WORKER(SEEN)          // READ: retransmission
+#undef SEEN
+            (0, _, _): add_values();       // ADD: a further worker
         }
-        const default_action = read_values();
+        const default_action = add_values();
     }
 
     apply {
