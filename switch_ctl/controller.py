@@ -39,7 +39,7 @@ class Controller:
     def apply(self, config: Config) -> Changes:
         """Install the job; a program lacking what it needs is refused before any write
         (a tree's leaf on the TNA program, say), an optional control it lacks is named."""
-        controls, skipped = [], []
+        controls, skipped, lacking = [], [], []
         for control in self._job_controls + [self.drop_simulator]:
             missing = control.missing(config)
             if not missing:
@@ -47,9 +47,11 @@ class Controller:
             elif control.OPTIONAL:
                 skipped.append(type(control).__name__)
             else:
-                raise P4RuntimeError(
-                    f"job {config.job.id} needs {', '.join(missing)}, which the program on "
-                    f"{self.conn.grpc_addr} ({self.conn.schema.arch or 'no arch'}) does not have")
+                lacking += missing
+        if lacking:
+            raise P4RuntimeError(
+                f"job {config.job.id} needs {', '.join(lacking)}, which the program on "
+                f"{self.conn.grpc_addr} ({self.conn.schema.arch or 'no arch'}) does not have")
         changes = Changes(skipped=tuple(skipped))
         for control in controls:
             changes += control.install(config)

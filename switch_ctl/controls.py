@@ -96,6 +96,9 @@ class JobLookup(Control):
     """The job: contributor count, multicast group, slot range, UDP port, and on a
     leaf of a tree its parent."""
     TABLE = "AggIngress.job_lookup.jobs"
+    # The TNA program's slot range check, a range match beside jobs (p4src/tna/control/
+    # job_lookup.p4: a Tofino gateway cannot compare two fields); v1model has none.
+    SLOT_RANGE = "AggIngress.job_lookup.slot_range"
 
     @staticmethod
     def _action(config: Config) -> str:
@@ -115,10 +118,20 @@ class JobLookup(Control):
                           parent_ip=job.parent.ip)
         desired = [self.entry(self.TABLE, self._action(config),
                               {"job_id": job.id, "udp_port": job.udp_port}, params)]
-        return self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
+        changes = self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
+        if self.conn.resolve("tables", self.SLOT_RANGE) is not None:
+            last = job.first_slot + job.num_slots - 1
+            ranged = [self.entry(self.SLOT_RANGE, "NoAction",
+                                 {"job_id": job.id, "udp_port": job.udp_port,
+                                  "slot": (job.first_slot, last)}, {}, priority=1)]
+            changes += self.sync(self.SLOT_RANGE, ranged, lambda m: m["job_id"] == job.id)
+        return changes
 
     def clear(self, config: Config) -> Changes:
-        return self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
+        changes = self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
+        if self.conn.resolve("tables", self.SLOT_RANGE) is not None:
+            changes += self.sync(self.SLOT_RANGE, [], lambda m: m["job_id"] == config.job.id)
+        return changes
 
 
 class SenderIdentification(Control):

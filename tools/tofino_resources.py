@@ -4,7 +4,9 @@ are megabytes of JSON tied to one compiler version; this is what a reader of the
 repo needs, in a file small enough to commit and diff (p4src/tna/build/).
 
 Read from the schemas in p4c's backends/tofino/compiler_interfaces/schemas:
-resources.json (per-stage use, what is available) and metrics.json (totals, PHV use).
+resources.json (per-stage use, what is available), metrics.json (PHV use; written
+by the driver's last step, so absent when the assembler fails) and the output's
+manifest.json (target, compiler version).
 
     python tools/tofino_resources.py p4src/tna/build/bf-p4c
 """
@@ -16,11 +18,9 @@ import json
 from pathlib import Path
 
 
-def _log(out: Path, name: str) -> dict:
+def _log(out: Path, name: str) -> dict | None:
     hits = sorted(out.rglob(name))
-    if not hits:
-        raise SystemExit(f"no {name} under {out}: did bf-p4c run with its logs (-g)?")
-    return json.loads(hits[0].read_text())
+    return json.loads(hits[0].read_text()) if hits else None
 
 
 def _short(name: str) -> str:
@@ -30,7 +30,11 @@ def _short(name: str) -> str:
 
 def summary(out: Path) -> str:
     resources = _log(out, "resources.json")
-    metrics = _log(out, "metrics.json")
+    if resources is None:
+        raise SystemExit(f"no resources.json under {out}: did bf-p4c run with -g?")
+    # metrics.json comes from the driver's last step, after the assembler.
+    metrics = _log(out, "metrics.json") or {}
+    build = _log(out, "manifest.json") or {}   # bf-p4c's own: target, compiler version
     mau = resources["resources"]["mau"]
     stages = sorted(mau["mau_stages"], key=lambda s: s["stage_number"])
 
@@ -46,23 +50,23 @@ def summary(out: Path) -> str:
     salu_total = mau["nStages"] * stages[0]["meter_alus"]["nAlus"]
     per_stage_srams = stages[0]["rams"]["nRows"] * stages[0]["rams"]["nColumns"]
     per_stage_tcams = stages[0]["tcams"]["nRows"] * stages[0]["tcams"]["nColumns"]
-    totals = metrics["mau"]
+    srams = sum(len(s["rams"]["srams"]) for s in stages)
+    tcams = sum(len(s["tcams"]["tcams"]) for s in stages)
     lines = [
         f"program: {resources.get('program_name', '?')}",
-        f"compiler: {resources.get('compiler_version', metrics.get('compiler_version', '?'))}",
-        f"target: {metrics.get('target', '?')}",
+        f"compiler: bf-p4c {build.get('compiler_version', resources.get('compiler_version'))}",
+        f"target: {build.get('target', '?')}",
         "",
         f"stages used: {len(used)} of {mau['nStages']}",
         f"stateful ALUs: {n_salus} of {salu_total}",
-        f"SRAM blocks: {totals['srams']} of {mau['nStages'] * per_stage_srams}",
-        f"TCAM blocks: {totals['tcams']} of {mau['nStages'] * per_stage_tcams}",
-        f"logical tables: {totals['logical_tables']}",
+        f"SRAM blocks: {srams} of {mau['nStages'] * per_stage_srams}",
+        f"TCAM blocks: {tcams} of {mau['nStages'] * per_stage_tcams}",
     ]
     available = {(kind, c["width"]): c["units"]
                  for kind in ("normal", "mocha", "dark", "tagalong")
                  for c in resources["resources"]["phv_containers"].get(kind, [])}
     for kind in ("normal", "mocha", "dark", "tagalong"):
-        for use in metrics["phv"].get(kind, []):
+        for use in metrics.get("phv", {}).get(kind, []):
             width = use["bit_width"]
             of = available.get((kind, width))
             lines.append(f"PHV {kind} {width}-bit: {use['containers_occupied']}"

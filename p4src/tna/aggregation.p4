@@ -54,8 +54,8 @@ control AggIngress(inout tna_headers_t hdr,
 
     Counter<bit<64>, bit<8>>(NUM_INGRESS_OUTCOMES, CounterType_t.PACKETS_AND_BYTES) ingress_outcomes;
 
-    // BitmapChecker's output: the sender's set as it was.
-    worker_bitmap_t bitmap_before = 0;
+    // BitmapChecker's output: the sender's set as it was (read only where written).
+    worker_bitmap_t bitmap_before;
 
     // The packet leaves as a result: from the service address it was sent to.
     action become_result() {
@@ -78,16 +78,17 @@ control AggIngress(inout tna_headers_t hdr,
     }
 
     apply {
-        // ValueAggregator is applied once, at the end, for both passes: its 32
-        // registers must be the same ones on pass 1 and pass 2.
-        bool aggregate = false;
+        // ValueAggregator is applied once, for both passes: its 32 registers must be
+        // the same ones on pass 1 and pass 2.
+        bit<1> aggregate = 0;   // a key of the register tables, not a condition (below)
         bit<1> harvest = 0;
+        // Unconditionally, so the register index is there from the first stage on.
+        meta.cell = hdr.agg.slot ++ hdr.agg.set;
 
         if (hdr.bridge.isValid()) {
             // Pass 2 of a result, back from the recirculation port: everything was
             // decided and counted in pass 1; read the low words of the sums and send.
-            meta.cell = hdr.agg.slot ++ hdr.agg.set;
-            aggregate = true;
+            aggregate = 1;
             harvest = 1;
             hdr.bridge.recirculate = 0;
             if (hdr.bridge.next_step == NextStep.MULTICAST) {
@@ -110,41 +111,45 @@ control AggIngress(inout tna_headers_t hdr,
             if (meta.is_agg) {
                 bool lost;
                 bool job_found;
-                slot_t room;   // slots left in the job's range from this one (JobLookup)
+                bool in_range;
                 meta.next_step = NextStep.DROP;
                 // The lookups have no side effects, so all three run, side by side in
                 // the first stage, and the checks below decide in v1model's order:
                 // gating each on the one before would cost a stage apiece before the
                 // bitmap, and the 34 stateful ALUs after it need nine of the twelve.
                 ingress_loss.apply(ig_intr_md.ingress_port, lost);
-                job_lookup.apply(hdr, meta, job_found, room);
+                job_lookup.apply(hdr, meta, job_found, in_range);
                 sender_identification.apply(hdr, meta, ig_intr_md.ingress_port);
                 if (lost) {
                     meta.outcome = IngressOutcome.SIMULATED_DROP;
-                } else if (ig_prsr_md.parser_err != 0
-                           || !hdr.values.isValid()
+                } else if (ig_prsr_md.parser_err != 0   // a short packet: values partial
                            || hdr.udp.length != AGG_UDP_LENGTH
                            || hdr.agg.msg_type != MsgType.CONTRIBUTION) {
                     meta.outcome = IngressOutcome.MALFORMED;
                 } else if (!job_found) {
                     meta.outcome = IngressOutcome.UNKNOWN_JOB;
-                } else if (hdr.agg.slot >= POOL_SIZE) {
-                    meta.outcome = IngressOutcome.BAD_SLOT;
-                } else if (room == 0) {
+                } else if (hdr.agg.slot >= POOL_SIZE || !in_range) {
                     meta.outcome = IngressOutcome.BAD_SLOT;
                 } else if (!meta.known_sender) {
                     meta.outcome = IngressOutcome.UNKNOWN_SENDER;
                 } else {
-                    meta.cell = hdr.agg.slot ++ hdr.agg.set;
+                    aggregate = 1;
                     bitmap_checker.apply(hdr, meta, bitmap_before);
                     contribution_counter.apply(meta, bitmap_before);
                     next_step_selector.apply(meta);
                     exponent_max.apply(hdr, meta, bitmap_before);
-                    aggregate = true;
                 }
                 ingress_outcomes.count((bit<8>)meta.outcome);
             }
+        }
 
+        // The sums: applied to every packet, with `aggregate` in their key rather
+        // than in a condition around them, and before the forwarding decision, which
+        // nothing in them needs. Either way round, the 32 register tables would
+        // wait stages for what they do not depend on.
+        value_aggregator.apply(hdr, meta, bitmap_before, aggregate, harvest);
+
+        if (harvest == 0) {   // pass 1 (pass 2 was sent on its way above)
             if (meta.next_step == NextStep.FORWARD_L2) {
                 bool replied;
                 arp_responder.apply(hdr, ig_intr_md.ingress_port, ig_tm_md, replied);
@@ -161,10 +166,6 @@ control AggIngress(inout tna_headers_t hdr,
             } else {
                 ig_dprsr_md.drop_ctl = 1;   // consumed, duplicate, or refused
             }
-        }
-
-        if (aggregate && hdr.values.isValid()) {   // valid whenever aggregate is set
-            value_aggregator.apply(hdr, meta, bitmap_before, harvest);
         }
     }
 }

@@ -102,7 +102,7 @@ def test_every_entry_of_a_job_encodes(p4info):
                    for e in entries)
 
 
-def test_the_tofino_build_takes_the_same_entries_less_port_security():
+def test_the_tofino_build_takes_the_same_entries_less_port_security_plus_the_slot_range():
     if not protocol.TNA_P4INFO.exists():
         pytest.skip("the TNA program is not built (make p4-tofino, with bf-p4c)")
     config = one_switch_job()
@@ -110,7 +110,12 @@ def test_the_tofino_build_takes_the_same_entries_less_port_security():
     tofino, tofino_changes = apply(protocol.TNA_P4INFO, config)
     guard = {e for e in written(bmv2) if e[0] == "AggIngress.source_guard.service_sources"}
     assert len(guard) == 3 and bmv2_changes.skipped == ()
-    assert written(tofino) == written(bmv2) - guard
+    job = config.job
+    slot_range = ("AggIngress.job_lookup.slot_range",
+                  (("job_id", ("exact", job.id)),
+                   ("slot", ("range", job.first_slot, job.first_slot + job.num_slots - 1)),
+                   ("udp_port", ("exact", job.udp_port))), "NoAction", ())
+    assert written(tofino) == written(bmv2) - guard | {slot_range}
     assert tofino_changes.skipped == ("SourceGuard",)
 
 

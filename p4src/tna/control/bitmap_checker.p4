@@ -48,12 +48,14 @@ control BitmapChecker(in tna_headers_t hdr,
 
     table check_and_mark {
         key = { hdr.agg.set: exact @name("set"); }
-        actions = { check_and_mark_set0; check_and_mark_set1; }
+        actions = { check_and_mark_set0; check_and_mark_set1; @defaultonly NoAction; }
         const entries = {
             0: check_and_mark_set0();
             1: check_and_mark_set1();
         }
-        const default_action = check_and_mark_set0();   // unreachable: set is 1 bit
+        // Never taken (set is 1 bit); a register action cannot be a default action
+        // on Tofino (its index needs the hash distribution unit).
+        const default_action = NoAction();
     }
 
     apply {

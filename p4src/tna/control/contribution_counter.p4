@@ -58,7 +58,7 @@ control ContributionCounter(inout metadata_t meta,
             meta.worker_id: ternary @name("worker_id");
             bitmap_before:  ternary @name("bitmap_before");
         }
-        actions = { count_first; count_next; count_read; }
+        actions = { count_first; count_next; count_read; @defaultonly NoAction; }
         const entries = {
             // worker_id bitmap_before        (first entry that matches wins)
             (_, 0): count_first();                      // seen 0, first 1
@@ -67,7 +67,7 @@ control ContributionCounter(inout metadata_t meta,
 #undef SEEN
             (_, _): count_next();                       // seen 0, first 0
         }
-        const default_action = count_next();
+        const default_action = NoAction();   // never taken: (_, _) matches all
     }
 
     apply {

@@ -15,16 +15,22 @@
 
 control DropSimulator(in port_t port, out bool drop) {
     Random<bit<32>>() rng;
-    drop_probability_t complement = 0xFFFFFFFF;   // ~p; p = 0 where no entry
+    drop_probability_t complement;   // ~p
 
     action set_drop_probability(drop_probability_t p) {
         complement = ~p;
     }
 
+    // No entry: p = 0. A default action rather than an initial value, which would
+    // be a write before the table's and push the table a stage down.
+    action no_loss() {
+        complement = 0xFFFFFFFF;
+    }
+
     table drop_probability {
         key = { port: exact @name("port"); }
-        actions = { set_drop_probability; @defaultonly NoAction; }
-        const default_action = NoAction();
+        actions = { set_drop_probability; @defaultonly no_loss; }
+        const default_action = no_loss();
         size = PORT_TABLE_SIZE;
     }
 

@@ -54,7 +54,7 @@ control ExponentMax(inout tna_headers_t hdr,
             meta.worker_id: ternary @name("worker_id");
             bitmap_before:  ternary @name("bitmap_before");
         }
-        actions = { write_exponent; max_exponent; read_exponent; }
+        actions = { write_exponent; max_exponent; read_exponent; @defaultonly NoAction; }
         const entries = {
             (_, 0): write_exponent();   // WRITE: first contribution
 #define SEEN(w) (w, SEEN_BIT(w)): read_exponent();
@@ -62,7 +62,7 @@ control ExponentMax(inout tna_headers_t hdr,
 #undef SEEN
             (_, _): max_exponent();     // ADD: a further worker
         }
-        const default_action = max_exponent();
+        const default_action = NoAction();   // never taken: (_, _) matches all
     }
 
     apply {

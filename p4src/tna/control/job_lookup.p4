@@ -4,16 +4,19 @@
  * Same table as v1model/control/job_lookup.p4, without its set_leaf_job: the TNA
  * program has the root role only.
  *
- * The slot range check is v1model's slot - first_slot < num_slots, but a Tofino
- * gateway compares a field with a constant only: room = num_slots |-| offset
- * (saturating, so 0 once the offset reaches num_slots, and for a slot below
- * first_slot, whose offset wraps) leaves `room != 0` to the gateway.
+ * The slot range check differs. v1model tests slot - first_slot < num_slots; on
+ * Tofino a gateway compares a field with a constant only, and the subtraction and
+ * a saturating compare would take two stages after the lookup, which the bitmap
+ * cannot wait for (the 34 stateful ALUs after it need nine of the twelve stages).
+ * So a second table, slot_range, matches the slot against the job's range in the
+ * same stage as jobs; the controller writes [first_slot, first_slot + num_slots - 1]
+ * into it where the program has it (switch_ctl/controls.py, JobLookup).
  */
 #ifndef _TNA_JOB_LOOKUP_P4_
 #define _TNA_JOB_LOOKUP_P4_
 
 control JobLookup(in tna_headers_t hdr, inout metadata_t meta, out bool found,
-                  out slot_t room) {
+                  out bool in_range) {
     action set_job(count_t num_workers, count_t total_workers, mcast_group_t group,
                    slot_t first_slot, slot_t num_slots) {
         meta.num_workers = num_workers;
@@ -33,10 +36,20 @@ control JobLookup(in tna_headers_t hdr, inout metadata_t meta, out bool found,
         size = MAX_JOBS;
     }
 
+    table slot_range {
+        key = {
+            hdr.agg.job_id:   exact @name("job_id");
+            hdr.udp.dst_port: exact @name("udp_port");
+            hdr.agg.slot:     range @name("slot");
+        }
+        actions = { NoAction; }
+        const default_action = NoAction();
+        size = MAX_JOBS;
+    }
+
     apply {
         found = jobs.apply().hit;
-        slot_t offset = hdr.agg.slot - meta.first_slot;
-        room = meta.num_slots |-| offset;
+        in_range = slot_range.apply().hit;
     }
 }
 

@@ -14,6 +14,7 @@
 control ValueAggregator(inout tna_headers_t hdr,
                         in metadata_t meta,
                         in worker_bitmap_t bitmap_before,
+                        in bit<1> aggregate,
                         in bit<1> harvest) {
 #define VALUE_PAIR(p, a, b) ValuePair() pair_##p;
     FOR_EACH_VALUE_PAIR(VALUE_PAIR)
@@ -21,7 +22,7 @@ control ValueAggregator(inout tna_headers_t hdr,
 
     apply {
 #define APPLY_PAIR(p, a, b) \
-        pair_##p.apply(hdr.values.v##a, hdr.values.v##b, meta.cell, meta.worker_id, bitmap_before, harvest);
+        pair_##p.apply(hdr.values.v##a, hdr.values.v##b, meta.cell, meta.worker_id, bitmap_before, aggregate, harvest);
         FOR_EACH_VALUE_PAIR(APPLY_PAIR)
 #undef APPLY_PAIR
     }

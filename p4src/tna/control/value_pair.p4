@@ -20,6 +20,7 @@ control ValuePair(inout value_t lo,
                   in cell_t cell,
                   in worker_id_t worker_id,
                   in worker_bitmap_t bitmap_before,
+                  in bit<1> aggregate,
                   in bit<1> harvest) {
     Register<value_pair_t, cell_t>(NUM_CELLS) sums;
 
@@ -70,21 +71,23 @@ control ValuePair(inout value_t lo,
 
     table register_op {
         key = {
+            aggregate:     ternary @name("aggregate");
             harvest:       ternary @name("harvest");
             worker_id:     ternary @name("worker_id");
             bitmap_before: ternary @name("bitmap_before");
         }
-        actions = { write_values; add_values; read_values; harvest_values; }
+        actions = { write_values; add_values; read_values; harvest_values; NoAction; }
         const entries = {
-            // harvest worker_id bitmap_before   (first entry that matches wins)
-            (1, _, _): harvest_values();   // pass 2 of a result
-            (0, _, 0): write_values();     // WRITE: first contribution
-#define SEEN(w) (0, w, SEEN_BIT(w)): read_values();
-            FOR_EACH_WORKER(SEEN)          // READ: retransmission
+            // aggregate harvest worker_id bitmap_before   (first entry that matches wins)
+            (0, _, _, _): NoAction();         // not a checked contribution nor pass 2
+            (1, 1, _, _): harvest_values();   // pass 2 of a result
+            (1, 0, _, 0): write_values();     // WRITE: first contribution
+#define SEEN(w) (1, 0, w, SEEN_BIT(w)): read_values();
+            FOR_EACH_WORKER(SEEN)             // READ: retransmission
 #undef SEEN
-            (0, _, _): add_values();       // ADD: a further worker
+            (1, 0, _, _): add_values();       // ADD: a further worker
         }
-        const default_action = add_values();
+        const default_action = NoAction();
     }
 
     apply {

@@ -1,0 +1,54 @@
+"""The committed Tofino build (make p4-tofino): it fits Tofino 1, and its summary is
+what the compiler reported.
+
+The fit is read from the committed summary, so it is checked on every machine; the
+summary is compared with bf-p4c's own logs where they are (after make p4-tofino).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from p4src import protocol
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from tofino_resources import summary  # noqa: E402
+
+SUMMARY = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.resources.txt"
+COMPILER_OUTPUT = protocol.TNA_BUILD_DIR / "bf-p4c"
+
+pytestmark = pytest.mark.skipif(
+    not SUMMARY.exists(), reason="the TNA program is not built: make p4-tofino needs bf-p4c "
+                                 "(README, 'Tofino')")
+
+
+def used_of(name: str) -> tuple[int, int]:
+    match = re.search(rf"^{name}: (\d+) of (\d+)$", SUMMARY.read_text(), re.M)
+    assert match, f"no '{name}: N of M' line in {SUMMARY.name}"
+    return int(match[1]), int(match[2])
+
+
+def test_it_fits_tofino_1():
+    assert "target: tofino" in SUMMARY.read_text()
+    stages, available = used_of("stages used")
+    assert available == 12 and stages <= 12
+    for resource in ("stateful ALUs", "SRAM blocks", "TCAM blocks"):
+        used, total = used_of(resource)
+        assert used <= total, resource
+
+
+def test_every_sum_has_its_stateful_alu():
+    """1 bitmap + 1 count + 1 exponent + one per pair of values."""
+    used, _ = used_of("stateful ALUs")
+    assert used == 3 + protocol.packet_format().values_per_packet // 2
+
+
+@pytest.mark.skipif(not COMPILER_OUTPUT.exists(),
+                    reason="bf-p4c's own output is not here (make p4-tofino writes it)")
+def test_the_summary_is_the_compilers():
+    assert summary(COMPILER_OUTPUT) == SUMMARY.read_text()
