@@ -22,8 +22,8 @@ control JobLookup(in tna_headers_t hdr, inout metadata_t meta, out bool found,
         meta.num_workers = num_workers;
         meta.total_workers = total_workers;
         meta.job_group = group;
-        meta.first_slot = first_slot;
-        meta.num_slots = num_slots;
+        // first_slot and num_slots stay parameters, as on v1model, so one controller
+        // writes both programs; here slot_range does the checking with them.
     }
 
     table jobs {
