@@ -86,9 +86,10 @@ class Control:
     def missing(self, config: Config) -> list[str]:
         return [name for kind, name in self.needs(config) if self.conn.resolve(kind, name) is None]
 
-    def present(self) -> bool:
-        """The program has the control's table, so a job may have entries in it."""
-        return self.conn.resolve("tables", self.TABLE) is not None
+    def present(self, config: Config) -> bool:
+        """The program has the control's tables, so a job may have entries in them."""
+        return all(self.conn.resolve(kind, name) is not None
+                   for kind, name in self.needs(config) if kind == "tables")
 
     def name(self, kind: str, name: str) -> str:
         full = self.conn.resolve(kind, name)

@@ -29,9 +29,10 @@ class Controller:
         self.bitmap_checker = BitmapChecker(conn)
         # Install order: port security and addresses and groups before the tables
         # that make workers known, so no packet is admitted before its result can be
-        # delivered, nor before spoofs of its result are refused.
+        # delivered, nor before spoofs of its result are refused; the loss simulator last.
         self._job_controls = [self.source_guard, self.l2_forwarding, self.arp_responder,
-                              self.result_rewrite, self.sender_identification, self.job_lookup]
+                              self.result_rewrite, self.sender_identification, self.job_lookup,
+                              self.drop_simulator]
 
     def push(self, bmv2_json: Path = protocol.PROGRAM_JSON, p4info: Path = protocol.P4INFO) -> None:
         self.conn.push_pipeline(bmv2_json, p4info)
@@ -40,7 +41,7 @@ class Controller:
         """Install the job; a program lacking what it needs is refused before any write
         (a tree's leaf on the TNA program, say), an optional control it lacks is named."""
         controls, skipped, lacking = [], [], []
-        for control in self._job_controls + [self.drop_simulator]:
+        for control in self._job_controls:
             missing = control.missing(config)
             if not missing:
                 controls.append(control)
@@ -59,8 +60,8 @@ class Controller:
 
     def remove(self, config: Config) -> Changes:
         changes = Changes()
-        for control in reversed(self._job_controls + [self.drop_simulator]):
-            if control.present():
+        for control in reversed(self._job_controls):
+            if control.present(config):
                 changes += control.clear(config)
         return changes
 

@@ -108,6 +108,9 @@ class JobLookup(Control):
     def needs(self, config: Config) -> list[tuple[str, str]]:
         return [("tables", self.TABLE), ("actions", self._action(config))]
 
+    def _has_slot_range(self) -> bool:
+        return self.conn.resolve("tables", self.SLOT_RANGE) is not None
+
     def install(self, config: Config) -> Changes:
         job = config.job
         params = {"num_workers": len(job.workers), "total_workers": job.num_workers,
@@ -119,7 +122,7 @@ class JobLookup(Control):
         desired = [self.entry(self.TABLE, self._action(config),
                               {"job_id": job.id, "udp_port": job.udp_port}, params)]
         changes = self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
-        if self.conn.resolve("tables", self.SLOT_RANGE) is not None:
+        if self._has_slot_range():
             last = job.first_slot + job.num_slots - 1
             ranged = [self.entry(self.SLOT_RANGE, "NoAction",
                                  {"job_id": job.id, "udp_port": job.udp_port,
@@ -129,7 +132,7 @@ class JobLookup(Control):
 
     def clear(self, config: Config) -> Changes:
         changes = self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
-        if self.conn.resolve("tables", self.SLOT_RANGE) is not None:
+        if self._has_slot_range():
             changes += self.sync(self.SLOT_RANGE, [], lambda m: m["job_id"] == config.job.id)
         return changes
 
@@ -190,9 +193,6 @@ class DropSimulator(Control):
         return [(kind, f"{control}.{name}") for control in self.INSTANCES.values()
                 for kind, name in (("tables", "drop_probability"),
                                    ("actions", "set_drop_probability"))]
-
-    def present(self) -> bool:
-        return all(self.conn.resolve(kind, name) is not None for kind, name in self.needs(None))
 
     @staticmethod
     def encode(probability: float) -> int:

@@ -26,9 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tofino_resources import summary  # beside this file: on sys.path as a script and in tests
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from tofino_resources import summary  # noqa: E402
 
 
 def source_hashes(patterns: list[str]) -> dict[str, str]:
