@@ -99,6 +99,7 @@ class JobLookup(Control):
     # The TNA program's slot range check, a range match beside jobs (p4src/tna/control/
     # job_lookup.p4: a Tofino gateway cannot compare two fields); v1model has none.
     SLOT_RANGE = "AggIngress.job_lookup.slot_range"
+    IN_RANGE = "AggIngress.job_lookup.slot_in_range"
 
     @staticmethod
     def _action(config: Config) -> str:
@@ -124,7 +125,7 @@ class JobLookup(Control):
         changes = self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
         if self._has_slot_range():
             last = job.first_slot + job.num_slots - 1
-            ranged = [self.entry(self.SLOT_RANGE, "NoAction",
+            ranged = [self.entry(self.SLOT_RANGE, self.IN_RANGE,
                                  {"job_id": job.id, "udp_port": job.udp_port,
                                   "slot": (job.first_slot, last)}, {}, priority=1)]
             changes += self.sync(self.SLOT_RANGE, ranged, lambda m: m["job_id"] == job.id)

@@ -23,8 +23,8 @@ SUMMARY = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.resources.txt"
 COMPILER_OUTPUT = protocol.TNA_BUILD_DIR / "bf-p4c"
 
 pytestmark = pytest.mark.skipif(
-    not SUMMARY.exists(), reason="the TNA program is not built: it does not fit Tofino 1 yet "
-                                 "(p4src/tna/README.md); make p4-tofino needs bf-p4c")
+    not SUMMARY.exists(), reason=f"{SUMMARY.name} is missing: make p4-tofino writes it with "
+                                 f"bf-p4c (README, 'Tofino')")
 
 
 def used_of(name: str) -> tuple[int, int]:
@@ -40,6 +40,16 @@ def test_it_fits_tofino_1():
     for resource in ("stateful ALUs", "SRAM blocks", "TCAM blocks"):
         used, total = used_of(resource)
         assert used <= total, resource
+
+
+def test_phv_use_is_reported_within_what_tofino_1_has():
+    lines = re.findall(r"^PHV (\w+) (\d+)-bit: (\d+) of (\d+) containers, (\d+) bits$",
+                       SUMMARY.read_text(), re.M)
+    assert {(kind, int(width)) for kind, width, *_ in lines} >= {
+        ("normal", 8), ("normal", 16), ("normal", 32)}
+    for kind, width, used, available, bits in lines:
+        assert 0 < int(used) <= int(available), (kind, width)
+        assert int(bits) <= int(used) * int(width), (kind, width)
 
 
 def test_every_sum_has_its_stateful_alu():

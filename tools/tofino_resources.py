@@ -1,12 +1,11 @@
 """A text summary of what a bf-p4c compile uses of Tofino: stages, stateful ALUs,
-SRAM/TCAM, PHV. The compiler's own reports (pipe/logs/resources.json, metrics.json)
+SRAM/TCAM, PHV. The compiler's own reports (pipe/logs/resources.json, phv.json)
 are megabytes of JSON tied to one compiler version; this is what a reader of the
 repo needs, in a file small enough to commit and diff (p4src/tna/build/).
 
 Read from the schemas in p4c's backends/tofino/compiler_interfaces/schemas:
-resources.json (per-stage use, what is available), metrics.json (PHV use; written
-by the driver's last step, so absent when the assembler fails) and the output's
-manifest.json (target, compiler version).
+resources.json (per-stage use, what is available), phv.json (what each PHV
+container holds) and the output's manifest.json (target, compiler version).
 
     python tools/tofino_resources.py p4src/tna/build/bf-p4c
 """
@@ -32,8 +31,7 @@ def summary(out: Path) -> str:
     resources = _log(out, "resources.json")
     if resources is None:
         raise SystemExit(f"no resources.json under {out}: did bf-p4c run with -g?")
-    # metrics.json comes from the driver's last step, after the assembler.
-    metrics = _log(out, "metrics.json") or {}
+    phv = _log(out, "phv.json") or {"containers": []}
     build = _log(out, "manifest.json") or {}   # bf-p4c's own: target, compiler version
     mau = resources["resources"]["mau"]
     stages = sorted(mau["mau_stages"], key=lambda s: s["stage_number"])
@@ -65,13 +63,16 @@ def summary(out: Path) -> str:
     available = {(kind, c["width"]): c["units"]
                  for kind in ("normal", "mocha", "dark", "tagalong")
                  for c in resources["resources"]["phv_containers"].get(kind, [])}
-    for kind in ("normal", "mocha", "dark", "tagalong"):
-        for use in metrics.get("phv", {}).get(kind, []):
-            width = use["bit_width"]
-            of = available.get((kind, width))
-            lines.append(f"PHV {kind} {width}-bit: {use['containers_occupied']}"
-                         f"{f' of {of}' if of is not None else ''} containers, "
-                         f"{use['bits_occupied']} bits")
+    occupied: dict[tuple[str, int], list[int]] = {}   # (kind, width) -> bits per container
+    for c in phv["containers"]:
+        bits = {b for piece in c["slices"]
+                for b in range(piece["slice_info"]["lsb"], piece["slice_info"]["msb"] + 1)}
+        occupied.setdefault((c["container_type"], c["bit_width"]), []).append(len(bits))
+    for (kind, width), bits in sorted(occupied.items()):
+        of = available.get((kind, width))
+        lines.append(f"PHV {kind} {width}-bit: {len(bits)}"
+                     f"{f' of {of}' if of is not None else ''} containers, "
+                     f"{sum(bits)} bits")
     lines += ["", "per stage: stateful ALUs (registers) | tables"]
     for s in stages:
         lines.append(f"  {s['stage_number']:2}: {len(s['meter_alus']['meters'])} "

@@ -1,6 +1,6 @@
 /*
  * In-network gradient aggregation for Tofino 1 (TNA), after SwitchML (NSDI'21).
- * NOT YET COMPILED: see README.md in this directory.
+ * Compiled with bf-p4c: see README.md in this directory.
  *
  * The same program as v1model/aggregation.p4, with the same controls, tables and
  * counters: workers send CONTRIBUTION packets of VALUES_PER_PACKET int32 values to
@@ -54,117 +54,125 @@ control AggIngress(inout tna_headers_t hdr,
 
     Counter<bit<64>, bit<8>>(NUM_INGRESS_OUTCOMES, CounterType_t.PACKETS_AND_BYTES) ingress_outcomes;
 
-    // BitmapChecker's output: the sender's set as it was (read only where written).
+    // Written by BitmapChecker for every aggregation packet (bitmap_before only
+    // where aggregate is 1).
     worker_bitmap_t bitmap_before;
+    bit<1> aggregate;
+    bit<1> harvest;
 
-    // The packet leaves as a result: from the service address it was sent to.
-    action become_result() {
+    // A contribution that completed its slot, or a retransmission for a finished
+    // one: the packet becomes the result, from the service address it was sent to,
+    // and ends pass 1 at the recirculation port, with the decision in bridge_h for
+    // pass 2 (and, there, for egress).
+    action recirculate_result() {
+        ingress_outcomes.count((bit<8>)meta.outcome);
         hdr.agg.msg_type = MsgType.RESULT;
         hdr.agg.contributions = meta.total_workers;
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = hdr.udp.dst_port;
         hdr.udp.checksum = 0;  // the payload changed; 0 means "none" in IPv4
-    }
-
-    // Pass 1 of a result ends at the recirculation port; bridge_h carries the
-    // decision to pass 2 (and, there, to egress).
-    action recirculate_result() {
-        hdr.bridge.recirculate = 1;
+        hdr.bridge.setValid();
         hdr.bridge.next_step = meta.next_step;
+        hdr.bridge.recirculate = 1;
+        hdr.bridge.flooded = 0;
+        hdr.bridge._pad0 = 0;
+        hdr.bridge.ingress_port = ig_intr_md.ingress_port;
+        hdr.bridge._pad1 = 0;
         hdr.bridge.worker_id = meta.worker_id;
         hdr.bridge.job_group = meta.job_group;
         ig_tm_md.ucast_egress_port = AGG_RECIRC_PORT;
     }
 
-    apply {
-        // ValueAggregator is applied once, for both passes: its 32 registers must be
-        // the same ones on pass 1 and pass 2.
-        bit<1> aggregate = 0;   // a key of the register tables, not a condition (below)
-        bit<1> harvest = 0;
-        // Unconditionally, so the register index is there from the first stage on.
-        meta.cell = hdr.agg.slot ++ hdr.agg.set;
+    // Consumed, a duplicate, or refused.
+    action drop_contribution() {
+        ingress_outcomes.count((bit<8>)meta.outcome);
+        ig_dprsr_md.drop_ctl = 1;
+    }
 
-        if (hdr.bridge.isValid()) {
-            // Pass 2 of a result, back from the recirculation port: everything was
-            // decided and counted in pass 1; read the low words of the sums and send.
-            aggregate = 1;
-            harvest = 1;
-            hdr.bridge.recirculate = 0;
-            if (hdr.bridge.next_step == NextStep.MULTICAST) {
-                ig_tm_md.mcast_grp_a = hdr.bridge.job_group;
-            } else {
-                ig_tm_md.ucast_egress_port = hdr.bridge.ingress_port;
-            }
-        } else {
-            hdr.bridge.setValid();
-            hdr.bridge.next_step = NextStep.FORWARD_L2;
-            hdr.bridge.recirculate = 0;
-            hdr.bridge.flooded = 0;
-            hdr.bridge._pad0 = 0;
-            hdr.bridge.ingress_port = ig_intr_md.ingress_port;
-            hdr.bridge._pad1 = 0;
-            hdr.bridge.worker_id = 0;
-            hdr.bridge.job_group = 0;
-            meta.next_step = NextStep.FORWARD_L2;
+    // Pass 2: everything was decided and counted in pass 1, and the low words of
+    // the sums were read on the way here.
+    action send_multicast() {
+        hdr.bridge.recirculate = 0;
+        ig_tm_md.mcast_grp_a = hdr.bridge.job_group;
+    }
 
-            if (meta.is_agg) {
-                bool lost;
-                bool job_found;
-                bool in_range;
-                meta.next_step = NextStep.DROP;
-                // The lookups have no side effects, so all three run, side by side in
-                // the first stage, and the checks below decide in v1model's order:
-                // gating each on the one before would cost a stage apiece before the
-                // bitmap, and the 34 stateful ALUs after it need nine of the twelve.
-                ingress_loss.apply(ig_intr_md.ingress_port, lost);
-                job_lookup.apply(hdr, meta, job_found, in_range);
-                sender_identification.apply(hdr, meta, ig_intr_md.ingress_port);
-                if (lost) {
-                    meta.outcome = IngressOutcome.SIMULATED_DROP;
-                } else if (ig_prsr_md.parser_err != 0   // a short packet: values partial
-                           || hdr.udp.length != AGG_UDP_LENGTH
-                           || hdr.agg.msg_type != MsgType.CONTRIBUTION) {
-                    meta.outcome = IngressOutcome.MALFORMED;
-                } else if (!job_found) {
-                    meta.outcome = IngressOutcome.UNKNOWN_JOB;
-                } else if (hdr.agg.slot >= POOL_SIZE || !in_range) {
-                    meta.outcome = IngressOutcome.BAD_SLOT;
-                } else if (!meta.known_sender) {
-                    meta.outcome = IngressOutcome.UNKNOWN_SENDER;
-                } else {
-                    aggregate = 1;
-                    bitmap_checker.apply(hdr, meta, bitmap_before);
-                    contribution_counter.apply(meta, bitmap_before);
-                    next_step_selector.apply(meta);
-                    exponent_max.apply(hdr, meta, bitmap_before);
-                }
-                ingress_outcomes.count((bit<8>)meta.outcome);
-            }
+    action send_unicast() {
+        hdr.bridge.recirculate = 0;
+        ig_tm_md.ucast_egress_port = hdr.bridge.ingress_port;
+    }
+
+    // Where an aggregation packet goes, as a table rather than if/else (see apply).
+    table send {
+        key = {
+            harvest:               ternary @name("harvest");
+            meta.next_step:        ternary @name("next_step");
+            hdr.bridge.next_step:  ternary @name("bridge_next_step");
         }
+        actions = { recirculate_result; drop_contribution; send_multicast; send_unicast; NoAction; }
+        const entries = {
+            (1, _, NextStep.MULTICAST): send_multicast();
+            (1, _, _):                  send_unicast();
+            (0, NextStep.MULTICAST, _): recirculate_result();
+            (0, NextStep.UNICAST, _):   recirculate_result();
+            (0, _, _):                  drop_contribution();
+        }
+        // Never taken. A counting action cannot be a default action on Tofino (its
+        // index needs the hash distribution unit).
+        const default_action = NoAction();
+        size = 5;
+    }
 
-        // The sums: applied to every packet, with `aggregate` in their key rather
-        // than in a condition around them, and before the forwarding decision, which
-        // nothing in them needs. Either way round, the 32 register tables would
-        // wait stages for what they do not depend on.
-        value_aggregator.apply(hdr, meta, bitmap_before, aggregate, harvest);
+    // Not aggregation: answered by the ARP responder or switched at L2. Bridged
+    // metadata, so that egress prunes the flood copy to the ingress port.
+    action bridge_l2() {
+        ingress_outcomes.count((bit<8>)IngressOutcome.FORWARDED_L2);
+        hdr.bridge.setValid();
+        hdr.bridge.next_step = NextStep.FORWARD_L2;
+        hdr.bridge.recirculate = 0;
+        hdr.bridge.flooded = 0;
+        hdr.bridge._pad0 = 0;
+        hdr.bridge.ingress_port = ig_intr_md.ingress_port;
+        hdr.bridge._pad1 = 0;
+        hdr.bridge.worker_id = 0;
+        hdr.bridge.job_group = 0;
+    }
 
-        if (harvest == 0) {   // pass 1 (pass 2 was sent on its way above)
-            if (meta.next_step == NextStep.FORWARD_L2) {
-                bool replied;
-                arp_responder.apply(hdr, ig_intr_md.ingress_port, ig_tm_md, replied);
-                if (!replied) {
-                    l2_forwarding.apply(hdr, meta, ig_tm_md);
-                    if (meta.flooded) {
-                        hdr.bridge.flooded = 1;
-                    }
+    apply {
+        if (meta.is_agg) {
+            // One flat sequence of tables, each keyed on what decides it (pass 2 by
+            // `harvest`, a checked contribution by `aggregate`) instead of nested
+            // if/else. On Tofino 1 a table that follows an if block waits for every
+            // table inside it (the next-table chain), and nesting cost four stages.
+            // Stage 0: the lookups; 1: the loss draw; 2: the checks and the bitmap,
+            // one table; 3-11: the 34 stateful ALUs of counts, exponents and sums,
+            // with the decision beside them.
+            meta.cell = hdr.agg.slot ++ hdr.agg.set;
+            bit<32> loss_draw;
+            bit<1> job_found;
+            bit<1> in_range;
+            ingress_loss.apply(ig_intr_md.ingress_port, loss_draw);
+            job_lookup.apply(hdr, meta, job_found, in_range);
+            sender_identification.apply(hdr, meta, ig_intr_md.ingress_port);
+            bitmap_checker.apply(hdr, meta, ig_intr_md.ingress_port, ig_prsr_md.parser_err,
+                                 loss_draw, job_found, in_range, bitmap_before, aggregate,
+                                 harvest);
+            contribution_counter.apply(meta, bitmap_before, aggregate);
+            exponent_max.apply(hdr, meta, bitmap_before, aggregate);
+            // Applied once, for both passes: its 32 registers must be the same ones
+            // on pass 1 and pass 2.
+            value_aggregator.apply(hdr, meta, bitmap_before, aggregate, harvest);
+            next_step_selector.apply(meta, aggregate);
+            send.apply();
+        } else {
+            bridge_l2();
+            bool replied;
+            arp_responder.apply(hdr, ig_intr_md.ingress_port, ig_tm_md, replied);
+            if (!replied) {
+                l2_forwarding.apply(hdr, meta, ig_tm_md);
+                if (meta.flooded) {
+                    hdr.bridge.flooded = 1;
                 }
-            } else if (meta.next_step == NextStep.MULTICAST
-                       || meta.next_step == NextStep.UNICAST) {
-                become_result();
-                recirculate_result();
-            } else {
-                ig_dprsr_md.drop_ctl = 1;   // consumed, duplicate, or refused
             }
         }
     }
@@ -188,15 +196,15 @@ control AggEgress(inout tna_headers_t hdr,
         } else {
             if (hdr.bridge.next_step == NextStep.MULTICAST
                     || hdr.bridge.next_step == NextStep.UNICAST) {
-                bool lost;
+                bit<32> loss_draw;
                 EgressOutcome outcome = EgressOutcome.UNICAST_RESEND;
                 worker_id_t worker = hdr.bridge.worker_id;
                 if (hdr.bridge.next_step == NextStep.MULTICAST) {
                     outcome = EgressOutcome.MULTICAST_COPY;
                     worker = (worker_id_t)eg_intr_md.egress_rid;
                 }
-                egress_loss.apply(eg_intr_md.egress_port, lost);
-                if (lost) {
+                egress_loss.apply(eg_intr_md.egress_port, loss_draw);
+                if (loss_draw != LOSS_KEPT) {
                     eg_dprsr_md.drop_ctl = 1;
                     outcome = EgressOutcome.SIMULATED_DROP;
                 } else {

@@ -12,7 +12,8 @@
 #define _TNA_CONTRIBUTION_COUNTER_P4_
 
 control ContributionCounter(inout metadata_t meta,
-                            in worker_bitmap_t bitmap_before) {
+                            in worker_bitmap_t bitmap_before,
+                            in bit<1> aggregate) {
     Register<count_t, cell_t>(NUM_CELLS) counts;
 
     RegisterAction<count_t, cell_t, count_t>(counts) write_one = {
@@ -55,19 +56,22 @@ control ContributionCounter(inout metadata_t meta,
 
     table count_op {
         key = {
+            aggregate:      ternary @name("aggregate");
             meta.worker_id: ternary @name("worker_id");
             bitmap_before:  ternary @name("bitmap_before");
         }
-        actions = { count_first; count_next; count_read; @defaultonly NoAction; }
+        actions = { count_first; count_next; count_read; NoAction; }
         const entries = {
-            // worker_id bitmap_before        (first entry that matches wins)
-            (_, 0): count_first();                      // seen 0, first 1
-#define SEEN(w) (w, SEEN_BIT(w)): count_read();
-            FOR_EACH_WORKER(SEEN)                       // seen 1
+            // aggregate worker_id bitmap_before        (first entry that matches wins)
+            (0, _, _): NoAction();                         // not a checked contribution
+            (1, _, 0): count_first();                      // seen 0, first 1
+#define SEEN(w) (1, w, SEEN_BIT(w)): count_read();
+            FOR_EACH_WORKER(SEEN)                          // seen 1
 #undef SEEN
-            (_, _): count_next();                       // seen 0, first 0
+            (1, _, _): count_next();                       // seen 0, first 0
         }
-        const default_action = NoAction();   // never taken: (_, _) matches all
+        const default_action = NoAction();   // never taken: the entries cover all
+        size = 36;
     }
 
     apply {

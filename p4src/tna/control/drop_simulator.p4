@@ -9,11 +9,18 @@
  *     drop  <=>  (draw |+| ~p) != 0xFFFFFFFF
  * and P(drop) = p / 2^32 as on v1model (p = 0 never drops). The controller writes
  * the same p to the same table.
+ *
+ * The control hands out the sum, not a bool: ingress matches it in BitmapChecker's
+ * table (LOSS_KEPT: kept) in the stage after the sum, where a bool would need a
+ * gateway and one stage more.
  */
 #ifndef _TNA_DROP_SIMULATOR_P4_
 #define _TNA_DROP_SIMULATOR_P4_
 
-control DropSimulator(in port_t port, out bool drop) {
+// draw |+| ~p for a packet that is kept.
+const bit<32> LOSS_KEPT = 0xFFFFFFFF;
+
+control DropSimulator(in port_t port, out bit<32> draw) {
     Random<bit<32>>() rng;
     drop_probability_t complement;   // ~p
 
@@ -37,8 +44,7 @@ control DropSimulator(in port_t port, out bool drop) {
     apply {
         drop_probability.apply();
         // The sum, not the test, saturates: a gateway cannot hold the addition.
-        bit<32> sum = rng.get() |+| complement;
-        drop = sum != 0xFFFFFFFF;
+        draw = rng.get() |+| complement;
     }
 }
 

@@ -14,7 +14,8 @@
 
 control ExponentMax(inout tna_headers_t hdr,
                     in metadata_t meta,
-                    in worker_bitmap_t bitmap_before) {
+                    in worker_bitmap_t bitmap_before,
+                    in bit<1> aggregate) {
     Register<exponent_t, cell_t>(NUM_CELLS) exponents;
 
     RegisterAction<exponent_t, cell_t, exponent_t>(exponents) store_exponent = {
@@ -51,18 +52,21 @@ control ExponentMax(inout tna_headers_t hdr,
 
     table register_op {
         key = {
+            aggregate:      ternary @name("aggregate");
             meta.worker_id: ternary @name("worker_id");
             bitmap_before:  ternary @name("bitmap_before");
         }
-        actions = { write_exponent; max_exponent; read_exponent; @defaultonly NoAction; }
+        actions = { write_exponent; max_exponent; read_exponent; NoAction; }
         const entries = {
-            (_, 0): write_exponent();   // WRITE: first contribution
-#define SEEN(w) (w, SEEN_BIT(w)): read_exponent();
-            FOR_EACH_WORKER(SEEN)       // READ: retransmission
+            (0, _, _): NoAction();         // not a checked contribution
+            (1, _, 0): write_exponent();   // WRITE: first contribution
+#define SEEN(w) (1, w, SEEN_BIT(w)): read_exponent();
+            FOR_EACH_WORKER(SEEN)          // READ: retransmission
 #undef SEEN
-            (_, _): max_exponent();     // ADD: a further worker
+            (1, _, _): max_exponent();     // ADD: a further worker
         }
-        const default_action = NoAction();   // never taken: (_, _) matches all
+        const default_action = NoAction();   // never taken: the entries cover all
+        size = 36;
     }
 
     apply {

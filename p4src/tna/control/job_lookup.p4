@@ -15,10 +15,11 @@
 #ifndef _TNA_JOB_LOOKUP_P4_
 #define _TNA_JOB_LOOKUP_P4_
 
-control JobLookup(in tna_headers_t hdr, inout metadata_t meta, out bool found,
-                  out bool in_range) {
+control JobLookup(in tna_headers_t hdr, inout metadata_t meta, out bit<1> found,
+                  out bit<1> in_range) {
     action set_job(count_t num_workers, count_t total_workers, mcast_group_t group,
                    slot_t first_slot, slot_t num_slots) {
+        found = 1;
         meta.num_workers = num_workers;
         meta.total_workers = total_workers;
         meta.job_group = group;
@@ -26,14 +27,28 @@ control JobLookup(in tna_headers_t hdr, inout metadata_t meta, out bool found,
         // writes both programs; here slot_range does the checking with them.
     }
 
+    // The flags are written by the tables' own actions: a flag from apply().hit
+    // would be a table of its own, one stage later.
+    action unknown_job() {
+        found = 0;
+    }
+
     table jobs {
         key = {
             hdr.agg.job_id:   exact @name("job_id");
             hdr.udp.dst_port: exact @name("udp_port");
         }
-        actions = { set_job; @defaultonly NoAction; }
-        const default_action = NoAction();
+        actions = { set_job; @defaultonly unknown_job; }
+        const default_action = unknown_job();
         size = MAX_JOBS;
+    }
+
+    action slot_in_range() {
+        in_range = 1;
+    }
+
+    action slot_out_of_range() {
+        in_range = 0;
     }
 
     table slot_range {
@@ -42,14 +57,14 @@ control JobLookup(in tna_headers_t hdr, inout metadata_t meta, out bool found,
             hdr.udp.dst_port: exact @name("udp_port");
             hdr.agg.slot:     range @name("slot");
         }
-        actions = { NoAction; }
-        const default_action = NoAction();
+        actions = { slot_in_range; @defaultonly slot_out_of_range; }
+        const default_action = slot_out_of_range();
         size = MAX_JOBS;
     }
 
     apply {
-        found = jobs.apply().hit;
-        in_range = slot_range.apply().hit;
+        jobs.apply();
+        slot_range.apply();
     }
 }
 

@@ -1,6 +1,9 @@
 /*
  * The fixed decision of the program, as a truth table: what the registers do, and
- * where the packet goes. Identical to v1model/control/next_step_selector.p4.
+ * where the packet goes. v1model/control/next_step_selector.p4's table, plus the
+ * key `aggregate` (a checked contribution), so that it runs for every aggregation
+ * packet instead of inside an if: on Tofino 1, a table after an if block waits for
+ * every table in it (see aggregation.p4).
  *
  * On Tofino meta.register_op only documents the decision (and is visible in the
  * compiler's PHV/table logs): the register tables cannot wait for `done`, so they
@@ -10,7 +13,7 @@
 #ifndef _TNA_NEXT_STEP_SELECTOR_P4_
 #define _TNA_NEXT_STEP_SELECTOR_P4_
 
-control NextStepSelector(inout metadata_t meta) {
+control NextStepSelector(inout metadata_t meta, in bit<1> aggregate) {
     // A contribution that is not the last: store it, then drop the packet.
     action consume(RegisterOp op) {
         meta.register_op = op;
@@ -41,21 +44,24 @@ control NextStepSelector(inout metadata_t meta) {
 
     table next_step {
         key = {
+            aggregate:  ternary @name("aggregate");
             meta.seen:  ternary @name("seen");
             meta.first: ternary @name("first");
             meta.done:  ternary @name("done");
         }
-        actions = { consume; complete; resend; drop_duplicate; }
+        actions = { consume; complete; resend; drop_duplicate; NoAction; }
         const entries = {
-            // seen first done
-            (  0,   1,   0  ): consume(RegisterOp.WRITE);
-            (  0,   0,   0  ): consume(RegisterOp.ADD);
-            (  0,   1,   1  ): complete(RegisterOp.WRITE);   // single-worker job
-            (  0,   0,   1  ): complete(RegisterOp.ADD);
-            (  1,   _,   1  ): resend();
-            (  1,   _,   0  ): drop_duplicate();
+            // aggregate seen first done
+            (0,   _,   _,   _  ): NoAction();   // refused, or pass 2: decided already
+            (1,   0,   1,   0  ): consume(RegisterOp.WRITE);
+            (1,   0,   0,   0  ): consume(RegisterOp.ADD);
+            (1,   0,   1,   1  ): complete(RegisterOp.WRITE);   // single-worker job
+            (1,   0,   0,   1  ): complete(RegisterOp.ADD);
+            (1,   1,   _,   1  ): resend();
+            (1,   1,   _,   0  ): drop_duplicate();
         }
-        const default_action = drop_duplicate();
+        const default_action = NoAction();   // never taken: the entries cover all
+        size = 8;
     }
 
     apply {

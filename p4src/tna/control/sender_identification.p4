@@ -31,8 +31,9 @@ control SenderIdentification(in tna_headers_t hdr,
         size = SENDER_TABLE_SIZE;
     }
 
+    // meta.known_sender starts false in the parser: a write here, before the
+    // lookup, would push the table a stage down.
     apply {
-        meta.known_sender = false;
         senders.apply();
     }
 }

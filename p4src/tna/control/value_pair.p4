@@ -8,9 +8,10 @@
  * v1model.
  *
  * A stateful ALU outputs one 32-bit word per packet. Pass 1 therefore puts the
- * updated high word (v(2p+1)) in the packet; a result takes pass 2 (harvest = 1)
- * through the recirculation port to read the low word (v(2p)). Contributions that
- * are consumed, the common case, take one pass.
+ * updated high word (v(2p+1)) in the packet; a result takes pass 2 through the
+ * recirculation port to read the low word (v(2p)). Contributions that are
+ * consumed, the common case, take one pass. BitmapChecker's table tells pass 2
+ * (`harvest`) from its ingress port.
  */
 #ifndef _TNA_VALUE_PAIR_P4_
 #define _TNA_VALUE_PAIR_P4_
@@ -71,23 +72,24 @@ control ValuePair(inout value_t lo,
 
     table register_op {
         key = {
-            aggregate:     ternary @name("aggregate");
             harvest:       ternary @name("harvest");
+            aggregate:     ternary @name("aggregate");
             worker_id:     ternary @name("worker_id");
             bitmap_before: ternary @name("bitmap_before");
         }
         actions = { write_values; add_values; read_values; harvest_values; NoAction; }
         const entries = {
-            // aggregate harvest worker_id bitmap_before   (first entry that matches wins)
-            (0, _, _, _): NoAction();         // not a checked contribution nor pass 2
-            (1, 1, _, _): harvest_values();   // pass 2 of a result
-            (1, 0, _, 0): write_values();     // WRITE: first contribution
-#define SEEN(w) (1, 0, w, SEEN_BIT(w)): read_values();
+            // harvest aggregate worker_id bitmap_before   (first entry that matches wins)
+            (1, _, _, _): harvest_values();   // pass 2 of a result
+            (_, 0, _, _): NoAction();         // not a checked contribution
+            (_, 1, _, 0): write_values();     // WRITE: first contribution
+#define SEEN(w) (_, 1, w, SEEN_BIT(w)): read_values();
             FOR_EACH_WORKER(SEEN)             // READ: retransmission
 #undef SEEN
-            (1, 0, _, _): add_values();       // ADD: a further worker
+            (_, 1, _, _): add_values();       // ADD: a further worker
         }
         const default_action = NoAction();
+        size = 36;
     }
 
     apply {
