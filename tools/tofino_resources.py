@@ -31,7 +31,9 @@ def summary(out: Path) -> str:
     resources = _log(out, "resources.json")
     if resources is None:
         raise SystemExit(f"no resources.json under {out}: did bf-p4c run with -g?")
-    phv = _log(out, "phv.json") or {"containers": []}
+    phv = _log(out, "phv.json")
+    if phv is None:
+        raise SystemExit(f"no phv.json under {out}: did bf-p4c run with -g?")
     build = _log(out, "manifest.json") or {}   # bf-p4c's own: target, compiler version
     mau = resources["resources"]["mau"]
     stages = sorted(mau["mau_stages"], key=lambda s: s["stage_number"])
