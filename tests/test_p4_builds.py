@@ -7,14 +7,12 @@ tools/p4build.py with the files as they are now.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from p4build import stale_sources
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from p4build import stale_sources  # noqa: E402
 
 MANIFESTS = sorted(REPO.glob("p4src/build/*.manifest.json")) + sorted(
     REPO.glob("p4src/tna/build/*.manifest.json")) + sorted(

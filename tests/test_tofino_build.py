@@ -8,16 +8,11 @@ summary is compared with bf-p4c's own logs where they are (after make p4-tofino)
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
+from tofino_resources import summary
 
 from p4src import protocol
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from tofino_resources import summary  # noqa: E402
 
 SUMMARY = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.resources.txt"
 COMPILER_OUTPUT = protocol.TNA_BUILD_DIR / "bf-p4c"

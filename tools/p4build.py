@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tofino_resources import summary  # beside this file: on sys.path as a script and in tests
+from tofino_resources import summary  # beside this file: on sys.path as a script, and in pytest's pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,10 @@ import json
 from pathlib import Path
 
 
-def _log(out: Path, name: str) -> dict | None:
+def _log(out: Path, name: str, required: bool = True) -> dict | None:
     hits = sorted(out.rglob(name))
+    if not hits and required:
+        raise SystemExit(f"no {name} under {out}: did bf-p4c run with -g?")
     return json.loads(hits[0].read_text()) if hits else None
 
 
@@ -29,12 +31,9 @@ def _short(name: str) -> str:
 
 def summary(out: Path) -> str:
     resources = _log(out, "resources.json")
-    if resources is None:
-        raise SystemExit(f"no resources.json under {out}: did bf-p4c run with -g?")
     phv = _log(out, "phv.json")
-    if phv is None:
-        raise SystemExit(f"no phv.json under {out}: did bf-p4c run with -g?")
-    build = _log(out, "manifest.json") or {}   # bf-p4c's own: target, compiler version
+    # bf-p4c's own manifest: target, compiler version.
+    build = _log(out, "manifest.json", required=False) or {}
     mau = resources["resources"]["mau"]
     stages = sorted(mau["mau_stages"], key=lambda s: s["stage_number"])
 

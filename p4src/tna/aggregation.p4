@@ -60,6 +60,20 @@ control AggIngress(inout tna_headers_t hdr,
     bit<1> aggregate;
     bit<1> harvest;
 
+    // What egress (and pass 2) needs of ingress's decision.
+    action set_bridge(in NextStep next_step, in bit<1> recirculate,
+                      in worker_id_t worker_id, in mcast_group_t job_group) {
+        hdr.bridge.setValid();
+        hdr.bridge.next_step = next_step;
+        hdr.bridge.recirculate = recirculate;
+        hdr.bridge.flooded = 0;
+        hdr.bridge._pad0 = 0;
+        hdr.bridge.ingress_port = ig_intr_md.ingress_port;
+        hdr.bridge._pad1 = 0;
+        hdr.bridge.worker_id = worker_id;
+        hdr.bridge.job_group = job_group;
+    }
+
     // A contribution that completed its slot, or a retransmission for a finished
     // one: the packet becomes the result, from the service address it was sent to,
     // and ends pass 1 at the recirculation port, with the decision in bridge_h for
@@ -72,15 +86,7 @@ control AggIngress(inout tna_headers_t hdr,
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = hdr.udp.dst_port;
         hdr.udp.checksum = 0;  // the payload changed; 0 means "none" in IPv4
-        hdr.bridge.setValid();
-        hdr.bridge.next_step = meta.next_step;
-        hdr.bridge.recirculate = 1;
-        hdr.bridge.flooded = 0;
-        hdr.bridge._pad0 = 0;
-        hdr.bridge.ingress_port = ig_intr_md.ingress_port;
-        hdr.bridge._pad1 = 0;
-        hdr.bridge.worker_id = meta.worker_id;
-        hdr.bridge.job_group = meta.job_group;
+        set_bridge(meta.next_step, 1, meta.worker_id, meta.job_group);
         ig_tm_md.ucast_egress_port = AGG_RECIRC_PORT;
     }
 
@@ -127,15 +133,7 @@ control AggIngress(inout tna_headers_t hdr,
     // metadata, so that egress prunes the flood copy to the ingress port.
     action bridge_l2() {
         ingress_outcomes.count((bit<8>)IngressOutcome.FORWARDED_L2);
-        hdr.bridge.setValid();
-        hdr.bridge.next_step = NextStep.FORWARD_L2;
-        hdr.bridge.recirculate = 0;
-        hdr.bridge.flooded = 0;
-        hdr.bridge._pad0 = 0;
-        hdr.bridge.ingress_port = ig_intr_md.ingress_port;
-        hdr.bridge._pad1 = 0;
-        hdr.bridge.worker_id = 0;
-        hdr.bridge.job_group = 0;
+        set_bridge(NextStep.FORWARD_L2, 0, 0, 0);
     }
 
     apply {
