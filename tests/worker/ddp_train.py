@@ -103,6 +103,10 @@ def main() -> None:
     if session is not None:
         report["retransmissions"] = session.stats.retransmissions
         session.close()
+    # Both ranks reach the end before either tears down: rank 0 hosts the store,
+    # and a rank still destroying its group when the other has exited can abort
+    # in gloo's teardown ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
     print(json.dumps(report), flush=True)
 
