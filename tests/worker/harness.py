@@ -151,16 +151,19 @@ class Fabric:
     # -- workers -----------------------------------------------------------------
     def run(self, job: Job, args: list[str], *, workers: list[int] | None = None,
             extra: dict[int, list[str]] | None = None, module: str = "worker.run",
-            timeout: float = 180) -> list[WorkerRun]:
+            late: dict[int, float] | None = None, timeout: float = 180) -> list[WorkerRun]:
         """Run ``module`` on each worker's host (all of them, or ``workers``) with
-        ``--config <job> --worker-id <i>`` plus ``args`` (and ``extra[i]``); waits for all."""
-        ids = range(job.num_workers) if workers is None else workers
-        extra = extra or {}
+        ``--config <job> --worker-id <i>`` plus ``args`` (and ``extra[i]``), starting
+        worker i ``late[i]`` seconds after the others (a straggler); waits for all."""
+        ids = list(range(job.num_workers) if workers is None else workers)
+        extra, late = extra or {}, late or {}
+        launched = time.monotonic()
         # Output goes to files, not pipes: a pipe nobody drains fills after ~160 reports
         # and blocks its worker in print(), which stalls every other worker's call.
         outdir = Path(tempfile.mkdtemp(prefix=f"job{job.id}-", dir=self.workdir))
         procs = {}
-        for i in ids:
+        for i in sorted(ids, key=lambda i: late.get(i, 0.0)):
+            time.sleep(max(0.0, launched + late.get(i, 0.0) - time.monotonic()))
             with open(outdir / f"{i}.out", "w") as out, open(outdir / f"{i}.err", "w") as err:
                 procs[i] = job.hosts[i].popen(
                     [sys.executable, "-m", module, "--config", str(job.path), "--worker-id",
@@ -177,7 +180,8 @@ class Fabric:
                 raise AssertionError(f"worker {i} still running after {timeout} s (a hang); "
                                      f"switch log tail:\n{self.switch.log_tail()}")
         runs = []
-        for i, proc in procs.items():
+        for i in ids:
+            proc = procs[i]
             out = (outdir / f"{i}.out").read_text()
             reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
             runs.append(WorkerRun(i, proc.returncode, reports, (outdir / f"{i}.err").read_text()))

@@ -126,9 +126,12 @@ def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp
     with later results). Each cap keeps the resent load (four workers, eight slots:
     32 packets per cap) below what the target forwards, else the resends bury the
     switch: 0.1 ms for the native switch (~200k packets/s, answers within 5 ms), 2 ms
-    for the Python backend (~20k packets/s), 20 ms for BMv2 (~3k packets/s). Whether
-    a retransmission overtakes its result is timing: a session without a duplicate
-    result (at 20 ms on BMv2, about one in 25) is followed by another with a new
+    for the Python backend (~20k packets/s), 20 ms for BMv2 (~3k packets/s).
+
+    A timer restarts on every answer, so while the switch keeps answering none need
+    expire: worker 3 starts half a second late, and the others' first packets wait
+    for it many caps long. Whether a retransmission then crosses its result is
+    timing: a session without a duplicate result is followed by another with a new
     seed, at most three, and every session's result is checked."""
     cap = {"softswitch": "0.0001", "softswitch-python": "0.002", "bmv2": "0.02"}[fabric.target]
     job = fabric.job(4, num_slots=8)
@@ -136,11 +139,12 @@ def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp
         outdir = tmp_path / f"seed{seed}"
         runs = fabric.run(job, ["--size", "6000", "--reps", "3", "--seed", str(seed),
                                 "--initial-rto", cap, "--min-rto", cap,
-                                "--max-rto", cap, "--save", str(outdir)])
+                                "--max-rto", cap, "--save", str(outdir)], late={3: 0.5})
         check_run(runs, job, outdir, size=6000, seed=seed, reps=3)
-        counters = [r["counters"] for run in runs for r in run.reports]
-        assert sum(c["retransmissions"] for c in counters) > 0
-        if sum(c["duplicates_ignored"] for c in counters) > 0:
+        waited = [run.reports[0]["counters"]["retransmissions"] for run in runs[:3]]
+        assert all(waited), f"workers 0-2 waited 0.5 s for worker 3 and retransmitted {waited} times"
+        duplicates = sum(r["counters"]["duplicates_ignored"] for run in runs for r in run.reports)
+        if duplicates > 0:
             break
     else:
         pytest.fail(f"three sessions with a {cap} s timeout, and no result arrived twice")
