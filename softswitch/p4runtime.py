@@ -3,6 +3,11 @@
 Status codes follow PI: a failed Write is UNKNOWN with one p4.v1.Error per update
 in the details (what PI clients parse), everything else
 fails with its own code and a message.
+
+Arbitration is stricter than PI's: only the primary (the highest election id on an
+open StreamChannel, named in the request) may Write or SetForwardingPipelineConfig,
+also while no stream is open. A pipeline config is checked against its P4Info
+without generating code (all that VERIFY does); only a commit builds and loads it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from finsy.proto import p4r_grpc as p4runtime_pb2_grpc
 from finsy.proto import rpc_code as code_pb2
 from finsy.proto import rpc_status as status_pb2
 
+from softswitch import frontend
 from softswitch.frontend import DROP_PORT, Unsupported, mask
 from softswitch.backend import load_pipeline
 from softswitch.pipeline import Entry, TableError
@@ -51,23 +57,25 @@ def from_bytes(data: bytes, width: int, what: str) -> int:
 
 
 class TableInfo:
-    """A P4Info table joined to its JSON table."""
+    """A P4Info table joined to its JSON table spec; ``table`` (the running table)
+    is attached when the config is built."""
 
-    def __init__(self, info: p4info_pb2.Table, table, actions_by_id: dict, json_actions: dict,
+    def __init__(self, info: p4info_pb2.Table, spec, actions_by_id: dict, json_actions: dict,
                  errors: dict):
         self.info = info
-        self.table = table
+        self.spec = spec
+        self.table = None
         self.name = info.preamble.name
         self.fields = sorted(info.match_fields, key=lambda f: f.id)
-        if len(self.fields) != len(table.spec.keys):
+        if len(self.fields) != len(spec.keys):
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"table {self.name}: P4Info has {len(self.fields)} match fields, "
-                           f"the JSON {len(table.spec.keys)}")
+                           f"the JSON {len(spec.keys)}")
         # p4c gives an ``error`` field width 0 in the P4Info: P4Runtime carries it as the
         # error's name, the JSON as its code. pos -> (name -> code, code -> name).
         self.names = {}
-        self.widths = [width for _, width, _ in table.spec.keys]
-        for pos, (finfo, (_, width, _)) in enumerate(zip(self.fields, table.spec.keys)):
+        self.widths = [width for _, width, _ in spec.keys]
+        for pos, (finfo, (_, width, _)) in enumerate(zip(self.fields, spec.keys)):
             if finfo.bitwidth == 0:
                 self.names[pos] = (errors, {code: n for n, code in errors.items()})
             elif finfo.bitwidth != width:
@@ -77,7 +85,7 @@ class TableInfo:
         self.field_pos = {f.id: i for i, f in enumerate(self.fields)}
         # P4Info action id <-> JSON action id, by name among this table's JSON actions.
         json_ids = {}
-        for aid in list(table.spec.action_ids) + [table.initial_default[0]]:
+        for aid in list(spec.action_ids) + [spec.default[0] if spec.default else None]:
             if aid is not None:
                 json_ids.setdefault(json_actions[aid].name, aid)
         self.scope = {}
@@ -92,6 +100,7 @@ class TableInfo:
             if jid is None:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"table {self.name}: action {action.preamble.name} is not in the JSON")
+            _check_params(action, json_actions[jid])
             self.to_json[ref.id] = jid
             self.to_p4info[jid] = ref.id
             self.scope[ref.id] = ref.scope
@@ -99,13 +108,33 @@ class TableInfo:
         self.is_const = info.is_const_table
 
 
+def _check_params(action: p4info_pb2.Action, spec) -> None:
+    """The P4Info's parameters are the JSON's, width for width: a value P4Runtime
+    accepts then always fits the action data the pipeline was built for."""
+    params = sorted(action.params, key=lambda p: p.id)
+    name = action.preamble.name
+    if len(params) != len(spec.params):
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"action {name}: P4Info has {len(params)} parameters, "
+                       f"the JSON {len(spec.params)}")
+    for param, (_, width) in zip(params, spec.params):
+        if param.bitwidth != width:
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"action {name}: parameter {param.name} is {param.bitwidth} bits "
+                           f"in the P4Info, {width} in the JSON")
+
+
 class Config:
-    """A verified pipeline: P4Info, cookie, device config and the compiled Pipeline."""
+    """A pipeline config checked against its P4Info without compiling or loading
+    anything (all that VERIFY does); ``build`` then makes the running pipeline."""
 
     def __init__(self, request_config: p4runtime_pb2.ForwardingPipelineConfig, drop_port: int,
                  backend: str | None = None):
         self.proto = p4runtime_pb2.ForwardingPipelineConfig()
         self.proto.CopyFrom(request_config)
+        self.drop_port = drop_port
+        self.backend = backend
+        self.pipeline = None
         p4info = request_config.p4info
         if not request_config.HasField("p4info"):
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "the config has no P4Info")
@@ -113,12 +142,11 @@ class Config:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                            "p4_device_config is empty (it must hold the BMv2 JSON)")
         try:
-            self.pipeline = load_pipeline(request_config.p4_device_config, drop_port, backend)
+            program = frontend.load(request_config.p4_device_config, drop_port)
         except Unsupported as exc:
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED, f"unsupported P4 program: {exc}") from None
-        except (ValueError, SyntaxError) as exc:
+        except ValueError as exc:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        pipe = self.pipeline
         self.actions = {a.preamble.id: a for a in p4info.actions}
         # The packet_out controller header's fields, (id, bitwidth) in P4Info order.
         self.packet_out = [(f.id, f.bitwidth) for h in p4info.controller_packet_metadata
@@ -130,31 +158,32 @@ class Config:
         # a return): id -> name. They have no entries; writes to them are refused.
         self.unapplied = {}
         for t in p4info.tables:
-            table = pipe.tables.get(t.preamble.name)
-            if table is None:
+            spec = program.tables.get(t.preamble.name)
+            if spec is None:
                 self.unapplied[t.preamble.id] = t.preamble.name
                 log.info("P4Info table %s is not in the JSON: p4c removed it, nothing applies it",
                          t.preamble.name)
                 continue
-            self.tables[t.preamble.id] = TableInfo(t, table, self.actions, pipe.actions,
-                                                   pipe.errors)
+            self.tables[t.preamble.id] = TableInfo(t, spec, self.actions, program.actions,
+                                                   program.errors)
+        # id -> (P4Info entry, spec); the spec is the running pipeline's once built.
         self.counters = {}
         for c in p4info.counters:
-            spec = pipe.counters.get(c.preamble.name)
+            spec = program.counters.get(c.preamble.name)
             if spec is None:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"P4Info counter {c.preamble.name} is not in the JSON")
             self.counters[c.preamble.id] = (c, spec)
         self.registers = {}
         for r in p4info.registers:
-            spec = pipe.registers.get(r.preamble.name)
+            spec = program.registers.get(r.preamble.name)
             if spec is None:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"P4Info register {r.preamble.name} is not in the JSON")
             self.registers[r.preamble.id] = (r, spec)
         for dc in p4info.direct_counters:
             tinfo = self.tables.get(dc.direct_table_id)
-            if tinfo is None or not tinfo.table.counted:
+            if tinfo is None or tinfo.spec.direct_counter is None:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"P4Info direct counter {dc.preamble.name} has no counted table "
                                "in the JSON")
@@ -163,6 +192,29 @@ class Config:
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
                            "P4Info declares meters, action profiles, value sets or digests, "
                            "which this switch does not support")
+
+    def build(self) -> None:
+        """Compile and load the verified program (the one step that makes code)."""
+        if self.pipeline is not None:
+            return
+        try:
+            pipe = load_pipeline(self.proto.p4_device_config, self.drop_port, self.backend)
+        except Unsupported as exc:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, f"unsupported P4 program: {exc}") from None
+        except ValueError as exc:
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        except Exception as exc:     # the backends' own failures; details only in our log
+            log.exception("the verified program could not be built")
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"the switch could not build this program ({type(exc).__name__}); "
+                           "its log has the details") from None
+        for tinfo in self.tables.values():
+            tinfo.table = pipe.tables[tinfo.spec.name]
+        self.counters = {cid: (info, pipe.counters[spec.name])
+                         for cid, (info, spec) in self.counters.items()}
+        self.registers = {rid: (info, pipe.registers[spec.name])
+                          for rid, (info, spec) in self.registers.items()}
+        self.pipeline = pipe
 
 
 class Connection:
@@ -185,6 +237,8 @@ class Device:
         self.saved: Config | None = None
         self.connections: list[Connection] = []
         self.lock = threading.RLock()
+        # Serializes pipeline changes, which may compile for seconds, apart from self.lock.
+        self.config_lock = threading.Lock()
         self.on_pipeline = on_pipeline or (lambda pipeline: None)
 
     # ------------------------------------------------------------------ arbitration
@@ -233,15 +287,21 @@ class Device:
                 for c in self.connections:
                     self.notify(c)
 
-    def check_primary(self, request) -> None:
+    def check_primary(self, request, what: str) -> None:
+        """Only the primary changes the switch: the client whose StreamChannel holds
+        the highest election id, naming that id in the request. With no stream open
+        nothing may (PI lets a request without an election id through then)."""
         with self.lock:
-            if not self.connections:
-                if request.HasField("election_id"):
-                    raise RpcError(grpc.StatusCode.PERMISSION_DENIED, "Not primary")
-                return
             primary = self.primary()
-            if primary is None or _u128(request.election_id) != primary.election_id:
-                raise RpcError(grpc.StatusCode.PERMISSION_DENIED, "Not primary")
+            if primary is None:
+                raise RpcError(grpc.StatusCode.PERMISSION_DENIED,
+                               f"Not primary: no controller holds a StreamChannel for device "
+                               f"{self.device_id}; open one and win arbitration before {what}")
+            if _u128(request.election_id) != primary.election_id:
+                high, low = _u128(request.election_id)
+                raise RpcError(grpc.StatusCode.PERMISSION_DENIED,
+                               f"Not primary: election id {high << 64 | low} is not the "
+                               f"primary controller's")
 
     def check_device(self, device_id: int) -> None:
         if device_id != self.device_id:
@@ -272,24 +332,30 @@ class Device:
 
     # ------------------------------------------------------------------ pipeline config
     def set_pipeline(self, request) -> None:
+        """VERIFY checks the config and keeps nothing; only COMMIT and
+        VERIFY_AND_COMMIT build the program into code and load it."""
         Action = p4runtime_pb2.SetForwardingPipelineConfigRequest
         action = request.action
-        if action == Action.COMMIT:
-            if self.saved is None:
-                raise RpcError(grpc.StatusCode.FAILED_PRECONDITION, "no saved config to commit")
-            self._commit(self.saved)
-            self.saved = None
-            return
-        if action == Action.RECONCILE_AND_COMMIT:
-            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "RECONCILE_AND_COMMIT is not supported")
-        if action not in (Action.VERIFY, Action.VERIFY_AND_SAVE, Action.VERIFY_AND_COMMIT):
-            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"invalid SetForwardingPipelineConfig action {action}")
-        config = Config(request.config, self.drop_port, self.backend)
-        if action == Action.VERIFY_AND_SAVE:
-            self.saved = config
-        elif action == Action.VERIFY_AND_COMMIT:
-            self._commit(config)
+        with self.config_lock:
+            if action == Action.COMMIT:
+                if self.saved is None:
+                    raise RpcError(grpc.StatusCode.FAILED_PRECONDITION, "no saved config to commit")
+                self.saved.build()
+                self._commit(self.saved)
+                self.saved = None
+                return
+            if action == Action.RECONCILE_AND_COMMIT:
+                raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
+                               "RECONCILE_AND_COMMIT is not supported")
+            if action not in (Action.VERIFY, Action.VERIFY_AND_SAVE, Action.VERIFY_AND_COMMIT):
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"invalid SetForwardingPipelineConfig action {action}")
+            config = Config(request.config, self.drop_port, self.backend)
+            if action == Action.VERIFY_AND_SAVE:
+                self.saved = config
+            elif action == Action.VERIFY_AND_COMMIT:
+                config.build()
+                self._commit(config)
 
     def _commit(self, config: Config) -> None:
         with self.lock:
@@ -590,23 +656,31 @@ class Device:
             spec.cells[i] = value
 
     # ------------------------------------------------------------------ read
-    def read(self, entity) -> list:
+    def read(self, entities) -> list:
+        """Every entity asked for, all read under one hold of the pipeline's lock (the
+        data plane's too), so a Read is one snapshot."""
         config = self.need_config()
-        kind = entity.WhichOneof("entity")
+        out = []
         try:
             with config.pipeline.lock:
-                if kind == "table_entry":
-                    return self.read_tables(config, entity.table_entry)
-                if kind == "packet_replication_engine_entry":
-                    return self.read_pre(config, entity.packet_replication_engine_entry)
-                if kind == "counter_entry":
-                    return self.read_counters(config, entity.counter_entry)
-                if kind == "register_entry":
-                    return self.read_registers(config, entity.register_entry)
-                if kind == "direct_counter_entry":
-                    return self.read_direct_counters(config, entity.direct_counter_entry)
+                for entity in entities:
+                    out += self.read_one(config, entity)
         except TableError as exc:
             raise RpcError(getattr(grpc.StatusCode, exc.code), str(exc)) from None
+        return out
+
+    def read_one(self, config: Config, entity) -> list:
+        kind = entity.WhichOneof("entity")
+        if kind == "table_entry":
+            return self.read_tables(config, entity.table_entry)
+        if kind == "packet_replication_engine_entry":
+            return self.read_pre(config, entity.packet_replication_engine_entry)
+        if kind == "counter_entry":
+            return self.read_counters(config, entity.counter_entry)
+        if kind == "register_entry":
+            return self.read_registers(config, entity.register_entry)
+        if kind == "direct_counter_entry":
+            return self.read_direct_counters(config, entity.direct_counter_entry)
         raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
                        f"reading {kind or 'an empty entity'} is not supported")
 
@@ -754,10 +828,18 @@ class Service(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _fail(context, exc: RpcError):
         context.abort(exc.code, str(exc))
 
+    def _refuse(self, what: str, context, exc: RpcError):
+        """Refusals of requests that change the switch are logged, with who sent them."""
+        log.warning("%s from %s refused: %s: %s", what, context.peer(), exc.code.name, exc)
+        self._fail(context, exc)
+
     def Write(self, request, context):
         try:
             self.device.check_device(request.device_id)
-            self.device.check_primary(request)
+            self.device.check_primary(request, "writing")
+        except RpcError as exc:
+            self._refuse("Write", context, exc)
+        try:
             results = self.device.write(request)
         except RpcError as exc:
             self._fail(context, exc)
@@ -778,9 +860,7 @@ class Service(p4runtime_pb2_grpc.P4RuntimeServicer):
     def Read(self, request, context):
         try:
             self.device.check_device(request.device_id)
-            entities = []
-            for entity in request.entities:
-                entities += self.device.read(entity)
+            entities = self.device.read(request.entities)
         except RpcError as exc:
             self._fail(context, exc)
         for start in range(0, max(len(entities), 1), 1000):
@@ -789,11 +869,10 @@ class Service(p4runtime_pb2_grpc.P4RuntimeServicer):
     def SetForwardingPipelineConfig(self, request, context):
         try:
             self.device.check_device(request.device_id)
-            self.device.check_primary(request)
+            self.device.check_primary(request, "setting the pipeline")
             self.device.set_pipeline(request)
         except RpcError as exc:
-            log.error("SetForwardingPipelineConfig: %s", exc)
-            self._fail(context, exc)
+            self._refuse("SetForwardingPipelineConfig", context, exc)
         return p4runtime_pb2.SetForwardingPipelineConfigResponse()
 
     def GetForwardingPipelineConfig(self, request, context):
@@ -850,14 +929,20 @@ class Service(p4runtime_pb2_grpc.P4RuntimeServicer):
             device.disconnect(conn)
 
 
-def serve(device: Device, address: str) -> grpc.Server:
+def serve(device: Device, address: str,
+          credentials: grpc.ServerCredentials | None = None) -> grpc.Server:
+    """The P4Runtime server on ``address``: TLS with ``credentials``, else plaintext."""
     # PI accepts messages up to 256 MiB: a pipeline config is the whole BMv2 JSON.
     limit = 256 << 20
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="p4rt"),
                          options=[("grpc.max_receive_message_length", limit),
                                   ("grpc.max_send_message_length", limit)])
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(Service(device), server)
-    if server.add_insecure_port(address) == 0:
+    if credentials is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, credentials)
+    if bound == 0:
         raise OSError(f"cannot listen on {address}")
     server.start()
     return server

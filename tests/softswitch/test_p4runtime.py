@@ -173,6 +173,16 @@ def raw_stub(switch):
     return channel, p4runtime_pb2_grpc.P4RuntimeStub(channel)
 
 
+def open_stream(stub, election: int):
+    """A StreamChannel that arbitrated with ``election``: (its request queue, the stream)."""
+    q: queue.Queue = queue.Queue()
+    req = p4runtime_pb2.StreamMessageRequest()
+    req.arbitration.device_id = 0
+    req.arbitration.election_id.low = election
+    q.put(req)
+    return q, stub.StreamChannel(iter(q.get, None))
+
+
 def p4info_ids():
     p4info = p4info_pb2.P4Info()
     text_format.Parse(program_files("forwarding")[1].read_text(), p4info)
@@ -260,8 +270,11 @@ def test_pipeline_config_errors(switch):
             stub.GetForwardingPipelineConfig(
                 p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=0))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        q, stream = open_stream(stub, 1)
+        assert next(stream).arbitration.status.code == 0
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
             device_id=0, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        req.election_id.low = 1
         text_format.Parse(p4info_path.read_text(), req.config.p4info)
         req.config.p4_device_config = b"{not json"
         with pytest.raises(grpc.RpcError) as err:
@@ -295,6 +308,7 @@ def test_pipeline_config_errors(switch):
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
         caps = stub.Capabilities(p4runtime_pb2.CapabilitiesRequest())
         assert caps.p4runtime_api_version
+        q.put(None)
 
 
 def test_verify_save_and_commit_actions(switch):
@@ -303,7 +317,12 @@ def test_verify_save_and_commit_actions(switch):
     Request = p4runtime_pb2.SetForwardingPipelineConfigRequest
     get = p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=0)
     with channel:
+        q, stream = open_stream(stub, 1)
+        assert next(stream).arbitration.status.code == 0
+        commit = Request(device_id=0, action=Request.COMMIT)
+        commit.election_id.low = 1
         req = Request(device_id=0, action=Request.VERIFY)
+        req.election_id.low = 1
         text_format.Parse(p4info_path.read_text(), req.config.p4info)
         req.config.p4_device_config = json_path.read_bytes()
         req.config.cookie.cookie = 42
@@ -314,29 +333,21 @@ def test_verify_save_and_commit_actions(switch):
         req.action = Request.VERIFY_AND_SAVE
         stub.SetForwardingPipelineConfig(req)
         assert switch.pipeline is None
-        stub.SetForwardingPipelineConfig(Request(device_id=0, action=Request.COMMIT))
+        stub.SetForwardingPipelineConfig(commit)
         assert switch.pipeline is not None
         assert stub.GetForwardingPipelineConfig(get).config.cookie.cookie == 42
         with pytest.raises(grpc.RpcError) as err:
-            stub.SetForwardingPipelineConfig(Request(device_id=0, action=Request.COMMIT))
+            stub.SetForwardingPipelineConfig(commit)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        q.put(None)
 
 
 def test_backup_becomes_primary_when_the_primary_leaves(switch):
     channel, stub = raw_stub(switch)
-
-    def open_stream(election):
-        q: queue.Queue = queue.Queue()
-        req = p4runtime_pb2.StreamMessageRequest()
-        req.arbitration.device_id = 0
-        req.arbitration.election_id.low = election
-        q.put(req)
-        return q, stub.StreamChannel(iter(q.get, None))
-
     with channel:
-        qa, a = open_stream(5)
+        qa, a = open_stream(stub, 5)
         assert next(a).arbitration.status.code == 0            # alone: primary
-        qb, b = open_stream(2)
+        qb, b = open_stream(stub, 2)
         assert next(b).arbitration.status.code == 6            # backup
         qa.put(None)                                            # the primary hangs up
         reply = next(b)
