@@ -8,7 +8,8 @@
     python -m switch_ctl check job.toml --p4info p4src/tna/build/aggregation.p4info.txtpb
 
 A job file may describe a tree of switches (switch_ctl/tree.py): every command then
-acts on each of its switches in turn.
+acts on each of its switches in turn. TLS: the job file's ca_cert, client_cert and
+client_key, or --ca-cert, --client-cert and --client-key in their place.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from p4src import protocol
 
 from . import config as config_mod
 from .client import DryRun, P4RuntimeError, SwitchConnection
+from .config import TLSConfig
 from .control import field_value
 from .controller import Controller
 from .tree import Tree
@@ -44,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="P4Runtime election id; the highest connected one may write")
         p.add_argument("--connect-timeout", type=float, default=10.0,
                        help="seconds to wait for the switch's gRPC server")
+        p.add_argument("--ca-cert", type=Path, help="TLS: the CA the switch's certificate is "
+                                                    "signed by (overrides the config's ca_cert)")
+        p.add_argument("--client-cert", type=Path,
+                       help="mutual TLS: this controller's certificate (overrides client_cert)")
+        p.add_argument("--client-key", type=Path,
+                       help="mutual TLS: the key of --client-cert (overrides client_key)")
 
     push = sub.add_parser("push", help="install the compiled program")
     target(push, False)
@@ -81,7 +89,24 @@ def _connection(args, config) -> SwitchConnection:
         raise SystemExit("switch_ctl: give a CONFIG or --grpc-addr")
     device = args.device_id if args.device_id is not None else (
         config.switch.device_id if config else 0)
-    return SwitchConnection(addr, device, (0, args.election_id), args.connect_timeout)
+    return SwitchConnection(addr, device, (0, args.election_id), args.connect_timeout,
+                            _tls(args, config))
+
+
+def _tls(args, config) -> TLSConfig | None:
+    """The config's TLS settings, with those the command line gives in their place."""
+    tls = config.switch.tls if config else None
+    given = {key: getattr(args, key, None) for key in config_mod.TLS_KEYS}
+    if all(value is None for value in given.values()):
+        return tls
+    merged = {key: given[key] if given[key] is not None else getattr(tls, key, None)
+              for key in config_mod.TLS_KEYS}
+    problems: list[str] = []
+    tls = config_mod.tls_config({k: v for k, v in merged.items() if v is not None}, None,
+                                "switch", problems)
+    if problems:
+        raise config_mod.ConfigError(problems)
+    return tls
 
 
 def run(args) -> None:
@@ -105,6 +130,10 @@ def run(args) -> None:
         names = [n for n in names if n in wanted]
     if args.command == "remove":
         names.reverse()
+    for name in names:       # every switch's TLS files before anything is written to any
+        tls = _tls(args, config.switches[name])
+        if tls is not None and args.command != "check":
+            tls.check(f"switches.{name}")
     for name in names:
         print(f"[{name}]", flush=True)
         run_on_switch(args, config.switches[name])

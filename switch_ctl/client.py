@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from pathlib import Path
 import grpc
-from finsy import (P4CounterEntry, P4DirectCounterEntry, P4MulticastGroupEntry,
-                   P4PacketIn, P4PacketOut, P4RegisterEntry, P4Schema, P4TableAction,
-                   P4TableEntry, P4TableMatch)
+from finsy import (GRPCCredentialsTLS, P4CounterEntry, P4DirectCounterEntry,
+                   P4MulticastGroupEntry, P4PacketIn, P4PacketOut, P4RegisterEntry, P4Schema,
+                   P4TableAction, P4TableEntry, P4TableMatch)
 from finsy.proto import p4i, p4r, p4r_grpc, rpc_code, rpc_status
 from google.protobuf import text_format
 
 from p4src import protocol
+
+from .config import TLSConfig
 
 __all__ = ["P4RuntimeError", "SwitchConnection", "DryRun", "read_p4info", "P4CounterEntry",
            "P4DirectCounterEntry", "P4MulticastGroupEntry", "P4PacketOut", "P4RegisterEntry",
@@ -62,11 +65,12 @@ class SwitchConnection:
     reads and pipeline pushes; PacketIn messages are queued for ``packet_in``."""
 
     def __init__(self, grpc_addr: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1),
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float = 10.0, tls: TLSConfig | None = None):
         self.grpc_addr = grpc_addr
         self.device_id = device_id
         self.election_id = election_id
         self.connect_timeout = connect_timeout
+        self.tls = tls
         self.is_primary = False
         self.schema = P4Schema()
         self._channel: grpc.Channel | None = None
@@ -81,13 +85,19 @@ class SwitchConnection:
     def connect(self) -> "SwitchConnection":
         options = [("grpc.max_send_message_length", MAX_MESSAGE),
                    ("grpc.max_receive_message_length", MAX_MESSAGE)]
-        self._channel = grpc.insecure_channel(self.grpc_addr, options=options)
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout)
-        except grpc.FutureTimeoutError:
-            self.close()
-            raise P4RuntimeError(f"cannot reach a P4Runtime server at {self.grpc_addr}") from None
+        if self.tls is None:
+            self._channel = grpc.insecure_channel(self.grpc_addr, options=options)
+        else:
+            self.tls.check()
+            credentials = GRPCCredentialsTLS(cacert=self.tls.ca_cert, cert=self.tls.client_cert,
+                                             private_key=self.tls.client_key)
+            self._channel = grpc.secure_channel(self.grpc_addr,
+                                                credentials.to_client_credentials(), options)
         self._stub = p4r_grpc.P4RuntimeStub(self._channel)
+        why = self._reach()
+        if why is not None:
+            self.close()
+            raise P4RuntimeError(f"cannot reach a P4Runtime server at {self.grpc_addr}: {why}")
         self._stream = self._stub.StreamChannel(iter(self._requests.get, None))
         self._reader = threading.Thread(target=self._read_stream, daemon=True,
                                         name=f"p4rt-stream-{self.grpc_addr}")
@@ -106,6 +116,53 @@ class SwitchConnection:
                                  f"P4Runtime server up, and is device id {self.device_id} right?")
         self.is_primary = reply.status.code == rpc_code.OK
         return self
+
+    def _reach(self) -> str | None:
+        """None once a call gets through; else why not, in words. A switch that is
+        starting refuses connections for a while, so those are retried until the
+        timeout; a TLS handshake that failed will not succeed later and ends the wait."""
+        deadline = time.monotonic() + self.connect_timeout
+        last = "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._stub.Capabilities(p4r.CapabilitiesRequest(), timeout=max(min(left, 2), 0.1))
+                return None
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return None     # a server answered (one without Capabilities, say)
+                last = (exc.details() or exc.code().name).rpartition("last error: ")[2]
+            hint = self._tls_hint(last)
+            if hint is not None:
+                return f"{last} ({hint})"
+            if time.monotonic() >= deadline:
+                return last
+            time.sleep(0.2)
+
+    def _tls_hint(self, error: str) -> str | None:
+        """What a TLS failure most likely means, or None for anything else. A server
+        that refuses our certificate (or plaintext) only closes the connection after
+        the handshake; gRPC then says no more than "Socket closed"."""
+        tls = self.tls
+        if "CERTIFICATE_VERIFY_FAILED" in error:
+            return f"the switch's certificate is not signed by the CA in {tls.ca_cert}"
+        if "WRONG_VERSION_NUMBER" in error or "Tls handshake failed" in error:
+            return "TLS failed: does the switch serve plaintext? Then drop the TLS settings"
+        if "is not in peer certificate" in error:
+            return f"the switch's certificate does not name the address {self.grpc_addr}"
+        if "Socket closed" not in error:
+            return None
+        if tls is None:
+            return ("the switch closed the connection: it may require TLS; give its CA "
+                    "(ca_cert, --ca-cert) and a client certificate and key")
+        if tls.client_cert is None:
+            return ("the switch closed the connection after the TLS handshake: it may require "
+                    "a client certificate (client_cert and client_key, --client-cert and "
+                    "--client-key)")
+        return (f"the switch closed the connection after the TLS handshake: it did not accept "
+                f"the client certificate {tls.client_cert} (is it signed by the CA the switch "
+                f"trusts?)")
 
     def _read_stream(self) -> None:
         """Sort what the switch streams: arbitration replies and PacketIns. A broken

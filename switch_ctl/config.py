@@ -4,6 +4,9 @@
     grpc_addr = "127.0.0.1:9559"
     device_id = 0
     ports = [1, 2, 3, 4]
+    ca_cert = "tls/ca.pem"           # optional: TLS, trusting the switch's certificate
+    client_cert = "tls/controller.pem"  # from this CA; with client_key: mutual TLS
+    client_key = "tls/controller.key"   # (paths relative to this file)
 
     [job]
     id = 1
@@ -92,11 +95,69 @@ class LossConfig:
     egress: float = 0.0
 
 
+TLS_KEYS = ("ca_cert", "client_cert", "client_key")
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """How the controller reaches a switch over TLS (PEM files): the CA the switch's
+    certificate must be signed by and, for mutual TLS, the controller's own
+    certificate and key."""
+    ca_cert: Path
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def check(self, where: str = "switch") -> None:
+        """Each file exists and holds PEM; a ConfigError naming each that does not.
+        Done where the controller starts, not when a worker reads the same file."""
+        problems = []
+        for key in TLS_KEYS:
+            path = getattr(self, key)
+            if path is None:
+                continue
+            try:
+                if b"-----BEGIN " not in path.read_bytes():
+                    problems.append(f"{where}.{key} {path} is not a PEM file")
+            except OSError as exc:
+                problems.append(f"{where}.{key} {path}: {exc.strerror}")
+        if problems:
+            raise ConfigError(problems)
+
+
+def tls_config(settings: dict, base: Path | None, where: str,
+               problems: list[str]) -> TLSConfig | None:
+    """``ca_cert``, ``client_cert``, ``client_key`` of ``settings`` (paths relative to
+    ``base``), or None for plaintext; what is wrong goes to ``problems``."""
+    paths = {}
+    for key in TLS_KEYS:
+        value = settings.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, (str, Path)) or not str(value):
+            problems.append(f"{where}.{key} must be a file path, not {value!r}")
+            continue
+        path = Path(value).expanduser()
+        paths[key] = path if path.is_absolute() or base is None else base / path
+    if not paths:
+        return None
+    if ("client_cert" in paths) != ("client_key" in paths):
+        given, missing = (("client_cert", "client_key") if "client_cert" in paths
+                          else ("client_key", "client_cert"))
+        problems.append(f"{where}.{given} needs {where}.{missing} (a certificate and its key)")
+        return None
+    if "ca_cert" not in paths:
+        problems.append(f"{where}.client_cert needs {where}.ca_cert (the CA the switch's "
+                        f"certificate is checked against)")
+        return None
+    return TLSConfig(**paths)
+
+
 @dataclass(frozen=True)
 class SwitchConfig:
     grpc_addr: str
     device_id: int
     ports: tuple[int, ...]
+    tls: TLSConfig | None = None          # None: plaintext
 
 
 @dataclass(frozen=True)
@@ -114,23 +175,25 @@ def load(path: Path | str, pool_size: int | None = None) -> "Config | Tree":
         text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError([f"{path}: no such file"]) from None
-    return load_text(text, pool_size, str(path))
+    return load_text(text, pool_size, str(path), Path(path).resolve().parent)
 
 
-def load_text(text: str, pool_size: int | None = None,
-              where: str = "configuration") -> "Config | Tree":
+def load_text(text: str, pool_size: int | None = None, where: str = "configuration",
+              base: Path | None = None) -> "Config | Tree":
+    """``base``: the directory relative TLS paths start from (None: the current one)."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{where}: not valid TOML: {exc}"]) from None
     if "switches" in raw:
         from .tree import parse_tree
-        return parse_tree(raw, pool_size)
-    return parse(raw, pool_size)
+        return parse_tree(raw, pool_size, base)
+    return parse(raw, pool_size, base)
 
 
-def parse(raw: dict, pool_size: int | None = None) -> Config:
-    """Build and validate a Config; ``pool_size`` defaults to the compiled program's."""
+def parse(raw: dict, pool_size: int | None = None, base: Path | None = None) -> Config:
+    """Build and validate a Config; ``pool_size`` defaults to the compiled program's;
+    relative TLS paths start at ``base``."""
     problems: list[str] = []
 
     def get(section: dict, key: str, kind, where: str, default=None):
@@ -163,7 +226,7 @@ def parse(raw: dict, pool_size: int | None = None) -> Config:
         problems.append("switch.ports has duplicates")
     switch = SwitchConfig(grpc_addr=get(sw, "grpc_addr", str, "switch") or "",
                           device_id=get(sw, "device_id", int, "switch", 0),
-                          ports=tuple(ports))
+                          ports=tuple(ports), tls=tls_config(sw, base, "switch", problems))
 
     job_id = get(jb, "id", int, "job", -1)
     if not 0 <= job_id <= 255:

@@ -11,6 +11,7 @@
 
     [switches.spine]                 # the root: its workers are its child switches
     grpc_addr = "127.0.0.1:9559"
+    ca_cert = "tls/ca.pem"           # optional, per switch: TLS as in a one-switch [switch]
     ports = [1, 2]
     service_ip = "10.0.0.250"        # each switch's own address for the job
     service_mac = "02:00:00:00:00:fa"
@@ -46,10 +47,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from p4src import protocol
 
-from .config import Config, ConfigError, ParentLink, parse
+from .config import TLS_KEYS, Config, ConfigError, ParentLink, parse
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ class Tree:
         return [c for c, p in self.parents.items() if p == name]
 
 
-def parse_tree(raw: dict, pool_size: int | None = None) -> Tree:
+def parse_tree(raw: dict, pool_size: int | None = None, base: Path | None = None) -> Tree:
+    """``base``: the directory relative TLS paths start from."""
     problems: list[str] = []
     job = raw.get("job", {})
     switches = raw.get("switches", {})
@@ -120,13 +123,14 @@ def parse_tree(raw: dict, pool_size: int | None = None) -> Tree:
             own.append({"id": local_id, "mac": c.get("service_mac"), "ip": c.get("service_ip"),
                         "udp_port": job.get("udp_port"), "switch_port": c.get("parent_port")})
         single = {
-            "switch": {k: sw[k] for k in ("grpc_addr", "device_id", "ports") if k in sw},
+            "switch": {k: sw[k] for k in ("grpc_addr", "device_id", "ports", *TLS_KEYS)
+                       if k in sw},
             "job": dict(job, service_ip=sw.get("service_ip"), service_mac=sw.get("service_mac"),
                         workers=own),
             "loss": dict(raw.get("loss", {}), **sw.get("loss", {})),
         }
         try:
-            config = parse(single, pool_size)
+            config = parse(single, pool_size, base)
         except ConfigError as exc:
             problems += [f"switches.{name}: {p}" for p in exc.problems]
             continue
