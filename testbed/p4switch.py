@@ -43,6 +43,7 @@ from mininet.net import Mininet  # noqa: E402
 from mininet.node import Host, Switch  # noqa: E402
 
 from .targets import SwitchProcess, default_target  # noqa: E402
+from .tls import TLSBundle  # noqa: E402
 
 # Mininet's logger prints on its own; through the root logger (set up by other
 # libraries) every line would appear twice.
@@ -111,16 +112,19 @@ class P4Switch(BoundedShell, Switch):
 
     Mininet port n is the target's port n (``-i n@<name>-eth<n>``), so the job
     configuration can name switch ports by the numbers Mininet assigned. The target
-    runs in the root namespace; its P4Runtime server listens on ``grpc_addr``.
+    runs in the root namespace; its P4Runtime server listens on ``grpc_addr``, with
+    mutual TLS given a ``tls`` bundle (testbed.tls).
     """
 
     def __init__(self, name, target: str | None = None, device_id: int = 0,
-                 grpc_addr: str | None = None, log_path: Path | None = None, **params):
+                 grpc_addr: str | None = None, log_path: Path | None = None,
+                 tls: TLSBundle | None = None, **params):
         super().__init__(name, **params)
         self.target = target or default_target()
         self.device_id = device_id
         self.grpc_addr = grpc_addr
         self.log_path = log_path
+        self.tls = tls
         self.process: SwitchProcess | None = None
 
     def port_map(self) -> dict[int, str]:
@@ -131,7 +135,8 @@ class P4Switch(BoundedShell, Switch):
             # No router solicitations or MLD reports from the switch side into the pipeline.
             Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
         self.process = SwitchProcess(self.target, self.port_map(), device_id=self.device_id,
-                                     grpc_addr=self.grpc_addr, log_path=self.log_path)
+                                     grpc_addr=self.grpc_addr, log_path=self.log_path,
+                                     tls=self.tls)
         self.process.start()
         self.grpc_addr = self.process.grpc_addr
 

@@ -2,7 +2,9 @@
 
 Both get the same command line, so everything above this module (tests, Mininet,
 benchmarks) is indifferent to which one runs. ``softswitch`` runs its default
-(native) backend, ``softswitch-python`` the Python one.
+(native) backend, ``softswitch-python`` the Python one. P4Runtime listens on
+127.0.0.1 (a free port) unless told otherwise; with a TLS bundle (testbed.tls) the
+switch serves mutual TLS with simple_switch_grpc's options.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from p4src import protocol
+
+if TYPE_CHECKING:
+    from .tls import TLSBundle
 
 BMV2_BINARY = "simple_switch_grpc"
 TARGETS = ("softswitch", "softswitch-python", "bmv2")
@@ -64,6 +70,13 @@ def add_switch_arguments(parser) -> None:
     parser.add_argument("--slots", type=int, default=None,
                         help="the job's window, slots in flight per worker (default 128; "
                              "max(8, 64/workers) on bmv2)")
+    parser.add_argument("--tls", action="store_true",
+                        help="P4Runtime over mutual TLS, with a CA and certificates made for "
+                             "this run (openssl)")
+    parser.add_argument("--grpc-host", default="127.0.0.1",
+                        help="address the switches' P4Runtime servers listen on (default "
+                             "127.0.0.1, this machine only; 0.0.0.0 opens them to the "
+                             "network: add --tls)")
 
 
 def free_tcp_port() -> int:
@@ -72,7 +85,15 @@ def free_tcp_port() -> int:
         return sock.getsockname()[1]
 
 
-def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: str) -> list[str]:
+def connect_addr(grpc_addr: str) -> str:
+    """Where a controller here reaches a server listening on ``grpc_addr``: a wildcard
+    address through loopback."""
+    host, _, port = grpc_addr.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "::") else grpc_addr
+
+
+def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: str,
+                tls: "TLSBundle | None" = None) -> list[str]:
     """simple_switch_grpc's command line, for either target."""
     if target == "bmv2":
         binary = bmv2_path()
@@ -93,18 +114,22 @@ def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: s
         # Each instance needs its own Thrift port, or a second one fails to start.
         argv += ["--thrift-port", str(free_tcp_port())]
     # PacketOuts (the controller's slot reset) enter the pipeline on the program's CPU port.
-    return argv + ["--", "--grpc-server-addr", grpc_addr, "--cpu-port", str(protocol.CPU_PORT)]
+    argv += ["--", "--grpc-server-addr", grpc_addr, "--cpu-port", str(protocol.CPU_PORT)]
+    return argv + (tls.switch_args() if tls else [])
 
 
 class SwitchProcess:
     """A running switch; ``start()`` returns once its P4Runtime port accepts connections."""
 
     def __init__(self, target: str, ports: dict[int, str], *, device_id: int = 0,
-                 grpc_addr: str | None = None, log_path: Path | None = None):
+                 grpc_addr: str | None = None, log_path: Path | None = None,
+                 tls: "TLSBundle | None" = None):
         self.target = target
-        self.grpc_addr = grpc_addr or f"127.0.0.1:{free_tcp_port()}"
-        self.argv = switch_argv(target, ports, device_id, self.grpc_addr)
+        self.listen_addr = grpc_addr or f"127.0.0.1:{free_tcp_port()}"
+        self.grpc_addr = connect_addr(self.listen_addr)    # where controllers connect
+        self.argv = switch_argv(target, ports, device_id, self.listen_addr, tls)
         self.device_id = device_id
+        self.tls = tls
         self.log_path = log_path or Path(tempfile.mkstemp(prefix=f"{target}-", suffix=".log")[1])
         self.process: subprocess.Popen | None = None
 
@@ -128,7 +153,7 @@ class SwitchProcess:
             except OSError:
                 time.sleep(0.1)
         self.stop()
-        raise TimeoutError(f"{self.target} did not listen on {self.grpc_addr} within "
+        raise TimeoutError(f"{self.target} did not listen on {self.listen_addr} within "
                            f"{timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
