@@ -42,7 +42,8 @@ def run(args) -> None:
     print(f"[demo] starting the topology: {args.workers} hosts, {target} {shape}, "
           f"links {args.bw:g} Mbit/s", flush=True)
     with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots,
-                 topo=args.topo, leaves=args.leaves) as testbed:
+                 topo=args.topo, leaves=args.leaves, tls=args.tls,
+                 grpc_host=args.grpc_host) as testbed:
         print("[demo] job installed by the controller; starting one worker process per host "
               "(torch import, gloo rendezvous through the switch)", flush=True)
         with HostAgents(testbed) as agents:

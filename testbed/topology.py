@@ -35,12 +35,16 @@ from .layout import (add_topology_arguments, check_topology, host_mac, job_confi
                      tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, default_target, free_tcp_port
+from .tls import TLSBundle, make_bundle
 
 from mininet.cli import CLI  # noqa: E402  (importable once testbed.p4switch ran)
 from mininet.link import TCIntf, TCLink  # noqa: E402
 from mininet.log import setLogLevel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# Above switch_ctl's default (1), which would be refused as a duplicate: a
+# `switch_ctl counters job.toml` from another shell reads as a backup.
+ELECTION_ID = (0, 2)
 _instances = itertools.count()
 
 
@@ -96,6 +100,9 @@ class Testbed:
     ``bw`` is each link's rate in Mbit/s (None: unlimited). ``delay`` (e.g. "1ms")
     and ``link_loss`` (percent) need netem in the kernel; without it they raise.
     ``num_slots`` is the job's window (None: ``default_window``).
+    The switches' P4Runtime servers listen on ``grpc_host`` (loopback by default);
+    ``tls`` gives them and the controller mutual TLS with certificates made for the
+    run (testbed.tls, in the run's directory; job.toml names them).
     """
     workers: int
     bw: float | None = 20.0
@@ -108,6 +115,8 @@ class Testbed:
     log_level: str = "warning"
     topo: str = "star"
     leaves: int = 2
+    tls: bool = False
+    grpc_host: str = "127.0.0.1"
 
     def __post_init__(self):
         if not 1 <= self.workers <= min(protocol.MAX_WORKERS, 250):
@@ -121,6 +130,7 @@ class Testbed:
         self._own_workdir = self.workdir is None
         self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="testbed-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.tls_bundle: TLSBundle | None = None
 
     @property
     def config_path(self) -> Path:
@@ -144,6 +154,8 @@ class Testbed:
             if (self.delay or self.link_loss) and not netem_available():
                 raise RuntimeError("this kernel has no netem (sch_netem): link delay and loss "
                                    "are unavailable; use the switch's loss simulator instead")
+            if self.tls:
+                self.tls_bundle = make_bundle(self.workdir / "tls", (self.grpc_host,))
             self._build()
             self._configure_job()
         except BaseException:
@@ -153,8 +165,9 @@ class Testbed:
 
     def _add_switch(self, name: str, node: str) -> P4Switch:
         self.switches[name] = self.net.addSwitch(
-            node, cls=P4Switch, target=self.target, grpc_addr=f"127.0.0.1:{free_tcp_port()}",
-            log_path=self.workdir / f"{name}.log")
+            node, cls=P4Switch, target=self.target,
+            grpc_addr=f"{self.grpc_host}:{free_tcp_port()}",
+            log_path=self.workdir / f"{name}.log", tls=self.tls_bundle)
         return self.switches[name]
 
     def _build(self) -> None:
@@ -198,10 +211,14 @@ class Testbed:
         else:
             raw = tree_config_dict({n: (s.grpc_addr, s.device_id) for n, s in self.switches.items()},
                                    self.leaves, self.workers // self.leaves, self.job_id, window)
+        if self.tls_bundle is not None:
+            for switch in [raw["switch"]] if "switch" in raw else raw["switches"].values():
+                switch.update(self.tls_bundle.job_settings())
         self.config_path.write_text(tomli_w.dumps(raw))
         self.config = config_mod.load(self.config_path)
         for name, config in self.configs().items():     # parents first
-            conn = SwitchConnection(config.switch.grpc_addr, config.switch.device_id).connect()
+            conn = SwitchConnection(config.switch.grpc_addr, config.switch.device_id,
+                                    ELECTION_ID, tls=config.switch.tls).connect()
             self.controllers[name] = Controller(conn)
             self.controllers[name].push()
             self.controllers[name].apply(config)
@@ -322,12 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         testbed = Testbed(args.workers, bw=args.bw, target=args.target or default_target(),
                           delay=args.delay, link_loss=args.link_loss, num_slots=args.slots,
-                          log_level="info", topo=args.topo, leaves=args.leaves)
+                          log_level="info", topo=args.topo, leaves=args.leaves,
+                          tls=args.tls, grpc_host=args.grpc_host)
         with testbed:
             shape = (f"one {testbed.target} switch" if args.topo == "star"
                      else f"a {testbed.target} spine and {args.leaves} leaves")
-            grpc = ", ".join(f"{n} {s.grpc_addr}" for n, s in testbed.switches.items())
-            print(f"\n{args.workers} workers on {shape} (P4Runtime {grpc}), "
+            grpc = ", ".join(f"{n} {s.process.listen_addr}" for n, s in testbed.switches.items())
+            security = "mutual TLS" if args.tls else "plaintext"
+            print(f"\n{args.workers} workers on {shape} (P4Runtime {grpc}, {security}), "
                   f"links {args.bw:g} Mbit/s")
             print(f"job configuration: {testbed.config_path}   switch and host logs: "
                   f"{testbed.workdir} (removed on exit)")
