@@ -174,9 +174,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not 0 <= targs.drop_port < 512:
         raise ArgumentError(f"--drop-port {targs.drop_port} is not a 9-bit port")
     args.drop_port = targs.drop_port
-    for name in ("grpc_server_addr",) + TLS_FILES:
-        setattr(args, name, getattr(targs, name) or getattr(args, name))
-    for name in ("grpc_server_ssl", "grpc_server_with_client_auth"):
+    for name in ("grpc_server_addr", "grpc_server_ssl", "grpc_server_with_client_auth",
+                 *TLS_FILES):
         setattr(args, name, getattr(targs, name) or getattr(args, name))
     args.grpc_server_addr = args.grpc_server_addr or DEFAULT_GRPC
     _check_tls(args)

@@ -195,8 +195,6 @@ class Config:
 
     def build(self) -> None:
         """Compile and load the verified program (the one step that makes code)."""
-        if self.pipeline is not None:
-            return
         try:
             pipe = load_pipeline(self.proto.p4_device_config, self.drop_port, self.backend)
         except Unsupported as exc:

@@ -147,10 +147,13 @@ class SwitchConnection:
         tls = self.tls
         if "CERTIFICATE_VERIFY_FAILED" in error:
             return f"the switch's certificate is not signed by the CA in {tls.ca_cert}"
-        if "WRONG_VERSION_NUMBER" in error or "Tls handshake failed" in error:
-            return "TLS failed: does the switch serve plaintext? Then drop the TLS settings"
         if "is not in peer certificate" in error:
             return f"the switch's certificate does not name the address {self.grpc_addr}"
+        if "WRONG_VERSION_NUMBER" in error:
+            return ("the switch does not answer TLS: does it serve plaintext? Then drop the "
+                    "TLS settings")
+        if "handshake failed" in error.lower():
+            return "the TLS handshake failed"
         if "Socket closed" not in error:
             return None
         if tls is None:

@@ -102,7 +102,8 @@ def run(args) -> list[dict]:
         print(f"[baseline] n = {n}: starting {n} hosts on {shape}, {bw:g} Mbit/s links",
               flush=True)
         with Testbed(n, bw=bw, target=target, num_slots=args.slots, topo=topo,
-                     leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host) as testbed, HostAgents(testbed) as agents:
+                     leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host) as testbed, \
+                HostAgents(testbed) as agents:
             for size in args.sizes:
                 for backend in ("switch", "gloo"):
                     agents.call({"op": "allreduce", "backend": backend, "size": size,

@@ -108,7 +108,8 @@ def run(args) -> list[dict]:
           f"{len(todo)} points x {args.reps} repetitions", flush=True)
     rows, reference = [], {}
     with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots, topo=args.topo,
-                 leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host) as testbed, HostAgents(testbed, gloo=False) as agents:
+                 leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host) as testbed, \
+            HostAgents(testbed, gloo=False) as agents:
         lossy = None if args.loss_at == "all" else args.loss_at.split(",")
         for n, (size, direction, loss) in enumerate(todo, 1):
             ingress, egress = (f * loss / 100 for f in DIRECTIONS.get(direction, (0, 0)))

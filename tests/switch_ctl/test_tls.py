@@ -106,6 +106,14 @@ def test_the_wrong_credentials_are_refused(switch, bundles, case):
         assert conn.read(P4TableEntry("Ing.mac_table")) == []
 
 
+def test_tls_against_a_plaintext_switch_is_refused(bundles, tmp_path):
+    with SwitchProcess("softswitch", {}, log_path=tmp_path / "plain.log") as plain:
+        conn = SwitchConnection(plain.grpc_addr, 0, (0, 1), tls=bundles[0].controller())
+        with pytest.raises(P4RuntimeError, match="the switch does not answer TLS: does it "
+                                                 "serve plaintext"):
+            conn.connect()
+
+
 def switch_ctl(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "switch_ctl", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
