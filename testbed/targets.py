@@ -9,6 +9,7 @@ switch serves mutual TLS with simple_switch_grpc's options.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -85,6 +86,13 @@ def free_tcp_port() -> int:
         return sock.getsockname()[1]
 
 
+@functools.lru_cache(maxsize=None)
+def _has_thrift(binary: str) -> bool:
+    """A BMv2 built without Thrift has no --thrift-port, and refuses the option."""
+    result = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+    return "--thrift-port" in result.stdout + result.stderr
+
+
 def connect_addr(grpc_addr: str) -> str:
     """Where a controller here reaches a server listening on ``grpc_addr``: a wildcard
     address through loopback."""
@@ -110,7 +118,7 @@ def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: s
     for port, ifname in sorted(ports.items()):
         argv += ["-i", f"{port}@{ifname}"]
     argv += ["--device-id", str(device_id), "--no-p4"]
-    if target == "bmv2":
+    if target == "bmv2" and _has_thrift(program[0]):
         # Each instance needs its own Thrift port, or a second one fails to start.
         argv += ["--thrift-port", str(free_tcp_port())]
     # PacketOuts (the controller's slot reset) enter the pipeline on the program's CPU port.
