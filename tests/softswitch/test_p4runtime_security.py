@@ -186,7 +186,8 @@ def test_a_json_carrying_code_is_refused_without_a_stream(switch, cache):
     assert files_holding(cache, PAYLOAD) == []
 
 
-@pytest.mark.parametrize("action", [Request.VERIFY, Request.VERIFY_AND_COMMIT])
+@pytest.mark.parametrize("action", [Request.VERIFY, Request.VERIFY_AND_COMMIT],
+                         ids=["VERIFY", "VERIFY_AND_COMMIT"])
 def test_a_json_carrying_code_is_refused_from_the_primary(switch, cache, action):
     """Needs the validating loader (issue 20 item 1): it must refuse the error code
     as not an int, naming the JSON path, before anything is generated."""
