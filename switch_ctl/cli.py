@@ -28,6 +28,7 @@ from .client import DryRun, P4RuntimeError, SwitchConnection
 from .config import TLSConfig
 from .control import field_value
 from .controller import Controller
+from .overlaps import JobOverlap
 from .tree import Tree
 
 
@@ -57,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     target(push, False)
     push.add_argument("--json", type=Path, default=protocol.PROGRAM_JSON)
     push.add_argument("--p4info", type=Path, default=protocol.P4INFO)
-    apply = sub.add_parser("apply", help="install (or update) the job in CONFIG")
+    apply = sub.add_parser("apply", help="install (or update) the job in CONFIG; refused, "
+                                         "naming both, if it collides with another job")
     target(apply, True)
     apply.add_argument("--push", action="store_true", help="push the program first")
     counters = sub.add_parser("counters", help="print the program's counters")
@@ -134,9 +136,26 @@ def run(args) -> None:
         tls = _tls(args, config.switches[name])
         if tls is not None and args.command != "check":
             tls.check(f"switches.{name}")
+    if args.command == "apply" and not args.push:   # a push clears every job anyway
+        check_tree(args, config, names)
     for name in names:
         print(f"[{name}]", flush=True)
         run_on_switch(args, config.switches[name])
+
+
+def check_tree(args, tree: Tree, names: list[str]) -> None:
+    """Every switch's installed jobs, checked before any switch is written to: a
+    collision on a leaf must not leave the job installed on its parent alone."""
+    problems = []
+    for name in names:
+        with _connection(args, tree.switches[name]) as conn:
+            conn.load_p4info()
+            try:
+                Controller(conn).check_overlaps(tree.switches[name])
+            except JobOverlap as exc:
+                problems += [f"{name} ({conn.grpc_addr}): {p}" for p in exc.problems]
+    if problems:
+        raise JobOverlap(tree.job_id, "the switches of the tree", problems)
 
 
 def run_on_switch(args, config: config_mod.Config | None) -> None:

@@ -68,6 +68,13 @@ def match_values(conn: SwitchConnection, table: str, msg) -> dict[str, int]:
     return {names[fm.field_id]: field_value(fm)[1] for fm in msg.match}
 
 
+def action_values(conn: SwitchConnection, msg) -> tuple[str, dict[str, int]]:
+    """An entry's action and its parameter values by P4Info name."""
+    action = conn.schema.actions[msg.action.action.action_id]
+    names = {p.id: p.name for p in action.params}
+    return action.name, {names[p.param_id]: _int(p.value) for p in msg.action.action.params}
+
+
 class Control:
     """One P4 control instance: install a job's entries, clear them, read its counters."""
     TABLE = ""
@@ -108,6 +115,17 @@ class Control:
         return {}
 
     # -- helpers for subclasses ----------------------------------------------
+    def has(self, table: str) -> bool:
+        return self.conn.resolve("tables", table) is not None
+
+    def entries(self, table: str) -> list[tuple[dict[str, int], str, dict[str, int], int]]:
+        """Every entry of ``table``, whoever wrote it: (match values, action, parameter
+        values, priority), by P4Info names."""
+        table = self.name("tables", table)
+        return [(match_values(self.conn, table, e.table_entry),
+                 *action_values(self.conn, e.table_entry), e.table_entry.priority)
+                for e in self.conn.read_raw(P4TableEntry(table))]
+
     def entry(self, table: str, action: str, match: dict, params: dict,
               priority: int = 0) -> P4TableEntry:
         return self.conn.table_entry(self.name("tables", table), self.name("actions", action),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from p4src import protocol
@@ -11,6 +12,7 @@ from .config import Config
 from .control import Changes
 from .controls import (ArpResponder, BitmapChecker, DropSimulator, JobLookup, L2Forwarding,
                        OutcomeCounters, ResultRewrite, SenderIdentification, SourceGuard)
+from .overlaps import InstalledJob, JobOverlap, conflicts
 
 
 class Controller:
@@ -39,7 +41,8 @@ class Controller:
 
     def apply(self, config: Config) -> Changes:
         """Install the job; a program lacking what it needs is refused before any write
-        (a tree's leaf on the TNA program, say), an optional control it lacks is named."""
+        (a tree's leaf on the TNA program, say), an optional control it lacks is named,
+        and so is a job that collides with one the switch holds (JobOverlap)."""
         controls, skipped, lacking = [], [], []
         for control in self._job_controls:
             missing = control.missing(config)
@@ -53,10 +56,29 @@ class Controller:
             raise P4RuntimeError(
                 f"job {config.job.id} needs {', '.join(lacking)}, which the program on "
                 f"{self.conn.grpc_addr} ({self.conn.schema.arch or 'no arch'}) does not have")
+        self.check_overlaps(config)
         changes = Changes(skipped=tuple(skipped))
         for control in controls:
             changes += control.install(config)
         return changes
+
+    def installed_jobs(self) -> list[InstalledJob]:
+        """The jobs the switch holds, from its jobs table and, where the program has
+        port security, the service addresses its entries record."""
+        jobs = {job.id: job for job in self.job_lookup.installed()}
+        if self.source_guard.has(self.source_guard.TABLE):
+            for job_id, addresses in self.source_guard.service_addresses().items():
+                jobs[job_id] = dataclasses.replace(jobs.get(job_id, InstalledJob(job_id)),
+                                                   **addresses)
+        return list(jobs.values())
+
+    def check_overlaps(self, config: Config) -> None:
+        """Raise JobOverlap, naming both jobs, if ``config``'s job collides with another
+        job on the switch in slots, UDP port, service address or PRE group, or if the
+        switch holds its id with another UDP port or service address."""
+        problems = conflicts(config.job, self.installed_jobs())
+        if problems:
+            raise JobOverlap(config.job.id, self.conn.grpc_addr, problems)
 
     def remove(self, config: Config) -> Changes:
         changes = Changes()

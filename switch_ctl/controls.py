@@ -14,11 +14,17 @@ from p4src import protocol
 from .client import P4CounterEntry, P4RuntimeError
 from .config import Config
 from .control import Changes, Control
+from .overlaps import InstalledJob
 
 
 def mac_int(mac: str) -> int:
     """A MAC as P4Runtime's match value, to compare with what a read returns."""
     return int(mac.replace(":", ""), 16)
+
+
+def mac_str(value: int) -> str:
+    """A MAC read back from a match, spelled as config.py spells it."""
+    return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
 
 
 def ip_int(ip: str) -> int:
@@ -69,7 +75,12 @@ class ArpResponder(Control):
 
 class SourceGuard(Control):
     """Port security: frames claiming the job's service MAC or IPv4 as their source
-    (Ethernet, IPv4 or ARP sender) are dropped, since only the switch sources them."""
+    (Ethernet, IPv4 or ARP sender) are dropped, since only the switch sources them.
+
+    Every entry does the same (drop), so their order is free, and each entry's
+    priority records the job that claimed the address: job id + 1 (P4Runtime's
+    priorities start at 1). It is the one place the switch keeps a job's service
+    address, which lets apply name the job an address belongs to (overlaps.py)."""
     TABLE = "AggIngress.source_guard.service_sources"
     ACTIONS = ("NoAction",)
     OPTIONAL = True
@@ -82,7 +93,8 @@ class SourceGuard(Control):
     def install(self, config: Config) -> Changes:
         # One ternary entry per claimed field, the others left out (wildcards).
         job = config.job
-        desired = [self.entry(self.TABLE, self.ACTIONS[0], {field: address}, {}, priority=1)
+        desired = [self.entry(self.TABLE, self.ACTIONS[0], {field: address}, {},
+                              priority=job.id + 1)
                    for field, address in (("src_mac", job.service_mac),
                                           ("arp_sender_mac", job.service_mac),
                                           ("src_ip", job.service_ip))]
@@ -90,6 +102,17 @@ class SourceGuard(Control):
 
     def clear(self, config: Config) -> Changes:
         return self.sync(self.TABLE, [], self._owned(config))
+
+    def service_addresses(self) -> dict[int, dict[str, str]]:
+        """Job id -> {"service_ip": ..., "service_mac": ...}, from the entries' priorities."""
+        found: dict[int, dict[str, str]] = {}
+        for match, _, _, priority in self.entries(self.TABLE):
+            addresses = found.setdefault(priority - 1, {})
+            if "src_ip" in match:
+                addresses["service_ip"] = str(ipaddress.IPv4Address(match["src_ip"]))
+            if "src_mac" in match:
+                addresses["service_mac"] = mac_str(match["src_mac"])
+        return found
 
 
 class JobLookup(Control):
@@ -109,9 +132,6 @@ class JobLookup(Control):
     def needs(self, config: Config) -> list[tuple[str, str]]:
         return [("tables", self.TABLE), ("actions", self._action(config))]
 
-    def _has_slot_range(self) -> bool:
-        return self.conn.resolve("tables", self.SLOT_RANGE) is not None
-
     def install(self, config: Config) -> Changes:
         job = config.job
         params = {"num_workers": len(job.workers), "total_workers": job.num_workers,
@@ -123,7 +143,7 @@ class JobLookup(Control):
         desired = [self.entry(self.TABLE, self._action(config),
                               {"job_id": job.id, "udp_port": job.udp_port}, params)]
         changes = self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
-        if self._has_slot_range():
+        if self.has(self.SLOT_RANGE):
             last = job.first_slot + job.num_slots - 1
             ranged = [self.entry(self.SLOT_RANGE, self.IN_RANGE,
                                  {"job_id": job.id, "udp_port": job.udp_port,
@@ -133,9 +153,16 @@ class JobLookup(Control):
 
     def clear(self, config: Config) -> Changes:
         changes = self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
-        if self._has_slot_range():
+        if self.has(self.SLOT_RANGE):
             changes += self.sync(self.SLOT_RANGE, [], lambda m: m["job_id"] == config.job.id)
         return changes
+
+    def installed(self) -> list[InstalledJob]:
+        """Every job the table holds: its id, UDP port, slot range and PRE group."""
+        return [InstalledJob(match["job_id"], udp_port=match["udp_port"],
+                             first_slot=params["first_slot"], num_slots=params["num_slots"],
+                             group=params["group"])
+                for match, _, params, _ in self.entries(self.TABLE)]
 
 
 class SenderIdentification(Control):

@@ -1,45 +1,78 @@
-"""The committed Tofino build (make p4-tofino): it fits Tofino 1, and its summary is
-what the compiler reported.
+"""The Tofino build's recorded figures: what the last `make p4-tofino` wrote.
 
-The fit is read from the committed summary, so it is checked on every machine; the
-summary is compared with bf-p4c's own logs where they are (after make p4-tofino).
+No compile runs here (bf-p4c is in no registry). These tests read the resource
+summary committed in p4src/tna/build/ and check the figures it records: the fit in
+Tofino 1's 12 stages, the PHV, one stateful ALU per value pair. The summary is only
+worth what ties it to a compile, so each of them first checks that tie, in the
+manifest the build wrote beside it: the summary's hash is the one the build
+recorded (a summary edited by hand fails), its compiler is the manifest's (version
+and commit), and the sources are the ones the manifest hashed (a source changed
+since fails). Where bf-p4c's own output is present (after make p4-tofino), the
+summary is also recomputed from it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+from p4build import sha256, stale_sources
 from tofino_resources import summary
 
 from p4src import protocol
 
 SUMMARY = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.resources.txt"
+MANIFEST = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.manifest.json"
 COMPILER_OUTPUT = protocol.TNA_BUILD_DIR / "bf-p4c"
+REBUILD = "run 'make p4-tofino' with bf-p4c (README, 'Tofino') and commit p4src/tna/build"
 
 pytestmark = pytest.mark.skipif(
     not SUMMARY.exists(), reason=f"{SUMMARY.name} is missing: make p4-tofino writes it with "
                                  f"bf-p4c (README, 'Tofino')")
 
 
-def used_of(name: str) -> tuple[int, int]:
-    match = re.search(rf"^{name}: (\d+) of (\d+)$", SUMMARY.read_text(), re.M)
+def recorded_summary() -> str:
+    """The summary, once shown to be the one the build recorded for these sources."""
+    manifest = json.loads(MANIFEST.read_text())
+    recorded = manifest["outputs"]
+    assert isinstance(recorded, dict) and SUMMARY.name in recorded, \
+        f"{MANIFEST.name} records no hash of {SUMMARY.name}: {REBUILD}"
+    assert sha256(SUMMARY) == recorded[SUMMARY.name], \
+        f"{SUMMARY.name} is not the summary the build wrote (its hash differs from " \
+        f"{MANIFEST.name}'s): {REBUILD}"
+    text = SUMMARY.read_text()
+    commit = re.search(r"SHA: (\w+)", manifest["compiler"])
+    named = re.search(r"^compiler: bf-p4c \S+ \((\w+)\)$", text, re.M)
+    assert commit and named and named[1] == commit[1], \
+        f"{SUMMARY.name}'s compiler line is not {MANIFEST.name}'s compiler {manifest['compiler']!r}"
+    stale = stale_sources(MANIFEST)
+    assert not stale, f"the figures are for other sources: {', '.join(stale)} changed; {REBUILD}"
+    return text
+
+
+def used_of(text: str, name: str) -> tuple[int, int]:
+    match = re.search(rf"^{name}: (\d+) of (\d+)$", text, re.M)
     assert match, f"no '{name}: N of M' line in {SUMMARY.name}"
     return int(match[1]), int(match[2])
 
 
-def test_it_fits_tofino_1():
-    assert "target: tofino" in SUMMARY.read_text()
-    stages, available = used_of("stages used")
+def test_the_summary_is_the_one_the_manifest_records_for_these_sources():
+    assert "target: tofino" in recorded_summary()
+
+
+def test_the_recorded_figures_fit_tofino_1():
+    text = recorded_summary()
+    stages, available = used_of(text, "stages used")
     assert available == 12 and stages <= 12
     for resource in ("stateful ALUs", "SRAM blocks", "TCAM blocks"):
-        used, total = used_of(resource)
+        used, total = used_of(text, resource)
         assert used <= total, resource
 
 
-def test_phv_use_is_reported_within_what_tofino_1_has():
+def test_the_recorded_phv_use_is_within_what_tofino_1_has():
     lines = re.findall(r"^PHV (\w+) (\d+)-bit: (\d+) of (\d+) containers, (\d+) bits$",
-                       SUMMARY.read_text(), re.M)
+                       recorded_summary(), re.M)
     assert {(kind, int(width)) for kind, width, *_ in lines} >= {
         ("normal", 8), ("normal", 16), ("normal", 32)}
     for kind, width, used, available, bits in lines:
@@ -47,13 +80,13 @@ def test_phv_use_is_reported_within_what_tofino_1_has():
         assert int(bits) <= int(used) * int(width), (kind, width)
 
 
-def test_every_sum_has_its_stateful_alu():
+def test_the_recorded_stateful_alus_are_one_per_value_pair():
     """1 bitmap + 1 count + 1 exponent + one per pair of values."""
-    used, _ = used_of("stateful ALUs")
+    used, _ = used_of(recorded_summary(), "stateful ALUs")
     assert used == 3 + protocol.packet_format().values_per_packet // 2
 
 
 @pytest.mark.skipif(not COMPILER_OUTPUT.exists(),
                     reason="bf-p4c's own output is not here (make p4-tofino writes it)")
-def test_the_summary_is_the_compilers():
+def test_the_summary_is_what_bf_p4cs_output_gives():
     assert summary(COMPILER_OUTPUT) == SUMMARY.read_text()

@@ -5,9 +5,10 @@ Two targets, one front half (sources, hashes, manifest):
 - tofino (bf-p4c, TNA): NAME.p4info.txtpb and NAME.resources.txt, our summary of the
   compiler's resource logs, into --out; the compiler's own output (tofino.bin,
   context.json, bfrt.json, logs) stays in --out/bf-p4c, which is not committed.
-Both write NAME.manifest.json: the compiler's version, the outputs, and a hash of
-every source file, so tests/test_p4_builds.py can tell a committed build from a
-stale one on machines that have no compiler.
+Both write NAME.manifest.json: the compiler's version, a hash of every output and of
+every source file, so tests/test_p4_builds.py can tell a committed build from a stale
+one on machines that have no compiler, and tests/test_tofino_build.py a resource
+summary edited by hand from the one the build wrote.
 
     python tools/p4build.py --p4c p4c-bm2-ss --out p4src/build p4src/v1model/aggregation.p4 \
         --sources 'p4src/**/*.p4'
@@ -31,12 +32,16 @@ from tofino_resources import summary  # beside this file: on sys.path as a scrip
 REPO = Path(__file__).resolve().parents[1]
 
 
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def source_hashes(patterns: list[str]) -> dict[str, str]:
     files = sorted({Path(p) for pattern in patterns
                     for p in glob.glob(str(REPO / pattern), recursive=True)})
     if not files:
         raise SystemExit(f"no source files match {patterns}")
-    return {str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    return {str(f.relative_to(REPO)): sha256(f) for f in files}
 
 
 def stale_sources(manifest_path: Path) -> list[str]:
@@ -93,7 +98,7 @@ def compile_program(p4c: str, program: Path, out: Path, patterns: list[str],
         "target": target,
         "compiler": next((l for l in version if "Version" in l), version[0] if version else "?"),
         "defines": defines,
-        "outputs": outputs,
+        "outputs": {name: sha256(out / name) for name in outputs},
         "patterns": patterns,
         "sources": source_hashes(patterns),
     }

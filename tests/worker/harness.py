@@ -36,6 +36,11 @@ SERVICE_MAC = "02:00:00:00:00:fe"
 WORKER_UDP_PORT = 41000
 
 
+def job_udp_port(job_id: int) -> int:
+    """Each job its own port of the program's 16 (switch_ctl apply refuses a shared one)."""
+    return protocol.AGG_UDP_PORTS.start + job_id % len(protocol.AGG_UDP_PORTS)
+
+
 @dataclass
 class Job:
     id: int
@@ -47,6 +52,10 @@ class Job:
     @property
     def num_workers(self) -> int:
         return len(self.hosts)
+
+    @property
+    def udp_port(self) -> int:
+        return job_udp_port(self.id)
 
 
 @dataclass
@@ -116,14 +125,14 @@ class Fabric:
 
     def job(self, num_workers: int, num_slots: int = 16, *, first_host: int = 0,
             service: tuple[str, str] = (SERVICE_IP, SERVICE_MAC)) -> Job:
-        """A job over hosts ``first_host``..., on slots no earlier job used, with
-        ``service`` as its (IPv4, MAC) service address."""
+        """A job over hosts ``first_host``..., on slots no earlier job used and a UDP
+        port of its own, with ``service`` as its (IPv4, MAC) service address."""
         job_id = self.next_job
         self.next_job += 1
         hosts = self.topology.hosts[first_host:first_host + num_workers]
         lines = ["[switch]", f'grpc_addr = "{self.switch.grpc_addr}"', "device_id = 0",
                  f"ports = {[h.switch_port for h in self.topology.hosts]}", "",
-                 "[job]", f"id = {job_id}", f"udp_port = {protocol.AGG_UDP_PORT_BASE}",
+                 "[job]", f"id = {job_id}", f"udp_port = {job_udp_port(job_id)}",
                  f'service_ip = "{service[0]}"', f'service_mac = "{service[1]}"',
                  f"first_slot = {self.next_slot}", f"num_slots = {num_slots}"]
         for i, h in enumerate(hosts):
@@ -139,6 +148,7 @@ class Fabric:
 
     def remove(self, job: Job) -> None:
         self.control.remove(self._config(job))
+        self.jobs.remove(job)
 
     def set_loss(self, job: Job, probability: float) -> None:
         """Drop this fraction of aggregation packets on every port, in and out."""
@@ -256,7 +266,7 @@ class TreeFabric(Fabric):
         raw = tree_config_dict({n: (s.grpc_addr, 0) for n, s in self.switches.items()},
                                self.leaves, self.per_leaf, job_id, num_slots,
                                udp_port=WORKER_UDP_PORT)
-        raw["job"]["first_slot"] = self.next_slot
+        raw["job"].update(first_slot=self.next_slot, udp_port=job_udp_port(job_id))
         hosts = []
         for j in range(self.leaves):
             leaf = raw["switches"][f"leaf{j}"]
@@ -280,6 +290,7 @@ class TreeFabric(Fabric):
     def remove(self, job: Job) -> None:
         for name, config in reversed(self._config(job).switches.items()):
             self.controls[name].remove(config)
+        self.jobs.remove(job)
 
     def set_loss(self, job: Job, probability: float) -> None:
         """Drop this fraction of aggregation packets on every link, in each direction:

@@ -14,7 +14,6 @@ import time
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import Ether
 
-from p4src import protocol
 
 from .harness import SERVICE_IP, WORKER_UDP_PORT
 from .test_end_to_end import check_run
@@ -24,11 +23,11 @@ from .test_end_to_end import check_run
 UNREACHABLE_CODES = (1, 2, 3, 10, 13)
 
 
-def forged_unreachable(attacker, worker, code: int) -> bytes:
+def forged_unreachable(attacker, worker, code: int, job_port: int) -> bytes:
     """An ICMP error from ``attacker`` to ``worker`` quoting the worker's packet
     to the switch, as if a router on the way had refused it."""
     quoted = bytes(IP(src=worker.ip, dst=SERVICE_IP)
-                   / UDP(sport=WORKER_UDP_PORT, dport=protocol.AGG_UDP_PORT_BASE))[:28]
+                   / UDP(sport=WORKER_UDP_PORT, dport=job_port))[:28]
     return bytes(Ether(src=attacker.mac, dst=worker.mac)
                  / IP(src=attacker.ip, dst=worker.ip) / ICMP(type=3, code=code) / quoted)
 
@@ -64,7 +63,7 @@ class Flood:
 def test_forged_icmp_unreachable_is_a_loss_not_a_failure(fabric, tmp_path):
     job = fabric.job(3, num_slots=16)
     attacker = fabric.topology.hosts[-1]         # not a worker of the job
-    frames = [forged_unreachable(attacker, w, code) for w in job.hosts
+    frames = [forged_unreachable(attacker, w, code, job.udp_port) for w in job.hosts
               for code in UNREACHABLE_CODES]
     size, reps = 20_000, 6
     # BMv2 forwards 1-3 k frames/s in all, and drops what queues beyond that.
