@@ -432,8 +432,6 @@ class CEmitter:
     # ------------------------------------------------------------------ parser
     def parser(self) -> None:
         prog = self.prog
-        if prog.parser_init is None:
-            return
         done = self.label("parsed")
         nstates = len(prog.parser_states)
         self.add(f"int st = {num(prog.parser_init, 0, nstates)};")

@@ -670,8 +670,6 @@ class Generator:
 
     def parser(self, src: Source) -> None:
         prog = self.prog
-        if prog.parser_init is None:
-            return
         nstates = len(prog.parser_states)
         src.add("try:")
         src.depth += 1

@@ -246,7 +246,7 @@ class Program:
         ids = {s["name"]: i for i, s in enumerate(states)}
         init = parser["init_state"]
         self.state_ids = ids
-        return states, (ids[init] if init is not None else None), _topological(states, ids)
+        return states, ids[init], _topological(states, ids)
 
     def transitions(self, state: dict):
         """(key parts, [(value, mask or None, next index)], default next index); -1 accepts."""

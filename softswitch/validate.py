@@ -92,9 +92,12 @@ def _short(value) -> str:
 
 
 def _range(lo: int, hi: int) -> str:
-    def show(n):
-        return f"2^{n.bit_length() - 1}" if n > 1024 and n & (n - 1) == 0 else str(n)
-    return f"[{show(lo)}, {show(hi)})"
+    top = hi - 1
+    if top > 1024 and top & (top - 1) == 0:
+        return f"[{lo}, 2^{top.bit_length() - 1}]"
+    if hi > 1024 and hi & (hi - 1) == 0:
+        return f"[{lo}, 2^{hi.bit_length() - 1})"
+    return f"[{lo}, {hi})"
 
 
 def _int(value, path: str, lo: int, hi: int) -> int:
@@ -170,6 +173,7 @@ class _Checker:
         self.actions: dict[int, list] = {}      # id -> [param width]
         self.action_names: dict[int, str] = {}
         self.calculations: dict[str, dict] = {}
+        self.calculation_paths: dict[str, str] = {}
         self.tables: dict[str, dict] = {}       # every table (name -> clean table)
 
     def top(self, key: str) -> list:
@@ -387,8 +391,9 @@ class _Checker:
                     raise Unsupported(f"{ipath}.type: calculation input of type {kind!r}")
             if bits > MAX_CHECKSUM_BITS:
                 raise ValueError(f"{path}.input: more than {MAX_CHECKSUM_BITS} bits")
-            clean = {"name": name, "algo": _str(item["algo"], f"{path}.algo"), "input": inputs}
+            clean = {"name": name, "algo": _name(item["algo"], f"{path}.algo"), "input": inputs}
             self.calculations[name] = clean
+            self.calculation_paths[name] = path
             out.append(clean)
         return out
 
@@ -465,6 +470,9 @@ class _Checker:
         if depth > MAX_DEPTH:
             raise ValueError(f"{path}: expressions nested deeper than {MAX_DEPTH}")
         node = _obj(node, path)
+        if "op" not in node and "type" not in node:
+            raise ValueError(f"{path}: expected an operation or an expression, got "
+                             f"{_short(node)}")
         if "type" in node:          # p4c nests {"type": "expression", "value": {...}}
             if node["type"] != "expression":
                 raise ValueError(f"{path}.type: expected 'expression' or an operator, "
@@ -579,12 +587,14 @@ class _Checker:
                        for k, op in enumerate(_list(state["parser_ops"], f"{spath}.parser_ops"))]
                 key, nbits = self.transition_key(state["transition_key"],
                                                  f"{spath}.transition_key")
-                transitions = [self.transition(t, f"{spath}.transitions[{k}]", nbits, states)
+                transitions = [self.transition(t, f"{spath}.transitions[{k}]",
+                                               (nbits, f"{spath}.transition_key"), states)
                                for k, t in enumerate(_list(state["transitions"],
                                                            f"{spath}.transitions"))]
                 clean.append({"name": state["name"], "parser_ops": ops,
                               "transitions": transitions, "transition_key": key})
-            init = self.state_ref(parser["init_state"], f"{path}.init_state", states)
+            init = self.state_ref(_name(parser["init_state"], f"{path}.init_state"),
+                                  f"{path}.init_state", states)
             out.append({"name": _name(parser["name"], f"{path}.name"),
                         "init_state": init, "parse_states": clean})
             _int(parser["id"], f"{path}.id", 0, MAX_ID)
@@ -664,7 +674,8 @@ class _Checker:
         return self.headers[header][1][fname]
 
     @staticmethod
-    def transition(item, path: str, nbits: int, states: dict) -> dict:
+    def transition(item, path: str, key: tuple, states: dict) -> dict:
+        """A case of a select; ``key``: the key's width in bits and its path."""
         item = _obj(item, path, "type", "value", "mask", "next_state")
         kind = item["type"]
         nxt = _Checker.state_ref(item["next_state"], f"{path}.next_state", states)
@@ -674,16 +685,17 @@ class _Checker:
             _str(kind, f"{path}.type")
             raise Unsupported(f"{path}.type: parser transition of type {kind!r}")
         clean = {"type": kind, "next_state": nxt}
-        for key in ("value", "mask"):
-            value = item[key]
-            if value is None and key == "mask":
-                clean[key] = None
+        nbits, key_path = key
+        for part in ("value", "mask"):
+            value = item[part]
+            if value is None and part == "mask":
+                clean[part] = None
                 continue
-            _hex(value, f"{path}.{key}", negative=False)
+            _hex(value, f"{path}.{part}", negative=False)
             if len(value) - 2 != nbits // 4:
-                raise ValueError(f"{path}.{key}: {value} is not as wide as the key "
+                raise ValueError(f"{path}.{part}: {value} is not as wide as {key_path} "
                                  f"({nbits} bits)")
-            clean[key] = value
+            clean[part] = value
         return clean
 
     def deparsers(self) -> list:
@@ -812,7 +824,7 @@ class _Checker:
         if value in MATCH_TYPES:
             return value
         _str(value, path)
-        raise Unsupported(f"{path}: {value} match (table {table})")
+        raise Unsupported(f"{path}: {_short(value)} match (table {table})")
 
     def table_key(self, key, path: str, table: str) -> dict:
         key = _obj(key, path, "match_type", "target", "mask")
@@ -902,7 +914,8 @@ class _Checker:
                 raise ValueError(f"{path}.calculation: unknown calculation {calc!r}")
             if self.calculations[calc]["algo"] != "csum16":
                 raise Unsupported(f"{path}.calculation: hash algorithm "
-                                  f"{self.calculations[calc]['algo']!r} (calculation {calc})")
+                                  f"{self.calculations[calc]['algo']!r} "
+                                  f"({self.calculation_paths[calc]}.algo)")
             cond = item["if_cond"]
             out.append({"name": _name(item["name"], f"{path}.name"),
                         "target": self.real_field(item["target"], f"{path}.target"),
