@@ -798,5 +798,7 @@ def emit(program: Program, runtime_path: str) -> str:
     """The C unit for ``program``; raises NativeUnsupported for what only Python runs."""
     try:
         return CEmitter(program).unit(runtime_path)
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+    except RecursionError:
+        raise NativeUnsupported("the program's controls are nested too deeply") from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:   # a gap in validate
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None

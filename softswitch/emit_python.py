@@ -977,12 +977,16 @@ class Generator:
 
 
 
+_TARGETS = re.compile(r"\s*+(?:\w+,\s*)*\w+,?\s=(?!=)")   # "a, b = ": no backtracking
+_NAME = re.compile(r"\b\w+\b")
+
+
 def _read_names(lines: list[str]) -> set[str]:
     """Names a block of generated code reads (an assignment's targets do not count)."""
     names = set()
     for line in lines:
-        line = re.sub(r"^\s*[\w\s,]+?,?\s=(?!=)", "", line)
-        names.update(re.findall(r"\b\w+\b", line))
+        targets = _TARGETS.match(line)
+        names.update(_NAME.findall(line, targets.end() if targets else 0))
     return names
 
 
@@ -1035,12 +1039,17 @@ def compile_program(program: Program) -> Compiled:
     gen = Generator(program)
     try:
         out = gen.generate()
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+    except RecursionError:
+        raise Unsupported("the program's controls are nested too deeply") from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:   # a gap in validate
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
     gen.ns["_NOTCACHED"] = _NOTCACHED
     gen.ns["_log_assert"] = _log_assert
     out.namespace = gen.ns
-    code = compile(out.source, "<softswitch pipeline>", "exec")
+    try:
+        code = compile(out.source, "<softswitch pipeline>", "exec")
+    except (SyntaxError, RecursionError, MemoryError) as exc:   # Python's own nesting limits
+        raise Unsupported(f"the program is nested too deeply for Python ({exc})") from None
     exec(code, gen.ns)
     out.ingress = gen.ns["ingress"]
     out.egress = gen.ns["egress"]

@@ -114,7 +114,6 @@ class Program:
 
     def __init__(self, doc: dict, drop_port: int = DROP_PORT):
         """``doc``: the clean copy ``validate.document`` made of the JSON."""
-        _rewrite_validity(doc)
         self.doc = doc
         self.drop_port = drop_port
         self.headers: dict[str, Header] = {}
@@ -240,7 +239,7 @@ class Program:
 
     # ------------------------------------------------------------------ parser
     def parser(self):
-        """(states, index of the init state or None, states in a forward order)."""
+        """(states, index of the init state, states in a forward order)."""
         parser = {p["name"]: p for p in self.doc["parsers"]}["parser"]
         states = parser["parse_states"]
         ids = {s["name"]: i for i, s in enumerate(states)}
@@ -402,45 +401,6 @@ def load(text: str | bytes, drop_port: int = DROP_PORT) -> Program:
         raise ValueError("device config is nested too deeply") from None
     except (KeyError, IndexError, TypeError, AttributeError) as exc:   # a gap in validate
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
-
-
-def _validity(node):
-    """The validity bit of a header expression, as an expression of validity bits."""
-    if isinstance(node, str):
-        return {"type": "field", "value": [node, "$valid$"]}
-    if isinstance(node, dict) and node.get("type") == "header":
-        return _validity(node.get("value"))
-    if isinstance(node, dict) and "type" not in node and node.get("op") == "?":
-        # what p4c really writes in the field: the ?: object bare, not wrapped
-        return _validity({"type": "expression", "value": node})
-    if isinstance(node, dict) and node.get("type") == "expression":
-        value = node.get("value")
-        if isinstance(value, dict) and value.get("type") == "expression":
-            return _validity(value)
-        if isinstance(value, dict) and value.get("op") == "?":
-            return {"type": "expression", "value": {
-                "op": "?", "cond": value.get("cond"),
-                "left": _validity(value.get("left")), "right": _validity(value.get("right"))}}
-    raise Unsupported(f"isValid() of the computed header {_short(node)}")
-
-
-def _rewrite_validity(node) -> None:
-    """p4c writes ``e.isValid()`` as the field [e, "$valid$"] even when e is an
-    expression (a ?: choosing between headers): make that an expression over the
-    validity bits of real headers, which both emitters handle."""
-    if isinstance(node, dict):
-        items = list(node.items())
-    elif isinstance(node, list):
-        items = list(enumerate(node))
-    else:
-        return
-    for key, value in items:
-        ref = value.get("value") if isinstance(value, dict) and value.get("type") == "field" else None
-        if (isinstance(ref, list) and len(ref) == 2 and ref[1] == "$valid$"
-                and not isinstance(ref[0], str)):
-            node[key] = _validity(ref[0])
-        else:
-            _rewrite_validity(value)
 
 
 def _short(value) -> str:

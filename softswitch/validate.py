@@ -7,7 +7,9 @@ string, every fixed-size list of its size (a const entry has one key per table k
 and one datum per action parameter), every id and error code unique, every
 reference resolved, every size within the limits below. Keys the translator does
 not read (``source_info``, ``pi_omit``, ...) are left out of the copy, so they cannot
-change what runs. Anything else is refused with one line naming the JSON path:
+change what runs, and p4c's ``isValid()`` of a ?: choosing between headers (the field
+[<the ?:>, "$valid$"]) is written there as a ?: of the headers' validity bits, which
+both emitters handle. Anything else is refused with one line naming the JSON path:
 ``ValueError`` for a malformed document, ``Unsupported`` for a construct this switch
 does not run.
 
@@ -30,7 +32,7 @@ MAX_TOTAL_CELLS = 1 << 26    # all register and counter arrays together
 MAX_TABLE_SIZE = 1 << 24     # a table's max_size
 MAX_ID = 1 << 31             # ids, action ids, error codes (int32 in the C runtime)
 MAX_PRIORITY = 1 << 24       # a const entry's priority (P4Runtime's is 2^24 minus it)
-MAX_DEPTH = 64               # nested expressions
+MAX_DEPTH = 128              # nested expressions (two for each operator)
 MAX_LOOKAHEAD = 1 << 16      # bit offset of a lookahead
 MAX_CHECKSUM_BITS = 1 << 16  # the input of one checksum
 NAME = re.compile(r"[A-Za-z0-9_.$\[\]]{1,256}")
@@ -174,7 +176,7 @@ class _Checker:
         self.action_names: dict[int, str] = {}
         self.calculations: dict[str, dict] = {}
         self.calculation_paths: dict[str, str] = {}
-        self.tables: dict[str, dict] = {}       # every table (name -> clean table)
+        self.tables: dict[str, dict] = {}       # every table, by name (its JSON)
 
     def top(self, key: str) -> list:
         return _list(self.doc.get(key, []), key)
@@ -411,13 +413,9 @@ class _Checker:
             raise Unsupported(f"{path}: {ref[0]}.$valid$ used where only a real field can be")
         return ref
 
-    def field_ref(self, value, path: str, depth: int = 0) -> list:
+    def field_ref(self, value, path: str) -> list:
         _list(value, path, 2, "[header, field]")
         fname = _name(value[1], f"{path}[1]")
-        if type(value[0]) is not str:
-            if fname != "$valid$":
-                raise ValueError(f"{path}[0]: expected a header name, got {_short(value[0])}")
-            return [self.header_expr(value[0], f"{path}[0]", depth), fname]
         header = _name(value[0], f"{path}[0]")
         if fname == "$valid$":
             return [self.header(header, f"{path}[0]"), fname]
@@ -425,31 +423,36 @@ class _Checker:
             return [header, fname]
         raise ValueError(f"{path}: unknown field {header}.{fname}")
 
-    def header_expr(self, node, path: str, depth: int):
-        """What p4c puts before "$valid$": a header, or a ?: choosing between headers."""
+    def validity(self, node, path: str, depth: int) -> dict:
+        """The validity bit of what p4c puts before "$valid$" when it is no header name (a
+        ?: choosing between headers), as an expression over real headers' validity bits."""
         if depth > MAX_DEPTH:
-            raise ValueError(f"{path}: expressions nested deeper than {MAX_DEPTH}")
+            raise ValueError(f"{path}: expressions nested more than {MAX_DEPTH // 2} deep")
         if type(node) is dict and node.get("type") == "header":
-            return {"type": "header", "value": self.header(node.get("value"), f"{path}.value")}
+            return {"type": "field",
+                    "value": [self.header(node.get("value"), f"{path}.value"), "$valid$"]}
         if type(node) is dict and node.get("type") == "expression":
-            return {"type": "expression",
-                    "value": self.header_expr(node.get("value"), f"{path}.value", depth + 1)}
+            return self.validity(node.get("value"), f"{path}.value", depth + 1)
         if type(node) is dict and "type" not in node and node.get("op") == "?":
             _obj(node, path, "cond", "left", "right")
-            return {"op": "?", "cond": self.expr(node["cond"], f"{path}.cond", None, depth + 1),
-                    "left": self.header_expr(node["left"], f"{path}.left", depth + 1),
-                    "right": self.header_expr(node["right"], f"{path}.right", depth + 1)}
+            return {"type": "expression", "value": {
+                "op": "?", "cond": self.expr(node["cond"], f"{path}.cond", None, depth + 1),
+                "left": self.validity(node["left"], f"{path}.left", depth + 1),
+                "right": self.validity(node["right"], f"{path}.right", depth + 1)}}
         raise Unsupported(f"{path}: isValid() of the computed header {_short(node)}")
 
     # ------------------------------------------------------------------ expressions
     def expr(self, node, path: str, params, depth: int = 0) -> dict:
         """An operand {"type", "value"}; ``params``: the action's parameter widths, if any."""
         if depth > MAX_DEPTH:
-            raise ValueError(f"{path}: expressions nested deeper than {MAX_DEPTH}")
+            raise ValueError(f"{path}: expressions nested more than {MAX_DEPTH // 2} deep")
         node = _obj(node, path, "type", "value")
         kind, value, vpath = node["type"], node["value"], f"{path}.value"
         if kind == "field":
-            return {"type": kind, "value": self.field_ref(value, vpath, depth + 1)}
+            if type(value) is list and len(value) == 2 and type(value[0]) is not str \
+                    and value[1] == "$valid$":      # p4c's isValid() of a ?: of headers
+                return self.validity(value[0], f"{vpath}[0]", depth + 1)
+            return {"type": kind, "value": self.field_ref(value, vpath)}
         if kind == "hexstr":
             _hex(value, vpath)
             return {"type": kind, "value": value}
@@ -468,7 +471,7 @@ class _Checker:
 
     def operation(self, node, path: str, params, depth: int) -> dict:
         if depth > MAX_DEPTH:
-            raise ValueError(f"{path}: expressions nested deeper than {MAX_DEPTH}")
+            raise ValueError(f"{path}: expressions nested more than {MAX_DEPTH // 2} deep")
         node = _obj(node, path)
         if "op" not in node and "type" not in node:
             raise ValueError(f"{path}: expected an operation or an expression, got "
@@ -834,8 +837,6 @@ class _Checker:
         else:
             self.match_type(mt, f"{path}.match_type", table)
             target = self.field_ref(key["target"], f"{path}.target")
-            if type(target[0]) is not str:
-                raise Unsupported(f"{path}.target: a key on the validity of a computed header")
             width = 1 if target[1] == "$valid$" else self.field_width(target)
         mask = key["mask"]
         if mask is not None:

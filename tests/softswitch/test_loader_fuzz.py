@@ -53,7 +53,7 @@ HOSTILE = 'x"; INJECTED_C_CODE(); //\n#error'
 MISSING = object()
 NULLABLE = {"next_state", "true_next", "false_next", "base_default_next", "init_table", "mask",
             "if_cond"}      # and the values of next_tables
-PER_KIND = {"primitives": 3, "aggregation": 2}     # sampled programs: mutants per kind
+PER_KIND = {"primitives": 6, "aggregation": 4}     # sampled programs: mutants per kind
 RUN_SAME = 2          # accepted mutants with the original's clean copy run per backend
 NATIVE_RUNS = 4       # distinct C units compiled per program
 
