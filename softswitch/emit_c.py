@@ -11,12 +11,15 @@ true value modulo 2^64, together with bounds of the true value. Ring operations
 needs the value itself (comparison, >>, /, %, saturation, an index) is emitted only
 when the bounds prove it fits in uint64_t or int64_t, otherwise the program is
 refused (``NativeUnsupported``) and runs on the Python backend. Nothing from the
-JSON reaches the C text except numbers: names become ids.
+JSON reaches the C text except numbers, and every number goes through
+``validate.num`` or ``validate.u64`` (an int in range, or refused): names become ids.
 """
 
 from __future__ import annotations
 
 from softswitch.frontend import Apply, Field, Header, If, Program, Unsupported, hexstr, mask
+from softswitch.validate import MAX_CELLS, MAX_CHECKSUM_BITS, MAX_HEADER_BITS, MAX_ID, \
+    MAX_LOOKAHEAD, num, u64
 
 U64 = (1 << 64) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -49,13 +52,19 @@ class Val:
         return None
 
 
-def _lit(value: int) -> str:
-    return f"0x{value & U64:x}ULL"
+_lit = u64
+MAX_BYTES = MAX_HEADER_BITS // 8 + 1     # bounds of a header's size and bit positions
 
 
 def _slit(value: int) -> str:
     """A signed 64-bit C literal (INT64_MIN has no literal of its own)."""
-    return "(-0x7fffffffffffffffLL - 1)" if value == I64_MIN else f"({value}LL)"
+    return ("(-0x7fffffffffffffffLL - 1)" if value == I64_MIN
+            else f"({num(value, I64_MIN, I64_MAX + 1)}LL)")
+
+
+def _w(width: int) -> str:
+    """A width the C code handles: 1 to 64 bits."""
+    return num(width, 1, 65)
 
 
 def _cmp_code(a: Val, b: Val, op: str, where: str) -> str:
@@ -102,9 +111,11 @@ class CEmitter:
         return f"L_{stem}{self.labels}"
 
     # ------------------------------------------------------------------ values
-    @staticmethod
-    def fref(field: Field) -> str:
-        return f"S->f[{field.id}]"
+    def fref(self, field: Field) -> str:
+        return f"S->f[{num(field.id, 0, len(self.prog.field_list))}]"
+
+    def hid(self, header: Header) -> str:
+        return num(header.id, 0, len(self.prog.headers))
 
     def field_val(self, field: Field) -> Val:
         if field.signed:
@@ -113,7 +124,7 @@ class CEmitter:
         return Val(self.fref(field), 0, mask(field.width))
 
     def valid_code(self, header: Header) -> str:
-        return "1" if header.metadata else f"S->v[{header.id}]"
+        return "1" if header.metadata else f"S->v[{self.hid(header)}]"
 
     @staticmethod
     def store(val: Val, width: int, signed: bool) -> str:
@@ -122,7 +133,7 @@ class CEmitter:
             half = 1 << (width - 1)
             if val.known and -half <= val.lo and val.hi < half:
                 return val.code
-            return f"ss_sext({val.code}, {width})"
+            return f"ss_sext({val.code}, {_w(width)})"
         if val.known and 0 <= val.lo and val.hi <= mask(width):
             return val.code
         return f"(({val.code}) & {_lit(mask(width))})"
@@ -150,7 +161,7 @@ class CEmitter:
         if kind in ("runtime_data", "local"):
             if params is None or not isinstance(value, int) or not 0 <= value < len(params):
                 raise Unsupported(f"action parameter {value!r:.20} used outside an action")
-            return Val(f"ad[{value}]", 0, mask(params[value][1]))
+            return Val(f"ad[{num(value, 0, len(params))}]", 0, mask(params[value][1]))
         if kind == "expression":
             return self.operation(value, params, where)
         raise Unsupported(f"expression operand of type {kind!r:.40}")
@@ -199,7 +210,7 @@ class CEmitter:
             if width > 64:
                 raise NativeUnsupported(f"{op} to {width} bits ({where})")
             if op == "two_comp_mod":
-                return Val(f"ss_sext({a.code}, {width})", lo, hi)
+                return Val(f"ss_sext({a.code}, {_w(width)})", lo, hi)
             kind = self.exact(a, f"the operand of {op} ({where})")
             x = f"(int64_t)({a.code})" if kind == "s" else f"({a.code})"
             parts = []
@@ -263,8 +274,8 @@ class CEmitter:
         if val.known and 0 <= val.lo and val.hi < size:
             return val.code, "1"
         if kind == "u":
-            return val.code, f"_ix < {size}ULL"
-        return val.code, f"(int64_t)_ix >= 0 && (int64_t)_ix < {size}LL"
+            return val.code, f"_ix < {num(size, 1, MAX_CELLS + 1)}ULL"
+        return val.code, f"(int64_t)_ix >= 0 && (int64_t)_ix < {num(size, 1, MAX_CELLS + 1)}LL"
 
     def primitive(self, prim: dict, params, where: str, exit_label: str,
                   return_label: str | None) -> None:
@@ -286,39 +297,39 @@ class CEmitter:
             header = prog.header(args[0]["value"])
             if header.metadata:
                 return
-            self.add(f"if (!S->v[{header.id}]) {{")
+            self.add(f"if (!S->v[{self.hid(header)}]) {{")
             if op == "add_header":
                 for f in header.fields:
                     self.add(f"    {self.fref(f)} = 0;")
-                self.add(f"    S->plen_reg += {header.nbytes};")
-            self.add(f"    S->v[{header.id}] = 1;")
+                self.add(f"    S->plen_reg += {num(header.nbytes, 0, MAX_BYTES)};")
+            self.add(f"    S->v[{self.hid(header)}] = 1;")
             self.add("}")
         elif op == "remove_header":
             header = prog.header(args[0]["value"])
             if header.metadata:
                 return
-            self.add(f"if (S->v[{header.id}]) {{ S->v[{header.id}] = 0; "
-                     f"S->plen_reg -= {header.nbytes}; }}")
+            self.add(f"if (S->v[{self.hid(header)}]) {{ S->v[{self.hid(header)}] = 0; "
+                     f"S->plen_reg -= {num(header.nbytes, 0, MAX_BYTES)}; }}")
         elif op in ("mark_to_drop", "drop"):
             for field, value in prog.drop_stores(op):
-                self.add(f"{self.fref(field)} = {value};")
+                self.add(f"{self.fref(field)} = {num(value, 0, MAX_ID)};")
         elif op == "register_read":
             field = prog.field(args[0]["value"])
             reg = prog.register(args[1]["value"])
-            r = self.reg_index[reg.name]
+            r = num(self.reg_index[reg.name], 0, len(self.reg_index))
             idx, test = self.index(args[2], params, reg.size, where)
             val = self.store(Val(f"c->reg[{r}][_ix]", 0, mask(reg.width)), field.width,
                              field.signed)
             self.guarded(idx, test, f"{self.fref(field)} = {val};")
         elif op == "register_write":
             reg = prog.register(args[0]["value"])
-            r = self.reg_index[reg.name]
+            r = num(self.reg_index[reg.name], 0, len(self.reg_index))
             idx, test = self.index(args[1], params, reg.size, where)
             val = self.store(self.expr(args[2], params, where), reg.width, False)
             self.guarded(idx, test, f"c->reg[{r}][_ix] = _vx;", f"uint64_t _vx = {val}; ")
         elif op == "count":
             ctr = prog.counter(args[0]["value"])
-            n = self.ctr_index[ctr.name]
+            n = num(self.ctr_index[ctr.name], 0, len(self.ctr_index))
             idx, test = self.index(args[1], params, ctr.size, where)
             self.guarded(idx, test, f"{{ c->cpk[{n}][_ix]++; c->cby[{n}][_ix] += S->in_len; }}")
         elif op == "modify_field_rng_uniform":
@@ -362,10 +373,10 @@ class CEmitter:
         for d, s in zip(dst.fields, src.fields):
             self.add(f"    {self.fref(d)} = {self.store(self.field_val(s), d.width, d.signed)};")
         if not dst.metadata:
-            self.add(f"    S->v[{dst.id}] = 1;")
+            self.add(f"    S->v[{self.hid(dst)}] = 1;")
         self.add("}")
         if not dst.metadata:
-            self.add(f"else S->v[{dst.id}] = 0;")
+            self.add(f"else S->v[{self.hid(dst)}] = 0;")
 
     def statements(self, prims: list, params, where: str, exit_label: str) -> None:
         """An action's primitives, p4c's forward ``_jump``s turned back into if/else."""
@@ -421,19 +432,19 @@ class CEmitter:
     # ------------------------------------------------------------------ parser
     def parser(self) -> None:
         prog = self.prog
-        if prog.parser_init is None:
-            return
         done = self.label("parsed")
-        self.add(f"int st = {prog.parser_init};")
+        nstates = len(prog.parser_states)
+        self.add(f"int st = {num(prog.parser_init, 0, nstates)};")
         self.add("for (int _guard = 0; st >= 0; _guard++) {")
         self.depth += 1
         # A parser loop that extracts nothing would spin for ever: give up as too short.
-        self.add(f"if (_guard > 100000) {{ perr = {prog.too_short}; goto {done}; }}")
+        self.add(f"if (_guard > 100000) {{ perr = {num(prog.too_short, 0, MAX_ID)}; "
+                 f"goto {done}; }}")
         self.add("switch (st) {")
         for i in prog.parser_order:
             state = prog.parser_states[i]
             where = f"parser state {i}"
-            self.add(f"case {i}: {{")
+            self.add(f"case {num(i, 0, nstates)}: {{")
             self.depth += 1
             for op in state.get("parser_ops", []):
                 self.parser_op(op, where, done)
@@ -448,14 +459,15 @@ class CEmitter:
         self.add(f"{done}: ;")
 
     def too_short(self, need: str, done: str) -> None:
-        self.add(f"if (S->plen - S->off < (uint64_t)({need})) "
-                 f"{{ perr = {self.prog.too_short}; goto {done}; }}")
+        self.add(f"if (S->plen - S->off < (uint64_t)({num(need, 0, MAX_LOOKAHEAD + MAX_BYTES)})) "
+                 f"{{ perr = {num(self.prog.too_short, 0, MAX_ID)}; goto {done}; }}")
 
     def lookahead(self, bit_offset: int, width: int, where: str, done: str) -> Val:
         if width > 64 or bit_offset < 0:
             raise NativeUnsupported(f"lookahead of {width} bits ({where})")
-        self.too_short(str((bit_offset + width + 7) // 8), done)
-        return Val(f"ss_get(S->pkt + S->off, {bit_offset}, {width})", 0, mask(width))
+        self.too_short((bit_offset + width + 7) // 8, done)
+        return Val(f"ss_get(S->pkt + S->off, {num(bit_offset, 0, MAX_LOOKAHEAD)}, {_w(width)})",
+                   0, mask(width))
 
     def parser_op(self, op: dict, where: str, done: str) -> None:
         kind = op.get("op")
@@ -465,19 +477,20 @@ class CEmitter:
             if params[0].get("type") != "regular":
                 raise Unsupported(f"extract to a {params[0].get('type')!r:.30} ({where})")
             header = prog.header(params[0]["value"])
-            self.too_short(str(header.nbytes), done)
+            self.too_short(header.nbytes, done)
             self.add("{ const uint8_t *_p = S->pkt + S->off;")
             pos = 0
             for f in header.fields:
                 if pos % 8 == 0 and f.width in (8, 16, 32, 64):
-                    code = f"ss_ld{f.width}(_p + {pos // 8})"
+                    code = f"ss_ld{_w(f.width)}(_p + {num(pos // 8, 0, MAX_BYTES)})"
                 else:
-                    code = f"ss_get(_p, {pos}, {f.width})"
+                    code = f"ss_get(_p, {num(pos, 0, MAX_HEADER_BITS)}, {_w(f.width)})"
                 if f.signed:
-                    code = f"ss_sext({code}, {f.width})"
+                    code = f"ss_sext({code}, {_w(f.width)})"
                 self.add(f"  {self.fref(f)} = {code};")
                 pos += f.width
-            self.add(f"  S->off += {header.nbytes}; S->v[{header.id}] = 1; }}")
+            self.add(f"  S->off += {num(header.nbytes, 0, MAX_BYTES)}; "
+                     f"S->v[{self.hid(header)}] = 1; }}")
         elif kind == "set":
             field = prog.field(params[0]["value"])
             if params[1].get("type") == "lookahead":
@@ -496,7 +509,8 @@ class CEmitter:
                 raise NativeUnsupported(f"{kind} by a possibly negative amount ({where})")
             nbytes = amount.code if kind == "shift" else f"(({amount.code}) >> 3)"
             self.add(f"{{ uint64_t _adv = {nbytes};")
-            self.add(f"  if (S->plen - S->off < _adv) {{ perr = {prog.too_short}; goto {done}; }}")
+            self.add(f"  if (S->plen - S->off < _adv) {{ perr = {num(prog.too_short, 0, MAX_ID)}; "
+                     f"goto {done}; }}")
             self.add("  S->off += _adv; }")
         elif kind == "primitive":
             self.primitive(params[0], None, where, done, None)
@@ -505,6 +519,8 @@ class CEmitter:
 
     def transitions(self, state: dict, where: str, done: str) -> None:
         key_parts, cases, default = self.prog.transitions(state)
+        nstates = len(self.prog.parser_states)
+        default = num(default, -1, nstates)
         if not key_parts:
             self.add(f"st = {default};")
             return
@@ -519,7 +535,7 @@ class CEmitter:
                 code = self.lookahead(bit_offset, width, where, done).code
             else:
                 raise Unsupported(f"parser transition key of type {part.get('type')!r:.30}")
-            codes.append(f"(({code}) << {total})" if total else f"({code})")
+            codes.append(f"(({code}) << {num(total, 0, 64)})" if total else f"({code})")
             total += (width + 7) // 8 * 8
         if total > 64:
             raise NativeUnsupported(f"a select key of {total} bits ({where})")
@@ -533,7 +549,7 @@ class CEmitter:
                 if value >> total:
                     continue          # a value wider than the key never matches
                 cond = f"_key == {_lit(value)}"
-            self.add(f"  {'else ' if i else ''}if ({cond}) st = {nxt};")
+            self.add(f"  {'else ' if i else ''}if ({cond}) st = {num(nxt, -1, nstates)};")
         self.add(f"  {'else ' if cases else ''}st = {default}; }}")
 
     # ------------------------------------------------------------------ checksums
@@ -552,17 +568,18 @@ class CEmitter:
             self.depth += 1
             if cond is not None:
                 self.add(f"if ({self.expr(cond, None, where).code}) {{")
-            self.add(f"uint8_t _cb[{(nbits + 7) // 8 + 16}] = {{0}}; uint32_t _cn = 0;")
+            self.add(f"uint8_t _cb[{num((nbits + 7) // 8 + 16, 16, MAX_CHECKSUM_BITS // 8 + 17)}] "
+                     "= {0}; uint32_t _cn = 0;")
             for header, fields in groups:
                 if header is None:
                     value, width = fields
                     if width > 64:
                         raise NativeUnsupported(f"a {width}-bit constant in a checksum")
-                    self.add(f"ss_put(_cb, _cn, {width}, {_lit(value)}); _cn += {width};")
+                    self.add(f"ss_put(_cb, _cn, {_w(width)}, {_lit(value)}); _cn += {_w(width)};")
                     continue
-                test = "" if header.metadata else f"if (S->v[{header.id}]) "
-                puts = " ".join(f"ss_put(_cb, _cn, {f.width}, {self.fref(f)}); _cn += {f.width};"
-                                for f in fields)
+                test = "" if header.metadata else f"if (S->v[{self.hid(header)}]) "
+                puts = " ".join(f"ss_put(_cb, _cn, {_w(f.width)}, {self.fref(f)}); "
+                                f"_cn += {_w(f.width)};" for f in fields)
                 self.add(f"{test}{{ {puts} }}")
             self.add("uint64_t _csum = ss_csum16(_cb, (_cn + 7) >> 3);")
             if verify:
@@ -601,7 +618,7 @@ class CEmitter:
 
     def apply(self, node: Apply, exit_label: str) -> None:
         spec = node.table
-        ti = self.table_index[spec.name]
+        ti = num(self.table_index[spec.name], 0, len(self.table_index))
         self.add("{")
         self.depth += 1
         self.add(f"ss_table *_t = &c->t[{ti}]; int _hit = 0; int32_t _a; const uint64_t *ad;")
@@ -615,7 +632,7 @@ class CEmitter:
                 if key_mask is not None:
                     code = f"({code} & {_lit(key_mask)})"
                 keys.append(code)
-            self.add(f"uint64_t _k[{len(keys)}] = {{{', '.join(keys)}}};")
+            self.add(f"uint64_t _k[{num(len(keys), 1, MAX_ID)}] = {{{', '.join(keys)}}};")
             self.add("int32_t _e = ss_lookup(_t, _k);")
             self.add("if (_e >= 0) {")
             self.add("    _hit = 1; _a = _t->action[_e]; ad = _t->data + (size_t)_e * (_t->nd + 1);")
@@ -631,14 +648,14 @@ class CEmitter:
             if len(action_ids) == 1:
                 self.add("{")
             else:
-                self.add(f"{'else ' if i else ''}if (_a == {aid}) {{")
+                self.add(f"{'else ' if i else ''}if (_a == {num(aid, 0, MAX_ID)}) {{")
             self.depth += 1
             self.statements(action.primitives, action.params, f"action {aid}", exit_label)
             self.depth -= 1
             self.add("}")
         for i, (cond, body) in enumerate(node.branches or ()):
             test = ("_hit" if cond == "hit" else "!_hit" if cond == "miss"
-                    else " || ".join(f"_a == {aid}" for aid in cond) or "0")
+                    else " || ".join(f"_a == {num(aid, 0, MAX_ID)}" for aid in cond) or "0")
             self.add(f"{'else ' if i else ''}if ({test}) {{")
             self.depth += 1
             self.block(body, exit_label)
@@ -657,12 +674,15 @@ class CEmitter:
             for _, width, _ in spec.keys:
                 if width > 64:
                     raise NativeUnsupported(f"a {width}-bit key in table {name}")
-            self.add(f"    ss_table_init(&c->t[{ti}], {max(len(spec.keys), 1)}, {nd}, "
+            self.add(f"    ss_table_init(c, &c->t[{num(ti, 0, len(prog.tables))}], "
+                     f"{num(max(len(spec.keys), 1), 1, MAX_ID)}, {num(nd, 0, MAX_ID)}, "
                      f"{int(spec.match_type != 'exact')});")
         for name, spec in prog.registers.items():
-            self.add(f"    ss_reg_init(c, {self.reg_index[name]}, {spec.size}U);")
+            self.add(f"    ss_reg_init(c, {num(self.reg_index[name], 0, len(prog.registers))}, "
+                     f"{num(spec.size, 1, MAX_CELLS + 1)}U);")
         for name, spec in prog.counters.items():
-            self.add(f"    ss_ctr_init(c, {self.ctr_index[name]}, {spec.size}U);")
+            self.add(f"    ss_ctr_init(c, {num(self.ctr_index[name], 0, len(prog.counters))}, "
+                     f"{num(spec.size, 1, MAX_CELLS + 1)}U);")
         self.add("}")
 
     def unit(self, runtime_path: str) -> str:
@@ -673,13 +693,14 @@ class CEmitter:
         maxhdr = sum(h.nbytes for h in prog.deparse_order) + 64
         head = [
             "/* Generated by softswitch.emit_c from a BMv2 JSON: do not edit. */",
-            f"#define SS_NFIELDS {len(prog.field_list)}",
-            f"#define SS_NHEADERS {len(prog.headers)}",
-            f"#define SS_NTABLES {len(prog.tables)}",
-            f"#define SS_NREGS {len(prog.registers)}",
-            f"#define SS_NCTRS {len(prog.counters)}",
-            f"#define SS_MAXHDR {maxhdr}",
-            f"#define SS_INGRESS_PORT {std['ingress_port'].id}",
+            f"#define SS_NFIELDS {num(len(prog.field_list), 0, MAX_ID)}",
+            f"#define SS_NHEADERS {num(len(prog.headers), 0, MAX_ID)}",
+            f"#define SS_NTABLES {num(len(prog.tables), 0, MAX_ID)}",
+            f"#define SS_NREGS {num(len(prog.registers), 0, MAX_ID)}",
+            f"#define SS_NCTRS {num(len(prog.counters), 0, MAX_ID)}",
+            f"#define SS_MAXHDR {num(maxhdr, 64, MAX_ID)}",
+            f"#define SS_MAXCELLS {num(MAX_CELLS, 1, MAX_CELLS + 1)}",
+            f"#define SS_INGRESS_PORT {num(std['ingress_port'].id, 0, len(prog.field_list))}",
             f"#include {_c_string(runtime_path)}",
             "",
             f"static uint64_t ss_spec(const ss_state *S) {{ return {self.fref(std['egress_spec'])}; }}",
@@ -691,7 +712,7 @@ class CEmitter:
         self.add("")
         self.add("static void ss_ingress(ss_ctx *c, ss_state *S) {")
         self.depth = 1
-        self.add(f"uint64_t perr = {prog.no_error}; (void)perr;")
+        self.add(f"uint64_t perr = {num(prog.no_error, 0, MAX_ID)}; (void)perr;")
         if std["packet_length"] is not None:
             self.add(f"{self.fref(std['packet_length'])} = S->plen;")
         self.parser()
@@ -707,7 +728,7 @@ class CEmitter:
         self.depth = 1
         self.add("(void)rid; (void)has_rid; (void)instance;")
         self.add(f"{self.fref(std['egress_port'])} = port;")
-        self.add(f"{self.fref(std['egress_spec'])} = {prog.drop_port + 1};")
+        self.add(f"{self.fref(std['egress_spec'])} = {num(prog.drop_port + 1, 1, MAX_ID + 1)};")
         if std["instance_type"] is not None:
             self.add(f"{self.fref(std['instance_type'])} = instance;")
         if std["egress_rid"] is not None:
@@ -715,23 +736,27 @@ class CEmitter:
         if std["packet_length"] is not None:
             self.add(f"{self.fref(std['packet_length'])} = S->plen_reg;")
         self.control("egress")
-        self.add(f"if ({self.fref(std['egress_spec'])} == {prog.drop_port} || S->abort) "
+        self.add(f"if ({self.fref(std['egress_spec'])} == {num(prog.drop_port, 0, MAX_ID)} "
+                 "|| S->abort) "
                  "return -1;")
         self.checksums(verify=False)
         self.add("uint32_t o = 0;")
         for header in prog.deparse_order:
-            test = "" if header.metadata else f"if (S->v[{header.id}]) "
+            test = "" if header.metadata else f"if (S->v[{self.hid(header)}]) "
+            nbytes = num(header.nbytes, 0, MAX_BYTES)
             self.add(f"{test}{{")
-            self.add(f"    if (o + {header.nbytes} > cap) return -1;")
-            self.add(f"    uint8_t *_p = out + o; memset(_p, 0, {header.nbytes});")
+            self.add(f"    if (o + {nbytes} > cap) return -1;")
+            self.add(f"    uint8_t *_p = out + o; memset(_p, 0, {nbytes});")
             pos = 0
             for f in header.fields:
                 if pos % 8 == 0 and f.width in (8, 16, 32, 64):
-                    self.add(f"    ss_st{f.width}(_p + {pos // 8}, {self.fref(f)});")
+                    self.add(f"    ss_st{_w(f.width)}(_p + {num(pos // 8, 0, MAX_BYTES)}, "
+                             f"{self.fref(f)});")
                 else:
-                    self.add(f"    ss_put(_p, {pos}, {f.width}, {self.fref(f)});")
+                    self.add(f"    ss_put(_p, {num(pos, 0, MAX_HEADER_BITS)}, {_w(f.width)}, "
+                             f"{self.fref(f)});")
                 pos += f.width
-            self.add(f"    o += {header.nbytes};")
+            self.add(f"    o += {nbytes};")
             self.add("}")
         self.add("if (o + (S->plen - S->off) > cap) return -1;")
         self.add("memcpy(out + o, S->pkt + S->off, S->plen - S->off);")
@@ -773,5 +798,7 @@ def emit(program: Program, runtime_path: str) -> str:
     """The C unit for ``program``; raises NativeUnsupported for what only Python runs."""
     try:
         return CEmitter(program).unit(runtime_path)
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+    except RecursionError:
+        raise NativeUnsupported("the program's controls are nested too deeply") from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:   # a gap in validate
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None

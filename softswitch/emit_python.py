@@ -7,7 +7,9 @@ Actions are inlined where their table is applied and each control is nested
 ``if`` blocks, so no packet ever walks the JSON. Values follow BMv2: expressions
 use unbounded integers (p4c inserts the masks it needs), and a value is truncated
 to the field's width only when it is stored. This backend runs every program the
-front half accepts; the C emitter falls back to it.
+front half accepts; the C emitter falls back to it. Names become identifiers of
+``[A-Za-z0-9_]`` only, and every number goes through ``validate.num`` (an int in
+range, or refused).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 import struct
 
 from softswitch.frontend import Field, Header, If, Program, Unsupported, hexstr, mask
+from softswitch.validate import MAX_BITS, MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num
 
 
 class ParserError(Exception):
@@ -48,6 +51,16 @@ def csum16(data: bytes) -> int:
 
 
 _STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_BIG = 1 << (MAX_BITS + 1)               # bounds every constant and mask of a program
+MAX_BYTES = MAX_HEADER_BITS // 8 + 1
+
+
+def _lit(value: int) -> str:
+    return num(value, -_BIG, _BIG)
+
+
+def _id(value: int) -> str:
+    return num(value, 0, MAX_ID)
 
 
 def _ident(text: str) -> str:
@@ -77,8 +90,8 @@ def store_code(code: str, info, width: int, signed: bool) -> str:
         return code
     if signed:
         half = 1 << (width - 1)
-        return f"((({code}) + {half}) & {mask(width)}) - {half}"
-    return f"({code}) & {mask(width)}"
+        return f"((({code}) + {_lit(half)}) & {_lit(mask(width))}) - {_lit(half)}"
+    return f"({code}) & {_lit(mask(width))}"
 
 
 class Source:
@@ -145,10 +158,10 @@ class Generator:
                 used_vars.add(var)
                 self.vars[field.id] = var
         for spec in program.registers.values():
-            self.ns[f"R{spec.id}"] = spec.cells
+            self.ns[f"R{_id(spec.id)}"] = spec.cells
         for spec in program.counters.values():
-            self.ns[f"CP{spec.id}"] = spec.packets
-            self.ns[f"CB{spec.id}"] = spec.bytes
+            self.ns[f"CP{_id(spec.id)}"] = spec.packets
+            self.ns[f"CB{_id(spec.id)}"] = spec.bytes
         # Every field, validity bit and bookkeeping value that crosses ingress -> egress.
         self.state_vars: list[str] = []
         for header in program.headers.values():
@@ -165,7 +178,7 @@ class Generator:
 
     def bits(self, field: Field) -> str:
         """A field's bits as a non-negative integer (unsigned fields always are)."""
-        return f"({self.v(field)} & {mask(field.width)})" if field.signed else self.v(field)
+        return f"({self.v(field)} & {_lit(mask(field.width))})" if field.signed else self.v(field)
 
 
     def valid_code(self, header: Header) -> str:
@@ -183,13 +196,13 @@ class Generator:
             return self.v(field), (("s", field.width) if field.signed else ("u", field.width))
         if kind == "hexstr":
             number = hexstr(value)
-            return (str(number), ("u", number.bit_length()) if number >= 0 else ANY)
+            return (_lit(number), ("u", number.bit_length()) if number >= 0 else ANY)
         if kind == "bool":
             return ("True" if value else "False"), BOOL
         if kind in ("runtime_data", "local"):
             if params is None or value >= len(params):
                 raise Unsupported(f"action parameter {value} used outside an action")
-            return f"ad{value}", ("u", params[value][1])
+            return f"ad{num(value, 0, len(params))}", ("u", params[value][1])
         if kind == "expression":
             return self.operation(value, src, params)
         raise Unsupported(f"expression operand of type {kind!r}")
@@ -228,8 +241,10 @@ class Generator:
                 if _fits(linfo, width, True):
                     return lcode, ("s", width)
                 if linfo[0] == "u" and linfo[1] == width and re.fullmatch(r"\w+", lcode):
-                    return f"({lcode} - {1 << width} if {lcode} >= {half} else {lcode})", ("s", width)
-                return f"((({lcode}) + {half}) & {mask(width)}) - {half}", ("s", width)
+                    return (f"({lcode} - {_lit(1 << width)} if {lcode} >= {_lit(half)} "
+                            f"else {lcode})", ("s", width))
+                return (f"((({lcode}) + {_lit(half)}) & {_lit(mask(width))}) - {_lit(half)}",
+                        ("s", width))
             tmp = src.temp()
             if op == "sat_cast":
                 lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
@@ -237,6 +252,7 @@ class Generator:
             else:
                 lo, hi = 0, mask(width)
                 info = ("u", width)
+            lo, hi = _lit(lo), _lit(hi)
             return (f"({lo} if ({tmp} := {lcode}) < {lo} else {hi} if {tmp} > {hi} else {tmp})",
                     info)
         binary = {"+": "+", "-": "-", "*": "*", "/": "//", "%": "%", ">>": ">>",
@@ -245,7 +261,7 @@ class Generator:
         if op == "<<":
             lcode, _ = self.expr(left, src, params)
             rcode, rinfo = self.expr(right, src, params)
-            if right.get("type") == "hexstr":
+            if right.get("type") == "hexstr" and hexstr(right["value"]) < 4096:
                 return f"({lcode} << {rcode})", ANY
             # A shift by a runtime amount is bounded so a huge count cannot exhaust memory.
             return f"({lcode} << {rcode} if {rcode} < 4096 else 0)", ANY
@@ -315,7 +331,7 @@ class Generator:
             if op == "add_header":
                 for f in header.fields:
                     src.add(f"{self.v(f)} = 0")
-                src.add(f"plen_reg += {header.nbytes}")
+                src.add(f"plen_reg += {num(header.nbytes, 0, MAX_BYTES)}")
             src.add(f"{self.vv(header)} = True")
             src.depth -= 1
         elif op == "remove_header":
@@ -324,15 +340,15 @@ class Generator:
                 return
             src.add(f"if {self.vv(header)}:")
             src.add(f"    {self.vv(header)} = False")
-            src.add(f"    plen_reg -= {header.nbytes}")
+            src.add(f"    plen_reg -= {num(header.nbytes, 0, MAX_BYTES)}")
         elif op in ("mark_to_drop", "drop"):
             for field, value in self.prog.drop_stores(op):
-                src.add(f"{self.v(field)} = {value}")
+                src.add(f"{self.v(field)} = {_id(value)}")
         elif op == "register_read":
             field = self.field(args[0]["value"])
             reg = self.prog.register(args[1]["value"])
             index = self.index(args[2], src, params)
-            value = store_code(f"R{reg.id}[{index[0]}]", ("u", reg.width),
+            value = store_code(f"R{_id(reg.id)}[{index[0]}]", ("u", reg.width),
                                field.width, field.signed)
             self.guarded(src, index, reg.size, f"{self.v(field)} = {value}")
         elif op == "register_write":
@@ -340,12 +356,13 @@ class Generator:
             index = self.index(args[1], src, params)
             code, info = self.expr(args[2], src, params)
             value = store_code(code, info, reg.width, False)
-            self.guarded(src, index, reg.size, f"R{reg.id}[{index[0]}] = {value}")
+            self.guarded(src, index, reg.size, f"R{_id(reg.id)}[{index[0]}] = {value}")
         elif op == "count":
             ctr = self.prog.counter(args[0]["value"])
             index = self.index(args[1], src, params)
             self.guarded(src, index, ctr.size,
-                         f"CP{ctr.id}[{index[0]}] += 1", f"CB{ctr.id}[{index[0]}] += in_len")
+                         f"CP{_id(ctr.id)}[{index[0]}] += 1",
+                         f"CB{_id(ctr.id)}[{index[0]}] += in_len")
         elif op == "modify_field_rng_uniform":
             field = self.field(args[0]["value"])
             lo, _ = self.expr(args[1], src, params)
@@ -413,16 +430,18 @@ class Generator:
         return var, info
 
     def guarded(self, src: Source, index, size: int, *stmts: str) -> None:
-        """Statements indexing an array: BMv2 skips an out-of-range access."""
+        """Statements indexing an array: BMv2 skips an out-of-range access (a negative
+        index too, which Python would take from the end)."""
         idx, info = index
         safe = info[0] == "u" and (1 << info[1]) <= size
         if safe or (self.hoist is not None and not self.hoist["check"]):
             for stmt in stmts:
                 src.add(stmt)
             return
+        test = _in_range(idx, size, info[0] == "u")
         if self.hoist is not None:
-            self.hoist["guards"][(idx, size)] = None
-        src.add(f"if {idx} < {size}:")
+            self.hoist["guards"][test] = None
+        src.add(f"if {test}:")
         for stmt in stmts:
             src.add(f"    {stmt}")
 
@@ -444,7 +463,7 @@ class Generator:
         checked = self._body(prims, src, params, where)
         hoist, self.hoist = self.hoist, None
         assigned = set(re.findall(r"^\s*(F_\w+) = ", "\n".join(checked.lines), re.M))
-        used = list(hoist["indices"]) + [var for var, _ in hoist["guards"]]
+        used = list(hoist["indices"]) + list(hoist["guards"])
         stable = not hoist["unstable"] and all(
             not set(re.findall(r"\bF_\w+", code)) & assigned for code in used)
         if not stable:
@@ -460,7 +479,7 @@ class Generator:
                       "known": {}, "unstable": False}
         fast = self._body(prims, src, params, where)
         self.hoist = None
-        src.add("if " + " and ".join(f"{var} < {size}" for var, size in hoist["guards"]) + ":")
+        src.add("if " + " and ".join(hoist["guards"]) + ":")
         src.lines += fast.lines
         src.add("else:")
         src.lines += checked.lines
@@ -579,31 +598,32 @@ class Generator:
             shift = total_bits
             for var, size in piece_vars:
                 shift -= size * 8
-                joined.append(f"({var} << {shift})" if shift else var)
+                joined.append(f"({var} << {_lit(shift)})" if shift else var)
             seg_expr = " | ".join(joined)
             unpack_lines.append(("_seg", seg_expr))
             shift = total_bits
             fields_expr = []
             for f in seg:
                 shift -= f.width
-                part = f"(_seg >> {shift}) & {mask(f.width)}" if shift else f"_seg & {mask(f.width)}"
+                part = (f"(_seg >> {_lit(shift)}) & {_lit(mask(f.width))}" if shift
+                        else f"_seg & {_lit(mask(f.width))}")
                 if f.signed:
                     half = 1 << (f.width - 1)
-                    part = f"((({part}) + {half}) & {mask(f.width)}) - {half}"
+                    part = f"((({part}) + {_lit(half)}) & {_lit(mask(f.width))}) - {_lit(half)}"
                 unpack_lines.append((self.v(f), part))
                 fields_expr.append((f, shift))
-            packed = " | ".join(f"({self.bits(f)} << {s})" if s else self.bits(f)
+            packed = " | ".join(f"({self.bits(f)} << {_lit(s)})" if s else self.bits(f)
                                 for f, s in fields_expr)
             shift = total_bits
             for var, size in piece_vars:
                 shift -= size * 8
                 if shift == total_bits - size * 8:    # the top piece: already in range
-                    pack_args.append(f"({packed}) >> {shift}" if shift else f"({packed})")
+                    pack_args.append(f"({packed}) >> {_lit(shift)}" if shift else f"({packed})")
                 else:
-                    part = f"(({packed}) >> {shift})" if shift else f"({packed})"
-                    pack_args.append(f"{part} & {mask(size * 8)}")
+                    part = f"(({packed}) >> {_lit(shift)})" if shift else f"({packed})"
+                    pack_args.append(f"{part} & {_lit(mask(size * 8))}")
         struct_obj = struct.Struct(fmt)
-        name = f"S_{header.id}"
+        name = f"S_{num(header.id, 0, len(self.prog.headers))}"
         self.ns[name] = struct_obj
         layout = (name, pieces, unpack_lines, pack_args)
         self.structs[header.name] = layout
@@ -611,8 +631,9 @@ class Generator:
 
     def emit_extract(self, header: Header, src: Source, too_short: int) -> None:
         name, pieces, unpack_lines, _ = self.header_struct(header)
-        src.add(f"if plen - off < {header.nbytes}:")
-        src.add(f"    raise ParserError({too_short})")
+        nbytes = num(header.nbytes, 0, MAX_BYTES)
+        src.add(f"if plen - off < {nbytes}:")
+        src.add(f"    raise ParserError({_id(too_short)})")
         simple = all(target.startswith("F_") and value.startswith("_p")
                      for target, value in unpack_lines)
         if simple:
@@ -623,7 +644,7 @@ class Generator:
             src.add(f"{piece_names}, = {name}.unpack_from(pkt, off)")
             for target, value in unpack_lines:
                 src.add(f"{target} = {value}")
-        src.add(f"off += {header.nbytes}")
+        src.add(f"off += {nbytes}")
         src.add(f"{self.vv(header)} = True")
 
     def transition_key(self, parts, src: Source) -> tuple[str, int]:
@@ -634,31 +655,38 @@ class Generator:
             if part["type"] == "field":
                 field = self.field(part["value"])
                 width = field.width
-                code = f"({self.v(field)} & {mask(width)})" if field.signed else self.v(field)
+                code = (f"({self.v(field)} & {_lit(mask(width))})" if field.signed
+                        else self.v(field))
             elif part["type"] == "lookahead":
                 bit_offset, width = part["value"]
-                too_short = self.prog.too_short
-                code = f"_lookahead(pkt, off, {bit_offset}, {width}, {too_short})"
+                code = _lookahead_code(bit_offset, width, self.prog.too_short)
                 self.ns["_lookahead"] = _lookahead
             else:
                 raise Unsupported(f"parser transition key of type {part['type']!r}")
             padded = (width + 7) // 8 * 8
-            codes.append(f"({code} << {total})" if total else code)
+            codes.append(f"({code} << {num(total, 0, _BIG)})" if total else code)
             total += padded
         return " | ".join(reversed(codes)), total
 
     def parser(self, src: Source) -> None:
         prog = self.prog
-        if prog.parser_init is None:
-            return
+        nstates = len(prog.parser_states)
         src.add("try:")
         src.depth += 1
-        src.add(f"st = {prog.parser_init}")
+        src.add(f"st = {num(prog.parser_init, 0, nstates)}")
+        loops = self.parser_loops()
+        if loops:
+            src.add("_guard = 0")
         src.add("while True:")
         src.depth += 1
+        if loops:
+            # A loop that extracts nothing would spin for ever: give up as too short.
+            src.add("_guard += 1")
+            src.add("if _guard > 100000:")
+            src.add(f"    raise ParserError({_id(prog.too_short)})")
         for i in prog.parser_order:
             state = prog.parser_states[i]
-            src.add(f"if st == {i}:")
+            src.add(f"if st == {num(i, 0, nstates)}:")
             src.depth += 1
             for op in state.get("parser_ops", []):
                 self.parser_op(op, src, prog.too_short, state["name"])
@@ -669,6 +697,17 @@ class Generator:
         src.depth -= 2
         src.add("except ParserError as _e:")
         src.add("    perr = _e.code")
+
+    def parser_loops(self) -> bool:
+        """Whether a transition goes back in the parse order (each pass of the
+        generated loop runs the states in that order)."""
+        position = {state: pos for pos, state in enumerate(self.prog.parser_order)}
+        for i in self.prog.parser_order:
+            _, cases, default = self.prog.transitions(self.prog.parser_states[i])
+            for nxt in [nxt for _, _, nxt in cases] + [default]:
+                if nxt >= 0 and position[nxt] <= position[i]:
+                    return True
+        return False
 
     def parser_op(self, op: dict, src: Source, too_short: int, state: str) -> None:
         kind = op["op"]
@@ -682,8 +721,7 @@ class Generator:
             if params[1]["type"] == "lookahead":
                 bit_offset, width = params[1]["value"]
                 self.ns["_lookahead"] = _lookahead
-                code, info = (f"_lookahead(pkt, off, {bit_offset}, {width}, {too_short})",
-                              ("u", width))
+                code, info = _lookahead_code(bit_offset, width, too_short), ("u", width)
             else:
                 code, info = self.expr(params[1], src)
             src.add(f"{self.v(field)} = {store_code(code, info, field.width, field.signed)}")
@@ -698,7 +736,7 @@ class Generator:
             var = src.temp("adv")
             src.add(f"{var} = {nbytes}")
             src.add(f"if plen - off < {var}:")
-            src.add(f"    raise ParserError({too_short})")
+            src.add(f"    raise ParserError({_id(too_short)})")
             src.add(f"off += {var}")
         elif kind == "primitive":
             self.primitive(params[0], src, None, f"parser state {state}")
@@ -707,6 +745,7 @@ class Generator:
 
     def transitions(self, state: dict, src: Source) -> None:
         key_parts, cases, default = self.prog.transitions(state)
+        default = num(default, -1, len(self.prog.parser_states))
         if not key_parts:
             src.add(f"st = {default}")
             return
@@ -715,11 +754,11 @@ class Generator:
         first = True
         for value, case_mask, nxt in cases:
             if case_mask is not None:
-                cond = f"(_key & {case_mask}) == {value & case_mask}"
+                cond = f"(_key & {_lit(case_mask)}) == {_lit(value & case_mask)}"
             else:
-                cond = f"_key == {value}"
+                cond = f"_key == {_lit(value)}"
             src.add(f"{'if' if first else 'elif'} {cond}:")
-            src.add(f"    st = {nxt}")
+            src.add(f"    st = {num(nxt, -1, len(self.prog.parser_states))}")
             first = False
         src.add("else:" if cases else "if True:")
         src.add(f"    st = {default}")
@@ -754,12 +793,12 @@ class Generator:
         for header, fields in self.prog.calc_groups(calc):
             if header is None:
                 value, width = fields
-                src.add(f"_cbits = (_cbits << {width}) | {value}")
-                src.add(f"_cn += {width}")
+                src.add(f"_cbits = (_cbits << {num(width, 1, MAX_BITS + 1)}) | {_lit(value)}")
+                src.add(f"_cn += {num(width, 1, MAX_BITS + 1)}")
                 continue
-            width = sum(f.width for f in fields)
-            parts = " | ".join(f"({self.bits(f)} << {s})" if s else self.bits(f)
-                               for f, s in _shifts(fields))
+            width = num(sum(f.width for f in fields), 0, MAX_HEADER_BITS + 1)
+            parts = " | ".join(f"({self.bits(f)} << {num(s, 0, MAX_HEADER_BITS)})" if s
+                               else self.bits(f) for f, s in _shifts(fields))
             prefix = ""
             if not header.metadata:
                 src.add(f"if {self.vv(header)}:")
@@ -797,7 +836,7 @@ class Generator:
             self.apply_table(node.table, src)
             for i, (cond, body) in enumerate(node.branches or ()):
                 test = ("_hit" if cond == "hit" else "not _hit" if cond == "miss"
-                        else f"_a in {tuple(cond)!r}")
+                        else f"_a in ({''.join(_id(aid) + ', ' for aid in cond)})")
                 src.add(f"{'elif' if i else 'if'} {test}:")
                 src.depth += 1
                 src.add("pass")
@@ -811,11 +850,11 @@ class Generator:
         else:
             code = self.bits(target)
         if key_mask is not None:
-            code = f"({code} & {key_mask})"
+            code = f"({code} & {_lit(key_mask)})"
         return code
 
     def apply_table(self, spec, src: Source) -> None:
-        tid = spec.id
+        tid = _id(spec.id)
         keys = [self.key_code(ref) for ref in spec.key_refs]
         if not keys:
             src.add("_hit = False")
@@ -848,7 +887,7 @@ class Generator:
             if len(action_ids) == 1:
                 src.add("if True:")
             else:
-                src.add(f"{'if' if first else 'elif'} _a == {aid}:")
+                src.add(f"{'if' if first else 'elif'} _a == {_id(aid)}:")
             src.depth += 1
             if nparams == 1:
                 src.add("ad0, = _d")
@@ -867,7 +906,7 @@ class Generator:
         ingress.depth = 1
         ingress.add("plen = in_len = plen_reg = len(pkt)")
         ingress.add("off = 0")
-        ingress.add(f"perr = {self.prog.no_error}")
+        ingress.add(f"perr = {_id(self.prog.no_error)}")
         ingress.add(f"{self.v(std['ingress_port'])} = ingress_port")
         if std["packet_length"] is not None:
             ingress.add(f"{self.v(std['packet_length'])} = plen")
@@ -882,7 +921,7 @@ class Generator:
         egress.depth = 1
         egress.counter = ingress.counter
         egress.add(f"{self.v(std['egress_port'])} = egress_port")
-        egress.add(f"{self.v(std['egress_spec'])} = {self.drop_port + 1}")
+        egress.add(f"{self.v(std['egress_spec'])} = {num(self.drop_port + 1, 1, MAX_ID + 1)}")
         if std["instance_type"] is not None:
             egress.add(f"{self.v(std['instance_type'])} = instance_type")
         if std["egress_rid"] is not None:
@@ -891,7 +930,7 @@ class Generator:
         if std["packet_length"] is not None:
             egress.add(f"{self.v(std['packet_length'])} = plen_reg")
         self.pipeline("egress", egress)
-        egress.add(f"if {self.v(std['egress_spec'])} == {self.drop_port}:")
+        egress.add(f"if {self.v(std['egress_spec'])} == {_id(self.drop_port)}:")
         egress.add("    return None")
         self.checksums(egress, verify=False)
         egress.add("_out = []")
@@ -938,12 +977,16 @@ class Generator:
 
 
 
+_TARGETS = re.compile(r"\s*+(?:\w+,\s*)*\w+,?\s=(?!=)")   # "a, b = ": no backtracking
+_NAME = re.compile(r"\b\w+\b")
+
+
 def _read_names(lines: list[str]) -> set[str]:
     """Names a block of generated code reads (an assignment's targets do not count)."""
     names = set()
     for line in lines:
-        line = re.sub(r"^\s*[\w\s,]+?,?\s=(?!=)", "", line)
-        names.update(re.findall(r"\b\w+\b", line))
+        targets = _TARGETS.match(line)
+        names.update(_NAME.findall(line, targets.end() if targets else 0))
     return names
 
 
@@ -972,6 +1015,16 @@ def _shifts(fields):
         yield f, shift
 
 
+def _in_range(idx: str, size: int, nonnegative: bool) -> str:
+    size = num(size, 1, MAX_ID)
+    return f"{idx} < {size}" if nonnegative else f"0 <= {idx} < {size}"
+
+
+def _lookahead_code(bit_offset: int, width: int, too_short: int) -> str:
+    return (f"_lookahead(pkt, off, {num(bit_offset, 0, MAX_LOOKAHEAD)}, "
+            f"{num(width, 1, MAX_BITS + 1)}, {_id(too_short)})")
+
+
 def _lookahead(pkt, off, bit_offset, width, too_short):
     end = off + (bit_offset + width + 7) // 8
     if end > len(pkt):
@@ -986,12 +1039,17 @@ def compile_program(program: Program) -> Compiled:
     gen = Generator(program)
     try:
         out = gen.generate()
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+    except RecursionError:
+        raise Unsupported("the program's controls are nested too deeply") from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:   # a gap in validate
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
     gen.ns["_NOTCACHED"] = _NOTCACHED
     gen.ns["_log_assert"] = _log_assert
     out.namespace = gen.ns
-    code = compile(out.source, "<softswitch pipeline>", "exec")
+    try:
+        code = compile(out.source, "<softswitch pipeline>", "exec")
+    except (SyntaxError, RecursionError, MemoryError) as exc:   # Python's own nesting limits
+        raise Unsupported(f"the program is nested too deeply for Python ({exc})") from None
     exec(code, gen.ns)
     out.ingress = gen.ns["ingress"]
     out.egress = gen.ns["egress"]

@@ -6,22 +6,22 @@ counters, actions, table specs, the parser's states in a forward order, and each
 control as a tree of ``If``/``Apply`` nodes rebuilt from post-dominators. An
 emitter turns those into code and never looks at the control graph itself.
 
-Anything BMv2 supports but this switch does not raises ``Unsupported`` here,
-naming the construct, so both backends refuse the same programs.
+The document is first checked by ``validate.document`` (the trust boundary: types,
+ranges, arity, ids, references, sizes), and only its clean copy is read here.
+Anything BMv2 supports but this switch does not raises ``Unsupported``, naming the
+construct, so both backends refuse the same programs.
 """
 
 from __future__ import annotations
 
 import json
 
+from softswitch import validate
+from softswitch.validate import Unsupported
+
 DROP_PORT = 511          # simple_switch's default --drop-port
 INSTANCE_NORMAL = 0
 INSTANCE_REPLICATION = 5
-SUPPORTED_MATCH = ("exact", "ternary", "lpm")
-
-
-class Unsupported(Exception):
-    """A JSON construct this switch cannot run; the message names it."""
 
 
 def hexstr(value: str) -> int:
@@ -109,18 +109,11 @@ class Apply:
         self.table, self.branches = table, branches
 
 
-def _require_empty(doc: dict, key: str, what: str) -> None:
-    if doc.get(key):
-        names = ", ".join(str(item.get("name", item)) if isinstance(item, dict) else str(item)
-                          for item in doc[key][:3])
-        raise Unsupported(f"{what} ({key}: {names}) are not supported")
-
-
 class Program:
     """One BMv2 JSON document, checked and described for the emitters."""
 
     def __init__(self, doc: dict, drop_port: int = DROP_PORT):
-        _rewrite_validity(doc)
+        """``doc``: the clean copy ``validate.document`` made of the JSON."""
         self.doc = doc
         self.drop_port = drop_port
         self.headers: dict[str, Header] = {}
@@ -134,14 +127,9 @@ class Program:
         self.tables: dict[str, TableSpec] = {}
         self.direct_counters: dict[str, str] = {}   # table -> direct counter
         self.load_declarations()
-        for name in ("ingress", "egress"):
-            if name not in {p["name"] for p in doc.get("pipelines", [])}:
-                raise Unsupported(f"no pipeline named {name!r}")
         self.controls = {name: self.control(name) for name in ("ingress", "egress")}
-        deparsers = {d["name"]: d for d in doc.get("deparsers", [])}
-        if "deparser" not in deparsers:
-            raise Unsupported("no deparser named 'deparser'")
-        self.deparse_order = [self.header(n) for n in deparsers["deparser"].get("order", [])]
+        deparsers = {d["name"]: d for d in doc["deparsers"]}
+        self.deparse_order = [self.header(n) for n in deparsers["deparser"]["order"]]
         for name in ("ingress_port", "egress_spec", "egress_port"):
             if self.std(name) is None:
                 raise Unsupported(f"standard_metadata.{name} is missing")
@@ -151,52 +139,33 @@ class Program:
     # ------------------------------------------------------------------ declarations
     def load_declarations(self) -> None:
         doc = self.doc
-        version = doc.get("__meta__", {}).get("version", [2, 0])
-        if version[0] != 2:
-            raise Unsupported(f"BMv2 JSON format version {version} (expected 2.x)")
-        for key, what in (("header_stacks", "header stacks"), ("header_unions", "header unions"),
-                          ("header_union_stacks", "header union stacks"),
-                          ("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
-                          ("learn_lists", "digests"), ("extern_instances", "extern instances")):
-            _require_empty(doc, key, what)
-        types = {}
-        for htype in doc.get("header_types", []):
-            fields = []
-            for spec in htype["fields"]:
-                name, width = spec[0], spec[1]
-                if width == "*" or not isinstance(width, int):
-                    raise Unsupported(f"variable-length field {htype['name']}.{name}")
-                fields.append((name, width, bool(spec[2]) if len(spec) > 2 else False))
-            types[htype["name"]] = fields
-        for inst in doc.get("headers", []):
+        types = {htype["name"]: htype["fields"] for htype in doc["header_types"]}
+        for inst in doc["headers"]:
             fields = []
             for fname, width, signed in types[inst["header_type"]]:
                 field = Field(inst["name"], fname, width, signed, len(self.field_list))
                 self.field_list.append(field)
                 fields.append(field)
                 self.fields[(inst["name"], fname)] = field
-            header = Header(inst["name"], bool(inst.get("metadata")), fields, len(self.headers))
-            if not header.metadata and header.nbits % 8:
-                raise Unsupported(f"header {inst['name']} is {header.nbits} bits, "
-                                  "not a whole number of bytes")
-            self.headers[inst["name"]] = header
-        for alias, target in doc.get("field_aliases", []):
+            self.headers[inst["name"]] = Header(inst["name"], inst["metadata"], fields,
+                                                len(self.headers))
+        for alias, target in doc["field_aliases"]:
             self.aliases[alias] = tuple(target)
-        for err_name, code in doc.get("errors", []):
+        for err_name, code in doc["errors"]:
             self.errors[err_name] = code
-        for reg in doc.get("register_arrays", []):
+        for reg in doc["register_arrays"]:
             self.registers[reg["name"]] = RegisterSpec(reg["name"], reg["id"], reg["size"],
                                                        reg["bitwidth"])
-        for ctr in doc.get("counter_arrays", []):
-            if ctr.get("is_direct"):
+        for ctr in doc["counter_arrays"]:
+            if ctr["is_direct"]:
                 self.direct_counters[ctr["binding"]] = ctr["name"]
                 continue
             self.counters[ctr["name"]] = CounterSpec(ctr["name"], ctr["id"], ctr["size"])
-        for action in doc.get("actions", []):
-            params = [(p["name"], p["bitwidth"]) for p in action.get("runtime_data", [])]
+        for action in doc["actions"]:
+            params = [(p["name"], p["bitwidth"]) for p in action["runtime_data"]]
             self.actions[action["id"]] = ActionSpec(action["name"], action["id"], params,
-                                                    action.get("primitives", []))
-        self.calculations = {c["name"]: c for c in doc.get("calculations", [])}
+                                                    action["primitives"])
+        self.calculations = {c["name"]: c for c in doc["calculations"]}
         self.too_short = self.errors.get("PacketTooShort", 1)
         self.no_error = self.errors.get("NoError", 0)
 
@@ -270,60 +239,36 @@ class Program:
 
     # ------------------------------------------------------------------ parser
     def parser(self):
-        """(states, index of the init state or None, states in a forward order)."""
-        parsers = {p["name"]: p for p in self.doc.get("parsers", [])}
-        if "parser" not in parsers:
-            raise Unsupported("no parser named 'parser'")
-        states = parsers["parser"]["parse_states"]
+        """(states, index of the init state, states in a forward order)."""
+        parser = {p["name"]: p for p in self.doc["parsers"]}["parser"]
+        states = parser["parse_states"]
         ids = {s["name"]: i for i, s in enumerate(states)}
-        for state in states:
-            for t in state.get("transitions", []):
-                if t.get("next_state") is not None and _name(t["next_state"], "parser state") not in ids:
-                    raise Unsupported(f"transition to unknown parser state {_short(t['next_state'])}")
-        init = parsers["parser"].get("init_state")
-        if init is not None and _name(init, "parser state") not in ids:
-            raise Unsupported(f"unknown parser init state {_short(init)}")
+        init = parser["init_state"]
         self.state_ids = ids
-        return states, (ids[init] if init is not None else None), _topological(states, ids)
+        return states, ids[init], _topological(states, ids)
 
     def transitions(self, state: dict):
         """(key parts, [(value, mask or None, next index)], default next index); -1 accepts."""
         def target(name):
             return self.state_ids[name] if name is not None else -1
-        cases = state.get("transitions", [])
-        key_parts = state.get("transition_key", [])
-        if not key_parts or all(c.get("type", c.get("value")) == "default" for c in cases):
+        cases = state["transitions"]
+        key_parts = state["transition_key"]
+        if not key_parts or all(c["type"] == "default" for c in cases):
             return [], [], target(cases[0]["next_state"] if cases else None)
         out, default = [], None
         for case in cases:
-            if "type" not in case:     # JSON before 2.x named the default by its value
-                case = dict(case, type="default" if case.get("value") == "default" else "hexstr")
             if case["type"] == "default":
                 default = case["next_state"]
                 break   # BMv2 stops at the default transition
-            if case["type"] != "hexstr":
-                raise Unsupported(f"parser transition of type {case['type']!r} "
-                                  f"(state {state['name']})")
-            m = hexstr(case["mask"]) if case.get("mask") is not None else None
+            m = hexstr(case["mask"]) if case["mask"] is not None else None
             out.append((hexstr(case["value"]), m, target(case["next_state"])))
         return key_parts, out, target(default)
 
     # ------------------------------------------------------------------ checksums
     def load_checksums(self) -> list:
         """[(checksum json, calculation json, verify?, update?)], csum16 only."""
-        out = []
-        for checksum in self.doc.get("checksums", []):
-            if checksum.get("type", "generic") not in ("generic", "ipv4"):
-                raise Unsupported(f"checksum type {checksum.get('type')!r}")
-            calc = self.calculations.get(_name(checksum["calculation"], "calculation"))
-            if calc is None:
-                raise Unsupported(f"unknown calculation {checksum['calculation']}")
-            if calc.get("algo") != "csum16":
-                raise Unsupported(f"hash algorithm {calc.get('algo')!r} "
-                                  f"(calculation {calc['name']})")
-            out.append((checksum, calc, checksum.get("verify", True),
-                        checksum.get("update", True)))
-        return out
+        return [(checksum, self.calculations[checksum["calculation"]], checksum["verify"],
+                 checksum["update"]) for checksum in self.doc["checksums"]]
 
     def calc_groups(self, calc: dict) -> list:
         """A calculation's inputs as [(header or None, [fields] or (value, width))]."""
@@ -340,50 +285,35 @@ class Program:
             elif kind == "header":
                 header = self.header(item["value"])
                 groups.append([header, list(header.fields)])
-            elif kind == "hexstr":
+            else:
                 width = item["bitwidth"]
                 groups.append([None, (hexstr(item["value"]) & mask(width), width)])
-            else:
-                raise Unsupported(f"calculation input of type {kind!r} "
-                                  f"(calculation {calc['name']})")
         return groups
 
     # ------------------------------------------------------------------ controls
     def control(self, name: str) -> list:
         """The pipeline ``name`` as a list of If/Apply nodes."""
-        pipe = {p["name"]: p for p in self.doc.get("pipelines", [])}[name]
-        if pipe.get("action_profiles"):
-            raise Unsupported(f"action profiles ({pipe['action_profiles'][0]['name']})")
-        if pipe.get("action_calls"):
-            raise Unsupported("pipeline action_calls")
+        pipe = {p["name"]: p for p in self.doc["pipelines"]}[name]
         nodes = {}
-        for table in pipe.get("tables", []):
+        for table in pipe["tables"]:
             nodes[table["name"]] = ("table", table, self.table_spec(table))
-        for cond in pipe.get("conditionals", []):
+        for cond in pipe["conditionals"]:
             nodes[cond["name"]] = ("cond", cond, None)
-        init = pipe.get("init_table")
+        init = pipe["init_table"]
         if init is None:
             return []
-        succ = {}
-        for n, (kind, obj, spec) in nodes.items():
-            succ[n] = self.successors(kind, obj, spec)
-            for s in succ[n]:
-                if s is not None and _name(s, f"control {name} node") not in nodes:
-                    raise Unsupported(f"control {name}: {n} continues at unknown node {_short(s)}")
-        if _name(init, f"control {name} start") not in nodes:
-            raise Unsupported(f"control {name} starts at unknown node {_short(init)}")
+        succ = {n: self.successors(kind, obj, spec) for n, (kind, obj, spec) in nodes.items()}
         ipdom = _post_dominators(succ, init)
         return self.region(init, None, nodes, succ, ipdom)
 
     def successors(self, kind: str, obj: dict, spec) -> list:
         if kind == "cond":
-            return [obj.get("true_next"), obj.get("false_next")]
-        nexts = obj.get("next_tables", {})
+            return [obj["true_next"], obj["false_next"]]
+        nexts = obj["next_tables"]
         if spec.hit_miss:
-            return [nexts.get("__HIT__"), nexts.get("__MISS__")]
-        out = [nexts.get(self.action(aid).name, obj.get("base_default_next"))
-               for aid in obj.get("action_ids", [])]
-        return out or [obj.get("base_default_next")]
+            return [nexts["__HIT__"], nexts["__MISS__"]]
+        out = [nexts[self.action(aid).name] for aid in obj["action_ids"]]
+        return out or [obj["base_default_next"]]
 
     def region(self, node, stop, nodes, succ, ipdom) -> list:
         """Nodes from ``node`` up to (not including) ``stop``."""
@@ -416,138 +346,61 @@ class Program:
         name = table["name"]
         if name in self.tables:
             return self.tables[name]
-        if table.get("type", "simple") != "simple":
-            raise Unsupported(f"table {name} of type {table['type']!r} (action profiles)")
-        if table.get("with_counters") and name not in self.direct_counters:
-            raise Unsupported(f"table {name} has counters but no direct counter is bound to it")
-        if table.get("direct_meters"):
-            raise Unsupported(f"direct meters on table {name}")
-        if table.get("support_timeout"):
-            raise Unsupported(f"idle timeout on table {name}")
-        match_type = table.get("match_type", "exact")
         keys, refs = [], []
-        for key in table.get("key", []):
-            mt = key["match_type"]
-            if mt not in SUPPORTED_MATCH + ("valid",):
-                raise Unsupported(f"{mt} match (table {name})")
-            target = key["target"]
-            if mt == "valid":
-                self.header(target)
-                width, ref = 1, ("valid", target)
-            elif _pair(target, f"key of table {name}")[1] == "$valid$":
-                self.header(target[0])
-                width, ref = 1, ("valid", target[0])
+        for key in table["key"]:
+            mt, target, width = key["match_type"], key["target"], key["width"]
+            if mt == "valid" or target[1] == "$valid$":
+                ref = ("valid", self.header(target if mt == "valid" else target[0]).name)
             else:
-                field = self.field(target)
-                width, ref = field.width, ("field", field)
-            key_mask = hexstr(key["mask"]) if key.get("mask") else None
-            refs.append((ref[0], ref[1], key_mask))
-            keys.append((mt if mt != "valid" else "exact", width, key.get("name", "")))
-        if match_type not in SUPPORTED_MATCH:
-            raise Unsupported(f"{match_type} match (table {name})")
-        if not keys:
-            match_type = "exact"
-        for aid in table.get("action_ids", []):
-            self.action(aid)
-        spec = TableSpec(name, table["id"], match_type, keys, list(table.get("action_ids", [])),
-                         table.get("max_size", 0))
+                ref = ("field", self.field(target))
+            refs.append((*ref, hexstr(key["mask"]) if key["mask"] is not None else None))
+            keys.append((mt if mt != "valid" else "exact", width, key["name"]))
+        spec = TableSpec(name, table["id"], table["match_type"] if keys else "exact", keys,
+                         list(table["action_ids"]), table["max_size"])
         spec.key_refs = refs
-        nexts = table.get("next_tables", {})
-        spec.hit_miss = "__HIT__" in nexts or "__MISS__" in nexts
-        default = table.get("default_entry")
-        if default is not None:
-            self.action(default["action_id"])
-            data = tuple(hexstr(v) for v in default.get("action_data", []))
-            spec.default = (default["action_id"], data)
-        elif spec.action_ids:
-            spec.default = (spec.action_ids[0], ())
-        for entry in table.get("entries", []):
+        spec.hit_miss = "__HIT__" in table["next_tables"]
+        default = table["default_entry"]
+        spec.default = (default["action_id"], tuple(hexstr(v) for v in default["action_data"]))
+        for entry in table["entries"]:
             values, masks, prefixes = [], [], []
             for (mt, width, _), mk in zip(keys, entry["match_key"]):
                 if mk["match_type"] == "valid":
                     values.append(1 if mk["key"] else 0)
                     masks.append(1)
-                elif mk["match_type"] == "range":
-                    raise Unsupported(f"range entry in table {name}")
+                    continue
+                values.append(hexstr(mk["key"]))
+                if mk["match_type"] == "ternary":
+                    masks.append(hexstr(mk["mask"]))
+                elif mk["match_type"] == "lpm":
+                    plen = mk["prefix_length"]
+                    masks.append(mask(width) ^ mask(width - plen))
+                    prefixes.append(plen)
                 else:
-                    values.append(hexstr(mk["key"]))
-                    if mk["match_type"] == "ternary":
-                        masks.append(hexstr(mk["mask"]))
-                    elif mk["match_type"] == "lpm":
-                        plen = mk["prefix_length"]
-                        masks.append(mask(width) ^ mask(width - plen))
-                        prefixes.append(plen)
-                    else:
-                        masks.append(mask(width))
+                    masks.append(mask(width))
             ae = entry["action_entry"]
-            self.action(ae["action_id"])
-            spec.const_entries.append((tuple(values), tuple(masks),
-                                       entry.get("priority", 0), sum(prefixes),
-                                       ae["action_id"],
-                                       tuple(hexstr(v) for v in ae.get("action_data", []))))
-        spec.direct_counter = self.direct_counters.get(name) if table.get("with_counters") else None
+            spec.const_entries.append((tuple(values), tuple(masks), entry["priority"],
+                                       sum(prefixes), ae["action_id"],
+                                       tuple(hexstr(v) for v in ae["action_data"])))
+        spec.direct_counter = self.direct_counters[name] if table["with_counters"] else None
         self.tables[name] = spec
         return spec
 
 
 def load(text: str | bytes, drop_port: int = DROP_PORT) -> Program:
-    """Parse and check a BMv2 JSON document; raises Unsupported or ValueError."""
+    """Parse and check a BMv2 JSON document; raises Unsupported or ValueError, each
+    one line naming what was wrong (and where in the JSON, for the document)."""
+    if type(drop_port) is not int or not 0 <= drop_port < validate.MAX_ID:
+        raise ValueError(f"drop port {drop_port!r} is not an int in [0, 2^31)")
     try:
         doc = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"device config is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValueError("device config is not a BMv2 JSON object")
     try:
-        return Program(doc, drop_port)
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        return Program(validate.document(doc), drop_port)
+    except RecursionError:
+        raise ValueError("device config is nested too deeply") from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:   # a gap in validate
         raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
-
-
-def _name(value, what: str) -> str:
-    """A name the JSON uses as a reference; anything else is refused, naming it."""
-    if not isinstance(value, str):
-        raise Unsupported(f"{what} {_short(value)} where a name is expected")
-    return value
-
-
-def _validity(node):
-    """The validity bit of a header expression, as an expression of validity bits."""
-    if isinstance(node, str):
-        return {"type": "field", "value": [node, "$valid$"]}
-    if isinstance(node, dict) and node.get("type") == "header":
-        return _validity(node.get("value"))
-    if isinstance(node, dict) and "type" not in node and node.get("op") == "?":
-        # what p4c really writes in the field: the ?: object bare, not wrapped
-        return _validity({"type": "expression", "value": node})
-    if isinstance(node, dict) and node.get("type") == "expression":
-        value = node.get("value")
-        if isinstance(value, dict) and value.get("type") == "expression":
-            return _validity(value)
-        if isinstance(value, dict) and value.get("op") == "?":
-            return {"type": "expression", "value": {
-                "op": "?", "cond": value.get("cond"),
-                "left": _validity(value.get("left")), "right": _validity(value.get("right"))}}
-    raise Unsupported(f"isValid() of the computed header {_short(node)}")
-
-
-def _rewrite_validity(node) -> None:
-    """p4c writes ``e.isValid()`` as the field [e, "$valid$"] even when e is an
-    expression (a ?: choosing between headers): make that an expression over the
-    validity bits of real headers, which both emitters handle."""
-    if isinstance(node, dict):
-        items = list(node.items())
-    elif isinstance(node, list):
-        items = list(enumerate(node))
-    else:
-        return
-    for key, value in items:
-        ref = value.get("value") if isinstance(value, dict) and value.get("type") == "field" else None
-        if (isinstance(ref, list) and len(ref) == 2 and ref[1] == "$valid$"
-                and not isinstance(ref[0], str)):
-            node[key] = _validity(ref[0])
-        else:
-            _rewrite_validity(value)
 
 
 def _short(value) -> str:

@@ -124,7 +124,8 @@ class _Context:
         self.lib = lib
         self.ctx = lib.ss_new(drop_port, random.getrandbits(64))
         if not self.ctx:
-            raise NativeUnavailable("out of memory")
+            raise NativeUnavailable("cannot allocate the program's tables, registers and "
+                                    "counters")
 
     def __del__(self):
         if getattr(self, "ctx", None):
@@ -208,13 +209,13 @@ class NativeTable(TableEntries):
     """The control-plane view of one C table; entries are mirrored for reads."""
 
     def __init__(self, spec, index: int, c: _Context, actions: dict):
-        super().__init__(spec)
+        super().__init__(spec, actions)
         self.index, self.c = index, c
         # Action data slots per entry in C: as many as the table's widest action.
         self.nd = max([len(actions[a].params) for a in spec.applied_actions] + [0])
         self.handles: dict = {}            # ident -> C handle
         self.default = [None]
-        self.initial_default = spec.default if spec.default else (None, ())
+        self.initial_default = spec.default
         self.set_default(self.initial_default)
         self._add_const_entries()
 
@@ -238,11 +239,10 @@ class NativeTable(TableEntries):
     def _removed(self, entry: Entry) -> None:
         self.c.lib.ss_tbl_del(self.c.ctx, self.index, self.handles.pop(entry.ident))
 
-    def set_default(self, action) -> None:
+    def _set_default(self, action) -> None:
         self.default[0] = action
         aid, data = action
-        self.c.lib.ss_tbl_default(self.c.ctx, self.index, -1 if aid is None else aid,
-                                self._data(data))
+        self.c.lib.ss_tbl_default(self.c.ctx, self.index, aid, self._data(data))
 
     def _data(self, data) -> ctypes.Array:
         """Action data padded to the table's slots (C copies exactly that many)."""

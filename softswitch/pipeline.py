@@ -6,7 +6,8 @@ import threading
 
 from softswitch import frontend
 from softswitch.emit_python import compile_program
-from softswitch.frontend import DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION, TableSpec
+from softswitch.frontend import DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION, TableSpec, mask
+from softswitch.validate import MAX_ID, num
 
 CACHE_LIMIT = 4096
 
@@ -36,12 +37,15 @@ class Entry:
 
 class TableEntries:
     """What a table is to the control plane, whichever backend runs it: its entries
-    by identity, the checks of insert, modify and delete, and the JSON's const
-    entries (BMv2's priorities turned into P4Runtime's). A backend puts the entries
-    where its packet path reads them: ``_add``, ``_changed``, ``_removed``."""
+    by identity, the checks of insert, modify, delete and the default action, and
+    the JSON's const entries (BMv2's priorities turned into P4Runtime's). Every
+    action enters with one datum per parameter, masked to the parameter's width
+    (both emitters rely on that). A backend puts the entries where its packet path
+    reads them: ``_add``, ``_changed``, ``_removed``, ``_set_default``."""
 
-    def __init__(self, spec: TableSpec):
+    def __init__(self, spec: TableSpec, actions: dict):
         self.spec = spec
+        self.actions = actions             # id -> ActionSpec
         self.counted = spec.direct_counter is not None
         self.entries: dict = {}            # ident -> Entry
 
@@ -56,22 +60,47 @@ class TableEntries:
             else:
                 priority = 0
             values = tuple(v & m for v, m in zip(values, masks))
-            self._add(Entry(values, masks, priority, (aid, data), const=True))
+            self._add(self._checked(Entry(values, masks, priority, (aid, data), const=True)))
+
+    def _action(self, action) -> tuple:
+        """(action id, data) with the data masked to its parameters' widths."""
+        aid, data = action
+        if aid not in self.spec.applied_actions:
+            raise TableError("INVALID_ARGUMENT", f"table {self.spec.name}: action {aid} "
+                             "is not one of the table's")
+        params = self.actions[aid].params
+        if len(data) != len(params):
+            raise TableError("INVALID_ARGUMENT", f"table {self.spec.name}: action "
+                             f"{self.actions[aid].name} takes {len(params)} parameters, "
+                             f"got {len(data)}")
+        return aid, tuple(value & mask(width) for value, (_, width) in zip(data, params))
+
+    def _checked(self, entry: Entry) -> Entry:
+        """``entry`` with as many values and masks as the table has keys, its action checked."""
+        nkeys = len(self.spec.keys)
+        if len(entry.values) != nkeys or len(entry.masks) != nkeys:
+            raise TableError("INVALID_ARGUMENT", f"table {self.spec.name}: {nkeys} keys, "
+                             f"got {len(entry.values)} values and {len(entry.masks)} masks")
+        entry.action = self._action(entry.action)
+        return entry
 
     def insert(self, entry: Entry) -> None:
         if entry.ident in self.entries:
             raise TableError("ALREADY_EXISTS", f"table {self.spec.name}: entry already exists")
-        if self.spec.max_size and len(self.entries) >= self.spec.max_size:
+        if len(self.entries) >= self.spec.max_size:
             raise TableError("RESOURCE_EXHAUSTED", f"table {self.spec.name} is full "
                              f"({self.spec.max_size} entries)")
-        self._add(entry)
+        self._add(self._checked(entry))
 
     def modify(self, entry: Entry) -> None:
         old = self.entries.get(entry.ident)
         if old is None:
             raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
-        old.action = entry.action
+        old.action = self._checked(entry).action
         self._changed(old)
+
+    def set_default(self, action) -> None:
+        self._set_default(self._action(action))
 
     def delete(self, ident) -> None:
         if ident not in self.entries:
@@ -87,6 +116,9 @@ class TableEntries:
     def _removed(self, entry: Entry) -> None:
         raise NotImplementedError
 
+    def _set_default(self, action) -> None:
+        raise NotImplementedError
+
 
 class Table(TableEntries):
     """Entries of one table, in the shapes the generated code reads.
@@ -96,15 +128,16 @@ class Table(TableEntries):
     clears, so a steady flow costs one dict lookup.
     """
 
-    def __init__(self, spec: TableSpec, ns: dict):
-        super().__init__(spec)
+    def __init__(self, spec: TableSpec, ns: dict, actions: dict):
+        super().__init__(spec, actions)
         self.single = len(spec.keys) == 1
         self.exact: dict = {}              # key -> (aid, data), exact tables
         self.scan: list = []               # [(values, masks, (aid, data))], ternary/lpm
         self.cache: dict = {}
-        self.default = [spec.default if spec.default else (None, ())]
-        self.initial_default = self.default[0]
-        tid = spec.id
+        self.default = [None]
+        self.initial_default = spec.default
+        self.set_default(self.initial_default)
+        tid = num(spec.id, 0, MAX_ID)
         ns[f"E{tid}"] = self.exact
         ns[f"C{tid}"] = self.cache
         ns[f"L{tid}"] = self.lookup
@@ -162,7 +195,7 @@ class Table(TableEntries):
         else:
             self._rebuild_scan()
 
-    def set_default(self, action) -> None:
+    def _set_default(self, action) -> None:
         self.default[0] = action
 
 
@@ -175,7 +208,8 @@ class Pipeline:
         self.drop_port = drop_port
         self.compiled = compile_program(program or frontend.load(json_text, drop_port))
         ns = self.compiled.namespace
-        self.tables = {name: Table(spec, ns) for name, spec in self.compiled.tables.items()}
+        self.tables = {name: Table(spec, ns, self.compiled.actions)
+                       for name, spec in self.compiled.tables.items()}
         self.registers = self.compiled.registers
         self.counters = self.compiled.counters
         self.actions = self.compiled.actions

@@ -1,9 +1,14 @@
 /* Native softswitch runtime: tables, registers, counters, PRE, batched AF_PACKET I/O.
  *
  * Not compiled on its own: the C emitter writes one translation unit per program
- * that defines SS_NFIELDS, SS_NHEADERS, SS_NTABLES, SS_NREGS, SS_NCTRS and
- * SS_MAXHDR, includes this file, then defines ss_setup(), ss_ingress() and
+ * that defines SS_NFIELDS, SS_NHEADERS, SS_NTABLES, SS_NREGS, SS_NCTRS, SS_MAXHDR
+ * and SS_MAXCELLS, includes this file, then defines ss_setup(), ss_ingress() and
  * ss_egress(). One unit lets the compiler inline table lookups into the pipeline.
+ *
+ * Every array access is bounds-checked: the generated code checks its indices
+ * against the sizes it was built with, ss_setup's sizes are checked here (1 to
+ * SS_MAXCELLS cells, allocations that fail make ss_new fail), and every control-plane
+ * call checks the table, register, counter, entry and output it is given.
  *
  * Every control-plane call and every data-plane batch holds ctx->mu (recursive, so
  * Python can hold it across several calls for a consistent read or a multi-update
@@ -83,9 +88,11 @@ typedef struct ss_ctx {
     ss_txslot tx[SS_TXMAX];
     uint32_t ntx;
     uint64_t stat_rx, stat_tx, stat_drop, stat_txerr, stat_asserts;
+    int failed;                  /* ss_setup could not allocate or was given a bad size */
 } ss_ctx;
 
 static void ss_setup(ss_ctx *c);
+SS_EXPORT void ss_free(ss_ctx *c);
 static void ss_ingress(ss_ctx *c, ss_state *S);
 static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, uint32_t rid,
                          uint32_t instance, uint8_t *out, uint32_t cap);
@@ -159,11 +166,12 @@ static void *ss_grow(void *p, size_t n, size_t size) {
     return q;
 }
 
-static void ss_table_init(ss_table *t, int nk, int nd, int scan) {
+static void ss_table_init(ss_ctx *c, ss_table *t, int nk, int nd, int scan) {
     memset(t, 0, sizeof *t);
     t->nk = nk; t->nd = nd; t->scan = scan;
     t->def_action = -1;
     t->def_data = calloc(nd + 1, sizeof(uint64_t));
+    if (!t->def_data) c->failed = 1;
 }
 
 static uint64_t ss_hash(const uint64_t *k, int nk) {
@@ -240,23 +248,45 @@ SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     c->drop_port = drop_port;
     c->rng = seed | 1;
     ss_setup(c);
+    if (c->failed) {
+        ss_free(c);
+        return NULL;
+    }
     return c;
 }
 
 static void ss_reg_init(ss_ctx *c, int r, uint32_t size) {
-    c->reg[r] = calloc(size + 1, sizeof(uint64_t));
+    if (size < 1 || size > SS_MAXCELLS) { c->failed = 1; return; }
+    c->reg[r] = calloc(size, sizeof(uint64_t));
+    if (!c->reg[r]) { c->failed = 1; return; }
     c->reg_size[r] = size;
 }
 
 static void ss_ctr_init(ss_ctx *c, int i, uint32_t size) {
-    c->cpk[i] = calloc(size + 1, sizeof(uint64_t));
-    c->cby[i] = calloc(size + 1, sizeof(uint64_t));
+    if (size < 1 || size > SS_MAXCELLS) { c->failed = 1; return; }
+    c->cpk[i] = calloc(size, sizeof(uint64_t));
+    c->cby[i] = calloc(size, sizeof(uint64_t));
+    if (!c->cpk[i] || !c->cby[i]) { c->failed = 1; return; }
     c->ctr_size[i] = size;
 }
 
-/* A new entry (key already masked); returns its handle. */
+/* Whether a control-plane call names a table, entry, register or counter that exists. */
+static int ss_table_ok(int ti) { return ti >= 0 && ti < SS_NTABLES; }
+static int ss_entry_ok(ss_ctx *c, int ti, int32_t i) {
+    return ss_table_ok(ti) && i >= 0 && i < c->t[ti].used && c->t[ti].live[i];
+}
+static int ss_reg_ok(ss_ctx *c, int r, uint32_t i) {
+    return r >= 0 && r < SS_NREGS && i < c->reg_size[r];
+}
+static int ss_ctr_ok(ss_ctx *c, int n, uint32_t i) {
+    return n >= 0 && n < SS_NCTRS && i < c->ctr_size[n];
+}
+
+/* A new entry (key already masked, data already masked to the parameters' widths:
+ * the caller's job); returns its handle, or -1 for no such table. */
 SS_EXPORT int32_t ss_tbl_add(ss_ctx *c, int ti, const uint64_t *key, const uint64_t *mask,
                              int32_t prio, int32_t action, const uint64_t *data) {
+    if (!ss_table_ok(ti)) return -1;
     pthread_mutex_lock(&c->mu);
     ss_table *t = &c->t[ti];
     int32_t i;
@@ -295,23 +325,28 @@ SS_EXPORT int32_t ss_tbl_add(ss_ctx *c, int ti, const uint64_t *key, const uint6
 
 SS_EXPORT void ss_tbl_set_action(ss_ctx *c, int ti, int32_t i, int32_t action, const uint64_t *data) {
     pthread_mutex_lock(&c->mu);
-    ss_table *t = &c->t[ti];
-    t->action[i] = action;
-    memcpy(t->data + (size_t)i * (t->nd + 1), data, t->nd * 8);
+    if (ss_entry_ok(c, ti, i)) {
+        ss_table *t = &c->t[ti];
+        t->action[i] = action;
+        memcpy(t->data + (size_t)i * (t->nd + 1), data, t->nd * 8);
+    }
     pthread_mutex_unlock(&c->mu);
 }
 
 SS_EXPORT void ss_tbl_del(ss_ctx *c, int ti, int32_t i) {
     pthread_mutex_lock(&c->mu);
-    ss_table *t = &c->t[ti];
-    t->live[i] = 0;
-    t->nlive--;
-    t->freel[t->nfree++] = i;
-    ss_table_reindex(t);
+    if (ss_entry_ok(c, ti, i)) {
+        ss_table *t = &c->t[ti];
+        t->live[i] = 0;
+        t->nlive--;
+        t->freel[t->nfree++] = i;
+        ss_table_reindex(t);
+    }
     pthread_mutex_unlock(&c->mu);
 }
 
 SS_EXPORT void ss_tbl_default(ss_ctx *c, int ti, int32_t action, const uint64_t *data) {
+    if (!ss_table_ok(ti)) return;
     pthread_mutex_lock(&c->mu);
     ss_table *t = &c->t[ti];
     t->def_action = action;
@@ -321,35 +356,37 @@ SS_EXPORT void ss_tbl_default(ss_ctx *c, int ti, int32_t action, const uint64_t 
 
 SS_EXPORT void ss_tbl_counter(ss_ctx *c, int ti, int32_t i, uint64_t *pkts_bytes, int write) {
     pthread_mutex_lock(&c->mu);
-    ss_table *t = &c->t[ti];
-    if (write) { t->pkts[i] = pkts_bytes[0]; t->bytes[i] = pkts_bytes[1]; }
-    else { pkts_bytes[0] = t->pkts[i]; pkts_bytes[1] = t->bytes[i]; }
+    if (ss_entry_ok(c, ti, i)) {
+        ss_table *t = &c->t[ti];
+        if (write) { t->pkts[i] = pkts_bytes[0]; t->bytes[i] = pkts_bytes[1]; }
+        else { pkts_bytes[0] = t->pkts[i]; pkts_bytes[1] = t->bytes[i]; }
+    }
     pthread_mutex_unlock(&c->mu);
 }
 
 SS_EXPORT uint64_t ss_reg_get(ss_ctx *c, int r, uint32_t i) {
     pthread_mutex_lock(&c->mu);
-    uint64_t v = i < c->reg_size[r] ? c->reg[r][i] : 0;
+    uint64_t v = ss_reg_ok(c, r, i) ? c->reg[r][i] : 0;
     pthread_mutex_unlock(&c->mu);
     return v;
 }
 
 SS_EXPORT void ss_reg_set(ss_ctx *c, int r, uint32_t i, uint64_t v) {
     pthread_mutex_lock(&c->mu);
-    if (i < c->reg_size[r]) c->reg[r][i] = v;
+    if (ss_reg_ok(c, r, i)) c->reg[r][i] = v;
     pthread_mutex_unlock(&c->mu);
 }
 
 SS_EXPORT uint64_t ss_ctr_get(ss_ctx *c, int n, uint32_t i, int bytes) {
     pthread_mutex_lock(&c->mu);
-    uint64_t v = i < c->ctr_size[n] ? (bytes ? c->cby[n][i] : c->cpk[n][i]) : 0;
+    uint64_t v = ss_ctr_ok(c, n, i) ? (bytes ? c->cby[n][i] : c->cpk[n][i]) : 0;
     pthread_mutex_unlock(&c->mu);
     return v;
 }
 
 SS_EXPORT void ss_ctr_set(ss_ctx *c, int n, uint32_t i, int bytes, uint64_t v) {
     pthread_mutex_lock(&c->mu);
-    if (i < c->ctr_size[n]) (bytes ? c->cby[n] : c->cpk[n])[i] = v;
+    if (ss_ctr_ok(c, n, i)) (bytes ? c->cby[n] : c->cpk[n])[i] = v;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -359,11 +396,12 @@ SS_EXPORT void ss_group_set(ss_ctx *c, uint32_t gid, int n, const uint16_t *port
     ss_group *g = NULL;
     if (n >= 0) {
         g = malloc(sizeof *g);
+        if (!g) abort();
         g->n = n;
-        g->port = malloc((n + 1) * 2);
-        g->rid = malloc((n + 1) * 2);
-        memcpy(g->port, ports, n * 2);
-        memcpy(g->rid, rids, n * 2);
+        g->port = ss_grow(NULL, (size_t)n + 1, 2);
+        g->rid = ss_grow(NULL, (size_t)n + 1, 2);
+        memcpy(g->port, ports, (size_t)n * 2);
+        memcpy(g->rid, rids, (size_t)n * 2);
     }
     pthread_mutex_lock(&c->mu);
     ss_group *old = c->groups[gid & 0xFFFF];
@@ -438,6 +476,7 @@ SS_EXPORT int ss_process(ss_ctx *c, const uint8_t *frame, uint32_t len, uint32_t
 }
 
 SS_EXPORT const uint8_t *ss_output(ss_ctx *c, int i, uint32_t *port, uint32_t *len) {
+    if (i < 0 || (uint32_t)i >= c->nout) { *port = *len = 0; return c->outbuf; }
     *port = c->out_port[i];
     *len = c->out_len[i];
     return c->outbuf + (size_t)i * (SS_SLOT + SS_MAXHDR);
@@ -571,7 +610,7 @@ SS_EXPORT void ss_io_stop(ss_ctx *c) {
 
 SS_EXPORT void ss_free(ss_ctx *c) {
     ss_io_stop(c);
-    for (int i = 0; i < SS_NTABLES; i++) {
+    for (int i = 0; i < SS_NTABLES; i++) {      /* what a failed ss_setup left is NULL */
         ss_table *t = &c->t[i];
         free(t->key); free(t->mask); free(t->data); free(t->action); free(t->prio);
         free(t->freel); free(t->seq); free(t->live); free(t->pkts); free(t->bytes);
