@@ -535,10 +535,11 @@ class CEmitter:
                 code = self.lookahead(bit_offset, width, where, done).code
             else:
                 raise Unsupported(f"parser transition key of type {part.get('type')!r:.30}")
+            nbits = (width + 7) // 8 * 8
+            if total + nbits > 64:
+                raise NativeUnsupported(f"a select key of more than 64 bits ({where})")
             codes.append(f"(({code}) << {num(total, 0, 64)})" if total else f"({code})")
-            total += (width + 7) // 8 * 8
-        if total > 64:
-            raise NativeUnsupported(f"a select key of {total} bits ({where})")
+            total += nbits
         self.add(f"{{ uint64_t _key = {' | '.join(reversed(codes))};")
         for i, (value, case_mask, nxt) in enumerate(cases):
             if case_mask is not None:

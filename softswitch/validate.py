@@ -178,19 +178,24 @@ class _Checker:
         self.calculation_paths: dict[str, str] = {}
         self.tables: dict[str, dict] = {}       # every table, by name (its JSON)
 
-    def top(self, key: str) -> list:
+    def top(self, key: str, required: bool = True) -> list:
+        """A top-level list; one of unsupported things may be left out (none of them)."""
+        if required and key not in self.doc:
+            raise ValueError(f"{key}: missing")
         return _list(self.doc.get(key, []), key)
 
     def run(self) -> dict:
         doc = self.doc
-        meta = _obj(doc.get("__meta__", {"version": [2, 0]}), "__meta__", "version")
+        if "__meta__" not in doc:
+            raise ValueError("__meta__: missing")
+        meta = _obj(doc["__meta__"], "__meta__", "version")
         version = _list(meta["version"], "__meta__.version", 2, "[major, minor]")
         _int(version[1], "__meta__.version[1]", 0, MAX_ID)
         if _int(version[0], "__meta__.version[0]", 0, MAX_ID) != 2:
             raise Unsupported(f"__meta__.version: BMv2 JSON format version {version} "
                               "(expected 2.x)")
         for key, what in UNSUPPORTED_LISTS:
-            items = self.top(key)
+            items = self.top(key, required=False)
             if items:
                 names = ", ".join(_short(i.get("name", i) if type(i) is dict else i)
                                   for i in items[:3])
@@ -830,7 +835,7 @@ class _Checker:
         raise Unsupported(f"{path}: {_short(value)} match (table {table})")
 
     def table_key(self, key, path: str, table: str) -> dict:
-        key = _obj(key, path, "match_type", "target", "mask")
+        key = _obj(key, path, "match_type", "target", "mask", "name")
         mt = key["match_type"]
         if mt == "valid":
             width, target = 1, self.header(key["target"], f"{path}.target")
@@ -841,7 +846,7 @@ class _Checker:
         mask = key["mask"]
         if mask is not None:
             _hex(mask, f"{path}.mask", negative=False)
-        label = key.get("name", "")
+        label = key["name"]
         if type(label) is not str or len(label) > 256 or not label.isprintable():
             raise ValueError(f"{path}.name: expected a printable string, got {_short(label)}")
         return {"match_type": mt, "target": target, "mask": mask, "name": label,

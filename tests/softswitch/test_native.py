@@ -51,6 +51,18 @@ def test_a_refused_construct_runs_on_python_with_one_line_naming_it(caplog):
     assert pipe.process(data, 1) == [(3, data)]
 
 
+def test_a_select_key_over_64_bits_runs_on_python():
+    doc = forwarding_doc()
+    start = doc["parsers"][0]["parse_states"][0]
+    start["transition_key"] = [{"type": "field", "value": ["ethernet", name]}
+                               for name in ("dst", "src")]
+    start["transitions"][0]["value"] = "0x020000000009020000000001"     # 96 bits
+    text = json.dumps(doc).encode()
+    with pytest.raises(emit_c.NativeUnsupported, match="a select key of more than 64 bits"):
+        NativePipeline(text)
+    assert isinstance(load_pipeline(text, backend="native"), Pipeline)
+
+
 def test_no_compiler_means_python_backend_and_one_log_line(tmp_path):
     json_path, _ = program_files("primitives")
     env = dict(os.environ, PYTHONPATH=str(REPO), CC="no-such-cc-here",
