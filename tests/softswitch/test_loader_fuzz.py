@@ -17,8 +17,8 @@ A mutant the loader accepts is run through the real pipelines when its clean cop
 the same clean copy are run too; the native backend compiles the distinct C units.
 The small programs get every mutant (8,681); primitives and aggregation a seeded
 sample of a few per kind of scalar (same place in the JSON, same type, same
-mutation), which covers every kind (4,836 mutants in all, about a minute);
-``SOFTSWITCH_FUZZ=all`` runs every mutant of every program (108,561, about twenty
+mutation), which covers every kind (4,836 mutants in all, about half a minute);
+``SOFTSWITCH_FUZZ=all`` runs every mutant of every program (108,561, about fifteen
 minutes).
 """
 
