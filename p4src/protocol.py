@@ -163,7 +163,9 @@ class PacketFormat:
         self._words = _words(self.header_fields)
         self._word_of = {f.name: w for w in self._words for f in w.fields}
         self.header_bytes = sum(w.width for w in self._words) // 8
-        self.dtype = np.dtype([(w.name, w.dtype()) for w in self._words]
+        # A WAITING reply is the header alone.
+        self.header_dtype = np.dtype([(w.name, w.dtype()) for w in self._words])
+        self.dtype = np.dtype(self.header_dtype.descr
                               + [("values", ">i4", (self.values_per_packet,))])
         self.payload_bytes = self.dtype.itemsize
 
@@ -234,7 +236,10 @@ class PacketFormat:
         return out
 
     def decode(self, payload: bytes) -> np.ndarray:
-        """View UDP payloads (one packet, or several back to back) as packets."""
+        """View UDP payloads (one packet, or several back to back) as packets; a
+        payload of one header alone (a WAITING reply) as that header."""
+        if len(payload) == self.header_bytes:
+            return np.frombuffer(payload, dtype=self.header_dtype)
         if len(payload) % self.payload_bytes:
             raise ValueError(f"payload of {len(payload)} B is not a whole number of "
                              f"{self.payload_bytes} B packets")

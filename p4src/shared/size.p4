@@ -46,7 +46,7 @@
 #define PORT_TABLE_SIZE 512
 
 // Counter sizes: one cell per outcome enum member (see define.p4).
-#define NUM_INGRESS_OUTCOMES 15
-#define NUM_EGRESS_OUTCOMES 4
+#define NUM_INGRESS_OUTCOMES 17
+#define NUM_EGRESS_OUTCOMES 5
 
 #endif  // _SIZE_P4_
