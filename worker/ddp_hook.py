@@ -30,6 +30,10 @@ def switch_allreduce_hook(state: SwitchHookState,
     """Average ``bucket`` over the workers, as torch's ``allreduce_hook`` does: the
     future holds one tensor of the bucket's shape (the bucket's buffer, updated in
     place). The work runs on the session's background thread; a CUDA bucket is
-    copied to the host and back."""
+    copied to the host and back. A failed call (a mismatch, a timeout) fails the
+    future, and DDP raises its error from ``backward()``."""
     state.buckets += 1
-    return state.session.allreduce_async(bucket.buffer(), average=True)
+    future = state.session.allreduce_async(bucket.buffer(), average=True)
+    # DDP reads the future in C++, where a Python exception set as its result is a
+    # value it cannot cast, not an error; raised in a callback, it is an error.
+    return future.then(lambda done: done.wait())

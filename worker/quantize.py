@@ -227,6 +227,16 @@ def usable(scale: np.ndarray, agreed: np.ndarray) -> np.ndarray:
             | ((agreed <= scale) & (scale - agreed <= SLACK)))
 
 
+def settle(scale: np.ndarray, agreed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The transport's decision on each block's result, from the scale it was
+    quantized with and the switch's maximum ``agreed``: keep it (with its scale, or
+    ``POISON_EXPONENT`` for a poisoned block), or redo it with ``agreed`` as its
+    scale, which is always usable. Returns (kept, the block's scale now)."""
+    scale, agreed = np.asarray(scale), np.asarray(agreed)
+    keep = usable(scale, agreed)
+    return keep, np.where(keep & (agreed != POISON_EXPONENT), scale, agreed)
+
+
 def remember(agreed: np.ndarray) -> np.ndarray:
     """What the next call of the same shape predicts from: the agreed maxima, with
     poisoned blocks (no information) probed again."""

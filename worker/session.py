@@ -2,7 +2,10 @@
 
 Every rank of the job must issue the same calls, with tensors of the same sizes,
 in the same order: the switch matches contributions by slot and set, which follow
-from the call sequence alone. Calls run one at a time, in call order, on one
+from the call sequence alone. Where they do not, every rank raises
+``CallMismatch`` on the first call that differs (the switch sums each call's
+fingerprint, see ``transport``); a call may be named, so that two of the same
+size cannot be swapped unseen. Calls run one at a time, in call order, on one
 background thread, so ``allreduce_async`` lets the caller (e.g. DDP's backward
 pass) continue while the packets fly.
 """
@@ -45,7 +48,8 @@ class AggregationSession:
 
     def __init__(self, worker_id: int, num_workers: int, switch_ip: str, job_id: int,
                  job_udp_port: int, first_slot: int, num_slots: int, local_ip: str,
-                 local_port: int, *, policy: RetransmitPolicy = RetransmitPolicy(),
+                 local_port: int, *, local_workers=None,
+                 policy: RetransmitPolicy = RetransmitPolicy(),
                  packet_format: protocol.PacketFormat | None = None):
         if not 0 <= worker_id < protocol.MAX_WORKERS or not 1 <= num_workers <= protocol.MAX_WORKERS:
             raise ValueError(f"worker_id {worker_id} / num_workers {num_workers} out of range "
@@ -53,10 +57,12 @@ class AggregationSession:
         self.worker_id = worker_id
         self.num_workers = num_workers
         self.fmt = packet_format or protocol.packet_format()
-        self.transport = Transport(self.fmt, job_id=job_id, num_workers=num_workers,
-                                   switch_ip=switch_ip, job_udp_port=job_udp_port,
-                                   local_ip=local_ip, local_port=local_port,
-                                   first_slot=first_slot, num_slots=num_slots, policy=policy)
+        self.transport = Transport(self.fmt, job_id=job_id, worker_id=worker_id,
+                                   num_workers=num_workers, switch_ip=switch_ip,
+                                   job_udp_port=job_udp_port, local_ip=local_ip,
+                                   local_port=local_port, first_slot=first_slot,
+                                   num_slots=num_slots, local_workers=local_workers,
+                                   policy=policy)
         self._executor = ThreadPoolExecutor(max_workers=1,
                                             thread_name_prefix=f"aggregation-{worker_id}")
         self._lock = threading.Lock()
@@ -80,27 +86,32 @@ class AggregationSession:
                              f"(workers {[w.id for w in job.workers]})")
         kwargs["packet_format"] = fmt
         return cls(worker_id, job.num_workers, job.service_ip, job.id, job.udp_port,
-                   job.first_slot, job.num_slots, me[0].ip, me[0].udp_port, **kwargs)
+                   job.first_slot, job.num_slots, me[0].ip, me[0].udp_port,
+                   local_workers=[w.id for w in job.workers], **kwargs)
 
     @property
     def stats(self) -> Stats:
         """Counters since the session started."""
         return self.transport.stats.copy()
 
-    def allreduce(self, tensor, average: bool = False):
+    def allreduce(self, tensor, average: bool = False, *, name: str | None = None):
         """Sum (or average) ``tensor`` over all workers, in place; returns it.
 
         Accepts numpy float arrays and torch tensors (float32, float16, bfloat16,
         float64; CPU, or any device by copying). If any worker's values hold NaN,
         Inf or magnitudes of 2**126 or more, every worker raises ``NonFiniteError``
         for this call (the affected blocks are NaN in the tensor) and the session
-        stays usable (see ``quantize``)."""
+        stays usable (see ``quantize``). ``name``, if given, must be the same on
+        every worker: calls of one size in another order then raise
+        ``CallMismatch`` too. Any other failure leaves the tensor unchanged, and
+        the session unusable."""
         work, finish = _host_copy(tensor)
-        self._submit(lambda: (self._reduce(work, average), finish())).result()
+        self._submit(lambda: (self._reduce(work, average, name), finish())).result()
         return tensor
 
-    def allreduce_async(self, tensor, average: bool = False):
-        """Like ``allreduce``, returning at once a ``torch.futures.Future`` of the tensor."""
+    def allreduce_async(self, tensor, average: bool = False, *, name: str | None = None):
+        """Like ``allreduce``, returning at once a ``torch.futures.Future`` of the tensor
+        (which holds the error, if the call fails)."""
         import torch  # here, so numpy-only users never pay for importing torch
 
         future = torch.futures.Future()
@@ -112,7 +123,7 @@ class AggregationSession:
 
         def run():
             try:
-                self._reduce(work, average)
+                self._reduce(work, average, name)
                 finish()
             except BaseException as exc:  # delivered to whoever waits on the future
                 future.set_exception(exc)
@@ -126,13 +137,15 @@ class AggregationSession:
         with self._lock:
             return self._executor.submit(fn)
 
-    def _reduce(self, values: np.ndarray, average: bool) -> None:
-        """Aggregate a contiguous float array, writing the result into it."""
+    def _reduce(self, values: np.ndarray, average: bool, name: str | None) -> None:
+        """Aggregate a contiguous float array, writing the result into it. The first
+        call that sends starts the session (``Transport.start``): its time and
+        counters include the start's two rounds."""
         start = time.perf_counter()
         before = self.transport.stats.copy()
         blocks = quantize.to_blocks(values, self.fmt.values_per_packet)
         own = quantize.block_exponents(blocks)
-        sums, scale = self.transport.aggregate(blocks, own)
+        sums, scale = self.transport.aggregate(blocks, own, elements=values.size, name=name)
         poisoned = scale == quantize.POISON_EXPONENT
         problem = (quantize.describe_poison(values, scale, self.fmt.values_per_packet)
                    if poisoned.any() else None)   # before the values are overwritten
@@ -152,23 +165,25 @@ class AggregationSession:
         if problem:
             raise quantize.NonFiniteError(problem)
 
-    def close(self, park: bool = True) -> None:
-        """Wait for queued calls, park the slots (collective: every worker closes, so
-        a later session on the same job starts cleanly), release the socket."""
+    def close(self) -> None:
+        """Wait for the queued calls, park the slots (collective: every worker closes,
+        so the next session on the job finds them as its start needs), release the
+        socket. A session that failed (its transport is broken) does not park: the
+        switch's slot state is unknown, and the error said to reset it."""
         with self._lock:
             self._executor.shutdown(wait=True)
         try:
-            if park:
-                self.transport.park()
+            self.transport.park()
         finally:
             self.transport.close()
 
     def __enter__(self) -> "AggregationSession":
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
-        # After an error the peers may be gone: do not wait for them to park.
-        self.close(park=exc_type is None)
+    def __exit__(self, *exc) -> None:
+        # Parks on any exception the transport survived (the caller's own included):
+        # the other workers, closing too, park the same slots.
+        self.close()
 
 
 _NUMPY_FLOATS = (np.float16, np.float32, np.float64)

@@ -170,25 +170,31 @@ def test_a_scale_below_a_workers_own_exponent_clips_and_is_never_usable():
 
 
 def switch_with_speculation(calls: list[list[np.ndarray]]):
-    """Workers and a saturating int32 switch over a sequence of calls of one shape,
-    with the transport's policy: speculate from the last call, redo what the result
-    says is not usable, with the agreed maximum. Returns per call the result, the
-    scales kept and how many blocks were redone."""
+    """Workers and a saturating int32 switch over a sequence of calls of one shape.
+    The decisions are the transport's own functions: ``speculate`` from the last
+    call's maxima, ``settle`` on each result (keep, or redo with the maximum, once:
+    a redone block must be kept), ``remember`` for the next call. Returns per call
+    the result, the scales kept and how many blocks were redone."""
     history, out = None, []
     for inputs in calls:
         n = len(inputs)
         own = [q.block_exponents(x) for x in inputs]
-        agreed = np.max(own, axis=0).astype(np.int64)
+        agreed = np.max(own, axis=0).astype(np.int64)     # the switch's exponent maximum
+
+        def switch(rows, scale):
+            return np.clip(np.sum([q.quantize(x[rows], e[rows], scale, n).astype(np.int64)
+                                   for x, e in zip(inputs, own)], axis=0), -2**31, 2**31 - 1)
+
+        everything = np.arange(len(agreed))
         scale = q.speculate(history, len(agreed))
-        total = np.clip(np.sum([q.quantize(x, e, scale, n).astype(np.int64)
-                                for x, e in zip(inputs, own)], axis=0), -2**31, 2**31 - 1)
-        redo = ~q.usable(scale, agreed)
-        scale[redo] = agreed[redo]
-        again = np.sum([q.quantize(x[redo], e[redo], scale[redo], n).astype(np.int64)
-                        for x, e in zip(inputs, own)], axis=0)
-        total[redo] = again
+        total = switch(everything, scale)
+        keep, scale = q.settle(scale, agreed)
+        redo = everything[~keep]
+        total[redo] = switch(redo, scale[redo])
+        again, _ = q.settle(scale[redo], agreed[redo])
+        assert again.all(), "a block redone with the agreed maximum must be kept"
         out.append((q.dequantize(total.astype(np.int32), scale, n, average=False), scale,
-                     int(redo.sum())))
+                    len(redo)))
         history = q.remember(agreed)
     return out
 
@@ -223,8 +229,17 @@ def test_a_steady_shape_needs_no_redo():
 
 def test_poison_is_probed_again_and_zeros_are_final_at_any_scale():
     assert q.remember(np.array([q.POISON_EXPONENT]))[0] + q.HEADROOM == q.PROBE_EXPONENT
-    assert q.usable(np.array([5, q.PROBE_EXPONENT]),
-                    np.array([EXPONENT_OF_ZERO, q.POISON_EXPONENT])).all()
+    keep, scale = q.settle(np.array([5, q.PROBE_EXPONENT]),
+                           np.array([EXPONENT_OF_ZERO, q.POISON_EXPONENT]))
+    assert keep.all() and list(scale) == [5, q.POISON_EXPONENT]
+
+
+def test_settle_keeps_only_unclipped_precise_scales_and_redoes_with_the_maximum():
+    agreed = np.array([3, 3, 3, 3, 3, -128])
+    scale = np.array([2, 3, 7, 8, 126, 9])     # clipped, exact, +4, +5, probe, zeros
+    keep, now = q.settle(scale, agreed)
+    assert list(keep) == [False, True, True, False, False, True]
+    assert list(now) == [3, 3, 7, 3, 3, 9]
 
 
 @pytest.mark.parametrize("n", list(range(1, 33)))
