@@ -261,6 +261,7 @@ class Transport:
         self.type_offset = fmt.dtype.fields["msg_type"][1]
         self.identity_bytes = fmt.dtype.fields["pkt_id"][1] + fmt.dtype["pkt_id"].itemsize
         self.rx = np.zeros((RECV_BATCH, fmt.payload_bytes + 1), dtype=np.uint8)
+        self.no_headers = np.zeros(0, dtype=fmt.header_dtype)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
@@ -385,7 +386,8 @@ class Transport:
         self.stats.malformed_ignored += int(len(lengths) - whole.sum() - short.sum())
         rx = self.rx[:len(lengths)]
         packets = np.ascontiguousarray(rx[whole, :fmt.payload_bytes]).view(fmt.dtype)
-        headers = np.ascontiguousarray(rx[short, :fmt.header_bytes]).view(fmt.header_dtype)
+        headers = (np.ascontiguousarray(rx[short, :fmt.header_bytes]).view(fmt.header_dtype)
+                   if short.any() else self.no_headers)
         return packets.reshape(-1), headers.reshape(-1), len(lengths)
 
 
@@ -409,10 +411,13 @@ class _Call:
         self.label = label
         self.quantized = quantized
         n = self.n = len(blocks)
-        zeros = np.zeros(n, dtype=np.uint64)
-        self.fingerprints = zeros if fingerprints is None else fingerprints
-        self.expected = None if fingerprints is None else (
-            fingerprints * np.uint64(t.num_workers)) & np.uint64(FINGERPRINT_MASK)
+        # As the packets hold them (big-endian 32 bits): copied and compared as they are.
+        self.fingerprints = np.zeros(n, dtype=">u4")
+        self.expected = None
+        if fingerprints is not None:
+            self.fingerprints[:] = fingerprints
+            self.expected = ((fingerprints * np.uint64(t.num_workers))
+                             & np.uint64(FINGERPRINT_MASK)).astype(">u4")
         self.sums = np.zeros((n, t.fmt.values_per_packet), dtype=np.int32)
         self.agreed = np.full(n, EXPONENT_OF_ZERO, dtype=np.int64)
         # Per slot of the window: the chunk in flight (-1: none) and its timing.
@@ -542,11 +547,13 @@ class _Call:
         slot range), and the window slot each names."""
         t = self.t
         slot = np.clip(slot_field - t.first_slot, 0, t.num_slots - 1)
-        raw = rows[:, :t.identity_bytes].copy()
-        ok = raw[:, t.type_offset] == int(kind)
-        raw[:, t.type_offset] = int(MsgType.RESULT)
-        return (ok & (raw == self.expect[slot]).all(axis=1) & (self.chunk[slot] >= 0)
-                & (slot_field - t.first_slot == slot)), slot
+        raw = rows[:, :t.identity_bytes]
+        ok = (self.chunk[slot] >= 0) & (slot_field - t.first_slot == slot)
+        if kind != MsgType.RESULT:        # ``expect`` holds a result's type byte
+            ok &= raw[:, t.type_offset] == int(kind)
+            raw = raw.copy()
+            raw[:, t.type_offset] = int(MsgType.RESULT)
+        return ok & (raw == self.expect[slot]).all(axis=1), slot
 
     def _on_results(self, packets: np.ndarray) -> None:
         t = self.t
@@ -566,10 +573,11 @@ class _Call:
             return
         chunks = self.chunk[s]
         if self.expected is not None:
-            got = packets["fingerprint"][index].astype(np.uint64)
-            wrong = np.flatnonzero(got != self.expected[chunks])
-            if wrong.size:
-                self._mismatch(int(chunks[wrong[0]]), int(got[wrong[0]]))
+            got = packets["fingerprint"][index]
+            wrong = got != self.expected[chunks]
+            if wrong.any():
+                first = int(np.argmax(wrong))
+                self._mismatch(int(chunks[first]), int(got[first]))
         t.stats.results_received += len(index)
         self._measure(s, now)
         agreed = h["exponent"][index]
