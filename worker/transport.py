@@ -397,12 +397,11 @@ class _Call:
     ``slots`` (the session's start, parking) puts chunk i alone in slot ``slots[i]``.
     ``quantized``: ``blocks`` are floats, quantized and redone as the results say;
     otherwise int32 values sent as they are, each result final. ``fingerprints``:
-    per chunk, what each result must carry n times (None: the results are not
-    checked, as in the first round of the session's start)."""
+    per chunk, what its packets carry, and its result n times."""
 
     def __init__(self, transport: Transport, blocks: np.ndarray, own: np.ndarray,
-                 scale: np.ndarray, *, label: str, slots: np.ndarray | None = None,
-                 fingerprints: np.ndarray | None = None, quantized: bool = False):
+                 scale: np.ndarray, *, label: str, fingerprints: np.ndarray,
+                 slots: np.ndarray | None = None, quantized: bool = False):
         t = self.t = transport
         w = t.num_slots
         self.blocks = blocks
@@ -412,12 +411,9 @@ class _Call:
         self.quantized = quantized
         n = self.n = len(blocks)
         # As the packets hold them (big-endian 32 bits): copied and compared as they are.
-        self.fingerprints = np.zeros(n, dtype=">u4")
-        self.expected = None
-        if fingerprints is not None:
-            self.fingerprints[:] = fingerprints
-            self.expected = ((fingerprints * np.uint64(t.num_workers))
-                             & np.uint64(FINGERPRINT_MASK)).astype(">u4")
+        self.fingerprints = fingerprints.astype(">u4")
+        self.expected = ((fingerprints * np.uint64(t.num_workers))
+                         & np.uint64(FINGERPRINT_MASK)).astype(">u4")
         self.sums = np.zeros((n, t.fmt.values_per_packet), dtype=np.int32)
         self.agreed = np.full(n, EXPONENT_OF_ZERO, dtype=np.int64)
         # Per slot of the window: the chunk in flight (-1: none) and its timing.
@@ -572,12 +568,11 @@ class _Call:
         if not len(index):
             return
         chunks = self.chunk[s]
-        if self.expected is not None:
-            got = packets["fingerprint"][index]
-            wrong = got != self.expected[chunks]
-            if wrong.any():
-                first = int(np.argmax(wrong))
-                self._mismatch(int(chunks[first]), int(got[first]))
+        got = packets["fingerprint"][index]
+        wrong = got != self.expected[chunks]
+        if wrong.any():
+            first = int(np.argmax(wrong))
+            self._mismatch(int(chunks[first]), int(got[first]))
         t.stats.results_received += len(index)
         self._measure(s, now)
         agreed = h["exponent"][index]
@@ -614,7 +609,8 @@ class _Call:
                          | (h["contributions"] >= t.local_count))
         if stuck.any():
             raise CallMismatch(_stale(t, self.label, int(slot[stuck][0]), "the switch counts "
-                                      "every worker's contribution there, and no result"))
+                                      "as many contributions there as there are workers, and "
+                                      "no result"))
 
     def _measure(self, slots: np.ndarray, now: float) -> None:
         """One RTT sample per batch, and RACK's newest answered send time, both from

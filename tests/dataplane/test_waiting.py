@@ -4,6 +4,8 @@ reply holding the bitmap of the workers that have contributed."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from p4src import protocol
@@ -42,8 +44,13 @@ def test_a_duplicate_that_asks_is_answered_with_who_has_contributed(switch, host
         assert r.src == (SERVICE_IP, config.job.udp_port)
     assert hosts[1].results(1, timeout=0.2) == [] and hosts[2].results(1, timeout=0.2) == []
 
-    # Worker 2 comes; worker 0 asks again: now 0 and 2 have contributed.
+    # Worker 2 comes; once the switch has it (frames from two ports may be taken in
+    # either order), worker 0 asks again: now 0 and 2 have contributed.
     hosts[2].contribute(values[2], job_id=jid, slot=slot, set_=1, pkt_id=77)
+    deadline = time.monotonic() + 10
+    while delta(before, switch.counters())["ingress.consumed"] < 2:
+        assert time.monotonic() < deadline, "the switch did not take worker 2's contribution"
+        time.sleep(0.05)
     hosts[0].contribute(values[0], job_id=jid, slot=slot, set_=1, pkt_id=77, asks=True)
     (r,) = hosts[0].results(2, timeout=1.0)
     assert r.header["msg_type"] == protocol.MsgType.WAITING
