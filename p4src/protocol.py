@@ -23,6 +23,11 @@ BUILD_DIR = P4SRC_DIR / "build"
 PROGRAM_NAME = "aggregation"
 PROGRAM_JSON = BUILD_DIR / f"{PROGRAM_NAME}.json"
 P4INFO = BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
+# The software targets run the program above (256 values per packet); the same
+# program at Tofino's 64 values per packet is built beside it, for comparison.
+SMALL_BUILD_DIR = BUILD_DIR / "k64"
+SMALL_PROGRAM_JSON = SMALL_BUILD_DIR / f"{PROGRAM_NAME}.json"
+SMALL_P4INFO = SMALL_BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
 # The Tofino (TNA) build: its P4Info and resource summary only (make p4-tofino).
 TNA_BUILD_DIR = P4SRC_DIR / "tna" / "build"
 TNA_P4INFO = TNA_BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
