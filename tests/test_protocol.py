@@ -15,10 +15,16 @@ def program():
     return json.loads(protocol.PROGRAM_JSON.read_text())
 
 
-def test_packet_format_matches_the_p4_definitions(program):
-    fmt = protocol.packet_format()
+@pytest.mark.parametrize("build, values", [(protocol.BUILD_DIR, 256),
+                                           (protocol.SMALL_BUILD_DIR, None)])
+def test_packet_format_matches_the_p4_definitions(build, values):
+    """The software build has the size make p4 asks for; the small one size.p4's own
+    (Tofino's)."""
+    fmt = protocol.PacketFormat.load(build / f"{protocol.PROGRAM_NAME}.json")
     sizes = protocol.parse_defines((protocol.P4SRC_DIR / "shared/size.p4").read_text())
-    assert fmt.values_per_packet == sizes["VALUES_PER_PACKET"]
+    defines = json.loads((build / f"{protocol.PROGRAM_NAME}.manifest.json").read_text())["defines"]
+    assert defines == [f"VALUES_PER_PACKET={values or sizes['VALUES_PER_PACKET']}"]
+    assert fmt.values_per_packet == (values or sizes["VALUES_PER_PACKET"])
     assert fmt.pool_size == sizes["POOL_SIZE"]
     assert fmt.header_bytes == 14
     assert fmt.payload_bytes == 14 + 4 * fmt.values_per_packet
