@@ -251,15 +251,55 @@ class PacketFormat:
         return np.frombuffer(payload, dtype=self.dtype)
 
 
-class _Lazy:
+@dataclass(frozen=True)
+class Program:
+    """One compiled v1model build: its BMv2 JSON and P4Info, and its packet format."""
+    json: Path
+    p4info: Path
+
     @cached_property
-    def packet_format(self) -> PacketFormat:
-        return PacketFormat.load()
+    def format(self) -> PacketFormat:
+        return PacketFormat.load(self.json)
+
+    @property
+    def values_per_packet(self) -> int:
+        return self.format.values_per_packet
 
 
-_lazy = _Lazy()
+_programs: dict[Path, Program] = {}
 
 
-def packet_format() -> PacketFormat:
-    """The format of the committed build (loaded once)."""
-    return _lazy.packet_format
+def _program(json_path: Path) -> Program:
+    if json_path not in _programs:
+        _programs[json_path] = Program(json_path, json_path.with_name(f"{PROGRAM_NAME}.p4info.txtpb"))
+    return _programs[json_path]
+
+
+def program(values_per_packet: int | None = None) -> Program:
+    """The committed build that carries ``values_per_packet`` values per packet (None:
+    the software targets' default, ``PROGRAM_JSON``)."""
+    default = _program(PROGRAM_JSON)
+    if values_per_packet is None:
+        return default
+    builds = [default, _program(SMALL_PROGRAM_JSON)]
+    for build in builds:
+        if build.json.exists() and build.values_per_packet == values_per_packet:
+            return build
+    sizes = ", ".join(str(b.values_per_packet) for b in builds if b.json.exists())
+    raise ValueError(f"no compiled program carries {values_per_packet} values per packet "
+                     f"(the builds here carry {sizes or 'none'}: run 'make p4')")
+
+
+def values_per_packet_in(register_names) -> int:
+    """A program's packet size, from its registers' names (what a P4Info says): one
+    register per value on v1model (``value_aggregator.value_I``), one per pair of
+    values on TNA (``value_aggregator.pair_I.sums``); 0 if it has neither."""
+    names = list(register_names)
+    singles = sum(1 for n in names if re.search(r"\.value_aggregator\.value_\d+$", n))
+    pairs = sum(1 for n in names if re.search(r"\.value_aggregator\.pair_\d+\.sums$", n))
+    return singles + 2 * pairs
+
+
+def packet_format(values_per_packet: int | None = None) -> PacketFormat:
+    """The format of a committed build (loaded once), by its packet size."""
+    return program(values_per_packet).format

@@ -53,6 +53,16 @@ _instances = itertools.count()
 HTB_BURST_S = 0.008
 
 
+def check_mtu(mtus: dict[str, str], fmt: protocol.PacketFormat) -> None:
+    """Refuse links whose MTU cannot carry the program's packets: they would be dropped
+    before the switch, silently."""
+    needed = 20 + 8 + fmt.payload_bytes         # IPv4 + UDP + the aggregation payload
+    small = {name: int(mtu) for name, mtu in mtus.items() if int(mtu) < needed}
+    if small:
+        raise ValueError(f"the program's packets ({fmt.values_per_packet} values) need an MTU "
+                         f"of {needed} B; " + ", ".join(f"{n} has {m} B" for n, m in small.items()))
+
+
 def default_window(workers: int, target: str) -> int:
     """Slots per job (each worker's packets in flight).
 
@@ -110,6 +120,8 @@ class Testbed:
     ``bw`` is each link's rate in Mbit/s (None: unlimited). ``delay`` (e.g. "1ms")
     and ``link_loss`` (percent) need netem in the kernel; without it they raise.
     ``num_slots`` is the job's window (None: ``default_window``).
+    ``values_per_packet`` picks the program (protocol.program; None: the software
+    targets' default), which job.toml names, so the workers load the same one.
     The switches' P4Runtime servers listen on ``grpc_host`` (loopback by default);
     ``tls`` gives them and the controller mutual TLS with certificates made for the
     run (testbed.tls, in the run's directory; job.toml names them).
@@ -127,12 +139,14 @@ class Testbed:
     leaves: int = 2
     tls: bool = False
     grpc_host: str = "127.0.0.1"
+    values_per_packet: int | None = None
 
     def __post_init__(self):
         if not 1 <= self.workers <= min(protocol.MAX_WORKERS, 250):
             raise ValueError(f"workers must be 1..{min(protocol.MAX_WORKERS, 250)}, "
                              f"not {self.workers}")
         check_topology(self.topo, self.workers, self.leaves)
+        self.program = protocol.program(self.values_per_packet)
         self.net = None
         self.switches: dict[str, P4Switch] = {}        # by the job description's names
         self.controllers: dict[str, Controller] = {}
@@ -210,6 +224,9 @@ class Testbed:
         self.net.build()
         for host in self.net.hosts:
             host.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
+        check_mtu({intf.name: intf.node.cmd(f"cat /sys/class/net/{intf.name}/mtu")
+                   for host in self.net.hosts for intf in host.intfList() if intf.name != "lo"},
+                  self.program.format)
         self.net.start()
 
     def _configure_job(self) -> None:
@@ -217,10 +234,12 @@ class Testbed:
         if self.topo == "star":
             switch = self.switches["switch"]
             raw = job_config_dict(switch.port_map(), switch.grpc_addr, switch.device_id,
-                                  self.job_id, window)
+                                  self.job_id, window,
+                                  values_per_packet=self.program.values_per_packet)
         else:
             raw = tree_config_dict({n: (s.grpc_addr, s.device_id) for n, s in self.switches.items()},
-                                   self.leaves, self.workers // self.leaves, self.job_id, window)
+                                   self.leaves, self.workers // self.leaves, self.job_id, window,
+                                   values_per_packet=self.program.values_per_packet)
         if self.tls_bundle is not None:
             for switch in [raw["switch"]] if "switch" in raw else raw["switches"].values():
                 switch.update(self.tls_bundle.job_settings())
@@ -230,7 +249,7 @@ class Testbed:
             conn = SwitchConnection(config.switch.grpc_addr, config.switch.device_id,
                                     ELECTION_ID, tls=config.switch.tls).connect()
             self.controllers[name] = Controller(conn)
-            self.controllers[name].push()
+            self.controllers[name].push(self.program.json, self.program.p4info)
             self.controllers[name].apply(config)
 
     def set_loss(self, ingress: float | None = None, egress: float | None = None,
@@ -255,6 +274,16 @@ class Testbed:
                 t["packets"] += c["packets"]
                 t["bytes"] += c["bytes"]
         return total
+
+    def switch_cpu_seconds(self) -> float:
+        """CPU time (user and system, all threads) the switch processes have used."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for switch in set(self.switches.values()):
+            stat = Path(f"/proc/{switch.process.process.pid}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])     # utime, stime
+        return total / ticks
 
     def interfaces(self) -> list[str]:
         """The switch-side interfaces (the only ones in the root namespace)."""

@@ -89,34 +89,38 @@ class Host:
 
     def switch_allreduce(self, tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
         result = self.session.allreduce(tensor)
-        return result, {"retransmissions": self.session.last_call.counters.retransmissions}
+        counters = self.session.last_call.counters
+        return result, {"retransmissions": counters.retransmissions,
+                        "packets": counters.packets_sent}
 
     def allreduce(self, cmd: dict) -> dict:
         size, reps, seed = int(cmd["size"]), int(cmd.get("reps", 1)), int(cmd.get("seed", 0))
         backend = cmd["backend"]
-        out = {"times": [], "exact": [], "digests": [], "retransmissions": [],
-               "tx_bytes": [], "tcp_retrans": []}
+        out = {"times": [], "cpu": [], "exact": [], "digests": [], "retransmissions": [],
+               "packets": [], "tx_bytes": [], "tcp_retrans": []}
         for rep in range(reps):
             tensor = self.inputs(size, seed, rep, self.rank)
             expected = sum(self.inputs(size, seed, rep, r).double() for r in range(self.world))
             if cmd.get("barrier", True):
                 self.barrier()
             before = interface_counters()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             if backend == "switch":
                 result, stats = self.switch_allreduce(tensor)
             elif backend == "gloo":
                 dist.all_reduce(tensor)
                 result = tensor
-                stats = {"retransmissions": 0}
+                stats = {"retransmissions": 0, "packets": 0}
             else:
                 raise ValueError(f"unknown backend {backend!r}")
             out["times"].append(time.perf_counter() - start)
+            out["cpu"].append(time.process_time() - cpu)      # all of the process's threads
             delta = counter_delta(before)
             result = torch.as_tensor(result)
             out["exact"].append(bool(torch.equal(result.double(), expected)))
             out["digests"].append(hashlib.sha256(result.numpy().tobytes()).hexdigest()[:16])
             out["retransmissions"].append(stats["retransmissions"])
+            out["packets"].append(stats["packets"])
             out["tx_bytes"].append(delta["tx_bytes"])
             out["tcp_retrans"].append(delta["tcp_retrans"])
         return out

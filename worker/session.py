@@ -74,12 +74,17 @@ class AggregationSession:
         """The session of worker ``worker_id`` of the job in a TOML file (or a Config,
         or a Tree): the switch is the service address of the worker's own switch,
         reached through its ARP responder."""
-        fmt = kwargs.get("packet_format") or protocol.packet_format()
+        given = kwargs.get("packet_format")
         if isinstance(config, (str, Path)):
-            config = config_mod.load(config, pool_size=fmt.pool_size)
+            config = config_mod.load(config, pool_size=given.pool_size if given else None)
         if not isinstance(config, config_mod.Config):
             config = config.for_worker(worker_id)
         job = config.job
+        fmt = given or protocol.packet_format(job.values_per_packet)
+        if job.values_per_packet not in (None, fmt.values_per_packet):
+            raise ValueError(f"job {job.id}'s switch program carries {job.values_per_packet} "
+                             f"values per packet, this worker's {fmt.values_per_packet}: "
+                             f"start it with the program of the job's size")
         me = [w for w in job.workers if w.id == worker_id]
         if not me:
             raise ValueError(f"worker {worker_id} is not in job {job.id} "
