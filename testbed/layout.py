@@ -69,6 +69,16 @@ def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf
             "tree": {"root": "spine"}, "switches": tree}
 
 
+def check_mtu(mtus: dict[str, str], fmt: protocol.PacketFormat) -> None:
+    """Refuse links whose MTU cannot carry the program's packets: they would be dropped
+    before the switch, silently."""
+    needed = 20 + 8 + fmt.payload_bytes         # IPv4 + UDP + the aggregation payload
+    small = {name: int(mtu) for name, mtu in mtus.items() if int(mtu) < needed}
+    if small:
+        raise ValueError(f"the program's packets ({fmt.values_per_packet} values) need an MTU "
+                         f"of {needed} B; " + ", ".join(f"{n} has {m} B" for n, m in small.items()))
+
+
 TOPOLOGIES = ("star", "tree")
 
 

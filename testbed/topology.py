@@ -31,8 +31,8 @@ from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
 from switch_ctl.tree import Tree
 
-from .layout import (add_topology_arguments, check_topology, host_mac, job_config_dict,
-                     tree_config_dict)
+from .layout import (add_topology_arguments, check_mtu, check_topology, host_mac,
+                     job_config_dict, tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, default_target, free_tcp_port
 from .tls import TLSBundle, make_bundle
@@ -51,16 +51,6 @@ _instances = itertools.count()
 # HTB's bucket in seconds at the link's rate (ShapedIntf): 1 MiB allreduces at
 # 500 Mbit/s took 37-40 ms with 2 ms, 33 ms with 8 ms, as fast as unshaped links.
 HTB_BURST_S = 0.008
-
-
-def check_mtu(mtus: dict[str, str], fmt: protocol.PacketFormat) -> None:
-    """Refuse links whose MTU cannot carry the program's packets: they would be dropped
-    before the switch, silently."""
-    needed = 20 + 8 + fmt.payload_bytes         # IPv4 + UDP + the aggregation payload
-    small = {name: int(mtu) for name, mtu in mtus.items() if int(mtu) < needed}
-    if small:
-        raise ValueError(f"the program's packets ({fmt.values_per_packet} values) need an MTU "
-                         f"of {needed} B; " + ", ".join(f"{n} has {m} B" for n, m in small.items()))
 
 
 def default_window(workers: int, target: str) -> int:

@@ -103,3 +103,19 @@ def test_rto_floor_follows_the_round_trip_not_a_constant():
         rto.sample(0.002)
     assert rto.rto == pytest.approx(0.004)  # twice the smoothed RTT, far below 100 ms
     assert rto.reorder_window == pytest.approx(0.0005)   # RACK: min RTT / 4
+
+
+def test_a_worker_takes_the_job_programs_size_and_refuses_another():
+    from testbed import layout
+    from switch_ctl import config as config_mod
+
+    raw = layout.job_config_dict({1: "p1", 2: "p2"}, "127.0.0.1:9", 0, values_per_packet=64)
+    raw["job"]["workers"][0]["ip"] = "127.0.0.1"
+    raw["job"]["service_ip"] = "127.0.0.2"          # loopback: nothing is sent
+    raw["job"]["workers"][0]["udp_port"] = free_udp_port()
+    config = config_mod.parse(raw)
+    with AggregationSession.from_config(config, 0) as s:
+        assert s.fmt.values_per_packet == 64
+    with pytest.raises(ValueError, match="job 1's switch program carries 64 values per packet, "
+                                         "this worker's 256"):
+        AggregationSession.from_config(config, 0, packet_format=protocol.packet_format(256))
