@@ -8,7 +8,7 @@ Why the ratio has a limit: a ring allreduce sends 2(n-1)/n times the tensor from
 every worker; in-network aggregation sends it once (and receives it once). When
 both are limited by the links, t_switch / t_gloo -> n / (2(n-1)): 0.67 for n = 4,
 0.57 for n = 8. The "with headers" limit adds each protocol's per-packet overhead
-(Ethernet, IPv4, UDP and the 14 B aggregation header: 1,090 B frames for 1 KiB of
+(Ethernet, IPv4, UDP and the 14 B aggregation header: 1,080 B frames for 1 KiB of
 values at 256 values per packet, 312 B for 256 B at 64, against 1514 B TCP frames
 for 1448 B).
 

@@ -9,7 +9,7 @@
 // packet: one pass through a Tofino pipe (32 stateful ALUs x 2-word registers),
 // and 312 B on the wire. Software targets have no such limit, and every packet
 // costs them a fixed share of a system call and a pipeline pass: `make p4` builds
-// their program with 256 (1 KiB of values, 1,090 B frames, under a 1500 B MTU).
+// their program with 256 (1 KiB of values, 1,080 B frames, under a 1500 B MTU).
 // p4src/README.md, "Packet size", has the measurements behind both.
 #ifndef VALUES_PER_PACKET
 #define VALUES_PER_PACKET 64
