@@ -28,12 +28,12 @@ def test_large_model_has_a_million_parameters_and_an_accuracy_to_reach():
     args = options("--model", "large")
     assert parameters("large") >= 1_000_000
     assert demo.MODELS["large"].name() == "64-1024-1024-10 MLP"
-    assert args.accuracy == 0.95 and args.bw == 200.0 and args.epochs == 8
+    assert args.accuracy == 0.95 and args.bw == 100.0 and args.epochs == 8
 
 
 def test_options_given_override_the_models_own():
-    args = options("--model", "large", "--bw", "100", "--epochs", "3", "--accuracy", "0.9")
-    assert (args.bw, args.epochs, args.accuracy, args.lr) == (100.0, 3, 0.9, 0.001)
+    args = options("--model", "large", "--bw", "200", "--epochs", "3", "--accuracy", "0.9")
+    assert (args.bw, args.epochs, args.accuracy, args.lr) == (200.0, 3, 0.9, 0.001)
 
 
 @pytest.mark.parametrize("argv, message", [
