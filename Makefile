@@ -14,6 +14,8 @@ N        ?= 4
 TOPO     ?= star
 LEAVES   ?= 2
 TOPOLOGY := --topo $(TOPO) --leaves $(LEAVES)
+# demo: MODEL=large trains a 1.13 M-parameter MLP and times both backends to 95 % accuracy.
+MODEL    ?= small
 # loss-experiment: the switches whose ports drop (all, or e.g. spine, leaf0).
 LOSS_AT  ?= all
 PYTEST   ?= $(PY) -m pytest
@@ -112,7 +114,7 @@ bench-allreduce: setup
 	$(PY) -m testbed.baseline_experiment $(TOPOLOGY)
 
 demo: setup
-	$(PY) -m testbed.demo --workers $(N) $(TOPOLOGY)
+	$(PY) -m testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY)
 
 testbed: setup
 	$(PY) -m testbed.topology --workers $(N) $(TOPOLOGY)
