@@ -20,8 +20,8 @@ order reversed every other round), so a change in the machine's load hits them
 alike; each figure is the median with its min-max, each ratio the median of the
 rounds' ratios with theirs.
 
-    sudo .venv/bin/python benchmarks/bench_switch.py [--seconds 2] [--window 64]
-        [--repeats 5] [--sizes 64 256] [--targets ceiling softswitch softswitch-python bmv2]
+    sudo .venv/bin/python benchmarks/bench_switch.py [--seconds 1] [--window 64]
+        [--repeats 9] [--sizes 64 256] [--targets ceiling softswitch softswitch-python bmv2]
 """
 
 from __future__ import annotations
@@ -262,10 +262,10 @@ def report(benches: list[Bench]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of each timed run")
+    parser.add_argument("--seconds", type=float, default=1.0, help="length of each timed run")
     parser.add_argument("--window", type=int, default=64,
                         help="aggregations in flight (halved for a target until it drops none)")
-    parser.add_argument("--repeats", type=int, default=5,
+    parser.add_argument("--repeats", type=int, default=9,
                         help="timed runs per target; the median and min-max are reported")
     parser.add_argument("--sizes", type=int, nargs="*", default=None,
                         help="values per packet of the builds to run (default: every build)")
