@@ -103,7 +103,8 @@ class AggregationSession:
         for this call (the affected blocks are NaN in the tensor) and the session
         stays usable (see ``quantize``). ``name``, if given, must be the same on
         every worker: calls of one size in another order then raise
-        ``CallMismatch`` too. Any other failure leaves the session
+        ``CallMismatch`` too, and the call keeps an exponent history of its own
+        (``transport.history_key``). Any other failure leaves the session
         unusable, and the tensor partly summed: each block's result is written as
         soon as it is final (host memory in place; other devices only at the end)."""
         work, finish = _host_copy(tensor)

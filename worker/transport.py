@@ -7,8 +7,8 @@ results are handled as arrays, one pass per batch.
 
 **Exponents without a bootstrap round.** A packet carries its own block exponent,
 and its values are quantized with a scale exponent ``S`` that every worker derives
-identically from the maxima the previous call of the same shape agreed on
-(``quantize.speculate``; a call with no history probes). The result returns the
+identically from the maxima the same call agreed on last time (``history_key``:
+its place in the step; ``quantize.speculate``; a call with no history probes). The result returns the
 switch's maximum; where it shows the scale was too small (some worker's values
 were clipped) or wasted precision (``quantize.usable``), every worker redoes that
 block with the now known maximum, as the slot's next packet. So a steady training
@@ -96,7 +96,8 @@ FINGERPRINT_MASK = 0xFFFFFFFF
 FINGERPRINT_STEP = 0x9E3779B1  # odd: the blocks of one call get distinct fingerprints
 RECV_BATCH = 512              # results drained from the socket per system call
 COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for more
-HISTORY_SHAPES = 256          # call shapes whose exponents are remembered (DDP: its buckets)
+HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its buckets)
+RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
 START = "session start"       # the two rounds of ``Transport.start``, in messages
 RECOVER = ("reset the job's slots (python -m switch_ctl reset <job.toml>) and open new "
@@ -126,6 +127,15 @@ def call_fingerprints(epoch: int, call: int | str, elements: int, name: str | No
     digest = hashlib.blake2b(repr((epoch, call, elements, name)).encode(), digest_size=4)
     base = int.from_bytes(digest.digest(), "big")
     return (base + np.arange(blocks, dtype=np.uint64) * FINGERPRINT_STEP) & FINGERPRINT_MASK
+
+
+def history_key(name: str | None, elements: int, place: int) -> tuple:
+    """Where a call's agreed exponents are remembered, for its next time: its place in
+    the training step. A named call is its name (the DDP hook names buckets by
+    index); an unnamed one is its size and ``place``, its position in the run of
+    consecutive calls of that size (capped at ``RUN_PLACES - 1``), so that
+    equal-sized calls of one step, such as repeated layers' buckets, keep apart."""
+    return ("named", name, elements) if name is not None else ("unnamed", elements, place)
 
 
 def _leading_bytes(records: np.ndarray, count: int) -> np.ndarray:
@@ -262,7 +272,8 @@ class Transport:
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
         self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
-        self.history: dict[int, np.ndarray] = {}   # blocks per call -> last agreed maxima
+        self.history: dict[tuple, np.ndarray] = {}  # history_key -> last agreed maxima
+        self.run = (0, 0)                           # last call's (elements, place in its run)
         self.epoch: int | None = None               # set by start()
         self.calls = 0                              # calls issued, the empty ones included
         self.broken: BaseException | None = None
@@ -366,7 +377,8 @@ class Transport:
         dequantized there as soon as its result is final, from the received packet.
 
         ``own`` are this worker's block exponents; the size and ``name`` (the
-        caller's, if any) go into the call's fingerprint with its number. Returns the scale exponent
+        caller's, if any) go into the call's fingerprint with its number, and
+        choose its exponent history (``history_key``). Returns the scale exponent
         each block was quantized with (``POISON_EXPONENT`` for a block some worker
         could not carry)."""
         self._check_usable()
@@ -378,15 +390,21 @@ class Transport:
         if not n:
             return np.zeros(0, np.int64)
         self.start()
-        previous = self.history.get(n)
+        place = min(self.run[1] + 1, RUN_PLACES - 1) if self.run[0] == elements else 0
+        self.run = (elements, place)
+        key = history_key(name, elements, place)
+        previous = self.history.get(key)
+        if previous is None and name is None and place:
+            # A place of a run seen for the first time: the call before it, the same size.
+            previous = self.history.get(history_key(None, elements, place - 1))
         label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
         fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n)
         scale, agreed = self._run(_Call(self, blocks, out, own, quantize.speculate(previous, n),
                                         label=label, fingerprints=fingerprints, quantized=True,
                                         average=average))
-        self.history.pop(n, None)          # most recent last; the oldest shape goes first
-        self.history[n] = quantize.remember(agreed)
-        if len(self.history) > HISTORY_SHAPES:
+        self.history.pop(key, None)        # most recent last; the oldest call goes first
+        self.history[key] = quantize.remember(agreed)
+        if len(self.history) > HISTORY_CALLS:
             del self.history[next(iter(self.history))]
         return scale
 
