@@ -633,9 +633,10 @@ class _Call:
         else:
             keep = np.ones(len(chunks), dtype=bool)
         done, redo = chunks[keep], chunks[~keep]
-        rows = index[keep]
-        at = quantize.consecutive(rows)
-        self._store(done, packets["values"][rows if at is None else at])
+        if len(done):
+            rows = index[keep]        # ascending: as many as the datagrams is all of them
+            self._store(done, packets["values"][:len(rows)] if len(rows) == len(packets)
+                        else packets["values"][rows])
         t.stats.redone += len(redo)
         following = np.where(keep, chunks + self.step, chunks)
         following[following >= self.n] = -1
