@@ -15,7 +15,8 @@
 3. Allreduce goodput: 4 worker processes in network namespaces, each reducing a
    float32 tensor through each switch target installed (the embedded softswitch's
    native and Python backends; BMv2 where simple_switch_grpc is on PATH), with
-   block scales steady from call to call as a training loop's are. Needs root;
+   block scales steady from call to call as a training loop's are, and each
+   worker's CPU time per MB (the process's, around its calls). Needs root;
    skipped otherwise.
 """
 
@@ -215,6 +216,9 @@ def goodput(target: str, elements: int, reps: int, slots: int) -> None:
           f"{BASELINE_MBPS} MB/s of the per-packet worker; median of {len(rates)} calls, min "
           f"{min(rates):.3f}, max {max(rates):.3f}); {sent} packets sent, {redone} redone, "
           f"{retrans} retransmitted")
+    cpu = [r["cpu_seconds"] * 1e3 / (elements * 4 / 1e6) for r in steady]
+    print(f"  {'':18s} {statistics.median(cpu):8.2f} ms of a worker's CPU per MB (min "
+          f"{min(cpu):.2f}, max {max(cpu):.2f})")
 
 
 def main() -> None:

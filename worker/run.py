@@ -7,8 +7,8 @@
 Inputs are pseudo-random float32 with block scales spread over many binades, a
 function of (seed, rep, worker id, and with ``--steps`` the call's place in the
 step) only (``make_inputs``), so any process can recompute every worker's inputs
-and check a result. Prints one JSON line per call: its time, goodput, transport
-counters and a digest of the result; ``--save DIR`` also writes the results as
+and check a result. Prints one JSON line per call: its time, the process's CPU
+time, goodput, transport counters and a digest of the result; ``--save DIR`` also writes the results as
 .npy. Exits non-zero after the first failed call.
 ``--call``, ``--pause`` and ``--die-after`` make a rank disagree, dawdle or crash,
 to show what the others see.
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             if rep == 0 and args.nonfinite_at is not None:
                 tensor[args.nonfinite_at] = float("inf")
             report = {"worker": args.worker_id, "rep": rep}
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             try:
                 session.allreduce(tensor, average=args.average, name=name)
             except NonFiniteError as exc:       # every worker gets it; the session goes on
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(report), flush=True)
                 return 1
             call = session.last_call
-            report.update(seconds=call.seconds, goodput_mbps=call.goodput_mbps,
+            report.update(seconds=call.seconds, cpu_seconds=time.process_time() - cpu,
+                          goodput_mbps=call.goodput_mbps,
                           max_error_bound=call.max_error_bound, digest=digest(tensor),
                           counters=call.counters.as_dict())
             if args.save:
