@@ -2,12 +2,14 @@
 
     python -m worker.run --config job.toml --worker-id 0 --size 100000 --reps 3
     python -m worker.run --config job.toml --worker-id 0 --call 1000:A --call 3000:B
+    python -m worker.run --config job.toml --worker-id 0 --call 800 --call 3000 --steps 5
 
 Inputs are pseudo-random float32 with block scales spread over many binades, a
-function of (seed, rep, worker id) only (``make_inputs``), so any process can
-recompute every worker's inputs and check a result. Prints one JSON line per call:
-its time, goodput, transport counters and a digest of the result; ``--save DIR``
-also writes the results as .npy. Exits non-zero after the first failed call.
+function of (seed, rep, worker id, and with ``--steps`` the call's place in the
+step) only (``make_inputs``), so any process can recompute every worker's inputs
+and check a result. Prints one JSON line per call: its time, the process's CPU
+time, goodput, transport counters and a digest of the result; ``--save DIR`` also writes the results as
+.npy. Exits non-zero after the first failed call.
 ``--call``, ``--pause`` and ``--die-after`` make a rank disagree, dawdle or crash,
 to show what the others see.
 """
@@ -33,14 +35,16 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def make_inputs(size: int, seed: int, rep: int, worker_id: int, dtype: str = "float32",
-                steady: bool = False):
+                steady: bool = False, place: int | None = None):
     """Worker ``worker_id``'s input of call ``rep``: normal values whose scale changes
     every 64 elements (from 2**-20 to 2**12), as gradients' do across layers. The
-    scales are drawn afresh for every call, or, ``steady``, once per worker, as a
-    training step's gradients keep their layers' scales from step to step. A numpy
-    array, or a torch tensor for bfloat16 (numpy has none)."""
+    scales are drawn afresh for every call, or, ``steady``, once per worker (and
+    ``place`` in a training step, if given), as a training step's gradients keep
+    their layers' scales from step to step. A numpy array, or a torch tensor for
+    bfloat16 (numpy has none)."""
     rng = np.random.default_rng([seed, rep, worker_id])
-    scale_rng = np.random.default_rng([seed, worker_id]) if steady else rng
+    places = [] if place is None else [place]
+    scale_rng = np.random.default_rng([seed, worker_id, *places]) if steady else rng
     scales = 2.0 ** scale_rng.integers(-20, 13, size=-(-size // 64)).repeat(64)[:size]
     values = (rng.standard_normal(size) * scales).astype(np.float32)
     if dtype == "bfloat16":
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-id", type=int, required=True)
     parser.add_argument("--size", type=int, default=100_000, help="elements per call")
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="make the calls N times over, as training steps: each call's "
+                             "place in the step has scales of its own (with --steady)")
     parser.add_argument("--call", type=_call, action="append", metavar="SIZE[:NAME]",
                         help="one call of SIZE elements, named NAME if given; repeated, "
                              "the calls to make (instead of --size and --reps)")
@@ -98,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                             default=getattr(defaults, name), help="seconds")
     args = parser.parse_args(argv)
     policy = RetransmitPolicy(**{name: getattr(args, name) for name in timers})
-    calls = args.call or [(args.size, None)] * args.reps
+    step = args.call or [(args.size, None)] * args.reps
+    calls = step * (args.steps or 1)
+    places = list(range(len(step))) * args.steps if args.steps else [None] * len(calls)
     pauses = dict(args.pause)
     if args.die_after is not None:
         threading.Timer(args.die_after, os._exit, (137,)).start()
@@ -107,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         for rep, (size, name) in enumerate(calls):
             time.sleep(pauses.get(rep, 0.0))
             tensor = make_inputs(size, args.seed, rep, args.worker_id, args.dtype,
-                                 args.steady)
+                                 args.steady, places[rep])
             if rep == 0 and args.nonfinite_at is not None:
                 tensor[args.nonfinite_at] = float("inf")
             report = {"worker": args.worker_id, "rep": rep}
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             try:
                 session.allreduce(tensor, average=args.average, name=name)
             except NonFiniteError as exc:       # every worker gets it; the session goes on
@@ -122,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(report), flush=True)
                 return 1
             call = session.last_call
-            report.update(seconds=call.seconds, goodput_mbps=call.goodput_mbps,
+            report.update(seconds=call.seconds, cpu_seconds=time.process_time() - cpu,
+                          goodput_mbps=call.goodput_mbps,
                           max_error_bound=call.max_error_bound, digest=digest(tensor),
                           counters=call.counters.as_dict())
             if args.save:

@@ -108,8 +108,10 @@ class AggregationSession:
         for this call (the affected blocks are NaN in the tensor) and the session
         stays usable (see ``quantize``). ``name``, if given, must be the same on
         every worker: calls of one size in another order then raise
-        ``CallMismatch`` too. Any other failure leaves the tensor unchanged, and
-        the session unusable."""
+        ``CallMismatch`` too, and the call keeps an exponent history of its own
+        (``transport.history_key``). Any other failure leaves the session
+        unusable, and the tensor partly summed: each block's result is written as
+        soon as it is final (host memory in place; other devices only at the end)."""
         work, finish = _host_copy(tensor)
         self._submit(lambda: (self._reduce(work, average, name), finish())).result()
         return tensor
@@ -143,32 +145,30 @@ class AggregationSession:
             return self._executor.submit(fn)
 
     def _reduce(self, values: np.ndarray, average: bool, name: str | None) -> None:
-        """Aggregate a contiguous float array, writing the result into it. The first
-        call that sends starts the session (``Transport.start``): its time and
-        counters include the start's two rounds."""
+        """Aggregate a contiguous float array, writing the result into it, block by
+        block as results become final (float32 arrays are read and written in place;
+        others are quantized from a float32 copy). The first call that sends starts
+        the session (``Transport.start``): its time and counters include the start's
+        two rounds."""
         start = time.perf_counter()
         before = self.transport.stats.copy()
-        blocks = quantize.to_blocks(values, self.fmt.values_per_packet)
-        own = quantize.block_exponents(blocks)
-        sums, scale = self.transport.aggregate(blocks, own, elements=values.size, name=name)
-        poisoned = scale == quantize.POISON_EXPONENT
-        problem = (quantize.describe_poison(values, scale, self.fmt.values_per_packet)
-                   if poisoned.any() else None)   # before the values are overwritten
+        k = self.fmt.values_per_packet
         flat = values.reshape(-1)
-        if flat.size == sums.size:
-            quantize.dequantize(sums, scale, self.num_workers, average=average,
-                                out=flat.reshape(sums.shape))
-        else:
-            result = quantize.dequantize(sums, scale, self.num_workers, average=average,
-                                         dtype=flat.dtype)
-            flat[:] = result.reshape(-1)[:flat.size]
+        out = quantize.Blocks(flat, k)
+        blocks = out if flat.dtype == np.float32 else quantize.Blocks(flat.astype(np.float32), k)
+        own = np.concatenate([quantize.block_exponents(part) for part in blocks.parts])
+        # Read before the results overwrite the values.
+        mine = (quantize.nonfinite(blocks.flat) if (own == quantize.POISON_EXPONENT).any()
+                else None)
+        scale = self.transport.aggregate(blocks, own, out, average=average, name=name)
+        poisoned = scale == quantize.POISON_EXPONENT
         bound = quantize.error_bound(scale[~poisoned], self.num_workers, average=average)
         self.last_call = CallStats(elements=flat.size, blocks=len(blocks),
                                    seconds=time.perf_counter() - start,
                                    counters=self.transport.stats - before,
                                    max_error_bound=float(bound.max()) if bound.size else 0.0)
-        if problem:
-            raise quantize.NonFiniteError(problem)
+        if poisoned.any():
+            raise quantize.NonFiniteError(quantize.describe_poison(mine, scale, k))
 
     def close(self) -> None:
         """Wait for the queued calls, park the slots (collective: every worker closes,

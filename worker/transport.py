@@ -7,8 +7,8 @@ results are handled as arrays, one pass per batch.
 
 **Exponents without a bootstrap round.** A packet carries its own block exponent,
 and its values are quantized with a scale exponent ``S`` that every worker derives
-identically from the maxima the previous call of the same shape agreed on
-(``quantize.speculate``; a call with no history probes). The result returns the
+identically from the maxima the same call agreed on last time (``history_key``:
+its place in the step; ``quantize.speculate``; a call with no history probes). The result returns the
 switch's maximum; where it shows the scale was too small (some worker's values
 were clipped) or wasted precision (``quantize.usable``), every worker redoes that
 block with the now known maximum, as the slot's next packet. So a steady training
@@ -75,6 +75,7 @@ new sessions on every worker.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
 import secrets
@@ -95,7 +96,8 @@ FINGERPRINT_MASK = 0xFFFFFFFF
 FINGERPRINT_STEP = 0x9E3779B1  # odd: the blocks of one call get distinct fingerprints
 RECV_BATCH = 512              # results drained from the socket per system call
 COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for more
-HISTORY_SHAPES = 256          # call shapes whose exponents are remembered (DDP: its buckets)
+HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its buckets)
+RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
 START = "session start"       # the two rounds of ``Transport.start``, in messages
 RECOVER = ("reset the job's slots (python -m switch_ctl reset <job.toml>) and open new "
@@ -125,6 +127,27 @@ def call_fingerprints(epoch: int, call: int | str, elements: int, name: str | No
     digest = hashlib.blake2b(repr((epoch, call, elements, name)).encode(), digest_size=4)
     base = int.from_bytes(digest.digest(), "big")
     return (base + np.arange(blocks, dtype=np.uint64) * FINGERPRINT_STEP) & FINGERPRINT_MASK
+
+
+def history_key(name: str | None, elements: int, place: int) -> tuple:
+    """Where a call's agreed exponents are remembered, for its next time: its place in
+    the training step. A named call is its name (the DDP hook names buckets by
+    index); an unnamed one is its size and ``place``, its position in the run of
+    consecutive calls of that size (capped at ``RUN_PLACES - 1``), so that
+    equal-sized calls of one step, such as repeated layers' buckets, keep apart."""
+    return ("named", name, elements) if name is not None else ("unnamed", elements, place)
+
+
+def _leading_bytes(records: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` bytes of every record, as a (records, count) uint8 view,
+    whatever the records' stride."""
+    return records.view(_prefix(records.dtype.itemsize, count))["b"]
+
+
+@functools.cache
+def _prefix(itemsize: int, count: int) -> np.dtype:
+    return np.dtype({"names": ["b"], "formats": [(np.uint8, (count,))], "offsets": [0],
+                     "itemsize": itemsize})
 
 
 @dataclass(frozen=True)
@@ -249,7 +272,8 @@ class Transport:
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
         self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
-        self.history: dict[int, np.ndarray] = {}   # blocks per call -> last agreed maxima
+        self.history: dict[tuple, np.ndarray] = {}  # history_key -> last agreed maxima
+        self.run = (0, 0)                           # last call's (elements, place in its run)
         self.epoch: int | None = None               # set by start()
         self.calls = 0                              # calls issued, the empty ones included
         self.broken: BaseException | None = None
@@ -260,8 +284,14 @@ class Transport:
         # A result echoes its packet's header up to the packet id (the type aside).
         self.type_offset = fmt.dtype.fields["msg_type"][1]
         self.identity_bytes = fmt.dtype.fields["pkt_id"][1] + fmt.dtype["pkt_id"].itemsize
-        self.rx = np.zeros((RECV_BATCH, fmt.payload_bytes + 1), dtype=np.uint8)
+        # Received datagrams, one a row, rows 64-byte aligned and longer than a packet
+        # (a longer datagram shows as the wrong length); results are read in place.
+        row = (fmt.payload_bytes // 64 + 1) * 64
+        self.rx = np.zeros((RECV_BATCH, row), dtype=np.uint8)
+        self.rx_packets = np.ndarray((RECV_BATCH,), dtype=fmt.dtype, buffer=self.rx,
+                                     strides=(row,))
         self.no_headers = np.zeros(0, dtype=fmt.header_dtype)
+        self.work = np.empty((num_slots, fmt.values_per_packet), dtype=np.float32)  # quantizing
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
@@ -285,7 +315,7 @@ class Transport:
                 f"an earlier aggregation failed, so the switch's slot state for this job is "
                 f"unknown: {RECOVER}") from self.broken
 
-    def _run(self, call: "_Call") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _run(self, call: "_Call") -> tuple[np.ndarray, np.ndarray]:
         try:
             return call.run()
         except BaseException as exc:
@@ -309,8 +339,10 @@ class Transport:
         nonces = np.array([secrets.randbelow(2 << NONCE_BITS) - (1 << NONCE_BITS)
                            for _ in range(w)], dtype=np.int32)
         values[:, lane] = nonces
-        sums, _, _ = self._run(_Call(self, values, blank, blank, slots=slots, label=START,
-                                     fingerprints=call_fingerprints(0, 0, 0, START, w)))
+        sums = np.zeros((w, k), dtype=np.int32)
+        self._run(_Call(self, quantize.Blocks(values.reshape(-1), k),
+                        quantize.Blocks(sums.reshape(-1), k), blank, blank, slots=slots,
+                        label=START, fingerprints=call_fingerprints(0, 0, 0, START, w)))
         # Lanes are shared only if the workers outnumber the values of a packet.
         stale = np.flatnonzero(sums[:, lane] != nonces) if self.num_workers <= k else []
         if len(stale):
@@ -331,39 +363,50 @@ class Transport:
         odd = np.flatnonzero(self.next_set)
         if not odd.size or self.broken is not None:
             return
-        empty = np.zeros((odd.size, self.fmt.values_per_packet), dtype=np.int32)
+        k = self.fmt.values_per_packet
+        empty = quantize.Blocks(np.zeros(odd.size * k, dtype=np.int32), k)
         zero = np.full(odd.size, EXPONENT_OF_ZERO, dtype=np.int64)
-        self._run(_Call(self, empty, zero, zero, slots=odd, label="park",
+        self._run(_Call(self, empty, empty, zero, zero, slots=odd, label="park",
                         fingerprints=call_fingerprints(self.epoch, "park", 0, None, odd.size)))
 
     # -- one call ------------------------------------------------------------------
-    def aggregate(self, blocks: np.ndarray, own: np.ndarray, *, elements: int,
-                  name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Sum ``blocks`` ((N, values_per_packet) float32) over the job's workers.
+    def aggregate(self, blocks: quantize.Blocks, own: np.ndarray, out: quantize.Blocks, *,
+                  average: bool, name: str | None = None) -> np.ndarray:
+        """Sum (``average``: the mean of) float32 ``blocks`` over the job's workers into
+        ``out`` (any float dtype; ``blocks`` itself to work in place): each block is
+        dequantized there as soon as its result is final, from the received packet.
 
-        ``own`` are this worker's block exponents; ``elements`` and ``name`` (the
-        caller's, if any) go into the call's fingerprint with its number. Returns
-        the switch's int32 sums (N, values_per_packet) and the scale exponent each
-        block was quantized with (``POISON_EXPONENT`` for a block some worker could
-        not carry)."""
+        ``own`` are this worker's block exponents; the size and ``name`` (the
+        caller's, if any) go into the call's fingerprint with its number, and
+        choose its exponent history (``history_key``). Returns the scale exponent
+        each block was quantized with (``POISON_EXPONENT`` for a block some worker
+        could not carry)."""
         self._check_usable()
-        if blocks.ndim != 2 or blocks.shape[1] != self.fmt.values_per_packet:
-            raise ValueError(f"blocks must be (N, {self.fmt.values_per_packet})")
+        k = self.fmt.values_per_packet
+        if blocks.whole.shape[1] != k or out.whole.shape[1] != k or len(out) != len(blocks):
+            raise ValueError(f"blocks and out must be as many blocks of {k} values")
         self.calls += 1
-        n = len(blocks)
+        n, elements = len(blocks), blocks.flat.size
         if not n:
-            return np.zeros((0, self.fmt.values_per_packet), dtype=np.int32), np.zeros(0, np.int64)
+            return np.zeros(0, np.int64)
         self.start()
-        scale = quantize.speculate(self.history.get(n), n)
+        place = min(self.run[1] + 1, RUN_PLACES - 1) if self.run[0] == elements else 0
+        self.run = (elements, place)
+        key = history_key(name, elements, place)
+        previous = self.history.get(key)
+        if previous is None and name is None and place:
+            # A place of a run seen for the first time: the call before it, the same size.
+            previous = self.history.get(history_key(None, elements, place - 1))
         label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
         fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n)
-        sums, scale, agreed = self._run(_Call(self, blocks, own, scale, label=label,
-                                              fingerprints=fingerprints, quantized=True))
-        self.history.pop(n, None)          # most recent last; the oldest shape goes first
-        self.history[n] = quantize.remember(agreed)
-        if len(self.history) > HISTORY_SHAPES:
+        scale, agreed = self._run(_Call(self, blocks, out, own, quantize.speculate(previous, n),
+                                        label=label, fingerprints=fingerprints, quantized=True,
+                                        average=average))
+        self.history.pop(key, None)        # most recent last; the oldest call goes first
+        self.history[key] = quantize.remember(agreed)
+        if len(self.history) > HISTORY_CALLS:
             del self.history[next(iter(self.history))]
-        return sums, scale
+        return scale
 
     def send(self, slots: np.ndarray) -> int:
         """Send the slots' packets in one batch; a failure loses the rest of it."""
@@ -376,7 +419,9 @@ class Transport:
 
     def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
         """The datagrams queued now (at most RECV_BATCH): the well-formed results as
-        packets, the WAITING-sized ones as headers, and how many datagrams were read."""
+        packets (a view of the receive buffer, valid until the next receive, when
+        nothing else came with them), the WAITING-sized ones as headers, and how many
+        datagrams were read."""
         lengths, err = self.io.receive()
         if err:
             self.stats.socket_errors += 1
@@ -384,37 +429,42 @@ class Transport:
         whole = lengths == fmt.payload_bytes
         short = lengths == fmt.header_bytes
         self.stats.malformed_ignored += int(len(lengths) - whole.sum() - short.sum())
-        rx = self.rx[:len(lengths)]
-        packets = np.ascontiguousarray(rx[whole, :fmt.payload_bytes]).view(fmt.dtype)
-        headers = (np.ascontiguousarray(rx[short, :fmt.header_bytes]).view(fmt.header_dtype)
-                   if short.any() else self.no_headers)
-        return packets.reshape(-1), headers.reshape(-1), len(lengths)
+        packets = self.rx_packets[:len(lengths)]
+        if not whole.all():
+            packets = packets[whole]
+        headers = (np.ascontiguousarray(self.rx[:len(lengths)][short, :fmt.header_bytes])
+                   .view(fmt.header_dtype).reshape(-1) if short.any() else self.no_headers)
+        return packets, headers, len(lengths)
 
 
 class _Call:
     """The state of one call: per chunk its scale and fingerprint, per slot the
     chunk in flight, its timing and what the switch last said it waits for.
     ``slots`` (the session's start, parking) puts chunk i alone in slot ``slots[i]``.
-    ``quantized``: ``blocks`` are floats, quantized and redone as the results say;
-    otherwise int32 values sent as they are, each result final. ``fingerprints``:
-    per chunk, what its packets carry, and its result n times."""
+    ``quantized``: ``blocks`` are floats, quantized and redone as the results say,
+    and a final result is dequantized (``average``: the mean) into ``out``;
+    otherwise int32 values sent as they are, each result final and stored in
+    ``out`` as it is. ``fingerprints``: per chunk, what its packets carry, and its
+    result n times."""
 
-    def __init__(self, transport: Transport, blocks: np.ndarray, own: np.ndarray,
-                 scale: np.ndarray, *, label: str, fingerprints: np.ndarray,
-                 slots: np.ndarray | None = None, quantized: bool = False):
+    def __init__(self, transport: Transport, blocks: quantize.Blocks, out: quantize.Blocks,
+                 own: np.ndarray, scale: np.ndarray, *, label: str, fingerprints: np.ndarray,
+                 slots: np.ndarray | None = None, quantized: bool = False,
+                 average: bool = False):
         t = self.t = transport
         w = t.num_slots
         self.blocks = blocks
+        self.out = out
         self.own = np.asarray(own, dtype=np.int64)
         self.scale = np.array(scale, dtype=np.int64)
         self.label = label
         self.quantized = quantized
+        self.average = average
         n = self.n = len(blocks)
         # As the packets hold them (big-endian 32 bits): copied and compared as they are.
         self.fingerprints = fingerprints.astype(">u4")
         self.expected = ((fingerprints * np.uint64(t.num_workers))
                          & np.uint64(FINGERPRINT_MASK)).astype(">u4")
-        self.sums = np.zeros((n, t.fmt.values_per_packet), dtype=np.int32)
         self.agreed = np.full(n, EXPONENT_OF_ZERO, dtype=np.int64)
         # Per slot of the window: the chunk in flight (-1: none) and its timing.
         self.chunk = np.full(w, -1, dtype=np.int64)
@@ -443,7 +493,8 @@ class _Call:
         self.rack_seq = -1              # the newest packet answered
         self.rack_rtt = 0.0
 
-    def run(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        """Aggregate every chunk; returns per chunk its scale and the agreed maximum."""
         t = self.t
         self._load(np.flatnonzero(self.chunk >= 0), time.monotonic())
         while (self.chunk >= 0).any():
@@ -468,7 +519,7 @@ class _Call:
             if now - max(self.progress_at, self.logged_at) >= t.policy.progress_interval:
                 self.logged_at = now
                 log.warning("%s", self._waiting_line(now))
-        return self.sums, self.scale, self.agreed
+        return self.scale, self.agreed
 
     def _coalesce(self) -> None:
         """Results trickling in at the links' pace would wake this thread once each,
@@ -481,7 +532,8 @@ class _Call:
                 time.sleep(pause)
 
     def _load(self, slots: np.ndarray, now: float) -> None:
-        """Put each slot's chunk in its packet, quantized, and send them all."""
+        """Put each slot's chunk in its packet, quantized (in a scratch that stays in
+        the cache, then once into the packets), and send them all."""
         if not slots.size:
             return
         t = self.t
@@ -496,11 +548,11 @@ class _Call:
         t.tx["contributions"][slots] = 0          # asks for nothing (see _recover)
         self.expect[slots] = t.tx_bytes[slots, :t.identity_bytes]
         self.expect[slots, t.type_offset] = int(MsgType.RESULT)
+        blocks = self.blocks.rows(chunks)
         if self.quantized:
-            t.tx["values"][slots] = quantize.quantize(self.blocks[chunks], self.own[chunks],
-                                                      self.scale[chunks], t.num_workers)
-        else:
-            t.tx["values"][slots] = self.blocks[chunks]
+            blocks = quantize.quantize(blocks, self.own[chunks], self.scale[chunks],
+                                       t.num_workers, out=t.work[:len(slots)])
+        t.tx["values"][slots] = blocks
         self.first_sent_at[slots] = now
         self.retries[slots] = 0
         self.resent[slots] = False
@@ -536,14 +588,14 @@ class _Call:
                        + self.t.rto.reorder_window)
         return wake
 
-    def _answers(self, rows: np.ndarray, slot_field: np.ndarray,
+    def _answers(self, records: np.ndarray, slot_field: np.ndarray,
                  kind: MsgType) -> tuple[np.ndarray, np.ndarray]:
         """Which of the datagrams answer a slot's packet in flight (type ``kind``,
         and the packet's identity bytes: job, set and slot, packet id, in the job's
         slot range), and the window slot each names."""
         t = self.t
         slot = np.clip(slot_field - t.first_slot, 0, t.num_slots - 1)
-        raw = rows[:, :t.identity_bytes]
+        raw = _leading_bytes(records, t.identity_bytes)
         ok = (self.chunk[slot] >= 0) & (slot_field - t.first_slot == slot)
         if kind != MsgType.RESULT:        # ``expect`` holds a result's type byte
             ok &= raw[:, t.type_offset] == int(kind)
@@ -555,8 +607,7 @@ class _Call:
         t = self.t
         now = time.monotonic()
         h = t.fmt.unpack(packets, ("slot", "exponent", "contributions"))
-        match, slot = self._answers(packets.view(np.uint8).reshape(len(packets), -1),
-                                    h["slot"], MsgType.RESULT)
+        match, slot = self._answers(packets, h["slot"], MsgType.RESULT)
         match &= h["contributions"] == t.num_workers
         index = np.flatnonzero(match)
         s = slot[index]
@@ -582,7 +633,10 @@ class _Call:
         else:
             keep = np.ones(len(chunks), dtype=bool)
         done, redo = chunks[keep], chunks[~keep]
-        self.sums[done] = packets["values"][index[keep]]
+        if len(done):
+            rows = index[keep]        # ascending: as many as the datagrams is all of them
+            self._store(done, packets["values"][:len(rows)] if len(rows) == len(packets)
+                        else packets["values"][rows])
         t.stats.redone += len(redo)
         following = np.where(keep, chunks + self.step, chunks)
         following[following >= self.n] = -1
@@ -590,14 +644,28 @@ class _Call:
         self.progress_at = now
         self._load(s[following >= 0], now)
 
+    def _store(self, chunks: np.ndarray, sums: np.ndarray) -> None:
+        """Final results (the switch's sums, as the packets hold them) into the
+        caller's output: straight into its memory where the chunks are consecutive
+        whole blocks, else through a scatter. Only final blocks are written, so a
+        block still to be redone reads its input unchanged (in place: the same memory)."""
+        view = self.out.view(chunks)
+        if self.quantized:
+            sums = quantize.dequantize(sums, self.scale[chunks], self.t.num_workers,
+                                       average=self.average, out=view,
+                                       dtype=self.out.flat.dtype)
+        elif view is not None:
+            np.copyto(view, sums)
+        if view is None:
+            self.out.write(chunks, sums)
+
     def _on_waiting(self, headers: np.ndarray) -> None:
         """The switch's WAITING replies: per slot, who had contributed. They move no
         timer: a reply comes only for a retransmission, and answering it with a
         sooner one would turn a long wait into a storm."""
         t = self.t
         h = t.fmt.unpack(headers, ("slot", "contributions", "fingerprint"))
-        match, slot = self._answers(headers.view(np.uint8).reshape(len(headers), -1),
-                                    h["slot"], MsgType.WAITING)
+        match, slot = self._answers(headers, h["slot"], MsgType.WAITING)
         t.stats.waiting_replies += int(match.sum())
         t.stats.duplicates_ignored += int((~match).sum())
         self.told[slot[match]] = True

@@ -58,6 +58,7 @@ def test_ranks_whose_calls_differ_get_the_error_from_backward(fabric, tmp_path):
         (report,) = run.reports
         assert report["steps"] == 0
         errors[run.worker] = report["error"]
-    assert f"CallMismatch: job {job.id}, worker 0, call 1 (2410 elements)" in errors[0], errors
+    assert (f"CallMismatch: job {job.id}, worker 0, call 1 (2410 elements, 'bucket 0')"
+            in errors[0]), errors
     assert "TransportBroken: an earlier aggregation failed" in errors[1], errors
     fabric.remove(job)

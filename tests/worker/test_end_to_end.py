@@ -33,12 +33,12 @@ def quantization_bound(n: int, block_exponent: np.ndarray) -> np.ndarray:
 
 
 def reference(size: int, seed: int, rep: int, n: int, dtype: str, average: bool,
-              steady: bool = False):
+              steady: bool = False, place: int | None = None):
     """The exact float64 sum (or mean) of the workers' inputs of call ``rep``, and per
     element the block exponent E_max (the smallest E with every worker's |x| < 2**E
     in the element's block; -inf for blocks of zeros)."""
     k = protocol.packet_format().values_per_packet
-    inputs = np.stack([as_float32(make_inputs(size, seed, rep, w, dtype, steady))
+    inputs = np.stack([as_float32(make_inputs(size, seed, rep, w, dtype, steady, place))
                        .astype(np.float64) for w in range(n)])
     exact = inputs.sum(axis=0)            # float32 inputs: exact to 2**-53 of sum |x|
     blocks = -(-size // k)
@@ -54,9 +54,10 @@ def reference(size: int, seed: int, rep: int, n: int, dtype: str, average: bool,
 
 
 def check_run(runs, job, outdir, *, size, seed, reps, average=False, dtype="float32",
-              steady=False, calls=None):
+              steady=False, calls=None, step=None):
     """Every worker's result of every call is bit-identical and within the bound of
-    the exact sum. ``calls``: which calls to check (all by default)."""
+    the exact sum. ``calls``: which calls to check (all by default). ``step``: the
+    sizes of one step's calls (``worker.run --steps``; ``size`` is ignored then)."""
     for run in runs:
         assert run.returncode == 0, f"worker {run.worker}: {run.error}\n{run.stderr[-3000:]}"
         assert len(run.reports) == reps
@@ -66,12 +67,15 @@ def check_run(runs, job, outdir, *, size, seed, reps, average=False, dtype="floa
         for w, result in enumerate(results[1:], 1):
             np.testing.assert_array_equal(result.view(np.uint32), results[0].view(np.uint32),
                                           err_msg=f"worker {w} differs from worker 0, call {rep}")
-        check_within_bound(results[0], size=size, seed=seed, rep=rep, n=n, average=average,
-                           dtype=dtype, steady=steady)
+        place = None if step is None else rep % len(step)
+        check_within_bound(results[0], size=size if step is None else step[place], seed=seed,
+                           rep=rep, n=n, average=average, dtype=dtype, steady=steady,
+                           place=place)
 
 
-def check_within_bound(result, *, size, seed, rep, n, average, dtype, steady=False, keep=None):
-    exact, exponent, roundoff = reference(size, seed, rep, n, dtype, average, steady)
+def check_within_bound(result, *, size, seed, rep, n, average, dtype, steady=False, keep=None,
+                       place=None):
+    exact, exponent, roundoff = reference(size, seed, rep, n, dtype, average, steady, place)
     bound = quantization_bound(n, exponent) / (n if average else 1) + roundoff
     keep = np.ones(size, dtype=bool) if keep is None else keep
     result = np.where(keep, result, 0)
@@ -228,4 +232,29 @@ def test_mispredicted_exponents_are_redone_and_a_steady_shape_is_not(fabric, tmp
             else:
                 assert all(0 < r < blocks for r in redone[1:]), redone
         check_run(runs, job, outdir, size=size, seed=21, reps=reps, steady=steady)
+    fabric.remove(job)
+
+
+def test_equal_sized_calls_of_a_step_keep_their_own_exponents(fabric, tmp_path):
+    """Each step: a call of another size, then three of one size with block scales
+    of their own (as repeated layers' gradient buckets), kept from step to step.
+    Every call predicts from the exponents it agreed on in the last step, named
+    (by its name) or not (by its place in the run of equal sizes), so after the
+    first step no block is redone. Predicting from the last call of the same size,
+    most of their blocks would be redone in every step."""
+    job = fabric.job(3, num_slots=16)
+    k = protocol.packet_format().values_per_packet
+    step, steps = [800, 3000, 3000, 3000], 3
+    for named in (False, True):
+        outdir = tmp_path / f"named{named}"
+        calls = [f"{size}:layer{i}" if named else str(size) for i, size in enumerate(step)]
+        runs = fabric.run(job, [*(a for call in calls for a in ("--call", call)),
+                                "--steps", str(steps), "--steady", "--seed", "31",
+                                "--save", str(outdir)])
+        check_run(runs, job, outdir, size=None, seed=31, reps=len(step) * steps, steady=True,
+                  step=step)
+        for run in runs:
+            redone = [r["counters"]["redone"] for r in run.reports]
+            assert redone[:2] == [-(-size // k) for size in step[:2]]   # no history: probed
+            assert redone[len(step):] == [0] * (len(step) * (steps - 1)), redone
     fabric.remove(job)
