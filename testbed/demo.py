@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=None,
                         help="Adam's learning rate (default: small 0.01, large 0.001)")
     parser.add_argument("--bw", type=float, default=None,
-                        help="link rate, Mbit/s (default: small 20, large 100)")
+                        help="link rate, Mbit/s, 0 for unshaped links (default: small 20, "
+                             "large 100)")
     parser.add_argument("--accuracy", type=float, default=None,
                         help="time each backend to this test accuracy (default: large 0.95, "
                              "small none)")
@@ -85,8 +86,8 @@ def settle(args) -> argparse.Namespace:
             setattr(args, name, getattr(model, name))
     if args.epochs < 1 or args.batch < 1 or args.eval_every < 1:
         raise ValueError("--epochs, --batch and --eval-every must be at least 1")
-    if args.lr <= 0 or args.bw <= 0:
-        raise ValueError("--lr and --bw must be positive")
+    if args.lr <= 0 or args.bw < 0:
+        raise ValueError("--lr must be positive and --bw not negative")
     if args.accuracy is not None and not 0 < args.accuracy <= 1:
         raise ValueError(f"--accuracy is a fraction in (0, 1], not {args.accuracy}")
     return args
@@ -100,8 +101,8 @@ def run(args) -> None:
     t0 = time.monotonic()
     shape = "switch" if args.topo == "star" else f"spine and {args.leaves} leaf switches"
     print(f"[demo] starting the topology: {args.workers} hosts, {target} {shape}, "
-          f"links {args.bw:g} Mbit/s", flush=True)
-    with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots,
+          f"links {f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'}", flush=True)
+    with Testbed(args.workers, bw=args.bw or None, target=target, num_slots=args.slots,
                  topo=args.topo, leaves=args.leaves, tls=args.tls,
                  grpc_host=args.grpc_host) as testbed:
         print("[demo] job installed by the controller; starting one worker process per host "
@@ -126,7 +127,7 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
           f"({first['parameters']:,} parameters), "
           f"digits, {first['steps']} steps of {args.batch} samples per worker, {target} "
           f"{'switch' if args.topo == 'star' else f'spine and {args.leaves} leaves'}, "
-          f"{args.bw:g} Mbit/s links\n")
+          f"{f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'} links\n")
     header = (f"{'aggregation':<12} {'accuracy':>9} {'ms/step':>8} {'allreduce ms':>13} "
               f"{'CPU ms/step':>12} {'KB sent/worker':>15} {'retransmissions':>16}")
     print(header)

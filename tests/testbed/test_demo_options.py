@@ -41,7 +41,8 @@ def test_options_given_override_the_models_own():
     (("--accuracy", "0"), "--accuracy is a fraction"),
     (("--eval-every", "0"), "at least 1"),
     (("--epochs", "0"), "at least 1"),
-    (("--bw", "-5"), "must be positive"),
+    (("--bw", "-5"), "--bw not negative"),
+    (("--lr", "0"), "--lr must be positive"),
 ])
 def test_settings_that_cannot_run_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
