@@ -52,9 +52,10 @@ KINDS = ("agg", "spoof", "l2")
 AGG, SPOOF, L2 = range(3)
 REFUSED = ("malformed", "unknown_job", "unknown_sender", "bad_slot")
 AGGREGATED = ("consumed", "completed", "resent", "duplicate_dropped")
-MAX_FRAME = 400
 # Ethernet 14 + IPv4 20 + UDP 8: where the aggregation header starts.
 AGG_OFFSET = 42
+# The program's aggregation frame, and room for frames longer than it.
+MAX_FRAME = AGG_OFFSET + protocol.packet_format().payload_bytes + 64
 UNREACHABLE_CODES = (1, 2, 3, 10, 13)
 
 
