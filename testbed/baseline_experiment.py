@@ -8,7 +8,7 @@ Why the ratio has a limit: a ring allreduce sends 2(n-1)/n times the tensor from
 every worker; in-network aggregation sends it once (and receives it once). When
 both are limited by the links, t_switch / t_gloo -> n / (2(n-1)): 1 for n = 2,
 0.67 for n = 4, 0.57 for n = 8. The "with headers" limit adds each protocol's
-per-packet overhead (308 B frames for 256 B of values, against 1514 B TCP frames
+per-packet overhead (312 B frames for 256 B of values, against 1514 B TCP frames
 for 1448 B).
 
 With a software switch the switch's packet rate, not the link, can be the
@@ -16,7 +16,7 @@ bottleneck: every aggregation packet is one pass through the pipeline, and gloo'
 TCP frames carry 5.7x more data per packet. The experiment prints the switch's
 measured packet rate beside the rate the links could carry, and marks each row
 "links" or "switch", so the ratios can be read in that light. The default link
-rates, 20 Mbit/s for n <= 4 and 10 Mbit/s for n = 8 (8.1 and 4.1 kpps of 308 B
+rates, 20 Mbit/s for n <= 4 and 10 Mbit/s for n = 8 (8.0 and 4.0 kpps of 312 B
 frames per link), are what the embedded switch's native backend keeps up with on
 2 cores; BMv2 (~2 kpps here) is switch-bound at any of them.
 

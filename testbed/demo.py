@@ -93,7 +93,7 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
           "slowest worker\n(it includes waiting for the slowest worker's gradients).\nCPU ms/step: "
           "processor time of a worker process per step (mean over workers; the kernel's\n"
           "work for its sockets included, the switch's not).\nKB sent: bytes each worker's interface transmitted during training, headers "
-          "included. The switch\nrun sends each 64-value block once (308 B frames), plus redone "
+          "included. The switch\nrun sends each 64-value block once (312 B frames), plus redone "
           "blocks and retransmissions; gloo's\nring sends 2(n-1)/n of the gradient per step in "
           "TCP segments.\nretransmissions: aggregation packets resent after a loss was detected "
           "or a timer fired (switch),\nTCP segments (gloo).")
