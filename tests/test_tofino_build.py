@@ -81,9 +81,9 @@ def test_the_recorded_phv_use_is_within_what_tofino_1_has():
 
 
 def test_the_recorded_stateful_alus_are_one_per_value_pair():
-    """1 bitmap + 1 count + 1 exponent + one per pair of values."""
+    """1 bitmap + 1 count + 1 exponent + 1 fingerprint sum + one per pair of values."""
     used, _ = used_of(recorded_summary(), "stateful ALUs")
-    assert used == 3 + protocol.packet_format().values_per_packet // 2
+    assert used == 4 + protocol.packet_format().values_per_packet // 2
 
 
 @pytest.mark.skipif(not COMPILER_OUTPUT.exists(),

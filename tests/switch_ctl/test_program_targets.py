@@ -167,6 +167,7 @@ def test_keys_and_parameters_are_as_wide_on_both_targets():
                                                           "AggIngress.contribution_counter",
                                                           "AggIngress.value_aggregator",
                                                           "AggIngress.exponent_max",
+                                                          "AggIngress.fingerprint_sum",
                                                           "AggIngress.bitmap_checker"))
                   and "set_leaf_job" not in k[1] and "set_parent" not in k[1]}
     assert {k: tofino.get(k) for k in controlled} == {k: bmv2[k] for k in controlled}
