@@ -14,6 +14,8 @@ N        ?= 4
 TOPO     ?= star
 LEAVES   ?= 2
 TOPOLOGY := --topo $(TOPO) --leaves $(LEAVES)
+# demo: MODEL=large trains a 1.13 M-parameter MLP and times both backends to 95 % accuracy.
+MODEL    ?= small
 # loss-experiment: the switches whose ports drop (all, or e.g. spine, leaf0).
 LOSS_AT  ?= all
 PYTEST   ?= $(PY) -m pytest
@@ -72,10 +74,15 @@ test-pythons:
 test-bmv2: setup
 	AGG_SWITCH=bmv2 $(PYTEST) -q -rs -m bmv2 tests/dataplane
 
-# Compile the P4 program (needs p4c; see README). The output is committed.
+# Compile the P4 program (needs p4c; see README). The output is committed: the software
+# targets' program, 256 values (1 KiB) per packet, in $(P4BUILD), and the 64-value one
+# (Tofino's size) in $(P4BUILD)/k64. p4src/README.md, "Packet size", says why.
+V1MODEL_SOURCES := 'p4src/shared/*.p4' 'p4src/v1model/*.p4' 'p4src/v1model/control/*.p4'
 p4: setup
 	$(PY) tools/p4build.py p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD) \
-	    --sources 'p4src/shared/*.p4' 'p4src/v1model/*.p4' 'p4src/v1model/control/*.p4'
+	    -D VALUES_PER_PACKET=256 --sources $(V1MODEL_SOURCES)
+	$(PY) tools/p4build.py p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD)/k64 \
+	    -D VALUES_PER_PACKET=64 --sources $(V1MODEL_SOURCES)
 
 # Compile the TNA program for Tofino 1 with bf-p4c. Committed: the P4Info, our resource
 # summary and the manifest; the compiler's output stays in p4src/tna/build/bf-p4c.
@@ -107,7 +114,7 @@ bench-allreduce: setup
 	$(PY) -m testbed.baseline_experiment $(TOPOLOGY)
 
 demo: setup
-	$(PY) -m testbed.demo --workers $(N) $(TOPOLOGY)
+	$(PY) -m testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY)
 
 testbed: setup
 	$(PY) -m testbed.topology --workers $(N) $(TOPOLOGY)

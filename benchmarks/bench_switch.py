@@ -1,21 +1,27 @@
-"""Packets per second a switch forwards on the aggregation program (k values/packet).
+"""Packets per second a switch forwards on the aggregation program, at each packet size.
 
 Four workers, each in its own network namespace behind a veth pair, send
 contributions with at most ``--window`` aggregations in flight (halved for a target
 until a warm-up run loses nothing: saturated, not dropping); the switch sums
 them and multicasts each result back to all four. The figure is contributions
 processed per second, from the first send to the last result (a contribution
-carries k register read-add-writes). The load comes from C (benchmarks/native/
+carries k register read-add-writes), and the values they carry in Gbit/s (k x 32
+bits each, headers not counted). The load comes from C (benchmarks/native/
 loadgen.c, batched sendmmsg/recvmmsg, called without the GIL), so the generator is
 not what is measured.
 
-In one run: the softswitch's native and Python backends, BMv2 where
-simple_switch_grpc is on PATH, and the machine's ceiling: benchmarks/native/
-reflector.c, compiled now, which only reflects frames over the same veth pairs
-with the same system calls as the native switch.
+For each build of the program (p4src/build: 256 values per packet, the software
+targets'; p4src/build/k64: 64, Tofino's): the softswitch's native and Python
+backends, BMv2 where simple_switch_grpc is on PATH, and the machine's ceiling for
+frames of that size: benchmarks/native/reflector.c, compiled now, which only
+reflects frames over the same veth pairs with the same system calls as the native
+switch. Every target is timed ``--repeats`` times, in rounds over all of them (the
+order reversed every other round), so a change in the machine's load hits them
+alike; each figure is the median with its min-max, each ratio the median of the
+rounds' ratios with theirs.
 
-    sudo .venv/bin/python benchmarks/bench_switch.py [--seconds 2] [--window 64]
-        [--repeats 3] [--targets ceiling softswitch softswitch-python bmv2]
+    sudo .venv/bin/python benchmarks/bench_switch.py [--seconds 1] [--window 64]
+        [--repeats 9] [--sizes 64 256] [--targets ceiling softswitch softswitch-python bmv2]
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from switch_ctl import config as config_mod  # noqa: E402
 from switch_ctl.client import SwitchConnection  # noqa: E402
 from switch_ctl.controller import Controller  # noqa: E402
 from testbed.netns import Topology, in_netns  # noqa: E402
-from testbed.targets import SwitchProcess, available_targets  # noqa: E402
+from testbed.targets import SwitchProcess, available_targets, bmv2_path  # noqa: E402
 
 WORKERS = 4
 JOB_ID = 1
@@ -57,6 +63,14 @@ RESULT = int(protocol.MsgType.RESULT)
 CONTRIBUTION = int(protocol.MsgType.CONTRIBUTION)
 NATIVE = Path(__file__).resolve().parent / "native"
 SOL_PACKET, PACKET_IGNORE_OUTGOING = 263, 23
+# The two builds of the program: (BMv2 JSON, P4Info); each says its own packet size.
+BUILDS = ((protocol.SMALL_PROGRAM_JSON, protocol.SMALL_P4INFO),
+          (protocol.PROGRAM_JSON, protocol.P4INFO))
+# What this machine's simple_switch_grpc is; p4lang's docs/performance.md gives the
+# optimized build's flags. Printed beside every BMv2 figure.
+BMV2_BUILD = ("BMv2's default build (this machine's simple_switch_grpc: not p4lang's optimized "
+              "build, configure 'CXXFLAGS=-g -O3' --disable-logging-macros --disable-elogger, "
+              "which is not measured here)")
 
 
 def frames_for(host_addresses, aggregations: int, first: int, fmt) -> list[list[bytes]]:
@@ -93,7 +107,7 @@ def job_config(switch: SwitchProcess, topo: Topology, pool_size: int):
                 "multicast_group": GROUP,
                 "workers": [{"id": i, "mac": worker_mac(i), "ip": h.ip, "udp_port": WORKER_UDP_BASE + i,
                              "switch_port": h.switch_port} for i, h in enumerate(topo.hosts)]},
-    })
+    }, pool_size)
 
 
 class Native:
@@ -149,10 +163,13 @@ def worker_sockets(topo: Topology) -> list[socket.socket]:
 
 
 class Bench:
-    """One target on its own topology, programmed and ready; ``run`` times one run."""
+    """One target running one build on its own topology, programmed and ready;
+    ``run`` times one run."""
 
-    def __init__(self, native: Native, target: str, window: int, stack: ExitStack, tag: str):
-        fmt = protocol.packet_format()
+    def __init__(self, native: Native, target: str, build: tuple[Path, Path], window: int,
+                 stack: ExitStack, tag: str):
+        program, p4info = build
+        fmt = protocol.PacketFormat.load(program)
         self.native, self.target, self.k = native, target, fmt.values_per_packet
         pool = fmt.pool_size
         self.window = min(window, pool)
@@ -165,7 +182,7 @@ class Bench:
             switch = stack.enter_context(SwitchProcess(target, topo.switch_ports))
             with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
                 controller = Controller(conn)
-                controller.push()
+                controller.push(program, p4info)
                 controller.apply(job_config(switch, topo, pool))
             self.want = RESULT
         self.socks = worker_sockets(topo)
@@ -199,18 +216,71 @@ class Bench:
         self.lost += naggs * WORKERS - got
         return got / max(elapsed.value, 1e-6)
 
+    def gbits(self, rate: float) -> float:
+        """Gbit/s of values (k int32 per contribution), headers not counted."""
+        return rate * self.k * 32 / 1e9
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """Median (min-max)."""
+    return (f"{format(statistics.median(values), fmt)} "
+            f"({format(min(values), fmt)}-{format(max(values), fmt)})")
+
+
+def report(benches: list[Bench]) -> None:
+    print(f"\n{'values':>6} {'target':>17} {'packets/s, median (min-max)':>34} "
+          f"{'payload Gbit/s':>22} {'/ ceiling':>18}")
+    by = {(b.k, b.target): b for b in benches}
+    for b in benches:
+        ceiling = by.get((b.k, "ceiling"))
+        share = ("" if ceiling is None or b is ceiling
+                 else spread([r / c for r, c in zip(b.rates, ceiling.rates)], ".2f"))
+        print(f"{b.k:>6} {b.target:>17} {spread(b.rates, ',.0f'):>34} "
+              f"{spread([b.gbits(r) for r in b.rates], '.3f'):>22} {share:>18}")
+    for b in benches:
+        print(f"  {b.k} values, {b.target}: {b.naggs * WORKERS} contributions per run, window "
+              f"{b.window}, {b.received} received, {b.lost} lost")
+    print("\nratios (median of the rounds' ratios, min-max):")
+    sizes = sorted({b.k for b in benches})
+    for k in sizes:
+        for name, a, c, goal in (
+                ("native / ceiling", "softswitch", "ceiling", " (goal >= 0.8)" if k == 64 else ""),
+                ("native / Python", "softswitch", "softswitch-python", ""),
+                ("native / BMv2", "softswitch", "bmv2", " (BMv2's default build)")):
+            if (k, a) in by and (k, c) in by:
+                ratios = [x / y for x, y in zip(by[k, a].rates, by[k, c].rates)]
+                print(f"  {k:>4} values  {name:17s} {spread(ratios, '.2f')}{goal}")
+    if len(sizes) > 1:
+        small, large = sizes[0], sizes[-1]
+        for target in dict.fromkeys(b.target for b in benches):
+            if (small, target) in by and (large, target) in by:
+                lo, hi = by[small, target], by[large, target]
+                ratios = [hi.gbits(x) / lo.gbits(y) for x, y in zip(hi.rates, lo.rates)]
+                print(f"  payload Gbit/s at {large} / at {small} values, {target:17s} "
+                      f"{spread(ratios, '.2f')}")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of each timed run")
+    parser.add_argument("--seconds", type=float, default=1.0, help="length of each timed run")
     parser.add_argument("--window", type=int, default=64,
                         help="aggregations in flight (halved for a target until it drops none)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="timed runs per target; the median is reported")
+    parser.add_argument("--repeats", type=int, default=9,
+                        help="timed runs per target; the median and min-max are reported")
+    parser.add_argument("--sizes", type=int, nargs="*", default=None,
+                        help="values per packet of the builds to run (default: every build)")
     parser.add_argument("--targets", nargs="*", default=["ceiling"] + available_targets())
     args = parser.parse_args()
-    if not protocol.PROGRAM_JSON.exists():
-        print(f"{protocol.PROGRAM_JSON} is missing: compile the P4 program first", file=sys.stderr)
+    builds = []
+    for program, p4info in BUILDS:
+        if not program.exists():
+            print(f"{program} is missing: compile the P4 program first (make p4)", file=sys.stderr)
+            return 1
+        k = protocol.PacketFormat.load(program).values_per_packet
+        if args.sizes is None or k in args.sizes:
+            builds.append((program, p4info))
+    if not builds:
+        print(f"no build has {args.sizes} values per packet", file=sys.stderr)
         return 1
     if os.geteuid() != 0:
         print("bench_switch needs root for network namespaces", file=sys.stderr)
@@ -218,30 +288,23 @@ def main() -> int:
     native = Native()
     try:
         with ExitStack() as stack:
-            benches = [Bench(native, target, args.window, stack, f"bs{os.getpid() % 1000}x{i}")
-                       for i, target in enumerate(args.targets)]
+            benches = [Bench(native, target, build, args.window, stack,
+                             f"bs{os.getpid() % 1000}x{len(args.targets) * b + i}")
+                       for b, build in enumerate(builds) for i, target in enumerate(args.targets)]
             print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+            if "bmv2" in args.targets:
+                print(f"bmv2: {bmv2_path()}, {BMV2_BUILD}")
             for bench in benches:           # warm up, and size each target's runs
-                bench.naggs = max(500, int(bench.settle(500) * args.seconds / WORKERS))
-            # Rounds over all targets, so a change in the machine's load hits them alike.
-            for _ in range(args.repeats):
-                for bench in benches:
+                bench.naggs = max(200, int(bench.settle(500) * args.seconds / WORKERS))
+            # Rounds over all targets, the order reversed every other round, so a change
+            # in the machine's load hits them alike.
+            for repeat in range(args.repeats):
+                for bench in benches[::-1] if repeat % 2 else benches:
                     bench.rates.append(bench.run(bench.naggs))
     finally:
         native.close()
-    pps = {}
-    for bench in benches:
-        pps[bench.target] = statistics.median(bench.rates)
-        runs = ", ".join(f"{rate:,.0f}" for rate in bench.rates)
-        print(f"{bench.target:>17}: {pps[bench.target]:>10,.0f} packets/s  (median of {runs}; "
-              f"{bench.naggs * WORKERS} contributions of k={bench.k} per run, window "
-              f"{bench.window}, {bench.received} received, {bench.lost} lost)")
-    for name, a, b, goal in (("native / python", "softswitch", "softswitch-python", " (goal >= 5)"),
-                             ("native / ceiling", "softswitch", "ceiling", " (goal >= 0.5)"),
-                             ("native / BMv2", "softswitch", "bmv2", "")):
-        if a in pps and b in pps:
-            print(f"{name} = {pps[a] / pps[b]:.2f}x{goal}")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    report(benches)
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -23,6 +23,11 @@ BUILD_DIR = P4SRC_DIR / "build"
 PROGRAM_NAME = "aggregation"
 PROGRAM_JSON = BUILD_DIR / f"{PROGRAM_NAME}.json"
 P4INFO = BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
+# The software targets run the program above (256 values per packet); the same
+# program at Tofino's 64 values per packet is built beside it, for comparison.
+SMALL_BUILD_DIR = BUILD_DIR / "k64"
+SMALL_PROGRAM_JSON = SMALL_BUILD_DIR / f"{PROGRAM_NAME}.json"
+SMALL_P4INFO = SMALL_BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
 # The Tofino (TNA) build: its P4Info and resource summary only (make p4-tofino).
 TNA_BUILD_DIR = P4SRC_DIR / "tna" / "build"
 TNA_P4INFO = TNA_BUILD_DIR / f"{PROGRAM_NAME}.p4info.txtpb"
@@ -163,7 +168,9 @@ class PacketFormat:
         self._words = _words(self.header_fields)
         self._word_of = {f.name: w for w in self._words for f in w.fields}
         self.header_bytes = sum(w.width for w in self._words) // 8
-        self.dtype = np.dtype([(w.name, w.dtype()) for w in self._words]
+        # A WAITING reply is the header alone.
+        self.header_dtype = np.dtype([(w.name, w.dtype()) for w in self._words])
+        self.dtype = np.dtype(self.header_dtype.descr
                               + [("values", ">i4", (self.values_per_packet,))])
         self.payload_bytes = self.dtype.itemsize
 
@@ -234,22 +241,65 @@ class PacketFormat:
         return out
 
     def decode(self, payload: bytes) -> np.ndarray:
-        """View UDP payloads (one packet, or several back to back) as packets."""
+        """View UDP payloads (one packet, or several back to back) as packets; a
+        payload of one header alone (a WAITING reply) as that header."""
+        if len(payload) == self.header_bytes:
+            return np.frombuffer(payload, dtype=self.header_dtype)
         if len(payload) % self.payload_bytes:
             raise ValueError(f"payload of {len(payload)} B is not a whole number of "
                              f"{self.payload_bytes} B packets")
         return np.frombuffer(payload, dtype=self.dtype)
 
 
-class _Lazy:
+@dataclass(frozen=True)
+class Program:
+    """One compiled v1model build: its BMv2 JSON and P4Info, and its packet format."""
+    json: Path
+    p4info: Path
+
     @cached_property
-    def packet_format(self) -> PacketFormat:
-        return PacketFormat.load()
+    def format(self) -> PacketFormat:
+        return PacketFormat.load(self.json)
+
+    @property
+    def values_per_packet(self) -> int:
+        return self.format.values_per_packet
 
 
-_lazy = _Lazy()
+_programs: dict[Path, Program] = {}
 
 
-def packet_format() -> PacketFormat:
-    """The format of the committed build (loaded once)."""
-    return _lazy.packet_format
+def _program(json_path: Path) -> Program:
+    if json_path not in _programs:
+        _programs[json_path] = Program(json_path, json_path.with_name(f"{PROGRAM_NAME}.p4info.txtpb"))
+    return _programs[json_path]
+
+
+def program(values_per_packet: int | None = None) -> Program:
+    """The committed build that carries ``values_per_packet`` values per packet (None:
+    the software targets' default, ``PROGRAM_JSON``)."""
+    default = _program(PROGRAM_JSON)
+    if values_per_packet is None:
+        return default
+    builds = [default, _program(SMALL_PROGRAM_JSON)]
+    for build in builds:
+        if build.json.exists() and build.values_per_packet == values_per_packet:
+            return build
+    sizes = ", ".join(str(b.values_per_packet) for b in builds if b.json.exists())
+    raise ValueError(f"no compiled program carries {values_per_packet} values per packet "
+                     f"(the builds here carry {sizes or 'none'}: run 'make p4')")
+
+
+def values_per_packet_in(register_names) -> int:
+    """A program's packet size, from its registers' names (what a P4Info says): one
+    register per value on v1model (``value_aggregator.value_I``), one per pair of
+    values on TNA (``value_aggregator.pair_I.sums``); 0 if it has neither."""
+    names = list(register_names)
+    singles = sum(1 for n in names if re.search(r"\.value_aggregator\.value_\d+$", n))
+    pairs = sum(1 for n in names if re.search(r"\.value_aggregator\.pair_\d+\.sums$", n))
+    return singles + 2 * pairs
+
+
+def packet_format(values_per_packet: int | None = None) -> PacketFormat:
+    """The format of a committed build (loaded once), by its packet size."""
+    return program(values_per_packet).format

@@ -82,6 +82,9 @@ class JobConfig:
     multicast_group: int
     parent: ParentLink | None = None       # set on a leaf of a tree
     total_workers: int = 0                 # in a tree: workers under every leaf
+    # The switch's program's packet size, if the file says it: `apply` refuses a
+    # switch whose program has another, a worker starts with the build of this size.
+    values_per_packet: int | None = None
 
     @property
     def num_workers(self) -> int:
@@ -250,6 +253,11 @@ def parse(raw: dict, pool_size: int | None = None, base: Path | None = None) -> 
         problems.append(f"job slot range [{first_slot}, {first_slot + num_slots}) is not "
                         f"within the compiled pool of {pool_size} slots")
 
+    values = jb.get("values_per_packet")
+    if values is not None and (not isinstance(values, int) or isinstance(values, bool)
+                               or values < 1):
+        problems.append(f"job.values_per_packet must be a positive integer, not {values!r}")
+        values = None
     workers = _workers(jb.get("workers", []), set(ports), problems, service_ip, service_mac)
     loss = LossConfig(ingress=get(ls, "ingress", float, "loss", 0.0),
                       egress=get(ls, "egress", float, "loss", 0.0))
@@ -260,7 +268,7 @@ def parse(raw: dict, pool_size: int | None = None, base: Path | None = None) -> 
         raise ConfigError(problems)
     job = JobConfig(id=job_id, udp_port=udp_port, service_ip=service_ip, service_mac=service_mac,
                     first_slot=first_slot, num_slots=num_slots, workers=workers,
-                    multicast_group=group)
+                    multicast_group=group, values_per_packet=values)
     return Config(switch=switch, job=job, loss=loss)
 
 

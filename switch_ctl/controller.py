@@ -56,11 +56,25 @@ class Controller:
             raise P4RuntimeError(
                 f"job {config.job.id} needs {', '.join(lacking)}, which the program on "
                 f"{self.conn.grpc_addr} ({self.conn.schema.arch or 'no arch'}) does not have")
+        self.check_packet_size(config)
         self.check_overlaps(config)
         changes = Changes(skipped=tuple(skipped))
         for control in controls:
             changes += control.install(config)
         return changes
+
+    def check_packet_size(self, config: Config) -> None:
+        """A job whose file names a packet size runs only on a program of that size: a
+        worker's packets of another size would be dropped at the switch as malformed."""
+        wanted = config.job.values_per_packet
+        if wanted is None:
+            return
+        have = protocol.values_per_packet_in(r.name for r in self.conn.schema.registers)
+        if have != wanted:
+            raise P4RuntimeError(
+                f"job {config.job.id} is for a program of {wanted} values per packet; the "
+                f"program on {self.conn.grpc_addr} carries {have}: push the program of the "
+                f"job's size, or fix job.values_per_packet")
 
     def installed_jobs(self) -> list[InstalledJob]:
         """The jobs the switch holds, from its jobs table and, where the program has

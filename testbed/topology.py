@@ -31,8 +31,8 @@ from switch_ctl.client import SwitchConnection
 from switch_ctl.controller import Controller
 from switch_ctl.tree import Tree
 
-from .layout import (add_topology_arguments, check_topology, host_mac, job_config_dict,
-                     tree_config_dict)
+from .layout import (add_topology_arguments, check_mtu, check_topology, host_mac,
+                     job_config_dict, tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, default_target, free_tcp_port
 from .tls import TLSBundle, make_bundle
@@ -46,6 +46,11 @@ REPO = Path(__file__).resolve().parents[1]
 # `switch_ctl counters job.toml` from another shell reads as a backup.
 ELECTION_ID = (0, 2)
 _instances = itertools.count()
+
+
+# HTB's bucket in seconds at the link's rate (ShapedIntf): 1 MiB allreduces at
+# 500 Mbit/s took 37-40 ms with 2 ms, 33 ms with 8 ms, as fast as unshaped links.
+HTB_BURST_S = 0.008
 
 
 def default_window(workers: int, target: str) -> int:
@@ -71,16 +76,21 @@ def netem_available() -> bool:
 class ShapedIntf(TCIntf):
     """Mininet's HTB shaping with an explicit quantum (the default, rate / r2q,
     exceeds the kernel's limit above ~16 Mbit/s and every link setup prints a
-    warning) and the ceiling's burst equal to the rate's (Mininet's 15 kB). With
-    HTB's default, a few hundred bytes, the class is paced packet by packet on the
-    qdisc's timer, which on this VM delivered 308 B frames at about half the rate
-    (65,536 values through 20 Mbit/s: 223-285 ms instead of 126 ms) while gloo's
-    1514 B TCP frames lose far less: an artifact of the emulation against small
-    frames, not a property of a link. The mean rate is the same either way."""
+    warning) and bursts (``burst`` and ``cburst``) of ``HTB_BURST_S`` at the link's
+    rate, at least Mininet's 15 kB. HTB sends only what its bucket holds when the
+    qdisc is serviced, and on this 2-core VM, busy with the workers and a software
+    switch, it is serviced every few milliseconds: with a fixed 15 kB (240 us at
+    500 Mbit/s) a 500 Mbit/s link delivered a 1 MiB allreduce in 96 ms against
+    33 ms unshaped, for gloo's TCP as for aggregation packets; with a few hundred
+    bytes (HTB's default) 20 Mbit/s delivered 308 B frames at half the rate. An
+    artifact of the emulation, not a property of a link; the mean rate is the same
+    either way."""
 
-    def bwCmds(self, *args, **kwargs):
-        cmds, parent = super().bwCmds(*args, **kwargs)
-        return [c + " cburst 15k quantum 1514" if " htb rate " in c else c for c in cmds], parent
+    def bwCmds(self, bw=None, *args, **kwargs):
+        cmds, parent = super().bwCmds(bw, *args, **kwargs)
+        burst = max(15000, int((bw or 0) * 1e6 / 8 * HTB_BURST_S))
+        return [c.replace(" burst 15k", f" burst {burst} cburst {burst} quantum 1514")
+                if " htb rate " in c else c for c in cmds], parent
 
 
 class ShapedLink(TCLink):
@@ -100,6 +110,8 @@ class Testbed:
     ``bw`` is each link's rate in Mbit/s (None: unlimited). ``delay`` (e.g. "1ms")
     and ``link_loss`` (percent) need netem in the kernel; without it they raise.
     ``num_slots`` is the job's window (None: ``default_window``).
+    ``values_per_packet`` picks the program (protocol.program; None: the software
+    targets' default), which job.toml names, so the workers load the same one.
     The switches' P4Runtime servers listen on ``grpc_host`` (loopback by default);
     ``tls`` gives them and the controller mutual TLS with certificates made for the
     run (testbed.tls, in the run's directory; job.toml names them).
@@ -117,12 +129,14 @@ class Testbed:
     leaves: int = 2
     tls: bool = False
     grpc_host: str = "127.0.0.1"
+    values_per_packet: int | None = None
 
     def __post_init__(self):
         if not 1 <= self.workers <= min(protocol.MAX_WORKERS, 250):
             raise ValueError(f"workers must be 1..{min(protocol.MAX_WORKERS, 250)}, "
                              f"not {self.workers}")
         check_topology(self.topo, self.workers, self.leaves)
+        self.program = protocol.program(self.values_per_packet)
         self.net = None
         self.switches: dict[str, P4Switch] = {}        # by the job description's names
         self.controllers: dict[str, Controller] = {}
@@ -200,6 +214,9 @@ class Testbed:
         self.net.build()
         for host in self.net.hosts:
             host.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
+        check_mtu({intf.name: intf.node.cmd(f"cat /sys/class/net/{intf.name}/mtu")
+                   for host in self.net.hosts for intf in host.intfList() if intf.name != "lo"},
+                  self.program.format)
         self.net.start()
 
     def _configure_job(self) -> None:
@@ -207,10 +224,12 @@ class Testbed:
         if self.topo == "star":
             switch = self.switches["switch"]
             raw = job_config_dict(switch.port_map(), switch.grpc_addr, switch.device_id,
-                                  self.job_id, window)
+                                  self.job_id, window,
+                                  values_per_packet=self.program.values_per_packet)
         else:
             raw = tree_config_dict({n: (s.grpc_addr, s.device_id) for n, s in self.switches.items()},
-                                   self.leaves, self.workers // self.leaves, self.job_id, window)
+                                   self.leaves, self.workers // self.leaves, self.job_id, window,
+                                   values_per_packet=self.program.values_per_packet)
         if self.tls_bundle is not None:
             for switch in [raw["switch"]] if "switch" in raw else raw["switches"].values():
                 switch.update(self.tls_bundle.job_settings())
@@ -220,7 +239,7 @@ class Testbed:
             conn = SwitchConnection(config.switch.grpc_addr, config.switch.device_id,
                                     ELECTION_ID, tls=config.switch.tls).connect()
             self.controllers[name] = Controller(conn)
-            self.controllers[name].push()
+            self.controllers[name].push(self.program.json, self.program.p4info)
             self.controllers[name].apply(config)
 
     def set_loss(self, ingress: float | None = None, egress: float | None = None,
@@ -245,6 +264,16 @@ class Testbed:
                 t["packets"] += c["packets"]
                 t["bytes"] += c["bytes"]
         return total
+
+    def switch_cpu_seconds(self) -> float:
+        """CPU time (user and system, all threads) the switch processes have used."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for switch in set(self.switches.values()):
+            stat = Path(f"/proc/{switch.process.process.pid}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])     # utime, stime
+        return total / ticks
 
     def interfaces(self) -> list[str]:
         """The switch-side interfaces (the only ones in the root namespace)."""

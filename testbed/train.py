@@ -7,14 +7,18 @@ stdin and answers one JSON line on stdout (see testbed/agents.py):
 
     {"op": "allreduce", "backend": "switch"|"gloo", "size": 10000, "reps": 3,
      "seed": 0, "barrier": true}
-    {"op": "train", "backend": "switch"|"gloo", "epochs": 5, "batch": 32, "lr": 0.05}
+    {"op": "train", "backend": "switch"|"gloo", "epochs": 5, "batch": 32, "lr": 0.05,
+     "hidden": [32], "accuracy": 0.95, "eval_every": 5}
     {"op": "quit"}
 
 Allreduce inputs are integer-valued float32 drawn from (seed, rep, rank), so every
 worker can compute the exact sum of all workers' inputs and check the result
 (``exact``) and report a digest of it (compared across runs for bit-identity).
 Bytes sent and TCP retransmissions are read from this host's own /proc/net, so both
-backends are measured the same way, at the wire.
+backends are measured the same way, at the wire. Training with an ``accuracy`` also
+measures the time to reach it: every ``eval_every`` steps worker 0 scores the held-out
+digits and tells the others, while every worker's clock stops, so evaluation costs
+both backends nothing and the time is training's alone.
 """
 
 from __future__ import annotations
@@ -89,34 +93,38 @@ class Host:
 
     def switch_allreduce(self, tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
         result = self.session.allreduce(tensor)
-        return result, {"retransmissions": self.session.last_call.counters.retransmissions}
+        counters = self.session.last_call.counters
+        return result, {"retransmissions": counters.retransmissions,
+                        "packets": counters.packets_sent}
 
     def allreduce(self, cmd: dict) -> dict:
         size, reps, seed = int(cmd["size"]), int(cmd.get("reps", 1)), int(cmd.get("seed", 0))
         backend = cmd["backend"]
-        out = {"times": [], "exact": [], "digests": [], "retransmissions": [],
-               "tx_bytes": [], "tcp_retrans": []}
+        out = {"times": [], "cpu": [], "exact": [], "digests": [], "retransmissions": [],
+               "packets": [], "tx_bytes": [], "tcp_retrans": []}
         for rep in range(reps):
             tensor = self.inputs(size, seed, rep, self.rank)
             expected = sum(self.inputs(size, seed, rep, r).double() for r in range(self.world))
             if cmd.get("barrier", True):
                 self.barrier()
             before = interface_counters()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             if backend == "switch":
                 result, stats = self.switch_allreduce(tensor)
             elif backend == "gloo":
                 dist.all_reduce(tensor)
                 result = tensor
-                stats = {"retransmissions": 0}
+                stats = {"retransmissions": 0, "packets": 0}
             else:
                 raise ValueError(f"unknown backend {backend!r}")
             out["times"].append(time.perf_counter() - start)
+            out["cpu"].append(time.process_time() - cpu)      # all of the process's threads
             delta = counter_delta(before)
             result = torch.as_tensor(result)
             out["exact"].append(bool(torch.equal(result.double(), expected)))
             out["digests"].append(hashlib.sha256(result.numpy().tobytes()).hexdigest()[:16])
             out["retransmissions"].append(stats["retransmissions"])
+            out["packets"].append(stats["packets"])
             out["tx_bytes"].append(delta["tx_bytes"])
             out["tcp_retrans"].append(delta["tcp_retrans"])
         return out
@@ -136,8 +144,7 @@ class Host:
         x_train, y_train = x_train[self.rank::self.world], y_train[self.rank::self.world]
 
         torch.manual_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),
-                                    torch.nn.Linear(32, 10))
+        model = mlp([int(h) for h in cmd.get("hidden", [32])])
         ddp = DDP(model)
         # Both backends go through a comm hook, timed the same way: gloo's is the
         # allreduce DDP runs by default.
@@ -154,11 +161,15 @@ class Host:
         optimizer = torch.optim.Adam(ddp.parameters(), lr=float(cmd.get("lr", 0.01)))
         loss_fn = torch.nn.CrossEntropyLoss()
         steps_per_epoch = min(len(x_train) // batch, *self._all_ranks_min(len(x_train) // batch))
+        target = cmd.get("accuracy")
+        eval_every = int(cmd.get("eval_every", 5))
+        reached = {"target_steps": None, "time_to_target_s": None}
         stats_before = self.session.stats
         self.barrier()
         cpu_before = time.process_time()
         before = interface_counters()
         step_times = []
+        started, paused = time.perf_counter(), 0.0
         for epoch in range(epochs):
             perm = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
             total = 0.0
@@ -171,26 +182,59 @@ class Host:
                 optimizer.step()
                 step_times.append(time.perf_counter() - start)
                 total += loss.item()
+                if (target is not None and reached["target_steps"] is None
+                        and len(step_times) % eval_every == 0):
+                    stop = time.perf_counter()
+                    score = self._rank0_accuracy(model, x_test, y_test)
+                    if score >= target:
+                        reached = {"target_steps": len(step_times),
+                                   "time_to_target_s": stop - started - paused}
+                        if self.rank == 0:
+                            progress(f"{backend}: test accuracy {score:.3f} after "
+                                     f"{len(step_times)} steps, {reached['time_to_target_s']:.1f} s")
+                    paused += time.perf_counter() - stop
             if self.rank == 0:
                 progress(f"{backend}: epoch {epoch + 1}/{epochs}  loss {total / steps_per_epoch:.3f}"
                          f"  {1000 * np.mean(step_times[-steps_per_epoch:]):.0f} ms/step")
         cpu = time.process_time() - cpu_before
         delta = counter_delta(before)
-        with torch.no_grad():
-            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-        return {"accuracy": accuracy, "steps": len(step_times),
+        accuracy = _accuracy(model, x_test, y_test)
+        return {"accuracy": accuracy, "steps": len(step_times), **reached,
                 "step_time_ms": 1000 * float(np.median(step_times)),
+                "step_min_ms": 1000 * min(step_times), "step_max_ms": 1000 * max(step_times),
                 "allreduce_ms": 1000 * float(np.median(hook_times)),
                 "cpu_ms_per_step": 1000 * cpu / len(step_times),
                 "tx_bytes": delta["tx_bytes"], "tcp_retrans": delta["tcp_retrans"],
                 **_aggregation_packets(self.session.stats - stats_before),
                 "parameters": sum(p.numel() for p in model.parameters())}
 
+    def _rank0_accuracy(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Worker 0's test accuracy, on every worker: the models are identical, and
+        one score decides for all when to stop measuring."""
+        score = torch.tensor([_accuracy(model, x, y) if self.rank == 0 else 0.0],
+                             dtype=torch.float64)
+        dist.broadcast(score, src=0)
+        return float(score)
+
     def _all_ranks_min(self, value: int) -> list[int]:
         """Every rank must take the same number of steps, or DDP waits for ever."""
         t = torch.tensor([value])
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return [int(t)]
+
+
+def mlp(hidden: list[int]) -> torch.nn.Sequential:
+    """Digits' 64 pixels in, ReLU layers of the ``hidden`` widths, 10 classes out."""
+    layers, width = [], 64
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
+def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
 
 
 def _timed(hook, times: list[float]):

@@ -15,13 +15,20 @@ def program():
     return json.loads(protocol.PROGRAM_JSON.read_text())
 
 
-def test_packet_format_matches_the_p4_definitions(program):
-    fmt = protocol.packet_format()
+@pytest.mark.parametrize("build, values", [(protocol.BUILD_DIR, 256),
+                                           (protocol.SMALL_BUILD_DIR, None)])
+def test_packet_format_matches_the_p4_definitions(build, values):
+    """The software build has the size make p4 asks for; the small one size.p4's own
+    (Tofino's)."""
+    fmt = protocol.PacketFormat.load(build / f"{protocol.PROGRAM_NAME}.json")
     sizes = protocol.parse_defines((protocol.P4SRC_DIR / "shared/size.p4").read_text())
-    assert fmt.values_per_packet == sizes["VALUES_PER_PACKET"]
+    defines = json.loads((build / f"{protocol.PROGRAM_NAME}.manifest.json").read_text())["defines"]
+    assert defines == [f"VALUES_PER_PACKET={values or sizes['VALUES_PER_PACKET']}"]
+    assert fmt.values_per_packet == (values or sizes["VALUES_PER_PACKET"])
     assert fmt.pool_size == sizes["POOL_SIZE"]
-    assert fmt.header_bytes == 10
-    assert fmt.payload_bytes == 10 + 4 * fmt.values_per_packet
+    assert fmt.header_bytes == 14
+    assert fmt.payload_bytes == 14 + 4 * fmt.values_per_packet
+    assert fmt.header_dtype.itemsize == fmt.header_bytes
 
 
 def test_counters_have_one_cell_per_outcome(program):
@@ -44,7 +51,8 @@ def test_pack_unpack_round_trip():
     values = rng.integers(-2**31, 2**31, size=(n, fmt.values_per_packet)).astype(np.int32)
     fields = {"msg_type": 1, "job_id": rng.integers(0, 256, n), "set": rng.integers(0, 2, n),
               "slot": rng.integers(0, 2**15, n), "pkt_id": rng.integers(0, 2**32, n),
-              "exponent": rng.integers(-128, 128, n), "contributions": rng.integers(0, 33, n)}
+              "exponent": rng.integers(-128, 128, n), "contributions": rng.integers(0, 33, n),
+              "fingerprint": rng.integers(0, 2**32, n)}
     packets = fmt.decode(fmt.pack(values, **fields).tobytes())
     got = fmt.unpack(packets)
     for name, want in fields.items():
@@ -55,8 +63,18 @@ def test_pack_unpack_round_trip():
 def test_wire_layout_is_big_endian_with_set_in_the_top_bit():
     fmt = protocol.packet_format()
     wire = fmt.pack(np.zeros((1, fmt.values_per_packet), dtype=np.int32), msg_type=2, job_id=3,
-                    set=1, slot=5, pkt_id=0x01020304, exponent=-2, contributions=4).tobytes()
-    assert wire[:10] == bytes([2, 3, 0x80, 5, 1, 2, 3, 4, 0xFE, 4])
+                    set=1, slot=5, pkt_id=0x01020304, exponent=-2, contributions=4,
+                    fingerprint=0xA1B2C3D4).tobytes()
+    assert wire[:14] == bytes([2, 3, 0x80, 5, 1, 2, 3, 4, 0xFE, 4, 0xA1, 0xB2, 0xC3, 0xD4])
+
+
+def test_a_waiting_reply_decodes_as_a_header_alone():
+    fmt = protocol.packet_format()
+    wire = fmt.pack(count=1, msg_type=int(protocol.MsgType.WAITING), slot=9, pkt_id=7,
+                    fingerprint=0b1011).tobytes()[:fmt.header_bytes]
+    got = fmt.unpack(fmt.decode(wire))
+    assert (got["msg_type"][0], got["slot"][0], got["pkt_id"][0], got["fingerprint"][0]) == (
+        protocol.MsgType.WAITING, 9, 7, 0b1011)
 
 
 def test_bad_sizes_are_refused():

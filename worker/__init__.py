@@ -7,10 +7,11 @@ needs it (the hook, the async form, tensors), so numpy-only workers start fast.
 
 from .quantize import NonFiniteError
 from .session import AggregationSession, CallStats
-from .transport import AggregationTimeout, RetransmitPolicy, Stats, TransportBroken
+from .transport import (AggregationTimeout, CallMismatch, RetransmitPolicy, Stats,
+                        TransportBroken)
 
-__all__ = ["AggregationSession", "AggregationTimeout", "CallStats", "NonFiniteError",
-           "RetransmitPolicy", "Stats", "SwitchHookState", "TransportBroken",
+__all__ = ["AggregationSession", "AggregationTimeout", "CallMismatch", "CallStats",
+           "NonFiniteError", "RetransmitPolicy", "Stats", "SwitchHookState", "TransportBroken",
            "switch_allreduce_hook"]
 
 

@@ -4,10 +4,11 @@
     ddp_model.register_comm_hook(SwitchHookState(session), switch_allreduce_hook)
 
 DDP still needs a process group for its start-up (parameter broadcast); gloo is
-fine. Only the gradient buckets go through the switch. The hook keys on nothing
-per bucket (never on ``bucket.index()``), so DDP's bucket rebuild after the first
-iteration changes nothing: every rank sees the same sequence of buckets, and the
-session serializes them in that order.
+fine. Only the gradient buckets go through the switch. Each call is named by its
+bucket's index, which is the same on every rank (DDP's bucket rebuild after the
+first iteration takes rank 0's order): each bucket keeps an exponent history of
+its own, even where buckets are of equal size, and the fingerprints check the
+buckets' order too. The session serializes the calls in DDP's order.
 """
 
 import torch
@@ -30,6 +31,11 @@ def switch_allreduce_hook(state: SwitchHookState,
     """Average ``bucket`` over the workers, as torch's ``allreduce_hook`` does: the
     future holds one tensor of the bucket's shape (the bucket's buffer, updated in
     place). The work runs on the session's background thread; a CUDA bucket is
-    copied to the host and back."""
+    copied to the host and back. A failed call (a mismatch, a timeout) fails the
+    future, and DDP raises its error from ``backward()``."""
     state.buckets += 1
-    return state.session.allreduce_async(bucket.buffer(), average=True)
+    future = state.session.allreduce_async(bucket.buffer(), average=True,
+                                           name=f"bucket {bucket.index()}")
+    # DDP reads the future in C++, where a Python exception set as its result is a
+    # value it cannot cast, not an error; raised in a callback, it is an error.
+    return future.then(lambda done: done.wait())

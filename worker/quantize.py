@@ -4,10 +4,10 @@ One block is the values of one packet. Each worker computes its block exponent
 ``E`` (the smallest integer with ``max|x| < 2**E``, read from the float32 bits
 like SwitchML's quantizer) and sends it with the block; the switch returns the
 maximum ``E_max`` over the workers. Every worker quantizes a block with the same
-scale exponent ``S``, chosen before ``E_max`` is known (``speculate``: the previous
-call's maximum plus ``HEADROOM``), and keeps the result only if ``E_max <= S <=
-E_max + SLACK`` (``usable``); otherwise every worker redoes the block with
-``S = E_max``. So a kept block was never clipped, and:
+scale exponent ``S``, chosen before ``E_max`` is known (``speculate``: the
+maximum the same call agreed on last time, plus ``HEADROOM``), and keeps the
+result only if ``E_max <= S <= E_max + SLACK`` (``usable``); otherwise every
+worker redoes the block with ``S = E_max``. So a kept block was never clipped, and:
 
     b = 31 - ceil(log2 n)                 # n workers; n * (2**b - 1) < 2**31
     q = rint(x * 2**(b - S))              # |q| <= 2**b - 1: the int32 sum never overflows
@@ -65,21 +65,69 @@ def scale_bits(num_workers: int) -> int:
     return 31 - math.ceil(math.log2(num_workers))
 
 
-def to_blocks(values: np.ndarray, values_per_packet: int) -> np.ndarray:
-    """A (blocks, values_per_packet) float32 array; a view when no copy is needed.
+def consecutive(index: np.ndarray) -> slice | None:
+    """``index`` as a slice, where it runs up by one (rows read or written through a
+    view instead of a gather or scatter); None otherwise."""
+    if not len(index):
+        return None
+    first, last = int(index[0]), int(index[-1])
+    if last - first != len(index) - 1 \
+            or (len(index) > 2 and np.count_nonzero(index[1:] - index[:-1] != 1)):
+        return None
+    return slice(first, last + 1)
 
-    The last block is padded with zeros, which cost nothing in the bound."""
-    flat = np.asarray(values).reshape(-1)
-    if flat.dtype != np.float32:
-        if flat.dtype.kind != "f":
-            raise TypeError(f"can only aggregate floating point values, not {flat.dtype}")
-        flat = flat.astype(np.float32)
-    num_blocks = -(-flat.size // values_per_packet)
-    if flat.size == num_blocks * values_per_packet:
-        return flat.reshape(num_blocks, values_per_packet)
-    blocks = np.zeros((num_blocks, values_per_packet), dtype=np.float32)
-    blocks.reshape(-1)[:flat.size] = flat
-    return blocks
+
+class Blocks:
+    """A flat array as (N, values_per_packet) blocks, without copying it: the whole
+    blocks are a view of the array; only the last one, if partial, is a row of its
+    own, padded with zeros (which cost nothing in the bound).
+
+    Reading blocks after writing them reads what was written: a caller that aggregates
+    in place writes only blocks it will not read again."""
+
+    def __init__(self, flat: np.ndarray, values_per_packet: int):
+        if flat.ndim != 1:
+            raise ValueError("blocks are made of a flat array (its memory, not a copy)")
+        k = values_per_packet
+        whole = flat.size // k
+        self.flat = flat
+        self.whole = flat[:whole * k].reshape(whole, k)
+        self.tail = np.zeros((-(-flat.size // k) - whole, k), dtype=flat.dtype)  # 0 or 1 row
+        self.tail.reshape(-1)[:flat.size - self.whole.size] = flat[self.whole.size:]
+
+    def __len__(self) -> int:
+        return len(self.whole) + len(self.tail)
+
+    @property
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The whole blocks, then the padded last one (if any), in order."""
+        return self.whole, self.tail
+
+    def view(self, chunks: np.ndarray) -> np.ndarray | None:
+        """Blocks ``chunks`` as a view of the array, where they are consecutive whole
+        blocks (the usual case: chunks go out and come back in order); else None."""
+        at = consecutive(chunks)
+        return self.whole[at] if at is not None and at.stop <= len(self.whole) else None
+
+    def rows(self, chunks: np.ndarray) -> np.ndarray:
+        """Blocks ``chunks``: a view where it can be, else a copy."""
+        view = self.view(chunks)
+        if view is not None:
+            return view
+        rows = np.empty((len(chunks), self.whole.shape[1]), dtype=self.flat.dtype)
+        inside = chunks < len(self.whole)
+        rows[inside] = self.whole[chunks[inside]]
+        rows[~inside] = self.tail          # the only block beyond the whole ones
+        return rows
+
+    def write(self, chunks: np.ndarray, values: np.ndarray) -> None:
+        """Store ``values`` as blocks ``chunks``; of a partial last block, the values
+        that are in the array."""
+        inside = chunks < len(self.whole)
+        self.whole[chunks[inside]] = values[inside]
+        if not inside.all():
+            last = self.flat[self.whole.size:]
+            last[:] = values[np.argmin(inside), :last.size]
 
 
 def block_exponents(blocks: np.ndarray) -> np.ndarray:
@@ -95,17 +143,24 @@ def block_exponents(blocks: np.ndarray) -> np.ndarray:
     return exponents.astype(np.int8)
 
 
-def describe_poison(values: np.ndarray, agreed: np.ndarray, values_per_packet: int) -> str:
-    """Why blocks came back poisoned: this worker's first bad value, or another's."""
+def nonfinite(values: np.ndarray) -> str | None:
+    """This worker's values the format cannot carry, described, or None if it has
+    none (read before an aggregation in place overwrites them)."""
+    bad = np.flatnonzero(~(np.abs(values) < np.float32(2.0**MAX_EXPONENT)))
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    return (f"cannot aggregate {values[i]} at index {i} ({bad.size} value(s) are NaN, Inf "
+            f"or of magnitude 2**{MAX_EXPONENT} or more)")
+
+
+def describe_poison(mine: str | None, agreed: np.ndarray, values_per_packet: int) -> str:
+    """Why blocks came back poisoned: this worker's values (``nonfinite``), or another's."""
     poisoned = np.flatnonzero(np.asarray(agreed) == POISON_EXPONENT)
-    flat = np.asarray(values).reshape(-1).astype(np.float32)
-    bad = np.flatnonzero(~(np.abs(flat) < np.float32(2.0**MAX_EXPONENT)))
     where = (f"{len(poisoned)} block(s) of {values_per_packet} values from index "
              f"{poisoned[0] * values_per_packet} are NaN in the result")
-    if bad.size:
-        i = int(bad[0])
-        return (f"cannot aggregate {flat[i]} at index {i} ({bad.size} value(s) are NaN, Inf "
-                f"or of magnitude 2**{MAX_EXPONENT} or more); {where}")
+    if mine:
+        return f"{mine}; {where}"
     return f"another worker sent NaN, Inf or a magnitude of 2**{MAX_EXPONENT} or more: {where}"
 
 
@@ -118,21 +173,22 @@ def quantize(blocks: np.ndarray, own: np.ndarray, scale: np.ndarray, num_workers
     ``S`` (a misprediction) is clipped to the representable range: the switch's
     exponent maximum then exceeds ``S``, so every worker discards that result and
     redoes the block (``usable``). ``out`` may be a (possibly big-endian, strided)
-    view such as the packets' values field."""
+    int32 view such as the packets' values field, or float32, which holds the values
+    exactly (each is a float32 rounded to an integer) and is the only memory used."""
     own = np.asarray(own)
     scale = np.asarray(scale, dtype=np.int32)
     bits = scale_bits(num_workers)
     # A block of zeros everywhere keeps EXPONENT_OF_ZERO; any shift quantizes it to 0.
     shift = (bits - np.maximum(scale, EXPONENT_OF_ZERO + 1)).astype(np.int32)
+    work = out if out is not None and out.dtype == np.float32 else None
     if shift.size and shift.max() <= 127:
         # 2**shift is a float32 and the product is rounded once, exactly as ldexp
         # rounds: the same bits, several times faster than ldexp.
-        scaled = blocks * np.ldexp(np.float32(1), shift)[:, None]
+        scaled = np.multiply(blocks, np.ldexp(np.float32(1), shift)[:, None], out=work)
     else:                  # blocks below 2**-96: 2**shift itself is not a float32
-        scaled = np.ldexp(blocks, shift[:, None])
-    np.rint(scaled, out=scaled)
+        scaled = np.ldexp(blocks, shift[:, None], out=work)
     over = own > scale
-    if over.any():
+    if over.any():         # clipped to an integer before rounding: the same as after
         limit = np.nextafter(np.float32(2.0**bits), np.float32(0))   # below 2**b, as a float32
         scaled[over] = np.clip(scaled[over], -limit, limit)
     # NaN/Inf blocks (own or agreed poison) carry zeros; the exponent carries the poison.
@@ -140,18 +196,14 @@ def quantize(blocks: np.ndarray, own: np.ndarray, scale: np.ndarray, num_workers
     if poisoned.any():
         scaled[poisoned] = 0
     if out is None:
-        return scaled.astype(np.int32)
-    if out.dtype.isnative:
-        np.copyto(out, scaled, casting="unsafe")
-    else:   # e.g. the packets' strided big-endian field: convert, then copy bytes
-        native = out.dtype.newbyteorder("=")
-        np.copyto(out.view(native), scaled.astype(out.dtype).view(native))
-    return out
+        out = np.empty(scaled.shape, dtype=np.int32)
+    return np.rint(scaled, out=out, casting="unsafe")
 
 
 def _contiguous(values: np.ndarray) -> np.ndarray:
-    """``values`` in contiguous memory, same dtype; strided byte copies are fast
-    only between native types, so a big-endian field is copied as native."""
+    """``values`` in contiguous memory, same dtype: numpy's casts from a strided
+    big-endian view are slower than a strided copy of its native view (fast: a
+    batch stays in the cache) and a contiguous cast."""
     if values.flags.c_contiguous:
         return values
     native = values.dtype.newbyteorder("=")
@@ -161,33 +213,36 @@ def _contiguous(values: np.ndarray) -> np.ndarray:
 def dequantize(sums: np.ndarray, scale: np.ndarray, num_workers: int, *, average: bool,
                out: np.ndarray | None = None, dtype=np.float32) -> np.ndarray:
     """Floats from the switch's int32 sums: ``sum * 2**(S - b)`` (/ n), rounded
-    once to ``out``'s dtype (or ``dtype``).
+    once to ``out``'s dtype (or ``dtype``). ``sums`` may be a strided big-endian view
+    such as the received packets' values field, ``out`` a view of the caller's tensor.
 
     The exact value is formed in float64 (for a mean over a number of workers that is
-    not a power of two, the division rounds once in float64 before the final cast). When the factor is a power of two and
-    every result is a normal float32, rounding the sum to float32 first and then
-    scaling gives the same bits (scaling by 2**k commutes with rounding), at a
-    third less memory traffic; that path is taken then."""
-    exponent = np.asarray(scale, dtype=np.int32) - scale_bits(num_workers)
-    if average:
-        power_of_two = num_workers & (num_workers - 1) == 0
-        if power_of_two:
-            exponent = exponent - (num_workers.bit_length() - 1)
+    not a power of two, the division rounds once in float64 before the final cast).
+    When the factor is a power of two and every result is a normal float32, rounding
+    the sum to float32 first and then scaling gives the same bits (scaling by 2**k
+    commutes with rounding), at a third less memory traffic; that path is taken then."""
+    power_of_two = num_workers & (num_workers - 1) == 0
+    shift = scale_bits(num_workers)
+    if average and power_of_two:
+        shift += num_workers.bit_length() - 1
+    exponent = np.asarray(scale, dtype=np.int32) - shift
     if out is None:
         out = np.empty(sums.shape, dtype=dtype)
-    sums = _contiguous(sums)
-    if out.dtype == np.float32 and (not average or power_of_two) and exponent.size \
-            and exponent.min() >= -126 and exponent.max() <= 127 - 32:
-        np.copyto(out, sums, casting="unsafe")           # the one rounding
+    if not exponent.size:
+        return out
+    # Called once per batch of results: two reductions decide the path and find poison.
+    low, high = int(exponent.min()), int(exponent.max())
+    if out.dtype == np.float32 and (not average or power_of_two) \
+            and low >= -126 and high <= 127 - 32:
+        np.copyto(out, _contiguous(sums), casting="unsafe")    # the one rounding
         np.multiply(out, np.ldexp(np.float32(1), exponent)[:, None], out=out)   # exact
     else:
         exact = np.multiply(sums, np.ldexp(1.0, exponent)[:, None], dtype=np.float64)
         if average and not power_of_two:
             np.divide(exact, num_workers, out=exact)
         np.copyto(out, exact, casting="unsafe")
-    poisoned = np.asarray(scale) == POISON_EXPONENT
-    if poisoned.any():
-        out[poisoned] = np.nan
+    if high == POISON_EXPONENT - shift:      # no exponent is larger than the poison
+        out[exponent == high] = np.nan
     return out
 
 
@@ -202,7 +257,7 @@ def error_bound(scale: np.ndarray, num_workers: int, *, average: bool) -> np.nda
 
 # Speculation: the scale a block is quantized with before the switch has said what
 # the workers' maximum is. Every worker computes the same scale from what all of
-# them received identically (the maxima of the previous call of the same shape), so
+# them received identically (the maxima the same call agreed on last time), so
 # no bootstrap round is needed; the result's maximum says whether it is usable.
 HEADROOM = 1     # bits above last call's maximum: gradients' scales drift slowly
 SLACK = 4        # most bits a usable scale may exceed the true maximum by (precision)
@@ -210,8 +265,8 @@ PROBE_EXPONENT = MAX_EXPONENT   # no history: quantize at the top; the block is 
 
 
 def speculate(previous: np.ndarray | None, num_blocks: int) -> np.ndarray:
-    """Scale exponents for a call of ``num_blocks`` blocks, from the maxima the last
-    call of that shape agreed on (``PROBE_EXPONENT`` everywhere without one)."""
+    """Scale exponents for a call of ``num_blocks`` blocks, from the maxima the same
+    call agreed on last time (``PROBE_EXPONENT`` everywhere without one)."""
     if previous is None:
         return np.full(num_blocks, PROBE_EXPONENT, dtype=np.int64)
     return np.minimum(np.asarray(previous, dtype=np.int64) + HEADROOM, MAX_EXPONENT)
@@ -227,8 +282,18 @@ def usable(scale: np.ndarray, agreed: np.ndarray) -> np.ndarray:
             | ((agreed <= scale) & (scale - agreed <= SLACK)))
 
 
+def settle(scale: np.ndarray, agreed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The transport's decision on each block's result, from the scale it was
+    quantized with and the switch's maximum ``agreed``: keep it (with its scale, or
+    ``POISON_EXPONENT`` for a poisoned block), or redo it with ``agreed`` as its
+    scale, which is always usable. Returns (kept, the block's scale now)."""
+    scale, agreed = np.asarray(scale), np.asarray(agreed)
+    keep = usable(scale, agreed)
+    return keep, np.where(keep & (agreed != POISON_EXPONENT), scale, agreed)
+
+
 def remember(agreed: np.ndarray) -> np.ndarray:
-    """What the next call of the same shape predicts from: the agreed maxima, with
-    poisoned blocks (no information) probed again."""
-    agreed = np.asarray(agreed, dtype=np.int64)
-    return np.where(agreed == POISON_EXPONENT, PROBE_EXPONENT - HEADROOM, agreed)
+    """What the call's next time predicts from: the agreed maxima (int8, as on the
+    wire), with poisoned blocks (no information) probed again."""
+    agreed = np.asarray(agreed)
+    return np.where(agreed == POISON_EXPONENT, PROBE_EXPONENT - HEADROOM, agreed).astype(np.int8)

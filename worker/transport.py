@@ -7,8 +7,8 @@ results are handled as arrays, one pass per batch.
 
 **Exponents without a bootstrap round.** A packet carries its own block exponent,
 and its values are quantized with a scale exponent ``S`` that every worker derives
-identically from the maxima the previous call of the same shape agreed on
-(``quantize.speculate``; a call with no history probes). The result returns the
+identically from the maxima the same call agreed on last time (``history_key``:
+its place in the step; ``quantize.speculate``; a call with no history probes). The result returns the
 switch's maximum; where it shows the scale was too small (some worker's values
 were clipped) or wasted precision (``quantize.usable``), every worker redoes that
 block with the now known maximum, as the slot's next packet. So a steady training
@@ -17,9 +17,34 @@ loop sends N packets per call, not N + W.
 Everything on the wire is a deterministic function of the call sequence and of
 the results, which every worker receives identically: a slot's set alternates with
 every new packet sent in it, across calls (a contribution to set s re-arms set 1-s
-in the switch), and its packet id counts the packets sent in it. A result is
-accepted only if slot, set and packet id all match the packet in flight; anything
-else is a duplicate or stale copy and is ignored.
+in the switch), and its packet id counts the packets sent in it, from a base the
+session's epoch gives. A result is accepted only if slot, set and packet id all
+match the packet in flight; anything else is a duplicate or stale copy and is
+ignored.
+
+**Every worker checks that all sent the same call.** Each packet carries the
+call's fingerprint (``call_fingerprints``: the session's epoch, the call's number,
+its size, its name if it has one, the block's place in it), which the switch sums
+like a value. A result whose sum is not n times this worker's own means that some
+worker issued another call (another size, calls in another order, a rank ahead or
+behind) or that the slot held another session's sums. Every worker sees the same
+sum, so every worker raises CallMismatch on that call; no sum of different calls is
+ever returned.
+
+**A session never takes another session's sum.** Its start (``start``, before the
+first call that sends) gives it an epoch, which every fingerprint then holds:
+every worker sends one packet into set 0 of every slot of the window, a random
+number in its own lane and zeros elsewhere, with the start's fingerprint. A
+session that closed parked its slots (``park``: each slot's next set is 0, and set
+0 is empty), so the start's sums are fresh: each worker finds its own numbers in
+its lane, and the sums' hash is the epoch, the same on every worker. Whatever
+another session left there instead (one killed mid-call, or that failed) shows:
+a stored sum answers the start with its own fingerprint, or without this worker's
+number; a half-vacated (slot, set) counts past the workers and never finishes,
+which a WAITING reply shows (below). Every worker then raises CallMismatch saying
+to reset the job's slots, at once, and none takes a stale sum. (Only leftovers of
+another session's own start can be seen by some workers alone, those whose lane
+they hold; the others then wait for them, naming them, up to ``peer_timeout``.)
 
 **Loss.** A result missing while results of packets sent after it arrive is a
 loss (RACK, RFC 8985: results return through one switch in about the order their
@@ -29,22 +54,31 @@ without waiting for a timer. Every packet also has a retransmission timer: the R
 follows the switch, not a constant chosen for the slowest one), doubled once per
 timeout period until a fresh sample comes (one back-off for all packets: backing
 off per packet as well compounded to 4^k after k rounds of loss, and through a
-tree's four lossy passes at 10 % stretched calls 37-fold). Any error on the socket (an ICMP error queued by a stale
-or forged frame, a full buffer) counts as a lost packet for the same machinery. A
-slot that gets no result within ``peer_timeout`` ends the call with
-AggregationTimeout; after that the switch's per-slot state for this job is unknown
-(some workers may have contributed, others not), so the transport refuses further
-calls: reset the job's slots (``python -m switch_ctl reset job.toml``) and start
-new sessions on every worker.
+tree's four lossy passes at 10 % stretched calls 37-fold). Any error on the socket
+(an ICMP error queued by a stale or forged frame, a full buffer) counts as a lost
+packet for the same machinery.
 
-A session starts at set 0 in every slot, which is right on a fresh switch and
-after a session that ended with ``park()`` (every worker, at close): parking gives
-each slot whose last packet used set 0 one more, empty, round in set 1.
+**Slow is not dead.** A packet whose timer has expired asks (``contributions``
+1), and the switch answers a retransmission that asks, for a slot it has not
+finished, with a short WAITING reply: the bitmap of the workers that have
+contributed, and their count. A WAITING reply moves no timer, so it never speeds
+up the retransmissions that bring it: they stay as few as the backed-off timers
+make them. While a call waits, a log line every ``progress_interval`` says whom the
+switch waits for. A slot that gets no result within ``peer_timeout`` (minutes, as
+gloo's timeout) ends the call with AggregationTimeout, naming them. After a
+timeout or a mismatch the switch's slot state for this job is unknown (some
+workers may have contributed, others not), so the transport refuses further
+calls: reset the job's slots (``python -m switch_ctl reset job.toml``) and open
+new sessions on every worker.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
+import logging
+import secrets
 import select
 import socket
 import time
@@ -58,18 +92,62 @@ from . import quantize
 from .batchio import BatchSocket
 
 PKT_ID_MASK = 0xFFFFFFFF
+FINGERPRINT_MASK = 0xFFFFFFFF
+FINGERPRINT_STEP = 0x9E3779B1  # odd: the blocks of one call get distinct fingerprints
 RECV_BATCH = 512              # results drained from the socket per system call
 COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for more
-HISTORY_SHAPES = 256          # call shapes whose exponents are remembered (DDP: its buckets)
+HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its buckets)
+RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
+START = "session start"       # the two rounds of ``Transport.start``, in messages
+RECOVER = ("reset the job's slots (python -m switch_ctl reset <job.toml>) and open new "
+           "sessions on every worker")
+NONCE_BITS = 26               # |nonce| < 2**26: 32 workers' sum cannot saturate
+
+log = logging.getLogger("worker")
 
 
 class AggregationTimeout(RuntimeError):
-    """No result for some slots within the configured time: a peer or the switch is gone."""
+    """No result for some slots within ``peer_timeout``: a worker or the switch is gone."""
+
+
+class CallMismatch(RuntimeError):
+    """The workers did not all issue the same call, or the slots held another
+    session's sums: every worker raises it, on the first call where it happens."""
 
 
 class TransportBroken(RuntimeError):
     """A previous call failed, so the switch's slot state for this job is unknown."""
+
+
+def call_fingerprints(epoch: int, call: int | str, elements: int, name: str | None,
+                      blocks: int) -> np.ndarray:
+    """Per block of a call, the 32-bit fingerprint it carries (as uint64): the same
+    on every worker that issues this call in this session, unrelated otherwise."""
+    digest = hashlib.blake2b(repr((epoch, call, elements, name)).encode(), digest_size=4)
+    base = int.from_bytes(digest.digest(), "big")
+    return (base + np.arange(blocks, dtype=np.uint64) * FINGERPRINT_STEP) & FINGERPRINT_MASK
+
+
+def history_key(name: str | None, elements: int, place: int) -> tuple:
+    """Where a call's agreed exponents are remembered, for its next time: its place in
+    the training step. A named call is its name (the DDP hook names buckets by
+    index); an unnamed one is its size and ``place``, its position in the run of
+    consecutive calls of that size (capped at ``RUN_PLACES - 1``), so that
+    equal-sized calls of one step, such as repeated layers' buckets, keep apart."""
+    return ("named", name, elements) if name is not None else ("unnamed", elements, place)
+
+
+def _leading_bytes(records: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` bytes of every record, as a (records, count) uint8 view,
+    whatever the records' stride."""
+    return records.view(_prefix(records.dtype.itemsize, count))["b"]
+
+
+@functools.cache
+def _prefix(itemsize: int, count: int) -> np.dtype:
+    return np.dtype({"names": ["b"], "formats": [(np.uint8, (count,))], "offsets": [0],
+                     "itemsize": itemsize})
 
 
 @dataclass(frozen=True)
@@ -80,19 +158,23 @@ class RetransmitPolicy:
     under them (the adaptive floor is twice the smoothed round trip).
     ``initial_rto`` applies until the first round trip is measured. ``peer_timeout``
     bounds how long one packet may wait for its result, and so how long a call can
-    hang on a dead worker or an unreachable switch. ``coalesce`` is the longest a
-    wake-up that found only a few results waits for more (0: never)."""
+    wait for a dead worker or an unreachable switch: 30 minutes by default, torch's
+    and gloo's, as a rank may be busy for minutes (a checkpoint) without being
+    dead. ``progress_interval`` is how often a waiting call logs whom it waits for.
+    ``coalesce`` is the longest a wake-up that found only a few results waits for
+    more (0: never)."""
     initial_rto: float = 0.2
     min_rto: float = 0.001
     max_rto: float = 2.0
-    peer_timeout: float = 30.0
+    peer_timeout: float = 1800.0
     coalesce: float = 0.0005
+    progress_interval: float = 10.0
 
     def __post_init__(self):
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")
-        if self.peer_timeout <= 0:
-            raise ValueError("peer_timeout must be positive")
+        if self.peer_timeout <= 0 or self.progress_interval <= 0:
+            raise ValueError("peer_timeout and progress_interval must be positive")
         if self.coalesce < 0:
             raise ValueError("coalesce must not be negative")
 
@@ -106,6 +188,7 @@ class Stats:
     fast_retransmissions: int = 0     # of which by loss detection (before the timer)
     redone: int = 0                   # blocks sent again with the agreed exponent
     results_received: int = 0
+    waiting_replies: int = 0          # the switch's WAITING answers: who has contributed
     duplicates_ignored: int = 0       # answering no packet in flight: duplicate, stale, foreign
     malformed_ignored: int = 0        # datagrams of the wrong length
     timeouts: int = 0
@@ -162,18 +245,26 @@ class RtoEstimator:
 
 
 class Transport:
-    """Owns the worker's UDP socket, the slot window, the timers of one job, and
-    the exponent history that speculation predicts from."""
+    """Owns the worker's UDP socket, the slot window, the timers of one job, the
+    session's epoch and call count, and the exponent history that speculation
+    predicts from. ``local_workers`` are the ids of the workers at this worker's
+    switch (all of them, but in a tree: the leaf's), whose bits WAITING replies
+    carry."""
 
-    def __init__(self, fmt: PacketFormat, *, job_id: int, num_workers: int, switch_ip: str,
-                 job_udp_port: int, local_ip: str, local_port: int, first_slot: int,
-                 num_slots: int, policy: RetransmitPolicy = RetransmitPolicy()):
+    def __init__(self, fmt: PacketFormat, *, job_id: int, worker_id: int, num_workers: int,
+                 switch_ip: str, job_udp_port: int, local_ip: str, local_port: int,
+                 first_slot: int, num_slots: int, local_workers=None,
+                 policy: RetransmitPolicy = RetransmitPolicy()):
         if not 1 <= num_slots <= fmt.pool_size or not 0 <= first_slot <= fmt.pool_size - num_slots:
             raise ValueError(f"slots [{first_slot}, {first_slot + num_slots}) are not within the "
                              f"pool of {fmt.pool_size}")
         self.fmt = fmt
         self.job_id = job_id
+        self.worker_id = worker_id
         self.num_workers = num_workers
+        local = range(num_workers) if local_workers is None else local_workers
+        self.local_mask = sum(1 << w for w in local)
+        self.local_count = len(local)
         self.first_slot = first_slot
         self.num_slots = num_slots
         self.policy = policy
@@ -181,7 +272,10 @@ class Transport:
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
         self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
-        self.history: dict[int, np.ndarray] = {}   # blocks per call -> last agreed maxima
+        self.history: dict[tuple, np.ndarray] = {}  # history_key -> last agreed maxima
+        self.run = (0, 0)                           # last call's (elements, place in its run)
+        self.epoch: int | None = None               # set by start()
+        self.calls = 0                              # calls issued, the empty ones included
         self.broken: BaseException | None = None
         # One packet per slot, rewritten when the slot takes its next chunk; a
         # retransmission resends the row as it is.
@@ -190,7 +284,14 @@ class Transport:
         # A result echoes its packet's header up to the packet id (the type aside).
         self.type_offset = fmt.dtype.fields["msg_type"][1]
         self.identity_bytes = fmt.dtype.fields["pkt_id"][1] + fmt.dtype["pkt_id"].itemsize
-        self.rx = np.zeros((RECV_BATCH, fmt.payload_bytes + 1), dtype=np.uint8)
+        # Received datagrams, one a row, rows 64-byte aligned and longer than a packet
+        # (a longer datagram shows as the wrong length); results are read in place.
+        row = (fmt.payload_bytes // 64 + 1) * 64
+        self.rx = np.zeros((RECV_BATCH, row), dtype=np.uint8)
+        self.rx_packets = np.ndarray((RECV_BATCH,), dtype=fmt.dtype, buffer=self.rx,
+                                     strides=(row,))
+        self.no_headers = np.zeros(0, dtype=fmt.header_dtype)
+        self.work = np.empty((num_slots, fmt.values_per_packet), dtype=np.float32)  # quantizing
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
@@ -208,48 +309,104 @@ class Transport:
     def close(self) -> None:
         self.sock.close()
 
-    # -- one call ------------------------------------------------------------------
-    def aggregate(self, blocks: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Sum ``blocks`` ((N, values_per_packet) float32) over the job's workers.
-
-        ``own`` are this worker's block exponents. Returns the switch's int32 sums
-        (N, values_per_packet) and the scale exponent each block was quantized with
-        (``POISON_EXPONENT`` for a block some worker could not carry)."""
+    def _check_usable(self) -> None:
         if self.broken is not None:
-            raise TransportBroken("an earlier aggregation failed, so the switch's slot state "
-                                  "for this job is unknown; reset the job's slots "
-                                  "(python -m switch_ctl reset <job.toml>) and open new sessions"
-                                  ) from self.broken
-        if blocks.ndim != 2 or blocks.shape[1] != self.fmt.values_per_packet:
-            raise ValueError(f"blocks must be (N, {self.fmt.values_per_packet})")
-        n = len(blocks)
-        scale = quantize.speculate(self.history.get(n), n)
+            raise TransportBroken(
+                f"an earlier aggregation failed, so the switch's slot state for this job is "
+                f"unknown: {RECOVER}") from self.broken
+
+    def _run(self, call: "_Call") -> tuple[np.ndarray, np.ndarray]:
         try:
-            call = _Call(self, blocks, own, scale)
-            sums, scale, agreed = call.run()
+            return call.run()
         except BaseException as exc:
             self.broken = exc
             raise
-        self.history.pop(n, None)          # most recent last; the oldest shape goes first
-        self.history[n] = quantize.remember(agreed)
-        if len(self.history) > HISTORY_SHAPES:
-            del self.history[next(iter(self.history))]
-        return sums, scale
+
+    # -- the session's start -------------------------------------------------------
+    def start(self) -> None:
+        """Agree on the session's epoch with the other workers, and make sure that the
+        job's slots hold no other session's state (see the module's docstring); once,
+        before the first call that sends. Collective: every worker's start waits for
+        all of theirs."""
+        if self.epoch is not None:
+            return
+        self._check_usable()
+        w, k = self.num_slots, self.fmt.values_per_packet
+        slots = np.arange(w)
+        blank = np.full(w, EXPONENT_OF_ZERO, dtype=np.int64)
+        values = np.zeros((w, k), dtype=np.int32)
+        lane = self.worker_id % k
+        nonces = np.array([secrets.randbelow(2 << NONCE_BITS) - (1 << NONCE_BITS)
+                           for _ in range(w)], dtype=np.int32)
+        values[:, lane] = nonces
+        sums = np.zeros((w, k), dtype=np.int32)
+        self._run(_Call(self, quantize.Blocks(values.reshape(-1), k),
+                        quantize.Blocks(sums.reshape(-1), k), blank, blank, slots=slots,
+                        label=START, fingerprints=call_fingerprints(0, 0, 0, START, w)))
+        # Lanes are shared only if the workers outnumber the values of a packet.
+        stale = np.flatnonzero(sums[:, lane] != nonces) if self.num_workers <= k else []
+        if len(stale):
+            self.broken = CallMismatch(_stale(self, START, int(stale[0]),
+                                              "its sum lacks this worker's contribution"))
+            raise self.broken
+        self.epoch = int.from_bytes(hashlib.blake2b(sums.tobytes(), digest_size=8).digest(),
+                                    "big")
+        # Packet ids from here on are the epoch's: a result of another session still
+        # on its way matches none of them.
+        self.next_pkt_id = (self.next_pkt_id + (self.epoch & PKT_ID_MASK)) & PKT_ID_MASK
 
     def park(self) -> None:
         """Bring every slot to the same place in its set sequence (next set 0), with
-        one empty round in the slots that need it, so that a later session on the
-        same job, which starts at set 0 everywhere, finds the switch ready for it.
-        Collective, like a call: every worker parks, when it closes its session."""
+        one empty round in the slots that need it, so that the next session's start,
+        which uses set 0 everywhere, finds it empty. Collective, like a call: every
+        worker parks, when it closes its session."""
         odd = np.flatnonzero(self.next_set)
-        if odd.size and self.broken is None:
-            empty = np.zeros((odd.size, self.fmt.values_per_packet), dtype=np.float32)
-            zero = np.full(odd.size, EXPONENT_OF_ZERO, dtype=np.int64)
-            try:
-                _Call(self, empty, zero, zero + 1, slots=odd).run()
-            except BaseException as exc:
-                self.broken = exc
-                raise
+        if not odd.size or self.broken is not None:
+            return
+        k = self.fmt.values_per_packet
+        empty = quantize.Blocks(np.zeros(odd.size * k, dtype=np.int32), k)
+        zero = np.full(odd.size, EXPONENT_OF_ZERO, dtype=np.int64)
+        self._run(_Call(self, empty, empty, zero, zero, slots=odd, label="park",
+                        fingerprints=call_fingerprints(self.epoch, "park", 0, None, odd.size)))
+
+    # -- one call ------------------------------------------------------------------
+    def aggregate(self, blocks: quantize.Blocks, own: np.ndarray, out: quantize.Blocks, *,
+                  average: bool, name: str | None = None) -> np.ndarray:
+        """Sum (``average``: the mean of) float32 ``blocks`` over the job's workers into
+        ``out`` (any float dtype; ``blocks`` itself to work in place): each block is
+        dequantized there as soon as its result is final, from the received packet.
+
+        ``own`` are this worker's block exponents; the size and ``name`` (the
+        caller's, if any) go into the call's fingerprint with its number, and
+        choose its exponent history (``history_key``). Returns the scale exponent
+        each block was quantized with (``POISON_EXPONENT`` for a block some worker
+        could not carry)."""
+        self._check_usable()
+        k = self.fmt.values_per_packet
+        if blocks.whole.shape[1] != k or out.whole.shape[1] != k or len(out) != len(blocks):
+            raise ValueError(f"blocks and out must be as many blocks of {k} values")
+        self.calls += 1
+        n, elements = len(blocks), blocks.flat.size
+        if not n:
+            return np.zeros(0, np.int64)
+        self.start()
+        place = min(self.run[1] + 1, RUN_PLACES - 1) if self.run[0] == elements else 0
+        self.run = (elements, place)
+        key = history_key(name, elements, place)
+        previous = self.history.get(key)
+        if previous is None and name is None and place:
+            # A place of a run seen for the first time: the call before it, the same size.
+            previous = self.history.get(history_key(None, elements, place - 1))
+        label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
+        fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n)
+        scale, agreed = self._run(_Call(self, blocks, out, own, quantize.speculate(previous, n),
+                                        label=label, fingerprints=fingerprints, quantized=True,
+                                        average=average))
+        self.history.pop(key, None)        # most recent last; the oldest call goes first
+        self.history[key] = quantize.remember(agreed)
+        if len(self.history) > HISTORY_CALLS:
+            del self.history[next(iter(self.history))]
+        return scale
 
     def send(self, slots: np.ndarray) -> int:
         """Send the slots' packets in one batch; a failure loses the rest of it."""
@@ -260,31 +417,54 @@ class Transport:
         self.stats.bytes_sent += sent * self.fmt.payload_bytes
         return sent
 
-    def receive(self) -> tuple[np.ndarray, int]:
-        """The well-formed datagrams queued now (at most RECV_BATCH), as packets,
-        and how many datagrams were read."""
+    def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The datagrams queued now (at most RECV_BATCH): the well-formed results as
+        packets (a view of the receive buffer, valid until the next receive, when
+        nothing else came with them), the WAITING-sized ones as headers, and how many
+        datagrams were read."""
         lengths, err = self.io.receive()
         if err:
             self.stats.socket_errors += 1
-        whole = lengths == self.fmt.payload_bytes
-        self.stats.malformed_ignored += int(len(lengths) - whole.sum())
-        rows = self.rx[:len(lengths)][whole, :self.fmt.payload_bytes]
-        return np.ascontiguousarray(rows).view(self.fmt.dtype).reshape(-1), len(lengths)
+        fmt = self.fmt
+        whole = lengths == fmt.payload_bytes
+        short = lengths == fmt.header_bytes
+        self.stats.malformed_ignored += int(len(lengths) - whole.sum() - short.sum())
+        packets = self.rx_packets[:len(lengths)]
+        if not whole.all():
+            packets = packets[whole]
+        headers = (np.ascontiguousarray(self.rx[:len(lengths)][short, :fmt.header_bytes])
+                   .view(fmt.header_dtype).reshape(-1) if short.any() else self.no_headers)
+        return packets, headers, len(lengths)
 
 
 class _Call:
-    """The state of one call: per chunk its scale, per slot the chunk in flight and
-    its timing. ``slots`` (parking) puts chunk i alone in slot ``slots[i]``."""
+    """The state of one call: per chunk its scale and fingerprint, per slot the
+    chunk in flight, its timing and what the switch last said it waits for.
+    ``slots`` (the session's start, parking) puts chunk i alone in slot ``slots[i]``.
+    ``quantized``: ``blocks`` are floats, quantized and redone as the results say,
+    and a final result is dequantized (``average``: the mean) into ``out``;
+    otherwise int32 values sent as they are, each result final and stored in
+    ``out`` as it is. ``fingerprints``: per chunk, what its packets carry, and its
+    result n times."""
 
-    def __init__(self, transport: Transport, blocks: np.ndarray, own: np.ndarray,
-                 scale: np.ndarray, slots: np.ndarray | None = None):
+    def __init__(self, transport: Transport, blocks: quantize.Blocks, out: quantize.Blocks,
+                 own: np.ndarray, scale: np.ndarray, *, label: str, fingerprints: np.ndarray,
+                 slots: np.ndarray | None = None, quantized: bool = False,
+                 average: bool = False):
         t = self.t = transport
         w = t.num_slots
         self.blocks = blocks
+        self.out = out
         self.own = np.asarray(own, dtype=np.int64)
         self.scale = np.array(scale, dtype=np.int64)
+        self.label = label
+        self.quantized = quantized
+        self.average = average
         n = self.n = len(blocks)
-        self.sums = np.zeros((n, t.fmt.values_per_packet), dtype=np.int32)
+        # As the packets hold them (big-endian 32 bits): copied and compared as they are.
+        self.fingerprints = fingerprints.astype(">u4")
+        self.expected = ((fingerprints * np.uint64(t.num_workers))
+                         & np.uint64(FINGERPRINT_MASK)).astype(">u4")
         self.agreed = np.full(n, EXPONENT_OF_ZERO, dtype=np.int64)
         # Per slot of the window: the chunk in flight (-1: none) and its timing.
         self.chunk = np.full(w, -1, dtype=np.int64)
@@ -299,7 +479,12 @@ class _Call:
         self.first_sent_at = np.zeros(w)
         self.retries = np.zeros(w, dtype=np.int64)     # timer expiries, for the error message
         self.resent = np.zeros(w, dtype=bool)          # Karn: no RTT sample
+        self.started = time.monotonic()
         self.progress_at = -np.inf      # when the call last got an answer
+        self.logged_at = self.started   # when it last logged whom it waits for
+        # The switch's last WAITING reply per slot: the bitmap of who had contributed.
+        self.told = np.zeros(w, dtype=bool)
+        self.contributors = np.zeros(w, dtype=np.int64)
         self.expect = np.zeros((w, t.identity_bytes), dtype=np.uint8)   # see _on_results
         # RACK orders packets by when they were sent; a batch goes out in order, so
         # a send sequence number, not a timestamp, tells its packets apart.
@@ -308,7 +493,8 @@ class _Call:
         self.rack_seq = -1              # the newest packet answered
         self.rack_rtt = 0.0
 
-    def run(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        """Aggregate every chunk; returns per chunk its scale and the agreed maximum."""
         t = self.t
         self._load(np.flatnonzero(self.chunk >= 0), time.monotonic())
         while (self.chunk >= 0).any():
@@ -318,16 +504,22 @@ class _Call:
                 # first batch must not look lost.
                 drained = 0
                 while True:
-                    packets, datagrams = t.receive()
+                    packets, headers, datagrams = t.receive()
                     drained += datagrams
                     if len(packets):
                         self._on_results(packets)
+                    if len(headers):
+                        self._on_waiting(headers)
                     if datagrams < RECV_BATCH:
                         break
                 if 0 < drained < COALESCE_BATCH:
                     self._coalesce()
-            self._recover(time.monotonic())
-        return self.sums, self.scale, self.agreed
+            now = time.monotonic()
+            self._recover(now)
+            if now - max(self.progress_at, self.logged_at) >= t.policy.progress_interval:
+                self.logged_at = now
+                log.warning("%s", self._waiting_line(now))
+        return self.scale, self.agreed
 
     def _coalesce(self) -> None:
         """Results trickling in at the links' pace would wake this thread once each,
@@ -340,7 +532,8 @@ class _Call:
                 time.sleep(pause)
 
     def _load(self, slots: np.ndarray, now: float) -> None:
-        """Put each slot's chunk in its packet, quantized, and send them all."""
+        """Put each slot's chunk in its packet, quantized (in a scratch that stays in
+        the cache, then once into the packets), and send them all."""
         if not slots.size:
             return
         t = self.t
@@ -351,13 +544,19 @@ class _Call:
         t.next_pkt_id[slots] = (ids + 1) & PKT_ID_MASK
         t.fmt.write_header(t.tx, slots, set=sets, slot=t.first_slot + slots, pkt_id=ids,
                            exponent=self.own[chunks])
+        t.tx["fingerprint"][slots] = self.fingerprints[chunks]
+        t.tx["contributions"][slots] = 0          # asks for nothing (see _recover)
         self.expect[slots] = t.tx_bytes[slots, :t.identity_bytes]
         self.expect[slots, t.type_offset] = int(MsgType.RESULT)
-        t.tx["values"][slots] = quantize.quantize(self.blocks[chunks], self.own[chunks],
-                                                  self.scale[chunks], t.num_workers)
+        blocks = self.blocks.rows(chunks)
+        if self.quantized:
+            blocks = quantize.quantize(blocks, self.own[chunks], self.scale[chunks],
+                                       t.num_workers, out=t.work[:len(slots)])
+        t.tx["values"][slots] = blocks
         self.first_sent_at[slots] = now
         self.retries[slots] = 0
         self.resent[slots] = False
+        self.told[slots] = False
         self._transmit(slots, now)
 
     def _transmit(self, slots: np.ndarray, now: float) -> int:
@@ -389,17 +588,27 @@ class _Call:
                        + self.t.rto.reorder_window)
         return wake
 
+    def _answers(self, records: np.ndarray, slot_field: np.ndarray,
+                 kind: MsgType) -> tuple[np.ndarray, np.ndarray]:
+        """Which of the datagrams answer a slot's packet in flight (type ``kind``,
+        and the packet's identity bytes: job, set and slot, packet id, in the job's
+        slot range), and the window slot each names."""
+        t = self.t
+        slot = np.clip(slot_field - t.first_slot, 0, t.num_slots - 1)
+        raw = _leading_bytes(records, t.identity_bytes)
+        ok = (self.chunk[slot] >= 0) & (slot_field - t.first_slot == slot)
+        if kind != MsgType.RESULT:        # ``expect`` holds a result's type byte
+            ok &= raw[:, t.type_offset] == int(kind)
+            raw = raw.copy()
+            raw[:, t.type_offset] = int(MsgType.RESULT)
+        return ok & (raw == self.expect[slot]).all(axis=1), slot
+
     def _on_results(self, packets: np.ndarray) -> None:
         t = self.t
         now = time.monotonic()
         h = t.fmt.unpack(packets, ("slot", "exponent", "contributions"))
-        slot = np.clip(h["slot"] - t.first_slot, 0, t.num_slots - 1)
-        # The answer to a slot's packet in flight: its identity bytes (type RESULT,
-        # job, set and slot, packet id), all workers counted, the right slot range.
-        raw = packets.view(np.uint8).reshape(len(packets), -1)[:, :t.identity_bytes]
-        match = ((raw == self.expect[slot]).all(axis=1) & (self.chunk[slot] >= 0)
-                 & (h["contributions"] == t.num_workers)
-                 & (h["slot"] - t.first_slot == slot))
+        match, slot = self._answers(packets, h["slot"], MsgType.RESULT)
+        match &= h["contributions"] == t.num_workers
         index = np.flatnonzero(match)
         s = slot[index]
         # A result twice in one batch (resent by the switch) counts once; arrival
@@ -409,23 +618,67 @@ class _Call:
         t.stats.duplicates_ignored += len(packets) - len(index)
         if not len(index):
             return
+        chunks = self.chunk[s]
+        got = packets["fingerprint"][index]
+        wrong = got != self.expected[chunks]
+        if wrong.any():
+            first = int(np.argmax(wrong))
+            self._mismatch(int(chunks[first]), int(got[first]))
         t.stats.results_received += len(index)
         self._measure(s, now)
-        chunks = self.chunk[s]
         agreed = h["exponent"][index]
         self.agreed[chunks] = agreed
-        keep = quantize.usable(self.scale[chunks], agreed)
+        if self.quantized:
+            keep, self.scale[chunks] = quantize.settle(self.scale[chunks], agreed)
+        else:
+            keep = np.ones(len(chunks), dtype=bool)
         done, redo = chunks[keep], chunks[~keep]
-        self.sums[done] = packets["values"][index[keep]]
-        self.scale[done] = np.where(agreed[keep] == quantize.POISON_EXPONENT,
-                                    quantize.POISON_EXPONENT, self.scale[done])
-        self.scale[redo] = agreed[~keep]
+        if len(done):
+            rows = index[keep]        # ascending: as many as the datagrams is all of them
+            self._store(done, packets["values"][:len(rows)] if len(rows) == len(packets)
+                        else packets["values"][rows])
         t.stats.redone += len(redo)
         following = np.where(keep, chunks + self.step, chunks)
         following[following >= self.n] = -1
         self.chunk[s] = following
         self.progress_at = now
         self._load(s[following >= 0], now)
+
+    def _store(self, chunks: np.ndarray, sums: np.ndarray) -> None:
+        """Final results (the switch's sums, as the packets hold them) into the
+        caller's output: straight into its memory where the chunks are consecutive
+        whole blocks, else through a scatter. Only final blocks are written, so a
+        block still to be redone reads its input unchanged (in place: the same memory)."""
+        view = self.out.view(chunks)
+        if self.quantized:
+            sums = quantize.dequantize(sums, self.scale[chunks], self.t.num_workers,
+                                       average=self.average, out=view,
+                                       dtype=self.out.flat.dtype)
+        elif view is not None:
+            np.copyto(view, sums)
+        if view is None:
+            self.out.write(chunks, sums)
+
+    def _on_waiting(self, headers: np.ndarray) -> None:
+        """The switch's WAITING replies: per slot, who had contributed. They move no
+        timer: a reply comes only for a retransmission, and answering it with a
+        sooner one would turn a long wait into a storm."""
+        t = self.t
+        h = t.fmt.unpack(headers, ("slot", "contributions", "fingerprint"))
+        match, slot = self._answers(headers, h["slot"], MsgType.WAITING)
+        t.stats.waiting_replies += int(match.sum())
+        t.stats.duplicates_ignored += int((~match).sum())
+        self.told[slot[match]] = True
+        self.contributors[slot[match]] = h["fingerprint"][match]
+        # Unfinished, yet every worker has contributed, or more contributions counted
+        # than there are workers: the count went past them, which only another
+        # session's leftovers can make it do (it adds to a round finished there).
+        stuck = match & (((h["fingerprint"] & t.local_mask) == t.local_mask)
+                         | (h["contributions"] >= t.local_count))
+        if stuck.any():
+            raise CallMismatch(_stale(t, self.label, int(slot[stuck][0]), "the switch counts "
+                                      "as many contributions there as there are workers, and "
+                                      "no result"))
 
     def _measure(self, slots: np.ndarray, now: float) -> None:
         """One RTT sample per batch, and RACK's newest answered send time, both from
@@ -455,12 +708,38 @@ class _Call:
             t.stats.timeouts += int(expired.sum())
             t.rto.timed_out(now)
             self.retries[expired] += 1
+            # From its first timeout on, a packet asks the switch to answer it, if
+            # its slot is unfinished, with whom it waits for (a WAITING reply).
+            t.tx["contributions"][expired] = 1
         again = np.flatnonzero(expired | lost)
         if again.size:
             sent = self._transmit(again, now)
             t.stats.retransmissions += sent
             t.stats.fast_retransmissions += int(min(sent, lost.sum()))
             self.resent[again] = True
+
+    def _waiting_for(self) -> str:
+        """Whom the switch waits for, from its WAITING replies for the slots waiting."""
+        t = self.t
+        waiting = self.chunk >= 0
+        told = waiting & self.told
+        if not told.any():
+            return ("the switch has not said whom it waits for (no WAITING reply: it is "
+                    "unreachable, or, in a tree, waits for another switch)")
+        missing = 0
+        for bits in np.unique(self.contributors[told]):
+            missing |= t.local_mask & ~int(bits)
+        ranks = [w for w in range(missing.bit_length()) if missing >> w & 1]
+        unknown = int((waiting & ~self.told).sum())
+        return (f"the switch waits for worker(s) {', '.join(map(str, ranks))}"
+                + (f" ({unknown} slot(s) without a reply yet)" if unknown else ""))
+
+    def _waiting_line(self, now: float) -> str:
+        t = self.t
+        waited = now - max(self.progress_at, self.started)
+        return (f"job {t.job_id}, worker {t.worker_id}, {self.label}: no result for "
+                f"{int((self.chunk >= 0).sum())} slot(s) for {waited:.0f} s; "
+                f"{self._waiting_for()}")
 
     def _give_up(self, now: float) -> None:
         t = self.t
@@ -469,8 +748,26 @@ class _Call:
         slots = (t.first_slot + waiting).tolist()
         shown = ", ".join(map(str, slots[:16])) + (", ..." if len(slots) > 16 else "")
         raise AggregationTimeout(
-            f"job {t.job_id}: no result for {len(slots)} slot(s) [{shown}] after {oldest:.1f} s "
-            f"(peer_timeout {t.policy.peer_timeout:g} s, {int(self.retries[waiting].sum())} "
-            f"timer expiries): a worker is not sending or the switch is unreachable. The "
-            f"switch's slot state for this job is now unknown: reset the job's slots "
-            f"(python -m switch_ctl reset <job.toml>) before aggregating again")
+            f"job {t.job_id}, worker {t.worker_id}, {self.label}: no result for {len(slots)} "
+            f"slot(s) [{shown}] after {oldest:.1f} s (peer_timeout {t.policy.peer_timeout:g} s, "
+            f"{int(self.retries[waiting].sum())} timer expiries); {self._waiting_for()}. "
+            f"The switch's slot state for this job is now unknown: {RECOVER}")
+
+    def _mismatch(self, chunk: int, got: int) -> None:
+        t = self.t
+        if self.label == START:           # the start's chunk i is in slot i
+            raise CallMismatch(_stale(t, START, chunk, "its sum holds other contributions "
+                                      "than the workers' starts"))
+        raise CallMismatch(
+            f"job {t.job_id}, worker {t.worker_id}, {self.label}: the switch's sum of the "
+            f"workers' fingerprints for block {chunk} is {got:#010x}, not {t.num_workers} "
+            f"times this worker's ({int(self.expected[chunk]):#010x}): the workers did not all "
+            f"issue this call (another size or name, or calls in another order, on some "
+            f"worker), or the slot held another session's sums. The session is unusable: "
+            f"{RECOVER}")
+
+
+def _stale(t: Transport, label: str, window_slot: int, why: str) -> str:
+    return (f"job {t.job_id}, worker {t.worker_id}, {label}: slot {t.first_slot + window_slot} "
+            f"holds another session's state ({why}): a session on this job ended without "
+            f"closing (killed, or after a failed call). {RECOVER[0].upper()}{RECOVER[1:]}")

@@ -23,6 +23,7 @@ typedef bit<64> bitmap_pair_t;     // {set 1 bitmap, set 0 bitmap}: one register
 typedef bit<32> value_t;           // int32, two's complement, big-endian on the wire
 typedef int<8>  exponent_t;        // block floating point exponent
 typedef bit<8>  count_t;           // contributions so far; counts up to MAX_WORKERS
+typedef bit<32> fingerprint_t;     // a call's fingerprint, summed like a value (wrapping)
 typedef bit<32> pkt_id_t;
 typedef bit<16> mcast_group_t;     // v1model's mcast_grp width
 typedef bit<32> drop_probability_t;  // P(drop) = value / 2^32, drawn with random()
@@ -58,7 +59,8 @@ const exponent_t EXPONENT_OF_ZERO = -128;
 
 enum bit<8> MsgType {
     CONTRIBUTION = 1,
-    RESULT = 2
+    RESULT = 2,
+    WAITING = 3           // short answer to a retransmission for an unfinished (slot, set)
 }
 
 // What the switch does with a (slot, set)'s registers for one packet.
@@ -80,7 +82,8 @@ enum bit<8> NextStep {
     DROP = 1,
     MULTICAST = 2,
     UNICAST = 3,
-    UPSTREAM = 4          // a leaf's partial sum, to its parent switch
+    UPSTREAM = 4,         // a leaf's partial sum, to its parent switch
+    WAITING = 5           // a short reply to the sender: who has contributed so far
 }
 
 // Index into the ingress_outcomes counter: exactly one per frame the switch
@@ -101,7 +104,9 @@ enum bit<8> IngressOutcome {
     SLOT_RESET = 11,      // the controller's PacketOut cleared a slot
     SENT_UP = 12,         // a leaf's local sum is complete: sent to the parent as one contribution
     RESENT_UP = 13,       // a worker retransmitted before the parent's result came: partial resent
-    PARENT_RESULT = 14    // the parent's result: stored, multicast to the leaf's workers
+    PARENT_RESULT = 14,   // the parent's result: stored, multicast to the leaf's workers
+    WAITING_SENT = 15,    // a retransmission for an unfinished (slot, set), answered with who has contributed
+    PARENT_WAITING = 16   // the parent's WAITING reply to a resent partial sum: dropped
 }
 
 // Index into the egress_outcomes counter: one per result copy or partial sum leaving
@@ -110,7 +115,8 @@ enum bit<8> EgressOutcome {
     MULTICAST_COPY = 0,
     UNICAST_RESEND = 1,
     SIMULATED_DROP = 2,   // a result copy or a partial sum, dropped by the loss simulator
-    UPSTREAM = 3          // a partial sum leaving a leaf for its parent
+    UPSTREAM = 3,         // a partial sum leaving a leaf for its parent
+    WAITING_REPLY = 4     // a WAITING reply leaving for the worker that retransmitted
 }
 
 #endif  // _DEFINE_P4_

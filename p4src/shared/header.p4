@@ -3,7 +3,9 @@
  *
  * Aggregation packet (UDP destination port in AGG_UDP_PORT_BASE/MASK):
  *
- *   | Ethernet 14 | IPv4 20 | UDP 8 | agg_h 10 | values_h 4*VALUES_PER_PACKET |
+ *   | Ethernet 14 | IPv4 20 | UDP 8 | agg_h 14 | values_h 4*VALUES_PER_PACKET |
+ *
+ * A WAITING reply is agg_h alone.
  *
  * p4src/protocol.py reads agg_h and values_h from the compiled BMv2 JSON, so the
  * worker packs exactly these fields.
@@ -62,7 +64,15 @@ header agg_h {
     slot_t     slot;           // pool index, absolute, within the job's slot range
     pkt_id_t   pkt_id;         // chosen by the worker, echoed in the result
     exponent_t exponent;       // in: the sender's block exponent; out: max over workers
-    count_t    contributions;  // out: how many workers the result sums (the whole tree's)
+    // Out: how many workers the result sums (the whole tree's). In: not 0 asks for a
+    // WAITING reply if the (slot, set) is a duplicate's and unfinished (a worker's
+    // timer-driven retransmission; a leaf's partial sum, which holds its count).
+    count_t    contributions;
+    // In: the sender's fingerprint of its call; out: the sum over the workers
+    // (wrapping), which each worker checks against n times its own, so workers that
+    // sent different calls all find out. In a WAITING reply: the bitmap of the
+    // workers that have contributed.
+    fingerprint_t fingerprint;
 }
 
 #define VALUE_FIELD(i) value_t v##i;
@@ -71,8 +81,11 @@ header values_h {
 }
 #undef VALUE_FIELD
 
-// UDP length of a well-formed aggregation packet: UDP 8 + agg_h 10 + values.
-const bit<16> AGG_UDP_LENGTH = 8 + 10 + 4 * VALUES_PER_PACKET;
+// UDP length of a well-formed aggregation packet: UDP 8 + agg_h 14 + values; of a
+// WAITING reply, which carries no values; and its IPv4 total length.
+const bit<16> AGG_UDP_LENGTH = 8 + 14 + 4 * VALUES_PER_PACKET;
+const bit<16> WAITING_UDP_LENGTH = 8 + 14;
+const bit<16> WAITING_IPV4_LENGTH = 20 + 8 + 14;
 
 // The controller's command, alone in a PacketOut: P4Runtime serializes the metadata
 // as this header in front of the (empty) payload.
@@ -118,6 +131,8 @@ struct metadata_t {
     cell_t          cell;
     bit<1>          seen;            // the sender's bit was already set: a retransmission
     bit<1>          first;           // no worker had contributed to this (slot, set)
+    worker_bitmap_t contributors;    // the (slot, set)'s bitmap after this packet
+    bit<1>          asks;            // the packet asks for a WAITING reply (contributions != 0)
     bit<1>          done;            // all num_workers have contributed
     bit<1>          final;           // a leaf holds the parent's result for it
     count_t         count;           // contributions, FINAL_FLAG masked off

@@ -7,7 +7,10 @@
 
 // int32 values summed per packet. 64 x 4 B = 256 B of payload, SwitchML's small
 // packet: one pass through a Tofino pipe (32 stateful ALUs x 2-word registers),
-// and 308 B on the wire, well under any MTU.
+// and 312 B on the wire. Software targets have no such limit, and every packet
+// costs them a fixed share of a system call and a pipeline pass: `make p4` builds
+// their program with 256 (1 KiB of values, 1,080 B frames, under a 1500 B MTU).
+// p4src/README.md, "Packet size", has the measurements behind both.
 #ifndef VALUES_PER_PACKET
 #define VALUES_PER_PACKET 64
 #endif
@@ -46,7 +49,7 @@
 #define PORT_TABLE_SIZE 512
 
 // Counter sizes: one cell per outcome enum member (see define.p4).
-#define NUM_INGRESS_OUTCOMES 15
-#define NUM_EGRESS_OUTCOMES 4
+#define NUM_INGRESS_OUTCOMES 17
+#define NUM_EGRESS_OUTCOMES 5
 
 #endif  // _SIZE_P4_

@@ -6,7 +6,9 @@
  * counters: workers send CONTRIBUTION packets of VALUES_PER_PACKET int32 values to
  * a slot of the pool; the switch sums them per (slot, shadow set); the last
  * contribution leaves as a RESULT multicast to every worker of the job; a worker
- * that retransmits for a finished slot gets the stored result back by unicast.
+ * that retransmits for a finished slot gets the stored result back by unicast,
+ * one that retransmits for an unfinished slot and asks gets a WAITING reply (who
+ * has contributed). Results carry the sum of the workers' call fingerprints.
  * Everything else is switched at L2.
  *
  * Tofino differences (README.md has the full list):
@@ -33,6 +35,7 @@
 #include "control/value_pair.p4"
 #include "control/value_aggregator.p4"
 #include "control/exponent_max.p4"
+#include "control/fingerprint_sum.p4"
 #include "control/result_rewrite.p4"
 
 control AggIngress(inout tna_headers_t hdr,
@@ -51,6 +54,7 @@ control AggIngress(inout tna_headers_t hdr,
     NextStepSelector()     next_step_selector;
     ValueAggregator()      value_aggregator;
     ExponentMax()          exponent_max;
+    FingerprintSum()       fingerprint_sum;
 
     Counter<bit<64>, bit<8>>(NUM_INGRESS_OUTCOMES, CounterType_t.PACKETS_AND_BYTES) ingress_outcomes;
 
@@ -62,7 +66,8 @@ control AggIngress(inout tna_headers_t hdr,
 
     // What egress (and pass 2) needs of ingress's decision.
     action set_bridge(in NextStep next_step, in bit<1> recirculate,
-                      in worker_id_t worker_id, in mcast_group_t job_group) {
+                      in worker_id_t worker_id, in mcast_group_t job_group,
+                      in worker_bitmap_t contributors) {
         hdr.bridge.setValid();
         hdr.bridge.next_step = next_step;
         hdr.bridge.recirculate = recirculate;
@@ -72,6 +77,7 @@ control AggIngress(inout tna_headers_t hdr,
         hdr.bridge._pad1 = 0;
         hdr.bridge.worker_id = worker_id;
         hdr.bridge.job_group = job_group;
+        hdr.bridge.contributors = contributors;
     }
 
     // A contribution that completed its slot, or a retransmission for a finished
@@ -86,8 +92,27 @@ control AggIngress(inout tna_headers_t hdr,
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = hdr.udp.dst_port;
         hdr.udp.checksum = 0;  // the payload changed; 0 means "none" in IPv4
-        set_bridge(meta.next_step, 1, meta.worker_id, meta.job_group);
+        set_bridge(meta.next_step, 1, meta.worker_id, meta.job_group, 0);
         ig_tm_md.ucast_egress_port = AGG_RECIRC_PORT;
+    }
+
+    // A retransmission for an unfinished slot that asks: the header alone goes back
+    // to the sender, in this pass, with the count of contributions; egress puts the
+    // bitmap (the set's as it was, which holds the sender: it is a retransmission)
+    // in its fingerprint field.
+    action reply_waiting() {
+        ingress_outcomes.count((bit<8>)meta.outcome);
+        hdr.agg.msg_type = MsgType.WAITING;
+        hdr.agg.contributions = meta.count;
+        hdr.values.setInvalid();
+        hdr.ipv4.total_len = WAITING_IPV4_LENGTH;
+        hdr.udp.length = WAITING_UDP_LENGTH;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.checksum = 0;
+        set_bridge(NextStep.WAITING, 0, meta.worker_id, meta.job_group, bitmap_before);
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
     }
 
     // Consumed, a duplicate, or refused.
@@ -115,25 +140,27 @@ control AggIngress(inout tna_headers_t hdr,
             meta.next_step:        ternary @name("next_step");
             hdr.bridge.next_step:  ternary @name("bridge_next_step");
         }
-        actions = { recirculate_result; drop_contribution; send_multicast; send_unicast; NoAction; }
+        actions = { recirculate_result; reply_waiting; drop_contribution; send_multicast;
+                    send_unicast; NoAction; }
         const entries = {
             (1, _, NextStep.MULTICAST): send_multicast();
             (1, _, _):                  send_unicast();
             (0, NextStep.MULTICAST, _): recirculate_result();
             (0, NextStep.UNICAST, _):   recirculate_result();
+            (0, NextStep.WAITING, _):   reply_waiting();
             (0, _, _):                  drop_contribution();
         }
         // Never taken. A counting action cannot be a default action on Tofino (its
         // index needs the hash distribution unit).
         const default_action = NoAction();
-        size = 5;
+        size = 6;
     }
 
     // Not aggregation: answered by the ARP responder or switched at L2. Bridged
     // metadata, so that egress prunes the flood copy to the ingress port.
     action bridge_l2() {
         ingress_outcomes.count((bit<8>)IngressOutcome.FORWARDED_L2);
-        set_bridge(NextStep.FORWARD_L2, 0, 0, 0);
+        set_bridge(NextStep.FORWARD_L2, 0, 0, 0, 0);
     }
 
     apply {
@@ -157,10 +184,11 @@ control AggIngress(inout tna_headers_t hdr,
                                  harvest);
             contribution_counter.apply(meta, bitmap_before, aggregate);
             exponent_max.apply(hdr, meta, bitmap_before, aggregate);
+            fingerprint_sum.apply(hdr, meta, bitmap_before, aggregate);
             // Applied once, for both passes: its 32 registers must be the same ones
             // on pass 1 and pass 2.
             value_aggregator.apply(hdr, meta, bitmap_before, aggregate, harvest);
-            next_step_selector.apply(meta, aggregate);
+            next_step_selector.apply(meta, aggregate, hdr.agg.contributions);
             send.apply();
         } else {
             bridge_l2();
@@ -193,13 +221,17 @@ control AggEgress(inout tna_headers_t hdr,
             // is, bridge_h included, and is neither lost nor counted here.
         } else {
             if (hdr.bridge.next_step == NextStep.MULTICAST
-                    || hdr.bridge.next_step == NextStep.UNICAST) {
+                    || hdr.bridge.next_step == NextStep.UNICAST
+                    || hdr.bridge.next_step == NextStep.WAITING) {
                 bit<32> loss_draw;
                 EgressOutcome outcome = EgressOutcome.UNICAST_RESEND;
                 worker_id_t worker = hdr.bridge.worker_id;
                 if (hdr.bridge.next_step == NextStep.MULTICAST) {
                     outcome = EgressOutcome.MULTICAST_COPY;
                     worker = (worker_id_t)eg_intr_md.egress_rid;
+                } else if (hdr.bridge.next_step == NextStep.WAITING) {
+                    outcome = EgressOutcome.WAITING_REPLY;
+                    hdr.agg.fingerprint = hdr.bridge.contributors;
                 }
                 egress_loss.apply(eg_intr_md.egress_port, loss_draw);
                 if (loss_draw != LOSS_KEPT) {

@@ -33,6 +33,9 @@ header bridge_h {
     bit<3>        _pad1;
     worker_id_t   worker_id;     // the sender, for a unicast resend's address
     mcast_group_t job_group;     // the job's PRE group, for pass 2 of a multicast
+    // A WAITING reply's bitmap, which egress writes into agg_h.fingerprint: ingress
+    // writing it there would have to wait for FingerprintSum's read (stage 11).
+    worker_bitmap_t contributors;
 }
 
 // The start of an ARP header, looked at before it is parsed (parser.p4).

@@ -123,13 +123,14 @@ parser AggEgressParser(packet_in packet,
         transition select(hdr.bridge.next_step) {
             NextStep.MULTICAST: parse_ethernet;
             NextStep.UNICAST:   parse_ethernet;
+            NextStep.WAITING:   parse_ethernet;
             default:            accept;   // L2 traffic: egress only needs the bridge
         }
     }
 
     state parse_ethernet {
         packet.extract(hdr.ethernet);
-        packet.extract(hdr.ipv4);   // a result is always Ethernet/IPv4/UDP/agg
+        packet.extract(hdr.ipv4);   // a result (or WAITING) is always Ethernet/IPv4/UDP/agg
         packet.extract(hdr.udp);
         packet.extract(hdr.agg);
         transition accept;

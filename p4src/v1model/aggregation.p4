@@ -4,7 +4,9 @@
  * Workers send CONTRIBUTION packets of VALUES_PER_PACKET int32 values to a slot of
  * the pool. The switch sums them per (slot, shadow set); the last contribution
  * leaves as a RESULT multicast to every worker of the job. A worker that
- * retransmits for a finished slot gets the stored result back by unicast.
+ * retransmits for a finished slot gets the stored result back by unicast; one
+ * that retransmits for an unfinished slot may get a short WAITING reply naming
+ * who has contributed. Results carry the sum of the workers' call fingerprints.
  * Everything else is switched at L2.
  *
  * Switches form a tree per job, by table entries alone: a leaf sends its local sum
@@ -27,6 +29,7 @@
 #include "control/next_step_selector.p4"
 #include "control/value_aggregator.p4"
 #include "control/exponent_max.p4"
+#include "control/fingerprint_sum.p4"
 #include "control/result_rewrite.p4"
 
 control AggIngress(inout headers_t hdr,
@@ -43,6 +46,7 @@ control AggIngress(inout headers_t hdr,
     NextStepSelector()     next_step_selector;
     ValueAggregator()      value_aggregator;
     ExponentMax()          exponent_max;
+    FingerprintSum()       fingerprint_sum;
 
     counter(NUM_INGRESS_OUTCOMES, CounterType.packets_and_bytes) ingress_outcomes;
 
@@ -54,6 +58,22 @@ control AggIngress(inout headers_t hdr,
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = hdr.udp.dst_port;
         hdr.udp.checksum = 0;  // the payload changed; 0 means "none" in IPv4
+    }
+
+    // A retransmission for an unfinished (slot, set) is answered, back to the
+    // sender and without values, with who has contributed (the set's bitmap).
+    action become_waiting() {
+        hdr.agg.msg_type = MsgType.WAITING;
+        hdr.agg.contributions = meta.count;
+        hdr.agg.fingerprint = meta.contributors;
+        hdr.values.setInvalid();
+        hdr.ipv4.total_len = WAITING_IPV4_LENGTH;
+        hdr.udp.length = WAITING_UDP_LENGTH;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.checksum = 0;
+        standard_metadata.egress_spec = standard_metadata.ingress_port;
     }
 
     // A leaf's sum leaves as one contribution to its parent, from this switch's
@@ -101,10 +121,13 @@ control AggIngress(inout headers_t hdr,
             if (lost) {
                 meta.outcome = IngressOutcome.SIMULATED_DROP;
             } else if (standard_metadata.parser_error != error.NoError
-                       || !hdr.values.isValid()
-                       || hdr.udp.length != AGG_UDP_LENGTH
+                       || (hdr.agg.msg_type == MsgType.WAITING
+                           && hdr.udp.length != WAITING_UDP_LENGTH)
+                       || (hdr.agg.msg_type != MsgType.WAITING
+                           && (!hdr.values.isValid() || hdr.udp.length != AGG_UDP_LENGTH))
                        || (hdr.agg.msg_type != MsgType.CONTRIBUTION
-                           && hdr.agg.msg_type != MsgType.RESULT)) {
+                           && hdr.agg.msg_type != MsgType.RESULT
+                           && hdr.agg.msg_type != MsgType.WAITING)) {
                 meta.outcome = IngressOutcome.MALFORMED;
             } else {
                 job_lookup.apply(hdr, meta, job_found);
@@ -118,11 +141,18 @@ control AggIngress(inout headers_t hdr,
                     sender_identification.apply(hdr, meta, standard_metadata);
                     if (!meta.known_sender) {
                         meta.outcome = IngressOutcome.UNKNOWN_SENDER;
-                    } else if ((meta.from_parent == 1) != (hdr.agg.msg_type == MsgType.RESULT)) {
-                        // Workers send contributions only, a parent results only.
+                    } else if ((meta.from_parent == 1)
+                               != (hdr.agg.msg_type != MsgType.CONTRIBUTION)) {
+                        // Workers send contributions only, a parent results and
+                        // WAITING replies only.
                         meta.outcome = IngressOutcome.MALFORMED;
+                    } else if (hdr.agg.msg_type == MsgType.WAITING) {
+                        // The parent still waits for another child: the workers
+                        // learn who is missing from this switch's replies alone.
+                        meta.outcome = IngressOutcome.PARENT_WAITING;
                     } else {
                         meta.cell = hdr.agg.slot ++ hdr.agg.set;
+                        meta.asks = (hdr.agg.contributions != 0) ? 1w1 : 1w0;
                         // The parent is not a worker here: it has no bit to mark.
                         meta.seen = 0;
                         meta.first = 0;
@@ -133,6 +163,7 @@ control AggIngress(inout headers_t hdr,
                         next_step_selector.apply(meta);
                         value_aggregator.apply(hdr, meta);
                         exponent_max.apply(hdr, meta);
+                        fingerprint_sum.apply(hdr, meta);
                     }
                 }
             }
@@ -151,6 +182,8 @@ control AggIngress(inout headers_t hdr,
         } else if (meta.next_step == NextStep.UNICAST) {
             become_result();
             standard_metadata.egress_spec = standard_metadata.ingress_port;
+        } else if (meta.next_step == NextStep.WAITING) {
+            become_waiting();
         } else if (meta.next_step == NextStep.UPSTREAM) {
             become_partial();
         }
@@ -167,13 +200,15 @@ control AggEgress(inout headers_t hdr,
 
     apply {
         if (meta.next_step == NextStep.MULTICAST || meta.next_step == NextStep.UNICAST
-                || meta.next_step == NextStep.UPSTREAM) {
+                || meta.next_step == NextStep.WAITING || meta.next_step == NextStep.UPSTREAM) {
             bool lost;
             EgressOutcome outcome = EgressOutcome.UNICAST_RESEND;
             worker_id_t worker = meta.worker_id;
             if (meta.next_step == NextStep.MULTICAST) {
                 outcome = EgressOutcome.MULTICAST_COPY;
                 worker = (worker_id_t)standard_metadata.egress_rid;
+            } else if (meta.next_step == NextStep.WAITING) {
+                outcome = EgressOutcome.WAITING_REPLY;
             } else if (meta.next_step == NextStep.UPSTREAM) {
                 outcome = EgressOutcome.UPSTREAM;
             }

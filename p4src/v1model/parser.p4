@@ -3,6 +3,7 @@
  *
  * A malformed aggregation packet (too short) is not dropped here: v1model hands it
  * to ingress with parser_error set and values_h invalid, and ingress counts it.
+ * (A WAITING reply has no values_h; ingress checks its length.)
  */
 #ifndef _PARSER_P4_
 #define _PARSER_P4_
@@ -58,6 +59,14 @@ parser AggParser(packet_in packet,
     state parse_agg {
         meta.is_agg = true;
         packet.extract(hdr.agg);
+        // A WAITING reply (from a parent switch) is agg_h alone.
+        transition select(hdr.agg.msg_type) {
+            MsgType.WAITING: accept;
+            default:         parse_values;
+        }
+    }
+
+    state parse_values {
         packet.extract(hdr.values);
         transition accept;
     }

@@ -50,8 +50,9 @@ def make_config(hosts: list[Host], switch_ports: list[int], grpc_addr: str, job_
 @dataclass
 class Result:
     header: dict[str, int]
-    values: np.ndarray
+    values: np.ndarray | None     # None: a WAITING reply, the header alone
     src: tuple[str, int]
+    size: int                     # UDP payload bytes
 
 
 class TestHost:
@@ -86,9 +87,12 @@ class TestHost:
         self.raw.send(frame)
 
     def contribute(self, values, *, job_id: int, slot: int, set_: int, pkt_id: int = 0,
-                   exponent: int = 0, **frame_kw) -> None:
+                   exponent: int = 0, fingerprint: int = 0, asks: bool = False,
+                   **frame_kw) -> None:
+        """``asks``: for a WAITING reply, should it be a duplicate of an unfinished slot."""
         payload = contribution(values, job_id=job_id, slot=slot, set_=set_, pkt_id=pkt_id,
-                               exponent=exponent)
+                               exponent=exponent, fingerprint=fingerprint,
+                               contributions=int(asks))
         self.send_frame(self.frame(payload, **frame_kw))
 
     # -- receiving -----------------------------------------------------------
@@ -101,7 +105,8 @@ class TestHost:
                 pass
 
     def results(self, count: int, timeout: float = 10.0) -> list[Result]:
-        """Exactly ``count`` results, or fewer if the timeout passes first."""
+        """Exactly ``count`` results (or WAITING replies), or fewer if the timeout
+        passes first."""
         fmt = protocol.packet_format()
         out = []
         deadline = time.monotonic() + timeout
@@ -112,7 +117,8 @@ class TestHost:
             data, src = self.udp.recvfrom(65535)
             packets = fmt.decode(data)
             header = {k: int(v[0]) for k, v in fmt.unpack(packets).items()}
-            out.append(Result(header, packets["values"][0].astype(np.int64), src))
+            values = packets["values"][0].astype(np.int64) if len(data) > fmt.header_bytes else None
+            out.append(Result(header, values, src, len(data)))
         return out
 
     def raw_frames(self, timeout: float = 2.0, want=lambda f: True) -> list[bytes]:
@@ -130,9 +136,9 @@ class TestHost:
 
 def contribution(values, *, job_id: int, slot: int, set_: int, pkt_id: int = 0,
                  exponent: int = 0, msg_type: int = protocol.MsgType.CONTRIBUTION,
-                 contributions: int = 0) -> bytes:
+                 contributions: int = 0, fingerprint: int = 0) -> bytes:
     fmt = protocol.packet_format()
     values = np.asarray(values, dtype=np.int64).reshape(1, fmt.values_per_packet)
     return fmt.pack(values.astype(np.int32), msg_type=msg_type, job_id=job_id, set=set_,
-                    slot=slot, pkt_id=pkt_id, exponent=exponent,
-                    contributions=contributions).tobytes()
+                    slot=slot, pkt_id=pkt_id, exponent=exponent, contributions=contributions,
+                    fingerprint=fingerprint).tobytes()

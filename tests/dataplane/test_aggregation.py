@@ -156,3 +156,24 @@ def test_thousands_of_rounds_over_both_sets_without_reset(hosts, job):
                 assert by_slot[s].header["set"] == r % 2
                 assert by_slot[s].header["pkt_id"] == r * slots + s
                 np.testing.assert_array_equal(by_slot[s].values, values[s].sum(axis=0))
+
+
+def test_results_carry_the_wrapping_sum_of_the_fingerprints(switch, hosts, job):
+    """The switch adds the fingerprints like values, but wrapping (no saturation), and
+    a resent result carries the stored sum."""
+    config = job(3)
+    slot = config.job.first_slot
+    fingerprints = [0xFFFFFFF0, 0x00000020, 0x80000001]   # the sum wraps past 2**32
+    values = np.ones((3, k()), dtype=np.int64)
+    for i in range(3):
+        hosts[i].contribute(values[i], job_id=config.job.id, slot=slot, set_=0, pkt_id=5,
+                            fingerprint=fingerprints[i])
+    want = sum(fingerprints) % 2**32
+    for i in range(3):
+        (r,) = hosts[i].results(1)
+        assert r.header["fingerprint"] == want == 0x80000011
+    hosts[1].contribute(values[1], job_id=config.job.id, slot=slot, set_=0, pkt_id=5,
+                        fingerprint=12345)             # a retransmission: its own is ignored
+    (r,) = hosts[1].results(1)
+    assert r.header["fingerprint"] == want
+    np.testing.assert_array_equal(r.values, values.sum(axis=0))

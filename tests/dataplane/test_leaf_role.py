@@ -156,3 +156,19 @@ def test_stale_and_forged_results_are_refused(switch, hosts, leaf):
                             dst_port=config.job.udp_port)
     (up,) = parent.results(2, timeout=3)
     np.testing.assert_array_equal(up.values, np.full(k(), 3))
+
+
+def test_the_parents_waiting_reply_is_dropped_and_counted(switch, hosts, leaf):
+    """The parent answers a resent partial sum with WAITING when another child is
+    missing; its bits name child switches, not workers, so the leaf drops it."""
+    config, parent = leaf
+    fmt = protocol.packet_format()
+    waiting = fmt.pack(count=1, msg_type=int(protocol.MsgType.WAITING), job_id=config.job.id,
+                       slot=config.job.first_slot + 3, set=0, fingerprint=0b01).tobytes()
+    before = switch.counters()
+    parent.send_frame(parent.frame(waiting[:fmt.header_bytes], dst_port=config.job.udp_port))
+    parent.send_frame(parent.frame(waiting, dst_port=config.job.udp_port))   # too long
+    assert all(hosts[i].results(1, timeout=0.3) == [] for i in range(WORKERS))
+    changed = {name: after - before[name] for name, after in switch.counters().items()}
+    assert changed["ingress.parent_waiting"] == 1
+    assert changed["ingress.malformed"] == 1

@@ -3,7 +3,9 @@
 Through the aggregation program with a job installed, every truncation and
 single-byte corruption of a worker's contribution, and random bytes, get exactly
 one ingress outcome each and leave nothing (the switch has no L2 route and no flood
-group, so anything that left would be one the aggregation path made). Through the
+group, so anything that left would be one the aggregation path made) but a WAITING
+reply, the header alone back to the sender, for a corrupted copy that became a
+retransmission asking for one. Through the
 test programs, the native and Python backends give the same bytes for each.
 """
 
@@ -25,9 +27,12 @@ Outcome = protocol.IngressOutcome
 # so no slot ever completes and no result may leave.
 WORKER_PORT = 1
 HEADERS = 14 + 20 + 8   # Ethernet, IPv4, UDP: from here on the parser calls it aggregation
-# What a frame may come to; COMPLETED and RESENT would send a result.
+# What a frame may come to; COMPLETED and RESENT would send a result. WAITING_SENT
+# answers a copy of the contribution whose corrupted byte made it ask (its
+# ``contributions`` not 0) with the header alone.
 HARMLESS = {Outcome.CONSUMED, Outcome.DUPLICATE_DROPPED, Outcome.MALFORMED, Outcome.UNKNOWN_JOB,
-            Outcome.UNKNOWN_SENDER, Outcome.BAD_SLOT, Outcome.FORWARDED_L2}
+            Outcome.UNKNOWN_SENDER, Outcome.BAD_SLOT, Outcome.FORWARDED_L2, Outcome.WAITING_SENT}
+WAITING_FRAME = HEADERS + protocol.packet_format().header_bytes
 
 
 def frames(seed: int, valid: list[bytes]):
@@ -64,19 +69,25 @@ def test_malformed_frames_get_one_outcome_each_and_nothing_leaves(backend):
     for i, frame in enumerate(frames(7, [valid])):
         before = outcomes(pipe, INGRESS)
         out = pipe.process(frame, WORKER_PORT)
-        assert out == [], (i, frame.hex(), out)
         delta = [a - b for a, b in zip(outcomes(pipe, INGRESS), before)]
         assert sum(delta) == 1 and min(delta) == 0, (i, frame.hex(), delta)
         outcome = Outcome(delta.index(1))
+        if outcome == Outcome.WAITING_SENT:
+            assert [(port, len(reply), reply[HEADERS]) for port, reply in out] == [
+                (WORKER_PORT, WAITING_FRAME, protocol.MsgType.WAITING)], (i, frame.hex(), out)
+        else:
+            assert out == [], (i, frame.hex(), out)
         seen[outcome] = seen.get(outcome, 0) + 1
         if 300 <= i < 300 + len(valid):      # the truncations, in order of length
             cut = i - 300
             want = Outcome.MALFORMED if cut >= HEADERS else Outcome.FORWARDED_L2
             assert outcome == want, (cut, outcome)
-    assert outcomes(pipe, EGRESS) == [0] * len(protocol.EgressOutcome)
+    waiting = [0] * len(protocol.EgressOutcome)
+    waiting[protocol.EgressOutcome.WAITING_REPLY] = seen.get(Outcome.WAITING_SENT, 0)
+    assert outcomes(pipe, EGRESS) == waiting
     assert set(seen) <= HARMLESS, seen
     # The corruptions reached every check of the aggregation path, not one only.
-    assert HARMLESS <= set(seen), seen
+    assert HARMLESS - {Outcome.WAITING_SENT} <= set(seen), seen
 
 
 @pytest.mark.parametrize("name", ["primitives", "forwarding"])

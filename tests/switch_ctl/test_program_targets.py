@@ -35,16 +35,26 @@ def p4info(request) -> Path:
     return protocol.P4INFO if request.param == "v1model" else protocol.TNA_P4INFO
 
 
-def one_switch_job(loss=(0.01, 0.02)) -> config_mod.Config:
+def one_switch_job(loss=(0.01, 0.02), values_per_packet=None) -> config_mod.Config:
+    """The testbed's job, without a packet size (as a hand-written file may be) unless
+    one is given."""
     raw = layout.job_config_dict({1: "h1", 2: "h2", 3: "h3"}, NOWHERE, 0, num_slots=64,
                                  loss=loss)
+    raw["job"]["values_per_packet"] = values_per_packet
+    if values_per_packet is None:
+        del raw["job"]["values_per_packet"]
     return config_mod.load_text(tomli_w.dumps(raw))
 
 
-def tree_job():
+def tree_job(values_per_packet=None):
     switches = {name: (NOWHERE, 0) for name in ("spine", "leaf0", "leaf1")}
     return config_mod.load_text(tomli_w.dumps(
-        layout.tree_config_dict(switches, leaves=2, per_leaf=2, num_slots=16)))
+        layout.tree_config_dict(switches, leaves=2, per_leaf=2, num_slots=16,
+                                values_per_packet=values_per_packet)))
+
+
+def size_of(p4info: Path) -> int:
+    return protocol.values_per_packet_in(r.name for r in DryRun(p4info).schema.registers)
 
 
 def neutral(name: str) -> str:
@@ -76,6 +86,21 @@ def written(run: DryRun) -> set[tuple]:
 def apply(p4info: Path, config) -> tuple[DryRun, object]:
     run = DryRun(p4info)
     return run, Controller(run).apply(config)
+
+
+@pytest.mark.parametrize("p4info_path, size", [(protocol.P4INFO, 256), (protocol.SMALL_P4INFO, 64),
+                                              (protocol.TNA_P4INFO, 64)])
+def test_a_job_for_another_packet_size_is_refused_before_any_write(p4info_path, size):
+    if not p4info_path.exists():
+        pytest.skip(NO_TNA_BUILD)
+    run, _ = apply(p4info_path, one_switch_job(values_per_packet=size))
+    assert run.written
+    other = 64 if size == 256 else 256
+    refused = DryRun(p4info_path)
+    with pytest.raises(P4RuntimeError, match=f"job 1 is for a program of {other} values per "
+                                             f"packet; the program on .* carries {size}"):
+        Controller(refused).apply(one_switch_job(values_per_packet=other))
+    assert not refused.written
 
 
 def test_every_entry_of_a_job_encodes(p4info):
@@ -142,6 +167,7 @@ def test_keys_and_parameters_are_as_wide_on_both_targets():
                                                           "AggIngress.contribution_counter",
                                                           "AggIngress.value_aggregator",
                                                           "AggIngress.exponent_max",
+                                                          "AggIngress.fingerprint_sum",
                                                           "AggIngress.bitmap_checker"))
                   and "set_leaf_job" not in k[1] and "set_parent" not in k[1]}
     assert {k: tofino.get(k) for k in controlled} == {k: bmv2[k] for k in controlled}
@@ -156,7 +182,7 @@ def test_counters_have_a_cell_per_outcome(p4info):
 
 
 def test_a_leaf_needs_the_leaf_role(p4info):
-    tree = tree_job()
+    tree = tree_job(size_of(p4info))
     run = DryRun(p4info)
     controller = Controller(run)
     if run.resolve("actions", "AggIngress.job_lookup.set_leaf_job") is None:
@@ -192,7 +218,8 @@ def cli(*args) -> subprocess.CompletedProcess:
 def test_check_prints_what_apply_would_write(p4info, tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(tomli_w.dumps(layout.job_config_dict({1: "h1", 2: "h2"}, NOWHERE, 0,
-                                                        num_slots=8)))
+                                                        num_slots=8,
+                                                        values_per_packet=size_of(p4info))))
     result = cli("check", str(job), "--p4info", str(p4info))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

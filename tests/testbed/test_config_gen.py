@@ -43,3 +43,25 @@ def test_generated_tree_validates_and_routes_every_worker():
     assert dict(leaf0.l2_routes) == {layout.host_mac(g): 5 for g in range(5, 9)}
     assert dict(spine.l2_routes) == {layout.host_mac(g): 1 + (g > 4) for g in range(1, 9)}
     assert (leaf1.loss.egress, leaf0.loss.egress) == (0.01, 0.0)
+
+
+@pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(), reason="the P4 program is not built")
+def test_links_too_small_for_the_packets_are_refused_naming_both_sizes():
+    fmt = protocol.packet_format(256)
+    layout.check_mtu({"h1-eth0": "1500\n", "h2-eth0": "1066"}, fmt)     # 20 + 8 + 1038
+    with pytest.raises(ValueError, match="256 values.* need an MTU of 1066 B; h2-eth0 has 1065 B"):
+        layout.check_mtu({"h1-eth0": "1500", "h2-eth0": "1065"}, fmt)
+
+
+@pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(), reason="the P4 program is not built")
+def test_the_job_names_its_program_size_and_another_size_is_a_clear_error():
+    raw = layout.job_config_dict({1: "s1-eth1"}, "127.0.0.1:9559", 0, values_per_packet=64)
+    assert config_mod.parse(raw).job.values_per_packet == 64
+    assert config_mod.parse(layout.job_config_dict({1: "s1-eth1"}, "127.0.0.1:9559", 0)
+                            ).job.values_per_packet == protocol.packet_format().values_per_packet
+    with pytest.raises(ValueError, match="no compiled program carries 100 values per packet "
+                                         r"\(the builds here carry 256, 64"):
+        protocol.program(100)
+    raw["job"]["values_per_packet"] = "64"
+    with pytest.raises(config_mod.ConfigError, match="values_per_packet must be a positive"):
+        config_mod.parse(raw)

@@ -8,7 +8,10 @@ through ``switch_allreduce_hook``, and every bucket is also averaged by gloo, on
 the same values, to measure the hook's per-step error. Small buckets make DDP use
 several, whose layout it rebuilds after the first iteration. Prints one JSON line
 and saves the first step's gradients, for comparing the two backends from the same
-starting point.
+starting point. ``--extra-call N`` (on every rank: the plain hook, without gloo's
+comparison) makes the ranks with N > 0 one call ahead of the others (an allreduce
+of N values of their own first): the switch hook's error must come out of
+``backward()`` on every rank (the JSON line then holds it, and the exit status is 1).
 """
 
 import argparse
@@ -57,6 +60,9 @@ def main() -> None:
     parser.add_argument("--master", required=True, help="host:port of rank 0, for gloo")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--save", type=Path, required=True)
+    parser.add_argument("--extra-call", type=int, metavar="N",
+                        help="the plain hook, and first, if N > 0, an allreduce of N values "
+                             "on this rank alone (not waited for)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
@@ -79,22 +85,32 @@ def main() -> None:
     session = None
     if args.backend == "switch":
         session = AggregationSession.from_config(config, rank)
-        ddp.register_comm_hook(SwitchHookState(session), measured_hook(records))
+        # The ranks' calls differ then: gloo's allreduce of the buckets would not meet.
+        hook = measured_hook(records) if args.extra_call is None else switch_allreduce_hook
+        ddp.register_comm_hook(SwitchHookState(session), hook)
+        if args.extra_call:
+            session.allreduce_async(torch.zeros(args.extra_call))
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     steps = 0
     first_grads = None
-    for epoch in range(args.epochs):
-        perm = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(epoch))]
-        for start in range(0, len(perm) - BATCH + 1, BATCH):
-            idx = perm[start:start + BATCH]
-            optimizer.zero_grad()
-            loss_fn(ddp(x[idx]), y[idx]).backward()
-            if first_grads is None:
-                first_grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-            optimizer.step()
-            steps += 1
+    try:
+        for epoch in range(args.epochs):
+            perm = shard[torch.randperm(len(shard),
+                                        generator=torch.Generator().manual_seed(epoch))]
+            for start in range(0, len(perm) - BATCH + 1, BATCH):
+                idx = perm[start:start + BATCH]
+                optimizer.zero_grad()
+                loss_fn(ddp(x[idx]), y[idx]).backward()
+                if first_grads is None:
+                    first_grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+                optimizer.step()
+                steps += 1
+    except Exception as exc:      # the hook's error, raised by backward()
+        print(json.dumps({"rank": rank, "steps": steps, "error": f"{type(exc).__name__}: {exc}"}),
+              flush=True)
+        os._exit(1)
     with torch.no_grad():
         accuracy = (model(x[test]).argmax(1) == y[test]).float().mean().item() * 100
     args.save.mkdir(parents=True, exist_ok=True)

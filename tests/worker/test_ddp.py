@@ -39,3 +39,26 @@ def test_ddp_through_the_switch_trains_like_gloo(fabric, tmp_path):
     assert gloo[0]["accuracy"] > 90
     assert abs(switch[0]["accuracy"] - gloo[0]["accuracy"]) <= 0.5
     fabric.remove(job)
+
+
+def test_ranks_whose_calls_differ_get_the_error_from_backward(fabric, tmp_path):
+    """Rank 1 allreduces 100 values of its own before training, so its calls are one
+    ahead of rank 0's: the first bucket's call fails with CallMismatch on both ranks,
+    and DDP raises the hook's error from the first backward() on each, promptly (rank
+    1's bucket meets the broken session: TransportBroken, from the CallMismatch)."""
+    job = fabric.job(2, num_slots=16)
+    master = f"{job.hosts[0].ip}:{29700 + job.id}"
+    runs = fabric.run(job, ["--backend", "switch", "--master", master, "--save", str(tmp_path)],
+                      extra={0: ["--extra-call", "0"], 1: ["--extra-call", "100"]},
+                      module="tests.worker.ddp_train",
+                      timeout=120)
+    errors = {}
+    for run in runs:
+        assert run.returncode == 1, f"rank {run.worker}:\n{run.stderr[-3000:]}"
+        (report,) = run.reports
+        assert report["steps"] == 0
+        errors[run.worker] = report["error"]
+    assert (f"CallMismatch: job {job.id}, worker 0, call 1 (2410 elements, 'bucket 0')"
+            in errors[0]), errors
+    assert "TransportBroken: an earlier aggregation failed" in errors[1], errors
+    fabric.remove(job)

@@ -86,7 +86,7 @@ def test_float16_inputs_and_output():
     rng = np.random.default_rng(3)
     inputs = [(rng.standard_normal((100, K)) * 2.0**rng.integers(-20, 12, (100, 1)))
               .astype(np.float16) for _ in range(4)]
-    as32 = [q.to_blocks(x, K) for x in inputs]
+    as32 = [x.astype(np.float32) for x in inputs]
     result, agreed = aggregate(as32, average=True, dtype=np.float16)
     assert result.dtype == np.float16
     half_ulp = np.spacing(np.abs(result)).astype(np.float64) / 2
@@ -98,7 +98,7 @@ def test_bfloat16_through_float32():
     gen = torch.Generator().manual_seed(4)
     inputs = [torch.randn(100 * K, generator=gen, dtype=torch.float32).to(torch.bfloat16)
               for _ in range(3)]
-    as32 = [q.to_blocks(t.float().numpy(), K) for t in inputs]
+    as32 = [t.float().numpy().reshape(-1, K) for t in inputs]
     result32, agreed = aggregate(as32, average=True)
     result = torch.from_numpy(result32).to(torch.bfloat16).double().numpy()
     # Rounded to float32, then to bfloat16 (8 significant bits, float32 has 24).
@@ -106,14 +106,28 @@ def test_bfloat16_through_float32():
     check_bound(result, as32, agreed, 3, True, spacing32 / 2 + spacing32 * 2.0**16 / 2)
 
 
-def test_to_blocks_pads_with_zeros_and_views_when_it_can():
-    x = np.arange(K * 3, dtype=np.float32)
-    assert np.shares_memory(q.to_blocks(x, K), x)
-    blocks = q.to_blocks(np.ones(K + 5, dtype=np.float64), K)
-    assert blocks.shape == (2, K) and blocks.dtype == np.float32
-    assert blocks.sum() == K + 5 and np.all(blocks[1, 5:] == 0)
-    with pytest.raises(TypeError):
-        q.to_blocks(np.arange(5), K)
+def test_blocks_are_views_of_the_array_but_the_padded_last_one():
+    x = np.arange(K * 3 + 5, dtype=np.float32)
+    b = q.Blocks(x, K)
+    assert len(b) == 4 and np.shares_memory(b.whole, x) and b.whole.shape == (3, K)
+    assert np.all(b.tail[0, :5] == x[-5:]) and np.all(b.tail[0, 5:] == 0)
+    assert np.shares_memory(b.rows(np.array([1, 2])), x)      # consecutive whole: a view
+    assert b.view(np.array([2, 1])) is None and b.view(np.array([2, 3])) is None
+    rows = b.rows(np.array([3, 0]))                            # a copy, the padded one included
+    assert np.all(rows[0] == b.tail[0]) and np.all(rows[1] == x[:K])
+    b.write(np.array([3, 1]), np.full((2, K), -1, dtype=np.float32))
+    assert np.all(x[-5:] == -1) and np.all(x[K:2 * K] == -1)   # of the last, what the array has
+    assert np.all(x[:K] == np.arange(K)) and np.all(x[2 * K:3 * K] == np.arange(2 * K, 3 * K))
+    assert len(q.Blocks(np.ones(K - 1), K)) == 1 and len(q.Blocks(np.ones(0), K)) == 0
+    with pytest.raises(ValueError, match="flat"):
+        q.Blocks(np.ones((2, K)), K)
+
+
+def test_consecutive_indices_become_slices():
+    assert q.consecutive(np.array([4, 5, 6])) == slice(4, 7)
+    assert q.consecutive(np.array([9])) == slice(9, 10)
+    for index in ([], [4, 6], [5, 4], [4, 6, 5], [1, 2, 2]):
+        assert q.consecutive(np.array(index, dtype=np.int64)) is None, index
 
 
 def test_block_exponent_is_the_smallest_power_of_two_above_the_block():
@@ -147,10 +161,12 @@ def test_nan_inf_and_huge_values_poison_their_block_on_every_worker(bad, index):
     result = q.dequantize(sums.astype(np.int32), agreed, 2, average=False)
     assert np.all(np.isnan(result[block]))
     assert np.all(np.delete(result, block, axis=0) == 2)
-    assert q.describe_poison(mine, agreed, K).startswith(f"cannot aggregate {np.float32(bad)} "
-                                                         f"at index {index}")
-    assert q.describe_poison(other, agreed, K).startswith("another worker sent NaN")
-    assert f"from index {block * K} are NaN" in q.describe_poison(other, agreed, K)
+    told = q.nonfinite(mine.reshape(-1))
+    assert told.startswith(f"cannot aggregate {np.float32(bad)} at index {index}")
+    assert q.describe_poison(told, agreed, K).startswith(told)
+    assert q.nonfinite(other.reshape(-1)) is None
+    assert q.describe_poison(None, agreed, K).startswith("another worker sent NaN")
+    assert f"from index {block * K} are NaN" in q.describe_poison(None, agreed, K)
 
 
 def test_largest_finite_magnitude_is_below_2_to_126():
@@ -170,25 +186,31 @@ def test_a_scale_below_a_workers_own_exponent_clips_and_is_never_usable():
 
 
 def switch_with_speculation(calls: list[list[np.ndarray]]):
-    """Workers and a saturating int32 switch over a sequence of calls of one shape,
-    with the transport's policy: speculate from the last call, redo what the result
-    says is not usable, with the agreed maximum. Returns per call the result, the
-    scales kept and how many blocks were redone."""
+    """Workers and a saturating int32 switch over a sequence of calls of one shape.
+    The decisions are the transport's own functions: ``speculate`` from the last
+    call's maxima, ``settle`` on each result (keep, or redo with the maximum, once:
+    a redone block must be kept), ``remember`` for the next call. Returns per call
+    the result, the scales kept and how many blocks were redone."""
     history, out = None, []
     for inputs in calls:
         n = len(inputs)
         own = [q.block_exponents(x) for x in inputs]
-        agreed = np.max(own, axis=0).astype(np.int64)
+        agreed = np.max(own, axis=0).astype(np.int64)     # the switch's exponent maximum
+
+        def switch(rows, scale):
+            return np.clip(np.sum([q.quantize(x[rows], e[rows], scale, n).astype(np.int64)
+                                   for x, e in zip(inputs, own)], axis=0), -2**31, 2**31 - 1)
+
+        everything = np.arange(len(agreed))
         scale = q.speculate(history, len(agreed))
-        total = np.clip(np.sum([q.quantize(x, e, scale, n).astype(np.int64)
-                                for x, e in zip(inputs, own)], axis=0), -2**31, 2**31 - 1)
-        redo = ~q.usable(scale, agreed)
-        scale[redo] = agreed[redo]
-        again = np.sum([q.quantize(x[redo], e[redo], scale[redo], n).astype(np.int64)
-                        for x, e in zip(inputs, own)], axis=0)
-        total[redo] = again
+        total = switch(everything, scale)
+        keep, scale = q.settle(scale, agreed)
+        redo = everything[~keep]
+        total[redo] = switch(redo, scale[redo])
+        again, _ = q.settle(scale[redo], agreed[redo])
+        assert again.all(), "a block redone with the agreed maximum must be kept"
         out.append((q.dequantize(total.astype(np.int32), scale, n, average=False), scale,
-                     int(redo.sum())))
+                    len(redo)))
         history = q.remember(agreed)
     return out
 
@@ -223,8 +245,17 @@ def test_a_steady_shape_needs_no_redo():
 
 def test_poison_is_probed_again_and_zeros_are_final_at_any_scale():
     assert q.remember(np.array([q.POISON_EXPONENT]))[0] + q.HEADROOM == q.PROBE_EXPONENT
-    assert q.usable(np.array([5, q.PROBE_EXPONENT]),
-                    np.array([EXPONENT_OF_ZERO, q.POISON_EXPONENT])).all()
+    keep, scale = q.settle(np.array([5, q.PROBE_EXPONENT]),
+                           np.array([EXPONENT_OF_ZERO, q.POISON_EXPONENT]))
+    assert keep.all() and list(scale) == [5, q.POISON_EXPONENT]
+
+
+def test_settle_keeps_only_unclipped_precise_scales_and_redoes_with_the_maximum():
+    agreed = np.array([3, 3, 3, 3, 3, -128])
+    scale = np.array([2, 3, 7, 8, 126, 9])     # clipped, exact, +4, +5, probe, zeros
+    keep, now = q.settle(scale, agreed)
+    assert list(keep) == [False, True, True, False, False, True]
+    assert list(now) == [3, 3, 7, 3, 3, 9]
 
 
 @pytest.mark.parametrize("n", list(range(1, 33)))
@@ -280,9 +311,15 @@ def test_quantize_scales_exactly_as_ldexp():
     np.testing.assert_array_equal(q.quantize(x, e, scale, 5), expected)
 
 
-def test_quantize_into_big_endian_packet_field():
+def test_quantize_into_big_endian_packet_field_or_float32_scratch():
     x = worker_inputs(1, 20, seed=9)[0]
     e = q.block_exponents(x)
+    scale = e.astype(np.int64) + 1
+    scale[3] = e[3] - 2                                # clipped
+    expected = q.quantize(x, e, scale, 3)
     packets = np.zeros(20, dtype=[("h", "V10"), ("values", ">i4", (K,))])
-    q.quantize(x, e, e + 1, 3, out=packets["values"])
-    np.testing.assert_array_equal(packets["values"], q.quantize(x, e, e + 1, 3))
+    q.quantize(x, e, scale, 3, out=packets["values"])
+    np.testing.assert_array_equal(packets["values"], expected)
+    work = np.empty((20, K), dtype=np.float32)
+    assert q.quantize(x, e, scale, 3, out=work) is work
+    np.testing.assert_array_equal(work.astype(np.int64), expected)

@@ -1,6 +1,7 @@
-"""After a failed call, ``switch_ctl reset`` returns the job's slots to a fresh
-switch's state through PacketOuts, and the job goes on without moving its slots or
-restarting the switch."""
+"""After a failed call the job goes on without moving its slots or restarting the
+switch: a new session's start makes any slot state safe (a session killed mid-call
+included), and ``switch_ctl reset`` returns the job's slots to a fresh switch's
+state through PacketOuts."""
 
 from __future__ import annotations
 
@@ -33,6 +34,44 @@ def test_a_failed_call_then_reset_then_new_sessions_are_exact(fabric, tmp_path):
     runs = fabric.run(job, ["--size", "3000", "--reps", "3", "--seed", "13",
                             "--save", str(tmp_path)])
     check_run(runs, job, tmp_path, size=3000, seed=13, reps=3)
+    fabric.remove(job)
+
+
+def test_a_session_killed_mid_call_then_new_sessions_are_exact_or_fail_clearly(fabric,
+                                                                               tmp_path):
+    """Every worker of a session dies (os._exit) in the middle of its calls, leaving
+    finished, half-filled and half-vacated (slot, set)s behind. New sessions on the
+    job, without a reset, either aggregate exactly or all fail at their start,
+    promptly, saying that the slots hold another session's state; never a stale sum
+    (their inputs differ from the dead session's, so one would be far off). After
+    the reset the error asks for, new sessions are exact."""
+    job = fabric.job(3, num_slots=8)
+    runs = fabric.run(job, ["--size", "6000", "--reps", "100000", "--die-after", "1.5"],
+                      timeout=60)
+    assert all(run.returncode == 137 and run.reports for run in runs), \
+        [(run.returncode, len(run.reports)) for run in runs]
+    outcomes = set()
+    for attempt in range(3):
+        outdir = tmp_path / f"after{attempt}"
+        runs = fabric.run(job, ["--size", "3000", "--reps", "2", "--seed", str(17 + attempt),
+                                "--save", str(outdir), "--peer-timeout", "30"], timeout=60)
+        failed = [run for run in runs if run.returncode]
+        if not failed:
+            check_run(runs, job, outdir, size=3000, seed=17 + attempt, reps=2)
+            outcomes.add("exact")
+            break
+        assert len(failed) == len(runs), "some workers started, some did not"
+        for run in runs:
+            (report,) = run.reports
+            assert report["error"].startswith(f"CallMismatch: job {job.id}, worker "
+                                              f"{run.worker}, session start: slot "), report
+            assert "holds another session's state" in report["error"]
+            assert "switch_ctl reset" in report["error"] and report["seconds"] < 10
+        assert not outdir.exists(), "a worker saved a result"
+        outcomes.add("refused")
+        reset = switch_ctl("reset", str(job.path))
+        assert reset.returncode == 0, reset.stderr
+    assert "exact" in outcomes, outcomes
     fabric.remove(job)
 
 

@@ -34,8 +34,10 @@ def test_an_unreachable_switch_ends_the_call_and_the_session():
     s = session(peer_timeout=1.0)
     values = np.arange(1000, dtype=np.float32)
     start = time.monotonic()
-    with pytest.raises(AggregationTimeout, match=r"no result for 16 slot\(s\) \[0, 1, 2, .*"
-                                                 r"after \d+\.\d s \(peer_timeout 1 s.*switch_ctl reset"):
+    # The first call starts the session: two rounds over every slot of the window.
+    with pytest.raises(AggregationTimeout, match=r"session start: no result for 16 slot\(s\) "
+                                                 r"\[0, 1, 2, .*after \d+\.\d s \(peer_timeout 1 s.*"
+                                                 r"has not said whom it waits for.*switch_ctl reset"):
         s.allreduce(values)
     assert time.monotonic() - start >= 1.0     # it waited the configured time, then gave up
     np.testing.assert_array_equal(values, np.arange(1000, dtype=np.float32))  # untouched
@@ -101,3 +103,19 @@ def test_rto_floor_follows_the_round_trip_not_a_constant():
         rto.sample(0.002)
     assert rto.rto == pytest.approx(0.004)  # twice the smoothed RTT, far below 100 ms
     assert rto.reorder_window == pytest.approx(0.0005)   # RACK: min RTT / 4
+
+
+def test_a_worker_takes_the_job_programs_size_and_refuses_another():
+    from testbed import layout
+    from switch_ctl import config as config_mod
+
+    raw = layout.job_config_dict({1: "p1", 2: "p2"}, "127.0.0.1:9", 0, values_per_packet=64)
+    raw["job"]["workers"][0]["ip"] = "127.0.0.1"
+    raw["job"]["service_ip"] = "127.0.0.2"          # loopback: nothing is sent
+    raw["job"]["workers"][0]["udp_port"] = free_udp_port()
+    config = config_mod.parse(raw)
+    with AggregationSession.from_config(config, 0) as s:
+        assert s.fmt.values_per_packet == 64
+    with pytest.raises(ValueError, match="job 1's switch program carries 64 values per packet, "
+                                         "this worker's 256"):
+        AggregationSession.from_config(config, 0, packet_format=protocol.packet_format(256))

@@ -1,6 +1,8 @@
 """Two-level aggregation: a spine and two leaves of 2 or 4 workers each, every switch a
 process of the target, with loss on every link. Results must be bit-identical on
-every worker and equal to the one-switch model's (tests/worker/test_end_to_end)."""
+every worker and within the bound of the exact sum (tests/worker/test_end_to_end);
+the sums are exact integers and the exponent the maximum over every worker, as on
+one switch."""
 
 from __future__ import annotations
 

@@ -4,7 +4,9 @@
  * One register word per slot holds both sets' bitmaps, so one read-modify-write
  * marks the sender in its set and clears it in the other: contributing to set s
  * re-arms set 1-s, and workers reuse slots forever without any reset (SwitchML).
- * After a failed call the controller clears a job's slots with PacketOuts.
+ * The set's bitmap after the packet (contributors) answers a retransmission for an
+ * unfinished set: who the switch still waits for. After a failed call the
+ * controller can clear a job's slots with PacketOuts.
  */
 #ifndef _BITMAP_CHECKER_P4_
 #define _BITMAP_CHECKER_P4_
@@ -25,6 +27,7 @@ control BitmapChecker(in headers_t hdr, inout metadata_t meta) {
         bitmaps.write((bit<32>)hdr.agg.slot, new1 ++ new0);
         meta.seen = ((before & meta.worker_bit) != 0) ? 1w1 : 1w0;
         meta.first = (before == 0) ? 1w1 : 1w0;
+        meta.contributors = before | meta.worker_bit;
     }
 
     // The controller's reset: both sets empty, as on a fresh switch. Counts and

@@ -1,0 +1,49 @@
+"""The demo's models and options: the quick default stays as it was, the large model
+is one where communication matters, and settings that cannot run are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed import demo
+from testbed.train import mlp
+
+
+def options(*argv: str):
+    return demo.settle(demo._parser().parse_args(list(argv)))
+
+
+def parameters(model: str) -> int:
+    return sum(p.numel() for p in mlp(list(demo.MODELS[model].hidden)).parameters())
+
+
+def test_default_is_the_quick_small_model():
+    args = options()
+    assert (args.model, args.epochs, args.lr, args.bw, args.accuracy) == \
+        ("small", 5, 0.01, 20.0, None)
+    assert parameters("small") == 2410
+
+
+def test_large_model_has_a_million_parameters_and_an_accuracy_to_reach():
+    args = options("--model", "large")
+    assert parameters("large") >= 1_000_000
+    assert demo.MODELS["large"].name() == "64-1024-1024-10 MLP"
+    assert args.accuracy == 0.95 and args.bw == 100.0 and args.epochs == 8
+
+
+def test_options_given_override_the_models_own():
+    args = options("--model", "large", "--bw", "200", "--epochs", "3", "--accuracy", "0.9")
+    assert (args.bw, args.epochs, args.accuracy, args.lr) == (200.0, 3, 0.9, 0.001)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--accuracy", "1.5"), "--accuracy is a fraction"),
+    (("--accuracy", "0"), "--accuracy is a fraction"),
+    (("--eval-every", "0"), "at least 1"),
+    (("--epochs", "0"), "at least 1"),
+    (("--bw", "-5"), "--bw not negative"),
+    (("--lr", "0"), "--lr must be positive"),
+])
+def test_settings_that_cannot_run_are_refused(argv, message):
+    with pytest.raises(ValueError, match=message):
+        options(*argv)

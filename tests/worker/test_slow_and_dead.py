@@ -1,0 +1,54 @@
+"""Slow is not dead: a rank that pauses between calls holds the others up, who say
+whom they wait for, and the job goes on exactly; a rank that dies is named by every
+other rank's error, within peer_timeout."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .test_end_to_end import check_run
+
+PAUSE = 40.0          # seconds: longer than the old 30 s peer_timeout, as a checkpoint is
+
+
+def test_a_rank_that_dies_is_named_by_every_other_within_the_timeout(fabric):
+    job = fabric.job(3, num_slots=8)
+    runs = fabric.run(job, ["--size", "6000", "--reps", "100000", "--peer-timeout", "5",
+                            "--max-rto", "0.5"], extra={2: ["--die-after", "2"]}, timeout=60)
+    assert runs[2].returncode == 137
+    for run in runs[:2]:
+        assert run.returncode == 1
+        error = run.reports[-1]["error"]
+        assert re.match(rf"AggregationTimeout: job {job.id}, worker {run.worker}, call \d+ "
+                        r"\(6000 elements\): no result for \d+ slot", error), error
+        assert "the switch waits for worker(s) 2." in error, error
+        waited = float(re.search(r"after (\d+\.\d) s \(peer_timeout 5 s", error)[1])
+        assert 5.0 <= waited and run.reports[-1]["seconds"] < 5.0 + 3.0
+    fabric.remove(job)
+
+
+def test_a_rank_that_pauses_longer_than_before_is_waited_for(fabric, tmp_path):
+    """One target is enough: the waiting is the workers' timers and the switch's
+    WAITING replies, the same program on every target, and each run costs 40 s."""
+    if fabric.target != "softswitch":
+        pytest.skip("run on the native embedded switch only (40 s per target)")
+    job = fabric.job(3, num_slots=8)
+    runs = fabric.run(job, ["--size", "6000", "--reps", "2", "--seed", "5", "--save",
+                            str(tmp_path)], extra={1: ["--pause", f"1:{PAUSE}"]}, timeout=180)
+    check_run(runs, job, tmp_path, size=6000, seed=5, reps=2)
+    for run in (runs[0], runs[2]):
+        waited = run.reports[1]
+        assert waited["seconds"] >= PAUSE
+        # While waiting, a line every progress_interval (10 s) names the paused rank.
+        lines = re.findall(rf"job {job.id}, worker {run.worker}, call 2 \(6000 elements\): no "
+                           r"result for \d+ slot\(s\) for \d+ s; the switch waits for "
+                           r"worker\(s\) 1\n", run.stderr)
+        assert len(lines) >= 3, run.stderr
+        # The timers backed off (to max_rto, 2 s): a few dozen retransmissions per slot,
+        # not a storm, and the WAITING replies they asked for did not speed them up.
+        counters = waited["counters"]
+        assert 0 < counters["waiting_replies"] <= counters["retransmissions"]
+        assert counters["retransmissions"] <= job.num_slots * (PAUSE / 2.0 + 20)
+    fabric.remove(job)
