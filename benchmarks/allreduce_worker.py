@@ -19,7 +19,6 @@ gives in 10 ms ticks, to the nanosecond.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -35,19 +34,8 @@ import torch.distributed as dist  # noqa: E402
 
 from p4src import protocol  # noqa: E402
 from worker import AggregationSession  # noqa: E402
+from testbed.targets import cpu_seconds  # noqa: E402
 from worker.run import make_inputs  # noqa: E402
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def cpu_clock(pid: int) -> int:
-    """The clock of process ``pid``'s CPU time (all its threads), for time.clock_gettime."""
-    clock = ctypes.c_int()
-    error = _libc.clock_getcpuclockid(pid, ctypes.byref(clock))
-    if error:
-        raise OSError(error, f"clock_getcpuclockid({pid}): {os.strerror(error)}")
-    return clock.value
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -64,7 +52,6 @@ def main() -> int:
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.worker_id,
                             world_size=args.world, timeout=timedelta(minutes=5))
     fmt = protocol.PacketFormat.load(args.program)
-    switch_clock = cpu_clock(args.switch_pid) if args.switch_pid else None
     # Block scales steady from call to call, as a training step's gradients keep theirs.
     values = make_inputs(args.elements, 0, 0, args.worker_id, steady=True)
     with AggregationSession.from_config(args.config, args.worker_id, packet_format=fmt) as session:
@@ -76,7 +63,7 @@ def main() -> int:
             for backend in ("switch", "gloo") if rep % 2 == 0 else ("gloo", "switch"):
                 tensor = torch.from_numpy(values.copy())
                 dist.barrier()
-                switch_cpu = time.clock_gettime(switch_clock) if switch_clock is not None else None
+                switch_cpu = cpu_seconds(args.switch_pid) if args.switch_pid else None
                 cpu, start = time.process_time(), time.perf_counter()
                 calls[backend](tensor)
                 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -84,7 +71,7 @@ def main() -> int:
                 report = {"worker": args.worker_id, "rep": rep, "backend": backend,
                           "seconds": seconds, "cpu": cpu}
                 if switch_cpu is not None:
-                    report["switch_cpu"] = time.clock_gettime(switch_clock) - switch_cpu
+                    report["switch_cpu"] = cpu_seconds(args.switch_pid) - switch_cpu
                 if backend == "switch":
                     report["counters"] = session.last_call.counters.as_dict()
                 print(json.dumps(report), flush=True)

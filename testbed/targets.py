@@ -9,6 +9,7 @@ switch serves mutual TLS with simple_switch_grpc's options.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import os
@@ -124,6 +125,19 @@ def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: s
     # PacketOuts (the controller's slot reset) enter the pipeline on the program's CPU port.
     argv += ["--", "--grpc-server-addr", grpc_addr, "--cpu-port", str(protocol.CPU_PORT)]
     return argv + (tls.switch_args() if tls else [])
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system, all threads) process ``pid`` has used, from its
+    CPU-time clock: /proc/PID/stat counts in 10 ms ticks, too coarse for one call."""
+    clock = ctypes.c_int()
+    error = _libc.clock_getcpuclockid(pid, ctypes.byref(clock))
+    if error:
+        raise OSError(error, f"clock_getcpuclockid({pid}): {os.strerror(error)}")
+    return time.clock_gettime(clock.value)
 
 
 class SwitchProcess:

@@ -34,7 +34,7 @@ from switch_ctl.tree import Tree
 from .layout import (add_topology_arguments, check_mtu, check_topology, host_mac,
                      job_config_dict, tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
-from .targets import add_switch_arguments, default_target, free_tcp_port
+from .targets import add_switch_arguments, cpu_seconds, default_target, free_tcp_port
 from .tls import TLSBundle, make_bundle
 
 from mininet.cli import CLI  # noqa: E402  (importable once testbed.p4switch ran)
@@ -267,13 +267,7 @@ class Testbed:
 
     def switch_cpu_seconds(self) -> float:
         """CPU time (user and system, all threads) the switch processes have used."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        total = 0
-        for switch in set(self.switches.values()):
-            stat = Path(f"/proc/{switch.process.process.pid}/stat").read_text()
-            fields = stat.rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])     # utime, stime
-        return total / ticks
+        return sum(cpu_seconds(s.process.process.pid) for s in set(self.switches.values()))
 
     def interfaces(self) -> list[str]:
         """The switch-side interfaces (the only ones in the root namespace)."""
