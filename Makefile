@@ -8,7 +8,7 @@ PY       := $(VENV)/bin/python
 P4C      ?= p4c-bm2-ss
 # The open-source Tofino compiler (p4c's backends/tofino); see README, "Tofino".
 BF_P4C   ?= bf-p4c
-P4BUILD  ?= p4src/build
+P4BUILD  ?= innet_aggregation/p4src/build
 N        ?= 4
 # TOPO=tree: a spine and LEAVES leaf switches, N / LEAVES workers on each.
 TOPO     ?= star
@@ -76,20 +76,20 @@ test-bmv2: setup
 
 # Compile the P4 program (needs p4c; see README). The output is committed: the software
 # targets' program, 256 values (1 KiB) per packet, in $(P4BUILD), and the 64-value one
-# (Tofino's size) in $(P4BUILD)/k64. p4src/README.md, "Packet size", says why.
-V1MODEL_SOURCES := 'p4src/shared/*.p4' 'p4src/v1model/*.p4' 'p4src/v1model/control/*.p4'
+# (Tofino's size) in $(P4BUILD)/k64. innet_aggregation/p4src/README.md, "Packet size", says why.
+V1MODEL_SOURCES := 'innet_aggregation/p4src/shared/*.p4' 'innet_aggregation/p4src/v1model/*.p4' 'innet_aggregation/p4src/v1model/control/*.p4'
 p4: setup
-	$(PY) tools/p4build.py p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD) \
+	$(PY) tools/p4build.py innet_aggregation/p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD) \
 	    -D VALUES_PER_PACKET=256 --sources $(V1MODEL_SOURCES)
-	$(PY) tools/p4build.py p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD)/k64 \
+	$(PY) tools/p4build.py innet_aggregation/p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD)/k64 \
 	    -D VALUES_PER_PACKET=64 --sources $(V1MODEL_SOURCES)
 
 # Compile the TNA program for Tofino 1 with bf-p4c. Committed: the P4Info, our resource
-# summary and the manifest; the compiler's output stays in p4src/tna/build/bf-p4c.
+# summary and the manifest; the compiler's output stays in innet_aggregation/p4src/tna/build/bf-p4c.
 p4-tofino: setup
-	$(PY) tools/p4build.py p4src/tna/aggregation.p4 --target tofino --p4c $(BF_P4C) \
-	    --out p4src/tna/build \
-	    --sources 'p4src/shared/*.p4' 'p4src/tna/*.p4' 'p4src/tna/control/*.p4'
+	$(PY) tools/p4build.py innet_aggregation/p4src/tna/aggregation.p4 --target tofino --p4c $(BF_P4C) \
+	    --out innet_aggregation/p4src/tna/build \
+	    --sources 'innet_aggregation/p4src/shared/*.p4' 'innet_aggregation/p4src/tna/*.p4' 'innet_aggregation/p4src/tna/control/*.p4'
 
 # Compile the softswitch's small per-primitive test programs.
 p4-test-programs: setup
@@ -111,16 +111,16 @@ bench-worker: setup
 	$(PY) benchmarks/bench_worker.py
 
 bench-allreduce: setup
-	$(PY) -m testbed.baseline_experiment $(TOPOLOGY)
+	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY)
 
 demo: setup
-	$(PY) -m testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY)
+	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY)
 
 testbed: setup
-	$(PY) -m testbed.topology --workers $(N) $(TOPOLOGY)
+	$(PY) -m innet_aggregation.testbed.topology --workers $(N) $(TOPOLOGY)
 
 loss-experiment: setup
-	$(PY) -m testbed.loss_experiment $(TOPOLOGY) --loss-at $(LOSS_AT)
+	$(PY) -m innet_aggregation.testbed.loss_experiment $(TOPOLOGY) --loss-at $(LOSS_AT)
 
 clean:
 	rm -rf $(VENV) .venv-python3.* results .pytest_cache

@@ -1,6 +1,6 @@
 """One worker of bench_worker's section 3: the same tensor through the switch and through gloo.
 
-    python benchmarks/allreduce_worker.py --config job.toml --program p4src/build/aggregation.json \
+    python benchmarks/allreduce_worker.py --config job.toml --program innet_aggregation/p4src/build/aggregation.json \
         --worker-id 0 --world 4 --master 10.0.0.1:29500 --elements 262144 --reps 5 \
         [--switch-pid PID]
 
@@ -32,10 +32,10 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from p4src import protocol  # noqa: E402
-from worker import AggregationSession  # noqa: E402
-from testbed.targets import cpu_seconds  # noqa: E402
-from worker.run import make_inputs  # noqa: E402
+from innet_aggregation.p4src import protocol  # noqa: E402
+from innet_aggregation.worker import AggregationSession  # noqa: E402
+from innet_aggregation.testbed.targets import cpu_seconds  # noqa: E402
+from innet_aggregation.worker.run import make_inputs  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

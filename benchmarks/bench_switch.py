@@ -10,8 +10,8 @@ bits each, headers not counted). The load comes from C (benchmarks/native/
 loadgen.c, batched sendmmsg/recvmmsg, called without the GIL), so the generator is
 not what is measured.
 
-For each build of the program (p4src/build: 256 values per packet, the software
-targets'; p4src/build/k64: 64, Tofino's): the softswitch's native and Python
+For each build of the program (innet_aggregation/p4src/build: 256 values per packet, the software
+targets'; innet_aggregation/p4src/build/k64: 64, Tofino's): the softswitch's native and Python
 backends, BMv2 where simple_switch_grpc is on PATH, and the machine's ceiling for
 frames of that size: benchmarks/native/reflector.c, compiled now, which only
 reflects frames over the same veth pairs with the same system calls as the native
@@ -46,12 +46,12 @@ import numpy as np  # noqa: E402
 from scapy.layers.inet import IP, UDP  # noqa: E402
 from scapy.layers.l2 import Ether  # noqa: E402
 
-from p4src import protocol  # noqa: E402
-from switch_ctl import config as config_mod  # noqa: E402
-from switch_ctl.client import SwitchConnection  # noqa: E402
-from switch_ctl.controller import Controller  # noqa: E402
-from testbed.netns import Topology, in_netns  # noqa: E402
-from testbed.targets import SwitchProcess, available_targets, bmv2_path  # noqa: E402
+from innet_aggregation.p4src import protocol  # noqa: E402
+from innet_aggregation.switch_ctl import config as config_mod  # noqa: E402
+from innet_aggregation.switch_ctl.client import SwitchConnection  # noqa: E402
+from innet_aggregation.switch_ctl.controller import Controller  # noqa: E402
+from innet_aggregation.testbed.netns import Topology, in_netns  # noqa: E402
+from innet_aggregation.testbed.targets import SwitchProcess, available_targets, bmv2_path  # noqa: E402
 
 WORKERS = 4
 JOB_ID = 1

@@ -48,8 +48,8 @@ import tomli_w
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from p4src import protocol  # noqa: E402
-from worker import quantize  # noqa: E402
+from innet_aggregation.p4src import protocol  # noqa: E402
+from innet_aggregation.worker import quantize  # noqa: E402
 
 WORKERS = 4
 GLOO_PORT = 29500
@@ -137,7 +137,7 @@ def pipeline(elements: int, batch: int, repeats: int) -> None:
 
 def worker_rate(window: int, seconds: float, repeats: int) -> None:
     """Packets per second one worker sends and receives when nothing else binds."""
-    from worker import AggregationSession
+    from innet_aggregation.worker import AggregationSession
 
     fmt = protocol.packet_format()
     print(f"\nworker packet rate, one worker against a minimal reflector on loopback, "
@@ -207,10 +207,10 @@ def build_of(values: int) -> tuple[Path, Path]:
 def against_gloo(topo, target: str, values: int, elements: int, reps: int, slots: int,
                  port: int) -> list[dict] | None:
     """Switch and gloo calls in turns on one target: the workers' reports, or None."""
-    from switch_ctl import config as config_mod
-    from switch_ctl.client import SwitchConnection
-    from switch_ctl.controller import Controller
-    from testbed.targets import SwitchProcess
+    from innet_aggregation.switch_ctl import config as config_mod
+    from innet_aggregation.switch_ctl.client import SwitchConnection
+    from innet_aggregation.switch_ctl.controller import Controller
+    from innet_aggregation.testbed.targets import SwitchProcess
 
     program, p4info = build_of(values)
     fmt = protocol.PacketFormat.load(program)
@@ -278,7 +278,7 @@ def summarize(label: str, reports: list[dict], elements: int) -> dict:
 
 def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, reps: int,
               slots: int) -> None:
-    from testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Topology
 
     print(f"\nallreduce, {WORKERS} workers in network namespaces behind one switch, float32, "
           f"switch and gloo's ring in turns on the same tensor, {reps} calls each after one "
@@ -368,10 +368,10 @@ def main() -> None:
     if 3 not in args.sections:
         return
     if args.blocks is None:
-        from testbed.targets import bmv2_path
+        from innet_aggregation.testbed.targets import bmv2_path
         k = protocol.packet_format().values_per_packet
         blocks = []
-        if importlib.util.find_spec("softswitch") is not None:
+        if importlib.util.find_spec("innet_aggregation.softswitch") is not None:
             blocks += [("softswitch", k), ("softswitch", 64), ("softswitch-python", k)]
         if bmv2_path():
             blocks.append(("bmv2", k))

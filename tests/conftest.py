@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from switch_ctl.client import SwitchConnection
-from switch_ctl.controller import Controller
-from testbed.netns import Topology
-from testbed.targets import SwitchProcess, unavailable
+from innet_aggregation.switch_ctl.client import SwitchConnection
+from innet_aggregation.switch_ctl.controller import Controller
+from innet_aggregation.testbed.netns import Topology
+from innet_aggregation.testbed.targets import SwitchProcess, unavailable
 
 from tests.dataplane.harness import TestHost, make_config
 

@@ -14,14 +14,14 @@ from p4build import stale_sources
 
 REPO = Path(__file__).resolve().parents[1]
 
-MANIFESTS = sorted(REPO.glob("p4src/build/**/*.manifest.json")) + sorted(
-    REPO.glob("p4src/tna/build/*.manifest.json")) + sorted(
+MANIFESTS = sorted(REPO.glob("innet_aggregation/p4src/build/**/*.manifest.json")) + sorted(
+    REPO.glob("innet_aggregation/p4src/tna/build/*.manifest.json")) + sorted(
     REPO.glob("tests/**/build/*.manifest.json"))
 
 
 def test_the_main_program_is_built():
-    assert (REPO / "p4src/build/aggregation.manifest.json") in MANIFESTS
-    assert (REPO / "p4src/build/k64/aggregation.manifest.json") in MANIFESTS
+    assert (REPO / "innet_aggregation/p4src/build/aggregation.manifest.json") in MANIFESTS
+    assert (REPO / "innet_aggregation/p4src/build/k64/aggregation.manifest.json") in MANIFESTS
 
 
 @pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda p: str(p.relative_to(REPO)))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 
 @pytest.fixture(scope="module")

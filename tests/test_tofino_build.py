@@ -1,7 +1,7 @@
 """The Tofino build's recorded figures: what the last `make p4-tofino` wrote.
 
 No compile runs here (bf-p4c is in no registry). These tests read the resource
-summary committed in p4src/tna/build/ and check the figures it records: the fit in
+summary committed in innet_aggregation/p4src/tna/build/ and check the figures it records: the fit in
 Tofino 1's 12 stages, the PHV, one stateful ALU per value pair. The summary is only
 worth what ties it to a compile, so each of them first checks that tie, in the
 manifest the build wrote beside it: the summary's hash is the one the build
@@ -20,12 +20,12 @@ import pytest
 from p4build import sha256, stale_sources
 from tofino_resources import summary
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 SUMMARY = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.resources.txt"
 MANIFEST = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.manifest.json"
 COMPILER_OUTPUT = protocol.TNA_BUILD_DIR / "bf-p4c"
-REBUILD = "run 'make p4-tofino' with bf-p4c (README, 'Tofino') and commit p4src/tna/build"
+REBUILD = "run 'make p4-tofino' with bf-p4c (README, 'Tofino') and commit innet_aggregation/p4src/tna/build"
 
 pytestmark = pytest.mark.skipif(
     not SUMMARY.exists(), reason=f"{SUMMARY.name} is missing: make p4-tofino writes it with "

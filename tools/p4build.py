@@ -10,10 +10,10 @@ every source file, so tests/test_p4_builds.py can tell a committed build from a 
 one on machines that have no compiler, and tests/test_tofino_build.py a resource
 summary edited by hand from the one the build wrote.
 
-    python tools/p4build.py --p4c p4c-bm2-ss --out p4src/build p4src/v1model/aggregation.p4 \
-        --sources 'p4src/**/*.p4'
-    python tools/p4build.py --target tofino --p4c bf-p4c --out p4src/tna/build \
-        p4src/tna/aggregation.p4 --sources 'p4src/shared/*.p4' 'p4src/tna/**/*.p4'
+    python tools/p4build.py --p4c p4c-bm2-ss --out innet_aggregation/p4src/build innet_aggregation/p4src/v1model/aggregation.p4 \
+        --sources 'innet_aggregation/p4src/**/*.p4'
+    python tools/p4build.py --target tofino --p4c bf-p4c --out innet_aggregation/p4src/tna/build \
+        innet_aggregation/p4src/tna/aggregation.p4 --sources 'innet_aggregation/p4src/shared/*.p4' 'innet_aggregation/p4src/tna/**/*.p4'
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """A text summary of what a bf-p4c compile uses of Tofino: stages, stateful ALUs,
 SRAM/TCAM, PHV. The compiler's own reports (pipe/logs/resources.json, phv.json)
 are megabytes of JSON tied to one compiler version; this is what a reader of the
-repo needs, in a file small enough to commit and diff (p4src/tna/build/).
+repo needs, in a file small enough to commit and diff (innet_aggregation/p4src/tna/build/).
 
 Read from the schemas in p4c's backends/tofino/compiler_interfaces/schemas:
 resources.json (per-stage use, what is available), phv.json (what each PHV
 container holds) and the output's manifest.json (target, compiler version).
 
-    python tools/tofino_resources.py p4src/tna/build/bf-p4c
+    python tools/tofino_resources.py innet_aggregation/p4src/tna/build/bf-p4c
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ import numpy as np
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from p4src import protocol
-from switch_ctl.config import Config, ParentLink, parse
-from testbed.netns import Host, in_netns
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl.config import Config, ParentLink, parse
+from innet_aggregation.testbed.netns import Host, in_netns
 
 PACKET_OUTGOING = 4
 SERVICE_IP = "10.0.0.254"

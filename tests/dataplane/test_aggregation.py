@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 from .harness import SERVICE_IP, WORKER_UDP_PORT
 

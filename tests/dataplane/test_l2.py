@@ -7,7 +7,7 @@ import threading
 
 from scapy.layers.l2 import ARP, Ether
 
-from testbed.netns import in_netns
+from innet_aggregation.testbed.netns import in_netns
 
 from .harness import SERVICE_IP, SERVICE_MAC
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 from .harness import SERVICE_IP, TestHost, contribution
 

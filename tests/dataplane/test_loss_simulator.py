@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 PROBABILITY = 0.25
 # Packets per run: BMv2 moves about 1 k frames/s, so it gets fewer and, from the same

@@ -8,7 +8,7 @@ import numpy as np
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 from .harness import SERVICE_IP, SERVICE_MAC, WORKER_UDP_PORT
 from .test_validation import assert_next_round_exact, delta

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 from .harness import contribution
 

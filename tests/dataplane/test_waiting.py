@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 from .harness import SERVICE_IP
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from softswitch.native import NativePipeline
-from softswitch.p4runtime import Device, serve
-from softswitch.pipeline import Pipeline
-from switch_ctl.client import SwitchConnection
+from innet_aggregation.softswitch.native import NativePipeline
+from innet_aggregation.softswitch.p4runtime import Device, serve
+from innet_aggregation.softswitch.pipeline import Pipeline
+from innet_aggregation.switch_ctl.client import SwitchConnection
 
 PROGRAMS = Path(__file__).parent / "programs"
 BACKENDS = ("native", "python")

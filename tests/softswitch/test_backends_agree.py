@@ -15,9 +15,9 @@ import numpy as np
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from p4src import protocol
-from softswitch.native import NativePipeline
-from softswitch.pipeline import Entry, Pipeline
+from innet_aggregation.p4src import protocol
+from innet_aggregation.softswitch.native import NativePipeline
+from innet_aggregation.softswitch.pipeline import Entry, Pipeline
 from tests.softswitch.conftest import program_files
 from tests.softswitch.test_primitives import frame
 

@@ -1,4 +1,4 @@
-"""The ``python -m softswitch`` command line, and packets over real veth interfaces."""
+"""The ``python -m innet_aggregation.softswitch`` command line, and packets over real veth interfaces."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from switch_ctl.client import P4CounterEntry, P4MulticastGroupEntry
+from innet_aggregation.switch_ctl.client import P4CounterEntry, P4MulticastGroupEntry
 from tests.softswitch.conftest import connect, free_port, program_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "softswitch", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "innet_aggregation.softswitch", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
 
@@ -52,8 +52,8 @@ def test_unsupported_program_is_refused_at_load():
 @pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
 @pytest.mark.parametrize("target", ["softswitch", "softswitch-python"])
 def test_frames_cross_real_veth_pairs_under_p4runtime_control(target):
-    from testbed.netns import Topology
-    from testbed.targets import SwitchProcess
+    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.targets import SwitchProcess
 
     with Topology(3) as topo, SwitchProcess(target, topo.switch_ports) as switch:
         conn = connect(switch.grpc_addr, "forwarding")
@@ -82,7 +82,7 @@ def test_frames_cross_real_veth_pairs_under_p4runtime_control(target):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
 def test_a_json_given_on_the_command_line_forwards_without_p4runtime():
-    from testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Topology
 
     from tests.softswitch.test_primitives import fields, frame
 
@@ -91,7 +91,7 @@ def test_a_json_given_on_the_command_line_forwards_without_p4runtime():
         host = topo.hosts[0]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         switch = subprocess.Popen(
-            [sys.executable, "-m", "softswitch", str(json_path), "-i",
+            [sys.executable, "-m", "innet_aggregation.softswitch", str(json_path), "-i",
              f"{host.switch_port}@{host.switch_ifname}", "--log-level", "warn", "--",
              "--grpc-server-addr", f"127.0.0.1:{free_port()}"], env=env)
         try:

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from softswitch.__main__ import ArgumentError, parse_args
-from testbed.targets import SwitchProcess
-from testbed.tls import make_bundle
+from innet_aggregation.softswitch.__main__ import ArgumentError, parse_args
+from innet_aggregation.testbed.targets import SwitchProcess
+from innet_aggregation.testbed.tls import make_bundle
 from tests.softswitch.test_cli_and_veth import run_cli
 
 

@@ -20,11 +20,11 @@ import re
 
 import pytest
 
-from p4src import protocol
-from softswitch import emit_c, frontend, native
-from softswitch.backend import load_pipeline
-from softswitch.native import RUNTIME, NativePipeline, NativeUnavailable
-from softswitch.pipeline import Entry, Pipeline, TableError
+from innet_aggregation.p4src import protocol
+from innet_aggregation.softswitch import emit_c, frontend, native
+from innet_aggregation.softswitch.backend import load_pipeline
+from innet_aggregation.softswitch.native import RUNTIME, NativePipeline, NativeUnavailable
+from innet_aggregation.softswitch.pipeline import Entry, Pipeline, TableError
 from tests.softswitch.conftest import pipeline, program_files
 from tests.softswitch.test_primitives import fields, frame
 

@@ -1,4 +1,4 @@
-"""Mutation fuzzer over the loader (softswitch/validate.py), the softswitch's trust boundary.
+"""Mutation fuzzer over the loader (innet_aggregation/softswitch/validate.py), the softswitch's trust boundary.
 
 Every scalar of the aggregation program's JSON and of the test programs' is made
 wrong in turn: another type (a string carrying C code, a bool, a float, null), negative,
@@ -37,12 +37,12 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from p4src import protocol
-from softswitch import emit_c, frontend, validate
-from softswitch.backend import load_pipeline
-from softswitch.native import RUNTIME
-from softswitch.pipeline import Entry
-from softswitch.validate import Unsupported
+from innet_aggregation.p4src import protocol
+from innet_aggregation.softswitch import emit_c, frontend, validate
+from innet_aggregation.softswitch.backend import load_pipeline
+from innet_aggregation.softswitch.native import RUNTIME
+from innet_aggregation.softswitch.pipeline import Entry
+from innet_aggregation.softswitch.validate import Unsupported
 from tests.softswitch.conftest import BACKENDS, pipeline, program_files
 from tests.softswitch.test_backends_agree import JOB, SERVICE_MAC, WORKERS, install_job
 from tests.softswitch.test_p4c_constructs import MUX_CASES

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from p4src import protocol
-from softswitch import emit_c, frontend
-from softswitch.backend import load_pipeline
-from softswitch.native import NativePipeline
-from softswitch.pipeline import Entry, Pipeline
+from innet_aggregation.p4src import protocol
+from innet_aggregation.softswitch import emit_c, frontend
+from innet_aggregation.softswitch.backend import load_pipeline
+from innet_aggregation.softswitch.native import NativePipeline
+from innet_aggregation.softswitch.pipeline import Entry, Pipeline
 from tests.softswitch.conftest import connect, free_port, program_files
 from tests.softswitch.test_cli_and_veth import REPO
 from tests.softswitch.test_primitives import fields, frame
@@ -67,7 +67,7 @@ def test_no_compiler_means_python_backend_and_one_log_line(tmp_path):
     json_path, _ = program_files("primitives")
     env = dict(os.environ, PYTHONPATH=str(REPO), CC="no-such-cc-here",
                XDG_CACHE_HOME=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "softswitch", str(json_path), "--",
+    proc = subprocess.Popen([sys.executable, "-m", "innet_aggregation.softswitch", str(json_path), "--",
                              "--grpc-server-addr", f"127.0.0.1:{free_port()}"],
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -153,7 +153,7 @@ def test_frames_of_any_size_never_crash_the_native_pipeline(size):
 # The largest frame the native backend takes (a receive slot); larger ones are dropped
 # before ingress, whole, never cut short.
 SLOT = int(re.search(r"#define SS_SLOT (\d+)",
-                     (REPO / "softswitch/native/runtime.c").read_text()).group(1))
+                     (REPO / "innet_aggregation/softswitch/native/runtime.c").read_text()).group(1))
 
 
 @pytest.mark.parametrize("size", [SLOT + 1, SLOT + 1500, 20000])
@@ -182,8 +182,8 @@ def test_a_frame_larger_than_a_slot_is_dropped_before_ingress(size):
 def test_the_native_switch_survives_garbage_on_the_wire():
     import random
 
-    from testbed.netns import Topology
-    from testbed.targets import SwitchProcess
+    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.targets import SwitchProcess
     from tests.softswitch.test_cli_and_veth import receive
 
     with Topology(1) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:

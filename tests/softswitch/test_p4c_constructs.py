@@ -26,9 +26,9 @@ import pytest
 from finsy.proto import p4i as p4info_pb2
 from google.protobuf import text_format
 
-from softswitch.frontend import Unsupported
-from switch_ctl.client import P4RuntimeError, P4TableEntry, SwitchConnection
-from testbed.targets import bmv2_path
+from innet_aggregation.softswitch.frontend import Unsupported
+from innet_aggregation.switch_ctl.client import P4RuntimeError, P4TableEntry, SwitchConnection
+from innet_aggregation.testbed.targets import bmv2_path
 from tests.softswitch.conftest import connect, load, pipeline, program_files
 from tests.softswitch.test_primitives import fields, frame
 from tests.softswitch.test_p4runtime import MAC1, ip_frame
@@ -299,8 +299,8 @@ def test_bmv2_gives_the_same_outputs_for_the_three_programs():
     action). BMv2 cannot load mux_headers.json at all (simple_switch aborts with
     Json::LogicError "Type is not convertible to string" on the header ?:): the config
     is refused, so it goes last."""
-    from testbed.netns import Topology
-    from testbed.targets import SwitchProcess
+    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.targets import SwitchProcess
     from tests.softswitch.test_vs_bmv2 import compare
 
     def expect(cases):

@@ -18,7 +18,7 @@ from google.protobuf import text_format
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from switch_ctl.client import (P4CounterEntry, P4DirectCounterEntry, P4MulticastGroupEntry,
+from innet_aggregation.switch_ctl.client import (P4CounterEntry, P4DirectCounterEntry, P4MulticastGroupEntry,
                                P4RuntimeError, P4TableEntry)
 from tests.softswitch.conftest import connect, program_files
 

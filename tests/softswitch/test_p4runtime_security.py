@@ -1,6 +1,6 @@
 """Who may change the switch over P4Runtime, and what a pipeline config may do to it.
 
-Against the softswitch as a process (``python -m softswitch``) over real gRPC: only
+Against the softswitch as a process (``python -m innet_aggregation.softswitch``) over real gRPC: only
 the primary controller (the highest election id on an open StreamChannel) writes
 or sets the pipeline; VERIFY compiles nothing; a JSON that smuggles C into the
 generated source is refused with a clean status and leaves no file holding it. The
@@ -20,9 +20,9 @@ from finsy.proto import p4r
 from finsy.proto import p4r_grpc
 from google.protobuf import text_format
 
-from p4src import protocol
-from switch_ctl.client import P4RuntimeError, P4TableEntry, SwitchConnection
-from testbed.targets import SwitchProcess, unavailable
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl.client import P4RuntimeError, P4TableEntry, SwitchConnection
+from innet_aggregation.testbed.targets import SwitchProcess, unavailable
 from tests.softswitch.conftest import connect, program_files
 
 PAYLOAD = "INJECTED_C_CODE"

@@ -17,7 +17,7 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 from tests.softswitch.conftest import pipeline, program_files
 from tests.softswitch.test_backends_agree import JOB, SERVICE_MAC, agree, both, install_job
 

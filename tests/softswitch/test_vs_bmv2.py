@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from testbed.targets import bmv2_path
-from switch_ctl.client import P4MulticastGroupEntry
+from innet_aggregation.testbed.targets import bmv2_path
+from innet_aggregation.switch_ctl.client import P4MulticastGroupEntry
 from tests.softswitch.conftest import connect, load, program_files
 from tests.softswitch.test_primitives import frame
 
@@ -40,8 +40,8 @@ def cases() -> list[bytes]:
 
 
 def test_bmv2_and_softswitch_agree_frame_by_frame(backend):
-    from testbed.netns import Topology
-    from testbed.targets import SwitchProcess
+    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.targets import SwitchProcess
 
     soft = load("primitives", backend)
     soft.groups[GROUP] = REPLICAS        # outputs are compared sorted: order is not tested
@@ -128,8 +128,8 @@ def program_forwarding(grpc_addr: str) -> None:
 def test_bmv2_and_softswitch_agree_on_p4runtime_programmed_tables(switch):
     from scapy.layers.l2 import Ether
 
-    from testbed.netns import Topology
-    from testbed.targets import SwitchProcess
+    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.targets import SwitchProcess
     from tests.softswitch.test_p4runtime import MAC1, MAC2, MAC9, ip_frame
 
     program_forwarding(switch.addr)

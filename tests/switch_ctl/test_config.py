@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from p4src import protocol
-from switch_ctl.config import ConfigError, load, parse
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl.config import ConfigError, load, parse
 
 POOL = 1024
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p4src import protocol
-from switch_ctl.client import P4RuntimeError
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl.client import P4RuntimeError
 from tests.dataplane.harness import SERVICE_IP, SERVICE_MAC, WORKER_UDP_PORT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ BACKUP = ["--election-id", "5"]    # below it: must not
 
 
 def cli(*args, check=True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "switch_ctl", *args], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", *args], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     if check and result.returncode != 0:
         raise AssertionError(f"switch_ctl {' '.join(args)} failed:\n{result.stderr}")
@@ -75,7 +75,7 @@ def one_round(hosts, job_id, slot, set_):
 
 def test_apply_is_idempotent_and_a_restarted_controller_sees_the_same_state(
         switch, hosts, config_file):
-    from switch_ctl.config import load
+    from innet_aggregation.switch_ctl.config import load
     first = cli("apply", str(config_file), *WRITER)
     assert "0 inserted" not in first.stdout
     again = cli("apply", str(config_file), *WRITER)
@@ -113,7 +113,7 @@ def test_lower_election_id_cannot_write(switch, config_file):
     assert "Traceback" not in refused.stderr
     # And the switch itself refuses a backup's write, whatever the client thinks.
     probe = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        from switch_ctl.client import SwitchConnection, P4RuntimeError
+        from innet_aggregation.switch_ctl.client import SwitchConnection, P4RuntimeError
         conn = SwitchConnection("{switch.process.grpc_addr}", 0, (0, 5)).connect()
         conn.load_p4info()
         te = conn.table_entry("AggIngress.l2_forwarding.mac_table",

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tomli_w
 
-from p4src import protocol
-from switch_ctl.client import P4MulticastGroupEntry, P4TableEntry, SwitchConnection
-from testbed.layout import tree_config_dict
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl.client import P4MulticastGroupEntry, P4TableEntry, SwitchConnection
+from innet_aggregation.testbed.layout import tree_config_dict
 from tests.dataplane.harness import SERVICE_IP, SERVICE_MAC, WORKER_UDP_PORT
 from tests.switch_ctl.test_controller import WRITER, cli
 from tests.worker.harness import TreeFabric, skip_unless_runnable

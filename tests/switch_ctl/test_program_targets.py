@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from p4src import protocol
-from switch_ctl import config as config_mod
-from switch_ctl.client import DryRun, P4RuntimeError
-from switch_ctl.control import field_value
-from switch_ctl.controller import Controller
-from testbed import layout
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl.client import DryRun, P4RuntimeError
+from innet_aggregation.switch_ctl.control import field_value
+from innet_aggregation.switch_ctl.controller import Controller
+from innet_aggregation.testbed import layout
 
 REPO = Path(__file__).resolve().parents[2]
 NOWHERE = "127.0.0.1:9"
@@ -211,7 +211,7 @@ def test_remove_touches_only_what_the_program_has(p4info):
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "switch_ctl", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 

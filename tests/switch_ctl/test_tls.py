@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from switch_ctl import config as config_mod
-from switch_ctl.client import P4RuntimeError, P4TableEntry, SwitchConnection
-from switch_ctl.config import TLSConfig
-from testbed.layout import job_config_dict, tree_config_dict
-from testbed.targets import SwitchProcess, unavailable
-from testbed.tls import make_bundle
+from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl.client import P4RuntimeError, P4TableEntry, SwitchConnection
+from innet_aggregation.switch_ctl.config import TLSConfig
+from innet_aggregation.testbed.layout import job_config_dict, tree_config_dict
+from innet_aggregation.testbed.targets import SwitchProcess, unavailable
+from innet_aggregation.testbed.tls import make_bundle
 from tests.softswitch.conftest import program_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_tls_against_a_plaintext_switch_is_refused(bundles, tmp_path):
 
 
 def switch_ctl(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "switch_ctl", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
 
 

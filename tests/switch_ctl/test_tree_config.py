@@ -9,10 +9,10 @@ import sys
 import pytest
 import tomli_w
 
-from p4src import protocol
-from switch_ctl import config as config_mod
-from switch_ctl.config import ConfigError
-from testbed import layout
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl.config import ConfigError
+from innet_aggregation.testbed import layout
 
 pytestmark = pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(),
                                 reason="the P4 program is not built")
@@ -97,7 +97,7 @@ def test_cli_refuses_a_bad_tree_before_contacting_any_switch(tmp_path):
     path = tmp_path / "tree.toml"
     path.write_text(tomli_w.dumps(raw))
     for command in ("apply", "remove", "reset"):
-        done = subprocess.run([sys.executable, "-m", "switch_ctl", command, str(path),
+        done = subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", command, str(path),
                                "--connect-timeout", "1"], capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 1

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from p4src import protocol
-from switch_ctl import config as config_mod
-from switch_ctl.client import P4TableEntry, SwitchConnection
-from switch_ctl.controller import Controller
-from testbed.targets import unavailable
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl.client import P4TableEntry, SwitchConnection
+from innet_aggregation.switch_ctl.controller import Controller
+from innet_aggregation.testbed.targets import unavailable
 from tests.softswitch.test_cli_and_veth import receive
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
@@ -34,8 +34,8 @@ def jobs_on(conn: SwitchConnection) -> list[int]:
 
 
 def test_one_process_controls_two_switches(tmp_path):
-    from testbed.netns import Topology
-    from testbed.targets import SwitchProcess
+    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.targets import SwitchProcess
 
     if unavailable("softswitch"):
         pytest.skip(unavailable("softswitch"))

@@ -25,7 +25,7 @@ def fake_mnexec(directory: Path, script: str) -> None:
 
 @needs_root
 def test_a_host_whose_mnexec_fails_raises_its_message_at_once(tmp_path, monkeypatch):
-    from testbed.p4switch import BoundedHost
+    from innet_aggregation.testbed.p4switch import BoundedHost
     fake_mnexec(tmp_path, 'echo "mnexec: setns: Operation not permitted"; exit 1')
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     start = time.monotonic()
@@ -37,7 +37,7 @@ def test_a_host_whose_mnexec_fails_raises_its_message_at_once(tmp_path, monkeypa
 
 @needs_root
 def test_a_host_whose_shell_never_prompts_fails_after_the_bound(tmp_path, monkeypatch):
-    from testbed.p4switch import BoundedHost
+    from innet_aggregation.testbed.p4switch import BoundedHost
     fake_mnexec(tmp_path, 'echo "stuck"; exec sleep 600')
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setattr(BoundedHost, "start_timeout", 1.0)
@@ -75,7 +75,7 @@ class _Testbed:
 
 
 def test_an_agent_that_dies_at_start_raises_its_log_not_a_broken_pipe(tmp_path):
-    from testbed.agents import AgentError, HostAgents
+    from innet_aggregation.testbed.agents import AgentError, HostAgents
     testbed = _Testbed([_DeadHost("h1"), _DeadHost("h2")], tmp_path, tmp_path / "job.toml")
     start = time.monotonic()
     with pytest.raises(AgentError, match=r"(?s)worker 0 exited with 3.*h1\.log.*"
@@ -85,7 +85,7 @@ def test_an_agent_that_dies_at_start_raises_its_log_not_a_broken_pipe(tmp_path):
 
 
 def test_a_switch_that_exits_at_once_raises_its_log(tmp_path):
-    from testbed.targets import SwitchProcess
+    from innet_aggregation.testbed.targets import SwitchProcess
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"(?s)softswitch exited with.*nonexistent0"):
         SwitchProcess("softswitch", {1: "nonexistent0"}, log_path=tmp_path / "sw.log").start(30)

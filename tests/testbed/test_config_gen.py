@@ -7,10 +7,10 @@ import tomllib
 import pytest
 import tomli_w
 
-from p4src import protocol
-from switch_ctl import config as config_mod
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl import config as config_mod
 
-from testbed import layout
+from innet_aggregation.testbed import layout
 
 
 @pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(), reason="the P4 program is not built")

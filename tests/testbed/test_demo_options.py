@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import demo
-from testbed.train import mlp
+from innet_aggregation.testbed import demo
+from innet_aggregation.testbed.train import mlp
 
 
 def options(*argv: str):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from switch_ctl import config as config_mod
-from switch_ctl.client import P4RuntimeError, SwitchConnection
+from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl.client import P4RuntimeError, SwitchConnection
 from tests.testbed.test_topology import _skip_reason
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module", params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
 def testbed(request):
-    from testbed.targets import unavailable
-    from testbed.topology import Testbed
+    from innet_aggregation.testbed.targets import unavailable
+    from innet_aggregation.testbed.topology import Testbed
     reason = unavailable(request.param)
     if reason:
         pytest.skip(reason)
@@ -44,7 +44,7 @@ def test_the_switch_serves_mutual_tls_with_the_runs_certificates(testbed):
 
 
 def test_the_cli_reads_the_settings_from_the_runs_job_file(testbed):
-    result = subprocess.run([sys.executable, "-m", "switch_ctl", "counters",
+    result = subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", "counters",
                              str(testbed.config_path)], cwd=REPO, capture_output=True, text=True,
                             timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert result.returncode == 0, result.stderr
@@ -52,7 +52,7 @@ def test_the_cli_reads_the_settings_from_the_runs_job_file(testbed):
 
 
 def test_one_allreduce_through_the_switch(testbed):
-    from testbed.agents import HostAgents
+    from innet_aggregation.testbed.agents import HostAgents
     with HostAgents(testbed, gloo=False) as agents:
         answers = agents.call({"op": "allreduce", "backend": "switch", "size": 1000,
                                "reps": 1, "seed": 1, "barrier": False}, timeout=120)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 NUM_HOSTS = 3
 
@@ -17,7 +17,7 @@ def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "the Mininet testbed needs root"
     try:
-        from testbed.p4switch import import_mininet
+        from innet_aggregation.testbed.p4switch import import_mininet
         import_mininet()
     except ImportError as exc:
         return str(exc)
@@ -34,8 +34,8 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason(
     pytest.param(("bmv2", "star"), marks=pytest.mark.bmv2),
     pytest.param(("bmv2", "tree"), marks=pytest.mark.bmv2)], ids="-".join)
 def testbed(request):
-    from testbed.targets import bmv2_path
-    from testbed.topology import Testbed
+    from innet_aggregation.testbed.targets import bmv2_path
+    from innet_aggregation.testbed.topology import Testbed
     target, topo = request.param
     wanted = os.environ.get("AGG_SWITCH")
     if wanted and wanted != target:
@@ -77,7 +77,7 @@ def test_tx_checksum_offload_is_off(testbed):
 
 
 def test_one_allreduce_through_the_switch(testbed):
-    from testbed.agents import HostAgents
+    from innet_aggregation.testbed.agents import HostAgents
     with HostAgents(testbed, gloo=False) as agents:
         answers = agents.call({"op": "allreduce", "backend": "switch", "size": 1000,
                                "reps": 1, "seed": 1, "barrier": False}, timeout=120)

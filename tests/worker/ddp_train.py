@@ -27,8 +27,8 @@ import torch.distributed as dist
 from sklearn.datasets import load_digits
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from switch_ctl import config as config_mod
-from worker import AggregationSession, SwitchHookState, switch_allreduce_hook
+from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.worker import AggregationSession, SwitchHookState, switch_allreduce_hook
 
 BATCH = 32
 BUCKET_CAP_MB = 0.001   # one bucket of 2410 floats at first, rebuilt into two (330, 2080)

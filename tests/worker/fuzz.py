@@ -42,9 +42,9 @@ import numpy as np
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
-from testbed.netns import in_netns
+from innet_aggregation.testbed.netns import in_netns
 
 from .harness import SERVICE_IP, SERVICE_MAC, WORKER_UDP_PORT, Fabric, Job
 

@@ -3,7 +3,7 @@
 ``Fabric`` owns a topology of its own (its own interface names, so it never meets
 the packet tests' switch), a switch process (the fixture's target), and a
 controller session of its own beside the packet tests' one; ``job()`` writes a job's TOML and installs it on fresh slots,
-``run()`` starts ``python -m worker.run`` (or any module) on the job's hosts and
+``run()`` starts ``python -m innet_aggregation.worker.run`` (or any module) on the job's hosts and
 collects what each prints.
 """
 
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import tomli_w
 
-from p4src import protocol
-from switch_ctl import config as config_mod
-from switch_ctl.client import SwitchConnection
-from switch_ctl.controller import Controller
-from switch_ctl.tree import Tree
-from testbed.netns import SwitchLink, Topology
-from testbed.targets import SwitchProcess, unavailable
-from testbed.layout import tree_config_dict
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl.client import SwitchConnection
+from innet_aggregation.switch_ctl.controller import Controller
+from innet_aggregation.switch_ctl.tree import Tree
+from innet_aggregation.testbed.netns import SwitchLink, Topology
+from innet_aggregation.testbed.targets import SwitchProcess, unavailable
+from innet_aggregation.testbed.layout import tree_config_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_IP = "10.0.0.254"
@@ -160,7 +160,7 @@ class Fabric:
 
     # -- workers -----------------------------------------------------------------
     def run(self, job: Job, args: list[str], *, workers: list[int] | None = None,
-            extra: dict[int, list[str]] | None = None, module: str = "worker.run",
+            extra: dict[int, list[str]] | None = None, module: str = "innet_aggregation.worker.run",
             late: dict[int, float] | None = None, timeout: float = 180) -> list[WorkerRun]:
         """Run ``module`` on each worker's host (all of them, or ``workers``) with
         ``--config <job> --worker-id <i>`` plus ``args`` (and ``extra[i]``), starting

@@ -2,7 +2,7 @@
 
 Tolerance for one step's averaged gradients, hook against gloo on the same bucket:
 2**-20 of the bucket's largest gradient. The hook's quantization error is at most
-2**-30 of a block's largest gradient for two workers (worker/quantize.py: the mean's
+2**-30 of a block's largest gradient for two workers (innet_aggregation/worker/quantize.py: the mean's
 bound is 2**(E_max - 31) with 2**E_max <= 2 max|g|), and each side rounds its result
 to float32 (2**-24 relative); 2**-20 leaves room for both and would still catch an
 error of one bit in 2**19.

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p4src.protocol import EXPONENT_OF_ZERO
-from worker import quantize as q
+from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO
+from innet_aggregation.worker import quantize as q
 
 K = 64  # any block size works; the wire's comes from the compiled program
 

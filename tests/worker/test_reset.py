@@ -9,13 +9,13 @@ import subprocess
 import sys
 import time
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 from tests.worker.harness import REPO
 from tests.worker.test_end_to_end import check_run
 
 
 def switch_ctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "switch_ctl", *args, "--election-id", "20"],
+    return subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", *args, "--election-id", "20"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
 
 

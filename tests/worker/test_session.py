@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from p4src import protocol
-from worker import (AggregationSession, AggregationTimeout, RetransmitPolicy, TransportBroken)
-from worker.transport import RtoEstimator
+from innet_aggregation.p4src import protocol
+from innet_aggregation.worker import (AggregationSession, AggregationTimeout, RetransmitPolicy, TransportBroken)
+from innet_aggregation.worker.transport import RtoEstimator
 
 pytestmark = pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(),
                                 reason=f"{protocol.PROGRAM_JSON} is missing: run 'make p4'")
@@ -106,8 +106,8 @@ def test_rto_floor_follows_the_round_trip_not_a_constant():
 
 
 def test_a_worker_takes_the_job_programs_size_and_refuses_another():
-    from testbed import layout
-    from switch_ctl import config as config_mod
+    from innet_aggregation.testbed import layout
+    from innet_aggregation.switch_ctl import config as config_mod
 
     raw = layout.job_config_dict({1: "p1", 2: "p2"}, "127.0.0.1:9", 0, values_per_packet=64)
     raw["job"]["workers"][0]["ip"] = "127.0.0.1"

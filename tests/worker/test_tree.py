@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from p4src import protocol
+from innet_aggregation.p4src import protocol
 
 from .harness import TreeFabric, skip_unless_runnable
 from .test_end_to_end import check_run

@@ -1,0 +1,33 @@
+"""Which backend runs a program: native (C) where it can, else Python, saying why."""
+
+from __future__ import annotations
+
+import logging
+
+from innet_aggregation.softswitch import frontend
+from innet_aggregation.softswitch.emit_c import NativeUnsupported
+from innet_aggregation.softswitch.frontend import DROP_PORT
+from innet_aggregation.softswitch.native import NativePipeline, NativeUnavailable
+from innet_aggregation.softswitch.pipeline import Pipeline
+
+log = logging.getLogger("softswitch")
+
+BACKENDS = ("native", "python")
+
+
+def load_pipeline(json_text: str | bytes, drop_port: int = DROP_PORT, backend: str | None = None):
+    """A Pipeline or NativePipeline for the program; Unsupported/ValueError if neither runs it.
+
+    A program the native backend cannot run (no compiler, a construct it refuses)
+    runs on the Python backend, with one log line naming the reason.
+    """
+    backend = backend or "native"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+    program = frontend.load(json_text, drop_port)
+    if backend == "native":
+        try:
+            return NativePipeline(json_text, drop_port, program)
+        except (NativeUnsupported, NativeUnavailable) as exc:
+            log.warning("native backend: %s; running this program on the Python backend", exc)
+    return Pipeline(json_text, drop_port, program)

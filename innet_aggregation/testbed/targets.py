@@ -1,0 +1,202 @@
+"""Start a switch target: real BMv2 (simple_switch_grpc) or the embedded softswitch.
+
+Both get the same command line, so everything above this module (tests, Mininet,
+benchmarks) is indifferent to which one runs. ``softswitch`` runs its default
+(native) backend, ``softswitch-python`` the Python one. P4Runtime listens on
+127.0.0.1 (a free port) unless told otherwise; with a TLS bundle (testbed.tls) the
+switch serves mutual TLS with simple_switch_grpc's options.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from innet_aggregation import IMPORT_ROOT
+from innet_aggregation.p4src import protocol
+
+if TYPE_CHECKING:
+    from .tls import TLSBundle
+
+BMV2_BINARY = "simple_switch_grpc"
+TARGETS = ("softswitch", "softswitch-python", "bmv2")
+
+
+def bmv2_path() -> str | None:
+    return shutil.which(BMV2_BINARY)
+
+
+def available_targets() -> list[str]:
+    return ["softswitch", "softswitch-python"] + (["bmv2"] if bmv2_path() else [])
+
+
+def unavailable(target: str) -> str | None:
+    """Why ``target`` cannot run here (AGG_SWITCH selects another, BMv2 is not
+    installed, the softswitch package is absent), or None."""
+    wanted = os.environ.get("AGG_SWITCH")
+    if wanted and wanted != target:
+        return f"AGG_SWITCH={wanted} selects another target"
+    if target == "bmv2" and bmv2_path() is None:
+        return ("simple_switch_grpc is not on PATH: build BMv2 (see README) to run this "
+                "on real BMv2")
+    if target.startswith("softswitch") and importlib.util.find_spec("innet_aggregation.softswitch") is None:
+        return "the softswitch package is not present"
+    return None
+
+
+def default_target() -> str:
+    """AGG_SWITCH chooses; otherwise the embedded switch (native backend), the one
+    that keeps up with the links: BMv2 forwards 1-2 k packets/s of this program,
+    so it can show that the program runs, not that aggregating in it is faster."""
+    wanted = os.environ.get("AGG_SWITCH")
+    if wanted:
+        if wanted not in TARGETS:
+            raise ValueError(f"AGG_SWITCH must be one of {TARGETS}, not {wanted!r}")
+        return wanted
+    return "softswitch"
+
+
+def add_switch_arguments(parser) -> None:
+    """The options every testbed command shares: which switch, and the job's window."""
+    parser.add_argument("--target", choices=TARGETS, default=None,
+                        help="switch target (default: $AGG_SWITCH, else softswitch)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="the job's window, slots in flight per worker (default 128; "
+                             "max(8, 64/workers) on bmv2)")
+    parser.add_argument("--tls", action="store_true",
+                        help="P4Runtime over mutual TLS, with a CA and certificates made for "
+                             "this run (openssl)")
+    parser.add_argument("--grpc-host", default="127.0.0.1",
+                        help="address the switches' P4Runtime servers listen on (default "
+                             "127.0.0.1, this machine only; 0.0.0.0 opens them to the "
+                             "network: add --tls)")
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _has_thrift(binary: str) -> bool:
+    """A BMv2 built without Thrift has no --thrift-port, and refuses the option."""
+    result = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+    return "--thrift-port" in result.stdout + result.stderr
+
+
+def connect_addr(grpc_addr: str) -> str:
+    """Where a controller here reaches a server listening on ``grpc_addr``: a wildcard
+    address through loopback."""
+    host, _, port = grpc_addr.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "::") else grpc_addr
+
+
+def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: str,
+                tls: "TLSBundle | None" = None) -> list[str]:
+    """simple_switch_grpc's command line, for either target."""
+    if target == "bmv2":
+        binary = bmv2_path()
+        if binary is None:
+            raise FileNotFoundError(f"{BMV2_BINARY} is not on PATH")
+        program = [binary]
+    elif target == "softswitch":
+        program = [sys.executable, "-m", "innet_aggregation.softswitch"]
+    elif target == "softswitch-python":
+        program = [sys.executable, "-m", "innet_aggregation.softswitch", "--backend", "python"]
+    else:
+        raise ValueError(f"unknown switch target {target!r}; choose from {TARGETS}")
+    argv = list(program)
+    for port, ifname in sorted(ports.items()):
+        argv += ["-i", f"{port}@{ifname}"]
+    argv += ["--device-id", str(device_id), "--no-p4"]
+    if target == "bmv2" and _has_thrift(program[0]):
+        # Each instance needs its own Thrift port, or a second one fails to start.
+        argv += ["--thrift-port", str(free_tcp_port())]
+    # PacketOuts (the controller's slot reset) enter the pipeline on the program's CPU port.
+    argv += ["--", "--grpc-server-addr", grpc_addr, "--cpu-port", str(protocol.CPU_PORT)]
+    return argv + (tls.switch_args() if tls else [])
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system, all threads) process ``pid`` has used, from its
+    CPU-time clock: /proc/PID/stat counts in 10 ms ticks, too coarse for one call."""
+    clock = ctypes.c_int()
+    error = _libc.clock_getcpuclockid(pid, ctypes.byref(clock))
+    if error:
+        raise OSError(error, f"clock_getcpuclockid({pid}): {os.strerror(error)}")
+    return time.clock_gettime(clock.value)
+
+
+class SwitchProcess:
+    """A running switch; ``start()`` returns once its P4Runtime port accepts connections."""
+
+    def __init__(self, target: str, ports: dict[int, str], *, device_id: int = 0,
+                 grpc_addr: str | None = None, log_path: Path | None = None,
+                 tls: "TLSBundle | None" = None):
+        self.target = target
+        self.listen_addr = grpc_addr or f"127.0.0.1:{free_tcp_port()}"
+        self.grpc_addr = connect_addr(self.listen_addr)    # where controllers connect
+        self.argv = switch_argv(target, ports, device_id, self.listen_addr, tls)
+        self.device_id = device_id
+        self.tls = tls
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix=f"{target}-", suffix=".log")[1])
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> "SwitchProcess":
+        repo = str(IMPORT_ROOT)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+        with open(self.log_path, "wb") as log:
+            # Its own session: a Ctrl-C meant for the experiment must not kill the switch
+            # before the experiment's teardown has stopped everything in order.
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                            env=env, start_new_session=True)
+        host, port = self.grpc_addr.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.target} exited with {self.process.returncode}:\n"
+                                   f"{self.log_tail()}")
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"{self.target} did not listen on {self.listen_addr} within "
+                           f"{timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> "SwitchProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

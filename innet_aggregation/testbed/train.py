@@ -1,0 +1,301 @@
+"""The program each testbed host runs: allreduce and DDP training on command.
+
+    python -m innet_aggregation.testbed.train --config job.toml --worker-id 0 --world 4 --master 10.0.0.1:29500
+
+Started once per host by ``testbed.agents``; reads one JSON command per line on
+stdin and answers one JSON line on stdout (see testbed/agents.py):
+
+    {"op": "allreduce", "backend": "switch"|"gloo", "size": 10000, "reps": 3,
+     "seed": 0, "barrier": true}
+    {"op": "train", "backend": "switch"|"gloo", "epochs": 5, "batch": 32, "lr": 0.05,
+     "hidden": [32], "accuracy": 0.95, "eval_every": 5}
+    {"op": "quit"}
+
+Allreduce inputs are integer-valued float32 drawn from (seed, rep, rank), so every
+worker can compute the exact sum of all workers' inputs and check the result
+(``exact``) and report a digest of it (compared across runs for bit-identity).
+Bytes sent and TCP retransmissions are read from this host's own /proc/net, so both
+backends are measured the same way, at the wire. Training with an ``accuracy`` also
+measures the time to reach it: every ``eval_every`` steps worker 0 scores the held-out
+digits and tells the others, while every worker's clock stops, so evaluation costs
+both backends nothing and the time is training's alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from innet_aggregation.switch_ctl import config as config_mod
+
+INPUT_RANGE = 1000  # |input| <= 1000: exact in float32 and in the switch's fixed point
+
+
+def send(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def progress(text: str) -> None:
+    send({"progress": text})
+
+
+def interface_counters() -> dict[str, int]:
+    """tx bytes/packets of this namespace's non-loopback interfaces and TCP retransmits."""
+    tx_bytes = tx_packets = 0
+    with open("/proc/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, data = line.split(":", 1)
+            if name.strip() != "lo":
+                fields = data.split()
+                tx_bytes += int(fields[8])
+                tx_packets += int(fields[9])
+    with open("/proc/net/snmp") as f:
+        tcp = [line.split() for line in f if line.startswith("Tcp:")]
+    retrans = int(tcp[1][tcp[0].index("RetransSegs")])
+    return {"tx_bytes": tx_bytes, "tx_packets": tx_packets, "tcp_retrans": retrans}
+
+
+def counter_delta(before: dict[str, int]) -> dict[str, int]:
+    after = interface_counters()
+    return {k: after[k] - before[k] for k in before}
+
+
+class Host:
+    """This host's worker: the switch session and (optionally) the gloo process group."""
+
+    def __init__(self, config_path: str, worker_id: int, world: int, master: str | None):
+        self.config = config_mod.load(config_path)
+        self.rank = worker_id
+        self.world = world
+        from innet_aggregation.worker import AggregationSession
+        self.session = AggregationSession.from_config(self.config, worker_id)
+        if master:
+            dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=worker_id,
+                                    world_size=world, timeout=timedelta(minutes=5))
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def inputs(self, size: int, seed: int, rep: int, rank: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + rep * 1009 + rank)
+        return torch.randint(-INPUT_RANGE, INPUT_RANGE + 1, (size,), generator=gen).float()
+
+    def switch_allreduce(self, tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        result = self.session.allreduce(tensor)
+        counters = self.session.last_call.counters
+        return result, {"retransmissions": counters.retransmissions,
+                        "packets": counters.packets_sent}
+
+    def allreduce(self, cmd: dict) -> dict:
+        size, reps, seed = int(cmd["size"]), int(cmd.get("reps", 1)), int(cmd.get("seed", 0))
+        backend = cmd["backend"]
+        out = {"times": [], "cpu": [], "exact": [], "digests": [], "retransmissions": [],
+               "packets": [], "tx_bytes": [], "tcp_retrans": []}
+        for rep in range(reps):
+            tensor = self.inputs(size, seed, rep, self.rank)
+            expected = sum(self.inputs(size, seed, rep, r).double() for r in range(self.world))
+            if cmd.get("barrier", True):
+                self.barrier()
+            before = interface_counters()
+            start, cpu = time.perf_counter(), time.process_time()
+            if backend == "switch":
+                result, stats = self.switch_allreduce(tensor)
+            elif backend == "gloo":
+                dist.all_reduce(tensor)
+                result = tensor
+                stats = {"retransmissions": 0, "packets": 0}
+            else:
+                raise ValueError(f"unknown backend {backend!r}")
+            out["times"].append(time.perf_counter() - start)
+            out["cpu"].append(time.process_time() - cpu)      # all of the process's threads
+            delta = counter_delta(before)
+            result = torch.as_tensor(result)
+            out["exact"].append(bool(torch.equal(result.double(), expected)))
+            out["digests"].append(hashlib.sha256(result.numpy().tobytes()).hexdigest()[:16])
+            out["retransmissions"].append(stats["retransmissions"])
+            out["packets"].append(stats["packets"])
+            out["tx_bytes"].append(delta["tx_bytes"])
+            out["tcp_retrans"].append(delta["tcp_retrans"])
+        return out
+
+    def train(self, cmd: dict) -> dict:
+        from sklearn.datasets import load_digits
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        backend, epochs = cmd["backend"], int(cmd.get("epochs", 5))
+        batch, seed = int(cmd.get("batch", 32)), int(cmd.get("seed", 0))
+        x, y = load_digits(return_X_y=True)
+        order = np.random.default_rng(seed).permutation(len(x))
+        x = torch.tensor(x[order] / 16.0, dtype=torch.float32)
+        y = torch.tensor(y[order], dtype=torch.long)
+        n_test = len(x) // 5
+        x_test, y_test, x_train, y_train = x[:n_test], y[:n_test], x[n_test:], y[n_test:]
+        x_train, y_train = x_train[self.rank::self.world], y_train[self.rank::self.world]
+
+        torch.manual_seed(seed)
+        model = mlp([int(h) for h in cmd.get("hidden", [32])])
+        ddp = DDP(model)
+        # Both backends go through a comm hook, timed the same way: gloo's is the
+        # allreduce DDP runs by default.
+        hook_times: list[float] = []
+        if backend == "switch":
+            from innet_aggregation.worker.ddp_hook import SwitchHookState, switch_allreduce_hook
+            ddp.register_comm_hook(SwitchHookState(self.session),
+                                   _timed(switch_allreduce_hook, hook_times))
+        elif backend == "gloo":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            ddp.register_comm_hook(None, _timed(allreduce_hook, hook_times))
+        else:
+            raise ValueError(f"unknown backend {backend!r}")
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=float(cmd.get("lr", 0.01)))
+        loss_fn = torch.nn.CrossEntropyLoss()
+        steps_per_epoch = min(len(x_train) // batch, *self._all_ranks_min(len(x_train) // batch))
+        target = cmd.get("accuracy")
+        eval_every = int(cmd.get("eval_every", 5))
+        reached = {"target_steps": None, "time_to_target_s": None}
+        stats_before = self.session.stats
+        self.barrier()
+        cpu_before = time.process_time()
+        before = interface_counters()
+        step_times = []
+        started, paused = time.perf_counter(), 0.0
+        for epoch in range(epochs):
+            perm = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
+            total = 0.0
+            for step in range(steps_per_epoch):
+                idx = perm[step * batch:(step + 1) * batch]
+                start = time.perf_counter()
+                loss = loss_fn(ddp(x_train[idx]), y_train[idx])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                step_times.append(time.perf_counter() - start)
+                total += loss.item()
+                if (target is not None and reached["target_steps"] is None
+                        and len(step_times) % eval_every == 0):
+                    stop = time.perf_counter()
+                    score = self._rank0_accuracy(model, x_test, y_test)
+                    if score >= target:
+                        reached = {"target_steps": len(step_times),
+                                   "time_to_target_s": stop - started - paused}
+                        if self.rank == 0:
+                            progress(f"{backend}: test accuracy {score:.3f} after "
+                                     f"{len(step_times)} steps, {reached['time_to_target_s']:.1f} s")
+                    paused += time.perf_counter() - stop
+            if self.rank == 0:
+                progress(f"{backend}: epoch {epoch + 1}/{epochs}  loss {total / steps_per_epoch:.3f}"
+                         f"  {1000 * np.mean(step_times[-steps_per_epoch:]):.0f} ms/step")
+        cpu = time.process_time() - cpu_before
+        delta = counter_delta(before)
+        accuracy = _accuracy(model, x_test, y_test)
+        return {"accuracy": accuracy, "steps": len(step_times), **reached,
+                "step_time_ms": 1000 * float(np.median(step_times)),
+                "step_min_ms": 1000 * min(step_times), "step_max_ms": 1000 * max(step_times),
+                "allreduce_ms": 1000 * float(np.median(hook_times)),
+                "cpu_ms_per_step": 1000 * cpu / len(step_times),
+                "tx_bytes": delta["tx_bytes"], "tcp_retrans": delta["tcp_retrans"],
+                **_aggregation_packets(self.session.stats - stats_before),
+                "parameters": sum(p.numel() for p in model.parameters())}
+
+    def _rank0_accuracy(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Worker 0's test accuracy, on every worker: the models are identical, and
+        one score decides for all when to stop measuring."""
+        score = torch.tensor([_accuracy(model, x, y) if self.rank == 0 else 0.0],
+                             dtype=torch.float64)
+        dist.broadcast(score, src=0)
+        return float(score)
+
+    def _all_ranks_min(self, value: int) -> list[int]:
+        """Every rank must take the same number of steps, or DDP waits for ever."""
+        t = torch.tensor([value])
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return [int(t)]
+
+
+def mlp(hidden: list[int]) -> torch.nn.Sequential:
+    """Digits' 64 pixels in, ReLU layers of the ``hidden`` widths, 10 classes out."""
+    layers, width = [], 64
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
+def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+def _timed(hook, times: list[float]):
+    """``hook``, recording how long each bucket takes from the call to its result."""
+    def timed(state, bucket):
+        start = time.perf_counter()
+
+        def done(future):
+            times.append(time.perf_counter() - start)
+            return future.value()
+        return hook(state, bucket).then(done)
+    return timed
+
+
+def _aggregation_packets(stats) -> dict[str, int]:
+    """What a training run's switch traffic was made of."""
+    return {"retransmissions": stats.retransmissions, "redone": stats.redone,
+            "aggregation_packets": stats.packets_sent}
+
+
+def serve(host: Host, lines) -> None:
+    for line in lines:
+        cmd = json.loads(line)
+        op = cmd.get("op")
+        if op == "quit":
+            return
+        try:
+            if op == "ready":
+                send({"ready": True, "rank": host.rank})
+            elif op == "allreduce":
+                send(host.allreduce(cmd))
+            elif op == "train":
+                send(host.train(cmd))
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except Exception as exc:
+            traceback.print_exc()
+            send({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the job's TOML configuration")
+    parser.add_argument("--worker-id", type=int, required=True, help="also the gloo rank")
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--master", help="host:port of rank 0's gloo store")
+    parser.add_argument("--no-gloo", action="store_true", help="no gloo process group")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        host = Host(args.config, args.worker_id, args.world,
+                    None if args.no_gloo else args.master)
+    except Exception as exc:
+        traceback.print_exc()
+        send({"error": f"start-up failed: {type(exc).__name__}: {exc}"})
+        return 1
+    serve(host, sys.stdin)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""A worker's aggregation session: ``allreduce`` of tensors through the switch.
+
+Every rank of the job must issue the same calls, with tensors of the same sizes,
+in the same order: the switch matches contributions by slot and set, which follow
+from the call sequence alone. Where they do not, every rank raises
+``CallMismatch`` on the first call that differs (the switch sums each call's
+fingerprint, see ``transport``); a call may be named, so that two of the same
+size cannot be swapped unseen. Calls run one at a time, in call order, on one
+background thread, so ``allreduce_async`` lets the caller (e.g. DDP's backward
+pass) continue while the packets fly.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl import config as config_mod
+
+from . import quantize
+from .transport import RetransmitPolicy, Stats, Transport
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """What one allreduce cost."""
+    elements: int
+    blocks: int
+    seconds: float
+    counters: Stats
+    max_error_bound: float   # largest per-element quantization bound of the call (see quantize)
+
+    @property
+    def goodput_mbps(self) -> float:
+        """Megabytes of float32 gradient aggregated per second."""
+        return self.elements * 4 / self.seconds / 1e6 if self.seconds else 0.0
+
+
+class AggregationSession:
+    """One worker of one job: owns the transport and the background thread."""
+
+    def __init__(self, worker_id: int, num_workers: int, switch_ip: str, job_id: int,
+                 job_udp_port: int, first_slot: int, num_slots: int, local_ip: str,
+                 local_port: int, *, local_workers=None,
+                 policy: RetransmitPolicy = RetransmitPolicy(),
+                 packet_format: protocol.PacketFormat | None = None):
+        if not 0 <= worker_id < protocol.MAX_WORKERS or not 1 <= num_workers <= protocol.MAX_WORKERS:
+            raise ValueError(f"worker_id {worker_id} / num_workers {num_workers} out of range "
+                             f"(at most {protocol.MAX_WORKERS} workers)")
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.fmt = packet_format or protocol.packet_format()
+        self.transport = Transport(self.fmt, job_id=job_id, worker_id=worker_id,
+                                   num_workers=num_workers, switch_ip=switch_ip,
+                                   job_udp_port=job_udp_port, local_ip=local_ip,
+                                   local_port=local_port, first_slot=first_slot,
+                                   num_slots=num_slots, local_workers=local_workers,
+                                   policy=policy)
+        self._executor = ThreadPoolExecutor(max_workers=1,
+                                            thread_name_prefix=f"aggregation-{worker_id}")
+        self._lock = threading.Lock()
+        self.last_call: CallStats | None = None
+
+    @classmethod
+    def from_config(cls, config: config_mod.Config | str | Path, worker_id: int,
+                    **kwargs) -> "AggregationSession":
+        """The session of worker ``worker_id`` of the job in a TOML file (or a Config,
+        or a Tree): the switch is the service address of the worker's own switch,
+        reached through its ARP responder."""
+        given = kwargs.get("packet_format")
+        if isinstance(config, (str, Path)):
+            config = config_mod.load(config, pool_size=given.pool_size if given else None)
+        if not isinstance(config, config_mod.Config):
+            config = config.for_worker(worker_id)
+        job = config.job
+        fmt = given or protocol.packet_format(job.values_per_packet)
+        if job.values_per_packet not in (None, fmt.values_per_packet):
+            raise ValueError(f"job {job.id}'s switch program carries {job.values_per_packet} "
+                             f"values per packet, this worker's {fmt.values_per_packet}: "
+                             f"start it with the program of the job's size")
+        me = [w for w in job.workers if w.id == worker_id]
+        if not me:
+            raise ValueError(f"worker {worker_id} is not in job {job.id} "
+                             f"(workers {[w.id for w in job.workers]})")
+        kwargs["packet_format"] = fmt
+        return cls(worker_id, job.num_workers, job.service_ip, job.id, job.udp_port,
+                   job.first_slot, job.num_slots, me[0].ip, me[0].udp_port,
+                   local_workers=[w.id for w in job.workers], **kwargs)
+
+    @property
+    def stats(self) -> Stats:
+        """Counters since the session started."""
+        return self.transport.stats.copy()
+
+    def allreduce(self, tensor, average: bool = False, *, name: str | None = None):
+        """Sum (or average) ``tensor`` over all workers, in place; returns it.
+
+        Accepts numpy float arrays and torch tensors (float32, float16, bfloat16,
+        float64; CPU, or any device by copying). If any worker's values hold NaN,
+        Inf or magnitudes of 2**126 or more, every worker raises ``NonFiniteError``
+        for this call (the affected blocks are NaN in the tensor) and the session
+        stays usable (see ``quantize``). ``name``, if given, must be the same on
+        every worker: calls of one size in another order then raise
+        ``CallMismatch`` too, and the call keeps an exponent history of its own
+        (``transport.history_key``). Any other failure leaves the session
+        unusable, and the tensor partly summed: each block's result is written as
+        soon as it is final (host memory in place; other devices only at the end)."""
+        work, finish = _host_copy(tensor)
+        self._submit(lambda: (self._reduce(work, average, name), finish())).result()
+        return tensor
+
+    def allreduce_async(self, tensor, average: bool = False, *, name: str | None = None):
+        """Like ``allreduce``, returning at once a ``torch.futures.Future`` of the tensor
+        (which holds the error, if the call fails)."""
+        import torch  # here, so numpy-only users never pay for importing torch
+
+        future = torch.futures.Future()
+        try:
+            work, finish = _host_copy(tensor)   # on the caller's thread: device copies in order
+        except Exception as exc:
+            future.set_exception(exc)
+            return future
+
+        def run():
+            try:
+                self._reduce(work, average, name)
+                finish()
+            except BaseException as exc:  # delivered to whoever waits on the future
+                future.set_exception(exc)
+            else:
+                future.set_result(tensor)
+
+        self._submit(run)
+        return future
+
+    def _submit(self, fn) -> Future:
+        with self._lock:
+            return self._executor.submit(fn)
+
+    def _reduce(self, values: np.ndarray, average: bool, name: str | None) -> None:
+        """Aggregate a contiguous float array, writing the result into it, block by
+        block as results become final (float32 arrays are read and written in place;
+        others are quantized from a float32 copy). The first call that sends starts
+        the session (``Transport.start``): its time and counters include the start's
+        two rounds."""
+        start = time.perf_counter()
+        before = self.transport.stats.copy()
+        k = self.fmt.values_per_packet
+        flat = values.reshape(-1)
+        out = quantize.Blocks(flat, k)
+        blocks = out if flat.dtype == np.float32 else quantize.Blocks(flat.astype(np.float32), k)
+        own = np.concatenate([quantize.block_exponents(part) for part in blocks.parts])
+        # Read before the results overwrite the values.
+        mine = (quantize.nonfinite(blocks.flat) if (own == quantize.POISON_EXPONENT).any()
+                else None)
+        scale = self.transport.aggregate(blocks, own, out, average=average, name=name)
+        poisoned = scale == quantize.POISON_EXPONENT
+        bound = quantize.error_bound(scale[~poisoned], self.num_workers, average=average)
+        self.last_call = CallStats(elements=flat.size, blocks=len(blocks),
+                                   seconds=time.perf_counter() - start,
+                                   counters=self.transport.stats - before,
+                                   max_error_bound=float(bound.max()) if bound.size else 0.0)
+        if poisoned.any():
+            raise quantize.NonFiniteError(quantize.describe_poison(mine, scale, k))
+
+    def close(self) -> None:
+        """Wait for the queued calls, park the slots (collective: every worker closes,
+        so the next session on the job finds them as its start needs), release the
+        socket. A session that failed (its transport is broken) does not park: the
+        switch's slot state is unknown, and the error said to reset it."""
+        with self._lock:
+            self._executor.shutdown(wait=True)
+        try:
+            self.transport.park()
+        finally:
+            self.transport.close()
+
+    def __enter__(self) -> "AggregationSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # Parks on any exception the transport survived (the caller's own included):
+        # the other workers, closing too, park the same slots.
+        self.close()
+
+
+_NUMPY_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def _host_copy(tensor):
+    """A contiguous numpy float array to aggregate in place, and what copies it back.
+
+    CPU float16/32/64 tensors and contiguous numpy arrays are used directly; bfloat16
+    (numpy has none) goes through float32, other devices and strided tensors through
+    a copy."""
+    if isinstance(tensor, np.ndarray):
+        if tensor.dtype.type not in _NUMPY_FLOATS:
+            raise TypeError(f"can only aggregate float16/32/64 arrays, not {tensor.dtype}")
+        if not tensor.flags.writeable:
+            raise ValueError("the array is read-only; allreduce works in place")
+        if tensor.flags.c_contiguous:
+            return tensor, lambda: None
+        work = np.ascontiguousarray(tensor)
+        return work, lambda: np.copyto(tensor, work)
+    torch = sys.modules.get("torch")    # a tensor's owner has imported it already
+    if torch is None or not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch tensor or numpy array, not {type(tensor).__name__}")
+    if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"can only aggregate floating point tensors, not {tensor.dtype}")
+    data = tensor.detach()
+    host = data.to("cpu")
+    if host.dtype == torch.bfloat16:
+        host = host.float()
+    elif not host.is_contiguous():
+        host = host.contiguous()
+    work = host.numpy()
+    if host.data_ptr() == data.data_ptr():
+        return work, lambda: None
+    return work, lambda: data.copy_(torch.from_numpy(work))

@@ -1,0 +1,773 @@
+"""The worker's side of the wire: one UDP socket, a window of slots, timers.
+
+One call aggregates N blocks through the job's W slots (W = num_slots). Chunk c
+uses slot c mod W; a slot holds one packet in flight, and its result frees it for
+chunk c + W. Sends and receives are batched (sendmmsg/recvmmsg, ``batchio``), and
+results are handled as arrays, one pass per batch.
+
+**Exponents without a bootstrap round.** A packet carries its own block exponent,
+and its values are quantized with a scale exponent ``S`` that every worker derives
+identically from the maxima the same call agreed on last time (``history_key``:
+its place in the step; ``quantize.speculate``; a call with no history probes). The result returns the
+switch's maximum; where it shows the scale was too small (some worker's values
+were clipped) or wasted precision (``quantize.usable``), every worker redoes that
+block with the now known maximum, as the slot's next packet. So a steady training
+loop sends N packets per call, not N + W.
+
+Everything on the wire is a deterministic function of the call sequence and of
+the results, which every worker receives identically: a slot's set alternates with
+every new packet sent in it, across calls (a contribution to set s re-arms set 1-s
+in the switch), and its packet id counts the packets sent in it, from a base the
+session's epoch gives. A result is accepted only if slot, set and packet id all
+match the packet in flight; anything else is a duplicate or stale copy and is
+ignored.
+
+**Every worker checks that all sent the same call.** Each packet carries the
+call's fingerprint (``call_fingerprints``: the session's epoch, the call's number,
+its size, its name if it has one, the block's place in it), which the switch sums
+like a value. A result whose sum is not n times this worker's own means that some
+worker issued another call (another size, calls in another order, a rank ahead or
+behind) or that the slot held another session's sums. Every worker sees the same
+sum, so every worker raises CallMismatch on that call; no sum of different calls is
+ever returned.
+
+**A session never takes another session's sum.** Its start (``start``, before the
+first call that sends) gives it an epoch, which every fingerprint then holds:
+every worker sends one packet into set 0 of every slot of the window, a random
+number in its own lane and zeros elsewhere, with the start's fingerprint. A
+session that closed parked its slots (``park``: each slot's next set is 0, and set
+0 is empty), so the start's sums are fresh: each worker finds its own numbers in
+its lane, and the sums' hash is the epoch, the same on every worker. Whatever
+another session left there instead (one killed mid-call, or that failed) shows:
+a stored sum answers the start with its own fingerprint, or without this worker's
+number; a half-vacated (slot, set) counts past the workers and never finishes,
+which a WAITING reply shows (below). Every worker then raises CallMismatch saying
+to reset the job's slots, at once, and none takes a stale sum. (Only leftovers of
+another session's own start can be seen by some workers alone, those whose lane
+they hold; the others then wait for them, naming them, up to ``peer_timeout``.)
+
+**Loss.** A result missing while results of packets sent after it arrive is a
+loss (RACK, RFC 8985: results return through one switch in about the order their
+slots were sent): it is resent after one round trip plus a reordering window,
+without waiting for a timer. Every packet also has a retransmission timer: the RFC
+6298 estimate with Karn's rule, its floor twice the smoothed round trip (so it
+follows the switch, not a constant chosen for the slowest one), doubled once per
+timeout period until a fresh sample comes (one back-off for all packets: backing
+off per packet as well compounded to 4^k after k rounds of loss, and through a
+tree's four lossy passes at 10 % stretched calls 37-fold). Any error on the socket
+(an ICMP error queued by a stale or forged frame, a full buffer) counts as a lost
+packet for the same machinery.
+
+**Slow is not dead.** A packet whose timer has expired asks (``contributions``
+1), and the switch answers a retransmission that asks, for a slot it has not
+finished, with a short WAITING reply: the bitmap of the workers that have
+contributed, and their count. A WAITING reply moves no timer, so it never speeds
+up the retransmissions that bring it: they stay as few as the backed-off timers
+make them. While a call waits, a log line every ``progress_interval`` says whom the
+switch waits for. A slot that gets no result within ``peer_timeout`` (minutes, as
+gloo's timeout) ends the call with AggregationTimeout, naming them. After a
+timeout or a mismatch the switch's slot state for this job is unknown (some
+workers may have contributed, others not), so the transport refuses further
+calls: reset the job's slots (``python -m innet_aggregation.switch_ctl reset job.toml``) and open
+new sessions on every worker.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import logging
+import secrets
+import select
+import socket
+import time
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO, MsgType, PacketFormat
+
+from . import quantize
+from .batchio import BatchSocket
+
+PKT_ID_MASK = 0xFFFFFFFF
+FINGERPRINT_MASK = 0xFFFFFFFF
+FINGERPRINT_STEP = 0x9E3779B1  # odd: the blocks of one call get distinct fingerprints
+RECV_BATCH = 512              # results drained from the socket per system call
+COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for more
+HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its buckets)
+RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
+SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
+START = "session start"       # the two rounds of ``Transport.start``, in messages
+RECOVER = ("reset the job's slots (python -m innet_aggregation.switch_ctl reset <job.toml>) and open new "
+           "sessions on every worker")
+NONCE_BITS = 26               # |nonce| < 2**26: 32 workers' sum cannot saturate
+
+log = logging.getLogger("worker")
+
+
+class AggregationTimeout(RuntimeError):
+    """No result for some slots within ``peer_timeout``: a worker or the switch is gone."""
+
+
+class CallMismatch(RuntimeError):
+    """The workers did not all issue the same call, or the slots held another
+    session's sums: every worker raises it, on the first call where it happens."""
+
+
+class TransportBroken(RuntimeError):
+    """A previous call failed, so the switch's slot state for this job is unknown."""
+
+
+def call_fingerprints(epoch: int, call: int | str, elements: int, name: str | None,
+                      blocks: int) -> np.ndarray:
+    """Per block of a call, the 32-bit fingerprint it carries (as uint64): the same
+    on every worker that issues this call in this session, unrelated otherwise."""
+    digest = hashlib.blake2b(repr((epoch, call, elements, name)).encode(), digest_size=4)
+    base = int.from_bytes(digest.digest(), "big")
+    return (base + np.arange(blocks, dtype=np.uint64) * FINGERPRINT_STEP) & FINGERPRINT_MASK
+
+
+def history_key(name: str | None, elements: int, place: int) -> tuple:
+    """Where a call's agreed exponents are remembered, for its next time: its place in
+    the training step. A named call is its name (the DDP hook names buckets by
+    index); an unnamed one is its size and ``place``, its position in the run of
+    consecutive calls of that size (capped at ``RUN_PLACES - 1``), so that
+    equal-sized calls of one step, such as repeated layers' buckets, keep apart."""
+    return ("named", name, elements) if name is not None else ("unnamed", elements, place)
+
+
+def _leading_bytes(records: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` bytes of every record, as a (records, count) uint8 view,
+    whatever the records' stride."""
+    return records.view(_prefix(records.dtype.itemsize, count))["b"]
+
+
+@functools.cache
+def _prefix(itemsize: int, count: int) -> np.dtype:
+    return np.dtype({"names": ["b"], "formats": [(np.uint8, (count,))], "offsets": [0],
+                     "itemsize": itemsize})
+
+
+@dataclass(frozen=True)
+class RetransmitPolicy:
+    """Timer settings, in seconds.
+
+    Timeouts follow the measured round trips; ``min_rto`` is only an absolute floor
+    under them (the adaptive floor is twice the smoothed round trip).
+    ``initial_rto`` applies until the first round trip is measured. ``peer_timeout``
+    bounds how long one packet may wait for its result, and so how long a call can
+    wait for a dead worker or an unreachable switch: 30 minutes by default, torch's
+    and gloo's, as a rank may be busy for minutes (a checkpoint) without being
+    dead. ``progress_interval`` is how often a waiting call logs whom it waits for.
+    ``coalesce`` is the longest a wake-up that found only a few results waits for
+    more (0: never)."""
+    initial_rto: float = 0.2
+    min_rto: float = 0.001
+    max_rto: float = 2.0
+    peer_timeout: float = 1800.0
+    coalesce: float = 0.0005
+    progress_interval: float = 10.0
+
+    def __post_init__(self):
+        if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
+            raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")
+        if self.peer_timeout <= 0 or self.progress_interval <= 0:
+            raise ValueError("peer_timeout and progress_interval must be positive")
+        if self.coalesce < 0:
+            raise ValueError("coalesce must not be negative")
+
+
+@dataclass
+class Stats:
+    """Counters; a session's totals, or one call's (the difference of two totals)."""
+    packets_sent: int = 0
+    bytes_sent: int = 0
+    retransmissions: int = 0          # by timer or by loss detection
+    fast_retransmissions: int = 0     # of which by loss detection (before the timer)
+    redone: int = 0                   # blocks sent again with the agreed exponent
+    results_received: int = 0
+    waiting_replies: int = 0          # the switch's WAITING answers: who has contributed
+    duplicates_ignored: int = 0       # answering no packet in flight: duplicate, stale, foreign
+    malformed_ignored: int = 0        # datagrams of the wrong length
+    timeouts: int = 0
+    socket_errors: int = 0            # failed sends/receives, repaired as losses
+
+    def __sub__(self, other: "Stats") -> "Stats":
+        return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
+                        for f in fields(self)})
+
+    def copy(self) -> "Stats":
+        return copy.copy(self)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class RtoEstimator:
+    """Smoothed RTT and variance (RFC 6298), giving the retransmission timeout, and
+    the minimum RTT (RACK's reordering window)."""
+
+    GRANULARITY = 0.0001
+
+    def __init__(self, policy: RetransmitPolicy):
+        self.policy = policy
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.min_rtt = float("inf")
+        self.rto = policy.initial_rto
+        self._backed_off_at = -float("inf")
+
+    def sample(self, rtt: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.min_rtt = min(self.min_rtt, rtt)
+        rto = self.srtt + max(self.GRANULARITY, 4 * self.rttvar)
+        floor = max(self.policy.min_rto, 2 * self.srtt)
+        self.rto = min(max(rto, floor), self.policy.max_rto)
+
+    def timed_out(self, now: float) -> None:
+        """Double the timeout (RFC 6298 5.5) until a fresh sample resets it: with
+        Karn's rule, a timeout below the real RTT would otherwise never get a sample
+        to grow from. Once per timeout period, as many slots time out together."""
+        if now - self._backed_off_at >= self.rto:
+            self.rto = min(2 * self.rto, self.policy.max_rto)
+            self._backed_off_at = now
+
+    @property
+    def reorder_window(self) -> float:
+        """RACK's allowance for results that are only reordered, not lost."""
+        return self.min_rtt / 4 if self.min_rtt < float("inf") else self.rto
+
+
+class Transport:
+    """Owns the worker's UDP socket, the slot window, the timers of one job, the
+    session's epoch and call count, and the exponent history that speculation
+    predicts from. ``local_workers`` are the ids of the workers at this worker's
+    switch (all of them, but in a tree: the leaf's), whose bits WAITING replies
+    carry."""
+
+    def __init__(self, fmt: PacketFormat, *, job_id: int, worker_id: int, num_workers: int,
+                 switch_ip: str, job_udp_port: int, local_ip: str, local_port: int,
+                 first_slot: int, num_slots: int, local_workers=None,
+                 policy: RetransmitPolicy = RetransmitPolicy()):
+        if not 1 <= num_slots <= fmt.pool_size or not 0 <= first_slot <= fmt.pool_size - num_slots:
+            raise ValueError(f"slots [{first_slot}, {first_slot + num_slots}) are not within the "
+                             f"pool of {fmt.pool_size}")
+        self.fmt = fmt
+        self.job_id = job_id
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        local = range(num_workers) if local_workers is None else local_workers
+        self.local_mask = sum(1 << w for w in local)
+        self.local_count = len(local)
+        self.first_slot = first_slot
+        self.num_slots = num_slots
+        self.policy = policy
+        self.rto = RtoEstimator(policy)
+        self.stats = Stats()
+        self.next_set = np.zeros(num_slots, dtype=np.int64)
+        self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
+        self.history: dict[tuple, np.ndarray] = {}  # history_key -> last agreed maxima
+        self.run = (0, 0)                           # last call's (elements, place in its run)
+        self.epoch: int | None = None               # set by start()
+        self.calls = 0                              # calls issued, the empty ones included
+        self.broken: BaseException | None = None
+        # One packet per slot, rewritten when the slot takes its next chunk; a
+        # retransmission resends the row as it is.
+        self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
+        self.tx_bytes = self.tx.view(np.uint8).reshape(num_slots, -1)
+        # A result echoes its packet's header up to the packet id (the type aside).
+        self.type_offset = fmt.dtype.fields["msg_type"][1]
+        self.identity_bytes = fmt.dtype.fields["pkt_id"][1] + fmt.dtype["pkt_id"].itemsize
+        # Received datagrams, one a row, rows 64-byte aligned and longer than a packet
+        # (a longer datagram shows as the wrong length); results are read in place.
+        row = (fmt.payload_bytes // 64 + 1) * 64
+        self.rx = np.zeros((RECV_BATCH, row), dtype=np.uint8)
+        self.rx_packets = np.ndarray((RECV_BATCH,), dtype=fmt.dtype, buffer=self.rx,
+                                     strides=(row,))
+        self.no_headers = np.zeros(0, dtype=fmt.header_dtype)
+        self.work = np.empty((num_slots, fmt.values_per_packet), dtype=np.float32)  # quantizing
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                self.sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            self.sock.bind((local_ip, local_port))
+            # Connected: the kernel delivers only the switch's results for this job.
+            self.sock.connect((switch_ip, job_udp_port))
+        except OSError:
+            self.sock.close()
+            raise
+        self.io = BatchSocket(self.sock, self.tx, self.rx)
+        self._poll = select.poll()
+        self._poll.register(self.sock, select.POLLIN)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _check_usable(self) -> None:
+        if self.broken is not None:
+            raise TransportBroken(
+                f"an earlier aggregation failed, so the switch's slot state for this job is "
+                f"unknown: {RECOVER}") from self.broken
+
+    def _run(self, call: "_Call") -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return call.run()
+        except BaseException as exc:
+            self.broken = exc
+            raise
+
+    # -- the session's start -------------------------------------------------------
+    def start(self) -> None:
+        """Agree on the session's epoch with the other workers, and make sure that the
+        job's slots hold no other session's state (see the module's docstring); once,
+        before the first call that sends. Collective: every worker's start waits for
+        all of theirs."""
+        if self.epoch is not None:
+            return
+        self._check_usable()
+        w, k = self.num_slots, self.fmt.values_per_packet
+        slots = np.arange(w)
+        blank = np.full(w, EXPONENT_OF_ZERO, dtype=np.int64)
+        values = np.zeros((w, k), dtype=np.int32)
+        lane = self.worker_id % k
+        nonces = np.array([secrets.randbelow(2 << NONCE_BITS) - (1 << NONCE_BITS)
+                           for _ in range(w)], dtype=np.int32)
+        values[:, lane] = nonces
+        sums = np.zeros((w, k), dtype=np.int32)
+        self._run(_Call(self, quantize.Blocks(values.reshape(-1), k),
+                        quantize.Blocks(sums.reshape(-1), k), blank, blank, slots=slots,
+                        label=START, fingerprints=call_fingerprints(0, 0, 0, START, w)))
+        # Lanes are shared only if the workers outnumber the values of a packet.
+        stale = np.flatnonzero(sums[:, lane] != nonces) if self.num_workers <= k else []
+        if len(stale):
+            self.broken = CallMismatch(_stale(self, START, int(stale[0]),
+                                              "its sum lacks this worker's contribution"))
+            raise self.broken
+        self.epoch = int.from_bytes(hashlib.blake2b(sums.tobytes(), digest_size=8).digest(),
+                                    "big")
+        # Packet ids from here on are the epoch's: a result of another session still
+        # on its way matches none of them.
+        self.next_pkt_id = (self.next_pkt_id + (self.epoch & PKT_ID_MASK)) & PKT_ID_MASK
+
+    def park(self) -> None:
+        """Bring every slot to the same place in its set sequence (next set 0), with
+        one empty round in the slots that need it, so that the next session's start,
+        which uses set 0 everywhere, finds it empty. Collective, like a call: every
+        worker parks, when it closes its session."""
+        odd = np.flatnonzero(self.next_set)
+        if not odd.size or self.broken is not None:
+            return
+        k = self.fmt.values_per_packet
+        empty = quantize.Blocks(np.zeros(odd.size * k, dtype=np.int32), k)
+        zero = np.full(odd.size, EXPONENT_OF_ZERO, dtype=np.int64)
+        self._run(_Call(self, empty, empty, zero, zero, slots=odd, label="park",
+                        fingerprints=call_fingerprints(self.epoch, "park", 0, None, odd.size)))
+
+    # -- one call ------------------------------------------------------------------
+    def aggregate(self, blocks: quantize.Blocks, own: np.ndarray, out: quantize.Blocks, *,
+                  average: bool, name: str | None = None) -> np.ndarray:
+        """Sum (``average``: the mean of) float32 ``blocks`` over the job's workers into
+        ``out`` (any float dtype; ``blocks`` itself to work in place): each block is
+        dequantized there as soon as its result is final, from the received packet.
+
+        ``own`` are this worker's block exponents; the size and ``name`` (the
+        caller's, if any) go into the call's fingerprint with its number, and
+        choose its exponent history (``history_key``). Returns the scale exponent
+        each block was quantized with (``POISON_EXPONENT`` for a block some worker
+        could not carry)."""
+        self._check_usable()
+        k = self.fmt.values_per_packet
+        if blocks.whole.shape[1] != k or out.whole.shape[1] != k or len(out) != len(blocks):
+            raise ValueError(f"blocks and out must be as many blocks of {k} values")
+        self.calls += 1
+        n, elements = len(blocks), blocks.flat.size
+        if not n:
+            return np.zeros(0, np.int64)
+        self.start()
+        place = min(self.run[1] + 1, RUN_PLACES - 1) if self.run[0] == elements else 0
+        self.run = (elements, place)
+        key = history_key(name, elements, place)
+        previous = self.history.get(key)
+        if previous is None and name is None and place:
+            # A place of a run seen for the first time: the call before it, the same size.
+            previous = self.history.get(history_key(None, elements, place - 1))
+        label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
+        fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n)
+        scale, agreed = self._run(_Call(self, blocks, out, own, quantize.speculate(previous, n),
+                                        label=label, fingerprints=fingerprints, quantized=True,
+                                        average=average))
+        self.history.pop(key, None)        # most recent last; the oldest call goes first
+        self.history[key] = quantize.remember(agreed)
+        if len(self.history) > HISTORY_CALLS:
+            del self.history[next(iter(self.history))]
+        return scale
+
+    def send(self, slots: np.ndarray) -> int:
+        """Send the slots' packets in one batch; a failure loses the rest of it."""
+        sent, err = self.io.send(slots)
+        if err:
+            self.stats.socket_errors += 1
+        self.stats.packets_sent += sent
+        self.stats.bytes_sent += sent * self.fmt.payload_bytes
+        return sent
+
+    def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The datagrams queued now (at most RECV_BATCH): the well-formed results as
+        packets (a view of the receive buffer, valid until the next receive, when
+        nothing else came with them), the WAITING-sized ones as headers, and how many
+        datagrams were read."""
+        lengths, err = self.io.receive()
+        if err:
+            self.stats.socket_errors += 1
+        fmt = self.fmt
+        whole = lengths == fmt.payload_bytes
+        short = lengths == fmt.header_bytes
+        self.stats.malformed_ignored += int(len(lengths) - whole.sum() - short.sum())
+        packets = self.rx_packets[:len(lengths)]
+        if not whole.all():
+            packets = packets[whole]
+        headers = (np.ascontiguousarray(self.rx[:len(lengths)][short, :fmt.header_bytes])
+                   .view(fmt.header_dtype).reshape(-1) if short.any() else self.no_headers)
+        return packets, headers, len(lengths)
+
+
+class _Call:
+    """The state of one call: per chunk its scale and fingerprint, per slot the
+    chunk in flight, its timing and what the switch last said it waits for.
+    ``slots`` (the session's start, parking) puts chunk i alone in slot ``slots[i]``.
+    ``quantized``: ``blocks`` are floats, quantized and redone as the results say,
+    and a final result is dequantized (``average``: the mean) into ``out``;
+    otherwise int32 values sent as they are, each result final and stored in
+    ``out`` as it is. ``fingerprints``: per chunk, what its packets carry, and its
+    result n times."""
+
+    def __init__(self, transport: Transport, blocks: quantize.Blocks, out: quantize.Blocks,
+                 own: np.ndarray, scale: np.ndarray, *, label: str, fingerprints: np.ndarray,
+                 slots: np.ndarray | None = None, quantized: bool = False,
+                 average: bool = False):
+        t = self.t = transport
+        w = t.num_slots
+        self.blocks = blocks
+        self.out = out
+        self.own = np.asarray(own, dtype=np.int64)
+        self.scale = np.array(scale, dtype=np.int64)
+        self.label = label
+        self.quantized = quantized
+        self.average = average
+        n = self.n = len(blocks)
+        # As the packets hold them (big-endian 32 bits): copied and compared as they are.
+        self.fingerprints = fingerprints.astype(">u4")
+        self.expected = ((fingerprints * np.uint64(t.num_workers))
+                         & np.uint64(FINGERPRINT_MASK)).astype(">u4")
+        self.agreed = np.full(n, EXPONENT_OF_ZERO, dtype=np.int64)
+        # Per slot of the window: the chunk in flight (-1: none) and its timing.
+        self.chunk = np.full(w, -1, dtype=np.int64)
+        if slots is None:
+            self.step = w
+            first = np.arange(min(n, w))
+            self.chunk[first] = first
+        else:
+            self.step = n                    # one chunk per slot, nothing after it
+            self.chunk[slots] = np.arange(n)
+        self.sent_at = np.zeros(w)
+        self.first_sent_at = np.zeros(w)
+        self.retries = np.zeros(w, dtype=np.int64)     # timer expiries, for the error message
+        self.resent = np.zeros(w, dtype=bool)          # Karn: no RTT sample
+        self.started = time.monotonic()
+        self.progress_at = -np.inf      # when the call last got an answer
+        self.logged_at = self.started   # when it last logged whom it waits for
+        # The switch's last WAITING reply per slot: the bitmap of who had contributed.
+        self.told = np.zeros(w, dtype=bool)
+        self.contributors = np.zeros(w, dtype=np.int64)
+        self.expect = np.zeros((w, t.identity_bytes), dtype=np.uint8)   # see _on_results
+        # RACK orders packets by when they were sent; a batch goes out in order, so
+        # a send sequence number, not a timestamp, tells its packets apart.
+        self.sent_seq = np.zeros(w, dtype=np.int64)
+        self.next_seq = 0
+        self.rack_seq = -1              # the newest packet answered
+        self.rack_rtt = 0.0
+
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        """Aggregate every chunk; returns per chunk its scale and the agreed maximum."""
+        t = self.t
+        self._load(np.flatnonzero(self.chunk >= 0), time.monotonic())
+        while (self.chunk >= 0).any():
+            wait = self._next_wakeup() - time.monotonic()
+            if wait <= 0 or t._poll.poll(max(wait * 1000.0, 0.0)):
+                # Drain the socket first: after a stall, answers queued behind the
+                # first batch must not look lost.
+                drained = 0
+                while True:
+                    packets, headers, datagrams = t.receive()
+                    drained += datagrams
+                    if len(packets):
+                        self._on_results(packets)
+                    if len(headers):
+                        self._on_waiting(headers)
+                    if datagrams < RECV_BATCH:
+                        break
+                if 0 < drained < COALESCE_BATCH:
+                    self._coalesce()
+            now = time.monotonic()
+            self._recover(now)
+            if now - max(self.progress_at, self.logged_at) >= t.policy.progress_interval:
+                self.logged_at = now
+                log.warning("%s", self._waiting_line(now))
+        return self.scale, self.agreed
+
+    def _coalesce(self) -> None:
+        """Results trickling in at the links' pace would wake this thread once each,
+        at a cost in Python that, on a host shared by several workers and a
+        software switch, outweighs the wait: let a few gather first (as a NIC's
+        interrupt moderation does), never past a timer."""
+        if (self.chunk >= 0).any():
+            pause = min(self.t.policy.coalesce, self._next_wakeup() - time.monotonic())
+            if pause > 0:
+                time.sleep(pause)
+
+    def _load(self, slots: np.ndarray, now: float) -> None:
+        """Put each slot's chunk in its packet, quantized (in a scratch that stays in
+        the cache, then once into the packets), and send them all."""
+        if not slots.size:
+            return
+        t = self.t
+        chunks = self.chunk[slots]
+        sets = t.next_set[slots]
+        ids = t.next_pkt_id[slots]
+        t.next_set[slots] ^= 1
+        t.next_pkt_id[slots] = (ids + 1) & PKT_ID_MASK
+        t.fmt.write_header(t.tx, slots, set=sets, slot=t.first_slot + slots, pkt_id=ids,
+                           exponent=self.own[chunks])
+        t.tx["fingerprint"][slots] = self.fingerprints[chunks]
+        t.tx["contributions"][slots] = 0          # asks for nothing (see _recover)
+        self.expect[slots] = t.tx_bytes[slots, :t.identity_bytes]
+        self.expect[slots, t.type_offset] = int(MsgType.RESULT)
+        blocks = self.blocks.rows(chunks)
+        if self.quantized:
+            blocks = quantize.quantize(blocks, self.own[chunks], self.scale[chunks],
+                                       t.num_workers, out=t.work[:len(slots)])
+        t.tx["values"][slots] = blocks
+        self.first_sent_at[slots] = now
+        self.retries[slots] = 0
+        self.resent[slots] = False
+        self.told[slots] = False
+        self._transmit(slots, now)
+
+    def _transmit(self, slots: np.ndarray, now: float) -> int:
+        """Send the slots' packets and arm their timers; what failed to go out is
+        lost, and the timers repair it."""
+        sent = self.t.send(slots)
+        self.sent_at[slots] = now
+        self.sent_seq[slots] = self.next_seq + np.arange(len(slots))
+        self.next_seq += len(slots)
+        return sent
+
+    def _due(self) -> np.ndarray:
+        """When each slot's timer expires: the timeout (backed off by ``timed_out``) after
+        its last send or after the call's last answer, whichever is later (RFC 6298
+        5.3 restarts the timer on every answer: a packet that waits behind a burst
+        queued at a slow link is not lost while answers keep coming; RACK finds
+        the ones that are), never past ``peer_timeout``."""
+        t = self.t
+        start = np.maximum(self.sent_at, self.progress_at)
+        return np.minimum(start + t.rto.rto,
+                          self.first_sent_at + t.policy.peer_timeout)
+
+    def _next_wakeup(self) -> float:
+        waiting = self.chunk >= 0
+        wake = self._due()[waiting].min()
+        behind = waiting & (self.sent_seq < self.rack_seq)
+        if behind.any():
+            wake = min(wake, self.sent_at[behind].min() + self.rack_rtt
+                       + self.t.rto.reorder_window)
+        return wake
+
+    def _answers(self, records: np.ndarray, slot_field: np.ndarray,
+                 kind: MsgType) -> tuple[np.ndarray, np.ndarray]:
+        """Which of the datagrams answer a slot's packet in flight (type ``kind``,
+        and the packet's identity bytes: job, set and slot, packet id, in the job's
+        slot range), and the window slot each names."""
+        t = self.t
+        slot = np.clip(slot_field - t.first_slot, 0, t.num_slots - 1)
+        raw = _leading_bytes(records, t.identity_bytes)
+        ok = (self.chunk[slot] >= 0) & (slot_field - t.first_slot == slot)
+        if kind != MsgType.RESULT:        # ``expect`` holds a result's type byte
+            ok &= raw[:, t.type_offset] == int(kind)
+            raw = raw.copy()
+            raw[:, t.type_offset] = int(MsgType.RESULT)
+        return ok & (raw == self.expect[slot]).all(axis=1), slot
+
+    def _on_results(self, packets: np.ndarray) -> None:
+        t = self.t
+        now = time.monotonic()
+        h = t.fmt.unpack(packets, ("slot", "exponent", "contributions"))
+        match, slot = self._answers(packets, h["slot"], MsgType.RESULT)
+        match &= h["contributions"] == t.num_workers
+        index = np.flatnonzero(match)
+        s = slot[index]
+        # A result twice in one batch (resent by the switch) counts once; arrival
+        # order is kept, so every worker sends its next packets in the same order.
+        first = np.sort(np.unique(s, return_index=True)[1])
+        index, s = index[first], s[first]
+        t.stats.duplicates_ignored += len(packets) - len(index)
+        if not len(index):
+            return
+        chunks = self.chunk[s]
+        got = packets["fingerprint"][index]
+        wrong = got != self.expected[chunks]
+        if wrong.any():
+            first = int(np.argmax(wrong))
+            self._mismatch(int(chunks[first]), int(got[first]))
+        t.stats.results_received += len(index)
+        self._measure(s, now)
+        agreed = h["exponent"][index]
+        self.agreed[chunks] = agreed
+        if self.quantized:
+            keep, self.scale[chunks] = quantize.settle(self.scale[chunks], agreed)
+        else:
+            keep = np.ones(len(chunks), dtype=bool)
+        done, redo = chunks[keep], chunks[~keep]
+        if len(done):
+            rows = index[keep]        # ascending: as many as the datagrams is all of them
+            self._store(done, packets["values"][:len(rows)] if len(rows) == len(packets)
+                        else packets["values"][rows])
+        t.stats.redone += len(redo)
+        following = np.where(keep, chunks + self.step, chunks)
+        following[following >= self.n] = -1
+        self.chunk[s] = following
+        self.progress_at = now
+        self._load(s[following >= 0], now)
+
+    def _store(self, chunks: np.ndarray, sums: np.ndarray) -> None:
+        """Final results (the switch's sums, as the packets hold them) into the
+        caller's output: straight into its memory where the chunks are consecutive
+        whole blocks, else through a scatter. Only final blocks are written, so a
+        block still to be redone reads its input unchanged (in place: the same memory)."""
+        view = self.out.view(chunks)
+        if self.quantized:
+            sums = quantize.dequantize(sums, self.scale[chunks], self.t.num_workers,
+                                       average=self.average, out=view,
+                                       dtype=self.out.flat.dtype)
+        elif view is not None:
+            np.copyto(view, sums)
+        if view is None:
+            self.out.write(chunks, sums)
+
+    def _on_waiting(self, headers: np.ndarray) -> None:
+        """The switch's WAITING replies: per slot, who had contributed. They move no
+        timer: a reply comes only for a retransmission, and answering it with a
+        sooner one would turn a long wait into a storm."""
+        t = self.t
+        h = t.fmt.unpack(headers, ("slot", "contributions", "fingerprint"))
+        match, slot = self._answers(headers, h["slot"], MsgType.WAITING)
+        t.stats.waiting_replies += int(match.sum())
+        t.stats.duplicates_ignored += int((~match).sum())
+        self.told[slot[match]] = True
+        self.contributors[slot[match]] = h["fingerprint"][match]
+        # Unfinished, yet every worker has contributed, or more contributions counted
+        # than there are workers: the count went past them, which only another
+        # session's leftovers can make it do (it adds to a round finished there).
+        stuck = match & (((h["fingerprint"] & t.local_mask) == t.local_mask)
+                         | (h["contributions"] >= t.local_count))
+        if stuck.any():
+            raise CallMismatch(_stale(t, self.label, int(slot[stuck][0]), "the switch counts "
+                                      "as many contributions there as there are workers, and "
+                                      "no result"))
+
+    def _measure(self, slots: np.ndarray, now: float) -> None:
+        """One RTT sample per batch, and RACK's newest answered send time, both from
+        packets sent once only (Karn: an answer to a resent packet may belong to
+        either copy, and taking the later one would call packets in flight lost)."""
+        clean = slots[~self.resent[slots]]
+        if not clean.size:
+            return
+        self.t.rto.sample(float(now - self.sent_at[clean].mean()))
+        newest = clean[np.argmax(self.sent_seq[clean])]
+        if self.sent_seq[newest] > self.rack_seq:
+            self.rack_seq, self.rack_rtt = int(self.sent_seq[newest]), now - self.sent_at[newest]
+
+    def _recover(self, now: float) -> None:
+        """Resend what is lost: packets sent before an answered one, once a round
+        trip and the reordering window have passed (RACK), and packets whose timer
+        expired. A packet waiting ``peer_timeout`` ends the call."""
+        t = self.t
+        waiting = self.chunk >= 0
+        dead = waiting & (now - self.first_sent_at >= t.policy.peer_timeout)
+        if dead.any():
+            self._give_up(now)
+        expired = waiting & (self._due() <= now)
+        lost = (waiting & ~expired & (self.sent_seq < self.rack_seq)
+                & (self.sent_at + self.rack_rtt + t.rto.reorder_window <= now))
+        if expired.any():
+            t.stats.timeouts += int(expired.sum())
+            t.rto.timed_out(now)
+            self.retries[expired] += 1
+            # From its first timeout on, a packet asks the switch to answer it, if
+            # its slot is unfinished, with whom it waits for (a WAITING reply).
+            t.tx["contributions"][expired] = 1
+        again = np.flatnonzero(expired | lost)
+        if again.size:
+            sent = self._transmit(again, now)
+            t.stats.retransmissions += sent
+            t.stats.fast_retransmissions += int(min(sent, lost.sum()))
+            self.resent[again] = True
+
+    def _waiting_for(self) -> str:
+        """Whom the switch waits for, from its WAITING replies for the slots waiting."""
+        t = self.t
+        waiting = self.chunk >= 0
+        told = waiting & self.told
+        if not told.any():
+            return ("the switch has not said whom it waits for (no WAITING reply: it is "
+                    "unreachable, or, in a tree, waits for another switch)")
+        missing = 0
+        for bits in np.unique(self.contributors[told]):
+            missing |= t.local_mask & ~int(bits)
+        ranks = [w for w in range(missing.bit_length()) if missing >> w & 1]
+        unknown = int((waiting & ~self.told).sum())
+        return (f"the switch waits for worker(s) {', '.join(map(str, ranks))}"
+                + (f" ({unknown} slot(s) without a reply yet)" if unknown else ""))
+
+    def _waiting_line(self, now: float) -> str:
+        t = self.t
+        waited = now - max(self.progress_at, self.started)
+        return (f"job {t.job_id}, worker {t.worker_id}, {self.label}: no result for "
+                f"{int((self.chunk >= 0).sum())} slot(s) for {waited:.0f} s; "
+                f"{self._waiting_for()}")
+
+    def _give_up(self, now: float) -> None:
+        t = self.t
+        waiting = np.flatnonzero(self.chunk >= 0)
+        oldest = now - self.first_sent_at[waiting].min()
+        slots = (t.first_slot + waiting).tolist()
+        shown = ", ".join(map(str, slots[:16])) + (", ..." if len(slots) > 16 else "")
+        raise AggregationTimeout(
+            f"job {t.job_id}, worker {t.worker_id}, {self.label}: no result for {len(slots)} "
+            f"slot(s) [{shown}] after {oldest:.1f} s (peer_timeout {t.policy.peer_timeout:g} s, "
+            f"{int(self.retries[waiting].sum())} timer expiries); {self._waiting_for()}. "
+            f"The switch's slot state for this job is now unknown: {RECOVER}")
+
+    def _mismatch(self, chunk: int, got: int) -> None:
+        t = self.t
+        if self.label == START:           # the start's chunk i is in slot i
+            raise CallMismatch(_stale(t, START, chunk, "its sum holds other contributions "
+                                      "than the workers' starts"))
+        raise CallMismatch(
+            f"job {t.job_id}, worker {t.worker_id}, {self.label}: the switch's sum of the "
+            f"workers' fingerprints for block {chunk} is {got:#010x}, not {t.num_workers} "
+            f"times this worker's ({int(self.expected[chunk]):#010x}): the workers did not all "
+            f"issue this call (another size or name, or calls in another order, on some "
+            f"worker), or the slot held another session's sums. The session is unusable: "
+            f"{RECOVER}")
+
+
+def _stale(t: Transport, label: str, window_slot: int, why: str) -> str:
+    return (f"job {t.job_id}, worker {t.worker_id}, {label}: slot {t.first_slot + window_slot} "
+            f"holds another session's state ({why}): a session on this job ended without "
+            f"closing (killed, or after a failed call). {RECOVER[0].upper()}{RECOVER[1:]}")
