@@ -16,10 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from innet_aggregation import IMPORT_ROOT
 
-from .topology import Testbed
+if TYPE_CHECKING:   # a type only: importing the topology would pull in Mininet
+    from .topology import Testbed
 
 
 class AgentError(RuntimeError):

@@ -31,6 +31,7 @@ from innet_aggregation.switch_ctl.client import SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.tree import Tree
 
+from .agents import AgentError, HostAgents
 from .layout import (add_topology_arguments, check_mtu, check_topology, host_mac,
                      job_config_dict, tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
@@ -322,7 +323,6 @@ class TestbedCLI(CLI):
 
     def do_allreduce(self, line):
         """allreduce [SIZE]: every host sums SIZE integer-valued floats through the switch."""
-        from .agents import AgentError, HostAgents
         try:
             size = int(line or 4096)
             if self.agents is None:
