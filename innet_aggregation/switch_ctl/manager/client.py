@@ -42,6 +42,13 @@ class _Unreachable(OSError):
     """Worth trying again: the manager is away (restarting), or the connection broke."""
 
 
+class _NoAnswer(_Unreachable):
+    """Closed or reset before any answer: a manager that died then, or a TLS listener
+    that a plaintext client cannot talk to."""
+
+    TRIES = 3
+
+
 def interfaces(ifname: str | None = None) -> list[dict]:
     """This host's IPv4 interfaces other than loopback (or ``ifname`` alone):
     name, address and MAC."""
@@ -186,17 +193,15 @@ class _Manager:
             answered = False
             with sock.makefile("rb") as reader:
                 while True:
-                    line = reader.readline(MAX_LINE + 1)
+                    try:
+                        line = reader.readline(MAX_LINE + 1)
+                    except ConnectionResetError:
+                        line = b""
                     if not line:
                         if answered:
                             raise _Unreachable(f"the manager at {self.address} closed the "
                                                f"connection")
-                        if self.tls is None:
-                            raise JoinError(f"the manager at {self.address} closed the "
-                                            f"connection without answering: it may require TLS "
-                                            f"(set INA_CA_CERT to the CA of its certificate)")
-                        raise _Unreachable(f"the manager at {self.address} closed the "
-                                           f"connection without answering")
+                        raise _NoAnswer(self._no_answer())
                     answered = True
                     yield decode_line(line)
         except _Unreachable:
@@ -205,6 +210,12 @@ class _Manager:
             raise _Unreachable(f"the manager at {self.address}: {exc}") from None
         finally:
             sock.close()
+
+    def _no_answer(self) -> str:
+        said = f"the manager at {self.address} closed the connection without answering"
+        if self.tls is None:
+            said += ": it may require TLS (set INA_CA_CERT to the CA of its certificate)"
+        return said
 
     def _handshake(self, sock: socket.socket) -> ssl.SSLSocket:
         try:
@@ -238,7 +249,7 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *,
     if slots is not None:
         request["slots"] = slots
     deadline = time.monotonic() + timeout
-    last, said = "", 0.0
+    last, said, unanswered = "", 0.0, 0
     while True:
         try:
             for answer in manager.lines(request):
@@ -255,6 +266,9 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *,
                 if time.monotonic() > deadline:
                     break
         except _Unreachable as exc:
+            unanswered = unanswered + 1 if isinstance(exc, _NoAnswer) else 0
+            if unanswered >= _NoAnswer.TRIES:
+                raise JoinError(str(exc)) from None
             if message := str(exc):
                 if message != last:
                     progress(f"ina: {message}; trying again")

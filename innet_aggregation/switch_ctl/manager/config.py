@@ -94,7 +94,9 @@ def load(path: Path | str) -> ManagerConfig:
     return parse(raw, path.resolve().parent)
 
 
-def parse(raw: dict, base: Path) -> ManagerConfig:
+def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
+    """``base``: where relative paths start (None: the current directory)."""
+    base = base or Path.cwd()
     problems: list[str] = []
     sections = {}
     for name in ("manager", "switch", "pool", "fabric"):
@@ -163,6 +165,7 @@ def parse(raw: dict, base: Path) -> ManagerConfig:
             protocol.packet_format(values)
         except ValueError as exc:
             problems.append(f"switch.values_per_packet: {exc}")
+            values = None
     switch = ManagerSwitch(grpc_addr=get(sw, "grpc_addr", str, "switch") or "",
                            device_id=get(sw, "device_id", int, "switch", 0) or 0,
                            ports=tuple(ports), values_per_packet=values or 0,
