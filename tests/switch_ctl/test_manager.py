@@ -14,6 +14,8 @@ import json
 import os
 import socket
 import ssl
+import subprocess
+import sys
 import time
 
 import pytest
@@ -21,7 +23,8 @@ import pytest
 from innet_aggregation.switch_ctl.manager import JoinError, join
 from innet_aggregation.testbed.targets import unavailable
 
-from .manager_harness import JOB_SLOTS, LEASE, POOL_SLOTS, SECRET, SWEEP, ManagerBed, until
+from .manager_harness import (JOB_SLOTS, LEASE, POOL_SLOTS, SECRET, SWEEP, ManagerBed,
+                              env, until)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +152,12 @@ def test_a_restarted_manager_keeps_its_running_job(bed):
     time.sleep(max(0.0, restarted + 2 * LEASE - time.monotonic()))
     assert [j["name"] for j in bed.jobs()["running"]] == ["job-g"]
     assert jg["job_id"] in bed.installed()
+    listed = subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", "jobs",
+                             "--config", str(bed.config_path), "--ca-cert", str(bed.tls.ca_cert)],
+                            capture_output=True, text=True, timeout=60, env=env())
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith(f"running job-g: id {jg['job_id']}, slots "
+                                    f"{jg['first_slot']}..{jg['first_slot'] + JOB_SLOTS - 1}")
     release.touch()
     finished(g, calls=40)
 
