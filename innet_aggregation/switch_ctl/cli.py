@@ -6,6 +6,8 @@
     python -m innet_aggregation.switch_ctl loss job.toml --ingress 0.01 --egress 0.01
     python -m innet_aggregation.switch_ctl remove job.toml
     python -m innet_aggregation.switch_ctl check job.toml --p4info p4src/tna/build/aggregation.p4info.txtpb
+    python -m innet_aggregation.switch_ctl serve --config manager.toml   # the job manager
+    python -m innet_aggregation.switch_ctl jobs --config manager.toml    # what it runs
 
 A job file may describe a tree of switches (switch_ctl/tree.py): every command then
 acts on each of its switches in turn. TLS: the job file's ca_cert, client_cert and
@@ -80,7 +82,55 @@ def _parser() -> argparse.ArgumentParser:
                                          "from its P4Info alone (no switch): the Tofino build's, say")
     check.add_argument("config", type=Path, help="job configuration (TOML)")
     check.add_argument("--p4info", type=Path, default=protocol.P4INFO)
+    serve = sub.add_parser("serve", help="run the job manager: ranks register, it installs "
+                                         "their jobs on its switch (switch_ctl/manager/)")
+    serve.add_argument("--config", type=Path, required=True, help="the manager's TOML")
+    jobs = sub.add_parser("jobs", help="list the jobs a running manager holds and queues")
+    jobs.add_argument("--config", type=Path, required=True, help="the manager's TOML (its "
+                                                                 "address and secret)")
+    jobs.add_argument("--ca-cert", type=Path, help="the CA of the manager's certificate")
+    jobs.add_argument("--json", action="store_true", help="print JSON instead of lines")
     return parser
+
+
+def serve(args) -> None:
+    import logging
+    from .manager import config as manager_config
+    from .manager.server import Manager
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    manager = Manager(manager_config.load(args.config)).start()
+    try:
+        manager.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        manager.stop()
+
+
+def list_jobs(args) -> None:
+    from .manager import config as manager_config
+    from .manager.client import JoinError, _Manager
+    config = manager_config.load(args.config)
+    host, port = config.listen
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    try:
+        answer = _Manager(f"{host}:{port}", config.secret.decode(), args.ca_cert).request(
+            {"op": "jobs"})
+    except (OSError, JoinError) as exc:
+        raise P4RuntimeError(str(exc)) from None
+    if answer.get("status") != "ok":
+        raise P4RuntimeError(f"the manager refused: {answer.get('error')}")
+    if args.json:
+        print(json.dumps({k: answer[k] for k in ("running", "waiting")}, indent=2))
+        return
+    for job in answer["running"]:
+        print(f"running {job['name']}: id {job['id']}, slots {job['slots'][0]}..{job['slots'][1]}, "
+              f"UDP port {job['udp_port']}, service {job['service_ip']}, {job['ranks']} ranks"
+              + (f" ({len(job['closed'])} closed)" if job["closed"] else ""))
+    for job in answer["waiting"]:
+        print(f"waiting {job['name']}: {len(job['registered'])} of {job['world']} ranks, "
+              f"{job['slots']} slots: {job['message']}")
 
 
 def _connection(args, config) -> SwitchConnection:
@@ -114,6 +164,9 @@ def _tls(args, config) -> TLSConfig | None:
 def run(args) -> None:
     """One switch, or every switch of a tree: parents first when installing, children
     first when removing, so no switch forwards sums to one that lacks the job."""
+    if args.command in ("serve", "jobs"):
+        (serve if args.command == "serve" else list_jobs)(args)
+        return
     config = config_mod.load(args.config) if args.config else None
     if not isinstance(config, Tree):
         if getattr(args, "switches", None):

@@ -5,6 +5,11 @@ pair stays in the root namespace with no address, as Mininet does, so a switch
 process started there reads and writes them with AF_PACKET. Names carry the pid,
 so concurrent runs never touch each other's interfaces, and teardown deletes only
 what this object made.
+
+With ``management=True`` each host also gets mgmt0, on a Linux bridge in the root
+namespace that has an address of its own: a network beside the switch's, through
+which the hosts reach a job manager running in the root namespace (the data plane
+still goes through the switch only).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class Host:
     switch_port: int
     switch_ifname: str
     ifname: str = "eth0"
+    mgmt_ip: str | None = None          # on mgmt0, where the topology has a management network
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], **kwargs)
@@ -88,6 +94,10 @@ class Topology:
     subnet_prefix: str = "10.0.0."
     hosts: list[Host] = field(default_factory=list)
     first_host: int = 0
+    management: bool = False
+    mgmt_prefix: str | None = None       # "198.18.N." once the management network exists
+
+    MGMT_IFNAME = "mgmt0"
 
     def __post_init__(self):
         if not 1 <= self.num_hosts <= 250:
@@ -99,10 +109,21 @@ class Topology:
     def switch_ports(self) -> dict[int, str]:
         return {h.switch_port: h.switch_ifname for h in self.hosts}
 
+    @property
+    def bridge(self) -> str:
+        return f"{self.tag}mb"
+
+    @property
+    def mgmt_address(self) -> str | None:
+        """The root namespace's address on the management network."""
+        return f"{self.mgmt_prefix}1" if self.mgmt_prefix else None
+
     def create(self) -> "Topology":
         if os.geteuid() != 0:
             raise PermissionError("creating network namespaces needs root")
         try:
+            if self.management:
+                self._add_bridge()
             for i in range(self.num_hosts):
                 self._add_host(i)
         except Exception:
@@ -131,12 +152,50 @@ class Topology:
         # offload the checksum is never filled in and the receiver drops the packet.
         _run(*ns, "ethtool", "-K", host.ifname, "tx", "off")
         _switch_side_up(host.switch_ifname)
+        if self.management:
+            self._add_mgmt_link(host)
+
+    def _add_bridge(self) -> None:
+        """A bridge with an address in a 198.18.N.0/24 (RFC 2544's benchmarking range)
+        that no interface here uses yet."""
+        used = _run("ip", "-4", "-o", "addr", "show").stdout
+        start = (os.getpid() + next(_topologies)) % 512
+        for k in range(512):
+            n = (start + k) % 512
+            prefix = f"198.{18 + n // 256}.{n % 256}."
+            if f" {prefix}" not in used:
+                break
+        else:
+            raise RuntimeError("no free 198.18.0.0/15 subnet for a management network")
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        self.mgmt_prefix = prefix
+        Path(f"/proc/sys/net/ipv6/conf/{self.bridge}/disable_ipv6").write_text("1")
+        _run("ip", "addr", "add", f"{prefix}1/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+
+    def _add_mgmt_link(self, host: Host) -> None:
+        outer, peer = f"{self.tag}m{host.index}", f"{self.tag}q{host.index}"
+        _run("ip", "link", "add", outer, "type", "veth", "peer", "name", peer)
+        host.mgmt_ip = f"{self.mgmt_prefix}{host.index + 2}"
+        _run("ip", "link", "set", peer, "netns", host.netns)
+        ns = ("ip", "netns", "exec", host.netns)
+        _run(*ns, "ip", "link", "set", peer, "name", self.MGMT_IFNAME)
+        _run(*ns, "ip", "addr", "add", f"{host.mgmt_ip}/24", "dev", self.MGMT_IFNAME)
+        _run(*ns, "ip", "link", "set", self.MGMT_IFNAME, "up")
+        Path(f"/proc/sys/net/ipv6/conf/{outer}/disable_ipv6").write_text("1")
+        _run("ip", "link", "set", outer, "master", self.bridge)
+        _run("ip", "link", "set", outer, "up")
 
     def destroy(self) -> None:
         for host in self.hosts:
             _run("ip", "link", "del", host.switch_ifname, check=False)  # removes the peer too
+            if self.management:
+                _run("ip", "link", "del", f"{self.tag}m{host.index}", check=False)
             _run("ip", "netns", "del", host.netns, check=False)
         self.hosts = []
+        if self.mgmt_prefix is not None:
+            _run("ip", "link", "del", self.bridge, check=False)
+            self.mgmt_prefix = None
 
     def __enter__(self) -> "Topology":
         return self.create()

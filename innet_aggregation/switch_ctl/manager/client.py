@@ -1,0 +1,344 @@
+"""A rank's side of the job manager: register, get the job's Config, keep the lease.
+
+    membership = join_from_env(rank, world)       # INA_MANAGER=host:port, INA_SECRET...
+    session = AggregationSession.from_config(membership.config, rank)
+    ...
+    membership.close()
+
+The rank finds its own data-plane interface (INA_IFNAME, or every non-loopback IPv4
+interface, of which the manager takes the one its fabric knows) and a free UDP port.
+Needs no grpc or finsy: a numpy-only worker install imports it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from innet_aggregation.p4src import protocol
+
+from .. import config as config_mod
+from .wire import JOB_NAME, MAX_LINE, decode_line, encode
+
+SIOCGIFADDR = 0x8915
+READ_TIMEOUT = 15.0          # the manager sends a progress line every second
+DEFAULT_TIMEOUT = 600.0
+
+
+class JoinError(RuntimeError):
+    """The manager refused the rank, or could not be reached in time; says why."""
+
+
+class _Unreachable(OSError):
+    """Worth trying again: the manager is away (restarting), or the connection broke."""
+
+
+class _NoAnswer(_Unreachable):
+    """Closed or reset before any answer: a manager that died then, or a TLS listener
+    that a plaintext client cannot talk to."""
+
+    TRIES = 3
+
+
+def interfaces(ifname: str | None = None) -> list[dict]:
+    """This host's IPv4 interfaces other than loopback (or ``ifname`` alone):
+    name, address and MAC."""
+    found = []
+    names = [ifname] if ifname else [name for _, name in socket.if_nameindex()]
+    for name in names:
+        try:
+            mac = Path(f"/sys/class/net/{name}/address").read_text().strip().lower()
+        except OSError:
+            if ifname:
+                raise JoinError(f"INA_IFNAME={ifname}: no such interface here") from None
+            continue
+        ip = _ipv4(name)
+        if ip is None or ip.startswith("127.") or mac in ("", "00:00:00:00:00:00"):
+            if ifname:
+                raise JoinError(f"INA_IFNAME={ifname} has no IPv4 address and MAC to aggregate on")
+            continue
+        found.append({"ifname": name, "ip": ip, "mac": mac})
+    if not found:
+        raise JoinError("this host has no IPv4 interface besides loopback to aggregate on")
+    return found
+
+
+def _ipv4(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR,
+                                 struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def free_udp_port() -> int:
+    """A UDP port free on every address now (the session binds it on the chosen one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("0.0.0.0", 0))
+        return sock.getsockname()[1]
+
+
+class Membership:
+    """One rank of a running job: its Config, and a thread renewing its lease.
+    ``lost`` says why, if the manager no longer knows the job."""
+
+    def __init__(self, manager: "_Manager", job: str, rank: int, token: str, config,
+                 lease_seconds: float):
+        self.job = job
+        self.rank = rank
+        self.config = config
+        self.lease_seconds = lease_seconds
+        self.lost: str | None = None
+        self._manager = manager
+        self._token = token
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, daemon=True,
+                                        name=f"ina-lease-{job}-{rank}")
+        self._thread.start()
+
+    def _lease(self, op: str) -> dict:
+        return self._manager.request({"op": op, "job": self.job, "rank": self.rank,
+                                      "token": self._token})
+
+    def _renew(self) -> None:
+        away = False
+        while not self._stop.wait(self.lease_seconds / 3):
+            try:
+                answer = self._lease("renew")
+            except (OSError, JoinError) as exc:
+                if not away:
+                    _say(f"ina: cannot renew job {self.job}'s lease at "
+                         f"{self._manager.address}: {exc}; retrying")
+                away = True
+                continue
+            if away:
+                _say(f"ina: job {self.job}'s lease renewed again")
+                away = False
+            if answer.get("status") != "ok":
+                self.lost = str(answer.get("error", answer))
+                _say(f"ina: job {self.job} is lost: {self.lost}")
+                return
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop renewing and tell the manager this rank is done (when every rank has,
+        the job is removed from the switch); retried while the manager is away,
+        up to ``timeout`` (the lease by default)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        if self.lost is not None:
+            return
+        deadline = time.monotonic() + (self.lease_seconds if timeout is None else timeout)
+        while True:
+            try:
+                answer = self._lease("close")
+                if answer.get("status") != "ok":
+                    _say(f"ina: closing job {self.job}: {answer.get('error')}")
+                return
+            except (OSError, JoinError) as exc:
+                if time.monotonic() > deadline:
+                    _say(f"ina: could not tell the manager that rank {self.rank} of job "
+                         f"{self.job} closed ({exc}); its lease will run out")
+                    return
+                time.sleep(0.5)
+
+    def __enter__(self) -> "Membership":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Manager:
+    """How to reach the manager: address, secret, TLS."""
+
+    def __init__(self, address: str, secret: str, ca_cert: str | Path | None):
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise JoinError(f"the manager's address {address!r} must be host:port (INA_MANAGER)")
+        self.address, self.host, self.port = address, host.strip("[]"), int(port)
+        self.secret = secret
+        self.ca_cert = ca_cert
+        self.tls = None
+        if ca_cert is not None:
+            try:
+                self.tls = ssl.create_default_context(cafile=str(ca_cert))
+            except (OSError, ssl.SSLError) as exc:
+                raise JoinError(f"the manager's CA {ca_cert} (INA_CA_CERT): {exc}") from None
+
+    def lines(self, message: dict):
+        """Send ``message``; yield each answer line as a dict."""
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=10)
+        except OSError as exc:
+            raise _Unreachable(f"cannot reach the manager at {self.address}: "
+                               f"{exc.strerror or exc}") from None
+        try:
+            if self.tls is not None:
+                sock = self._handshake(sock)
+            sock.settimeout(READ_TIMEOUT)
+            sock.sendall(encode({**message, "secret": self.secret}))
+            answered = False
+            with sock.makefile("rb") as reader:
+                while True:
+                    try:
+                        line = reader.readline(MAX_LINE + 1)
+                    except ConnectionResetError:
+                        line = b""
+                    if not line:
+                        if answered:
+                            raise _Unreachable(f"the manager at {self.address} closed the "
+                                               f"connection")
+                        raise _NoAnswer(self._no_answer())
+                    answered = True
+                    yield decode_line(line)
+        except _Unreachable:
+            raise
+        except OSError as exc:          # a timeout, a reset, TLS torn down
+            raise _Unreachable(f"the manager at {self.address}: {exc}") from None
+        finally:
+            sock.close()
+
+    def _no_answer(self) -> str:
+        said = f"the manager at {self.address} closed the connection without answering"
+        if self.tls is None:
+            said += ": it may require TLS (set INA_CA_CERT to the CA of its certificate)"
+        return said
+
+    def _handshake(self, sock: socket.socket) -> ssl.SSLSocket:
+        try:
+            return self.tls.wrap_socket(sock, server_hostname=self.host)
+        except ssl.SSLCertVerificationError as exc:
+            raise JoinError(f"the manager's certificate at {self.address} is not trusted by "
+                            f"the CA in {self.ca_cert}: {exc.verify_message}") from None
+        except ssl.SSLError as exc:
+            hint = (": does it serve plaintext? Then leave INA_CA_CERT unset"
+                    if "WRONG_VERSION_NUMBER" in str(exc) else "")
+            raise JoinError(f"TLS with the manager at {self.address} failed: "
+                            f"{exc.reason or exc}{hint}") from None
+
+    def request(self, message: dict) -> dict:
+        for answer in self.lines(message):
+            return answer
+        raise _Unreachable(f"the manager at {self.address} did not answer")
+
+
+def join(address: str, job: str, rank: int, world: int, secret: str, *,
+         ca_cert: str | Path | None = None, ifname: str | None = None,
+         slots: int | None = None, timeout: float = DEFAULT_TIMEOUT,
+         progress: Callable[[str], None] | None = None) -> Membership:
+    """Register rank ``rank`` of ``world`` in job ``job`` and wait until the manager
+    has installed the job (every rank registered, and room on the switch), at most
+    ``timeout`` seconds; retried while the manager is away. JoinError says why not."""
+    progress = progress or _say
+    manager = _Manager(address, secret, ca_cert)
+    request = {"op": "register", "job": job, "rank": rank, "world": world,
+               "interfaces": interfaces(ifname), "udp_port": free_udp_port()}
+    if slots is not None:
+        request["slots"] = slots
+    deadline = time.monotonic() + timeout
+    last, said, unanswered = "", 0.0, 0
+    while True:
+        try:
+            for answer in manager.lines(request):
+                status = answer.get("status")
+                if status == "ready":
+                    return _membership(manager, job, rank, answer)
+                if status == "refused":
+                    raise JoinError(f"the manager refused rank {rank} of job {job}: "
+                                    f"{answer.get('error')}")
+                message = str(answer.get("message", answer))
+                if message != last or time.monotonic() - said > 30:
+                    progress(f"ina: rank {rank} of job {job}: {message}")
+                    last, said = message, time.monotonic()
+                if time.monotonic() > deadline:
+                    break
+        except _Unreachable as exc:
+            unanswered = unanswered + 1 if isinstance(exc, _NoAnswer) else 0
+            if unanswered >= _NoAnswer.TRIES:
+                raise JoinError(str(exc)) from None
+            if message := str(exc):
+                if message != last:
+                    progress(f"ina: {message}; trying again")
+                last = message
+            if time.monotonic() <= deadline:
+                time.sleep(1.0)
+                continue
+        raise JoinError(f"job {job} did not start within {timeout:g} s "
+                        f"({last or 'no answer'}); gave up")
+
+
+def _membership(manager: _Manager, job: str, rank: int, answer: dict) -> Membership:
+    raw = answer.get("config")
+    values = raw.get("job", {}).get("values_per_packet") if isinstance(raw, dict) else None
+    try:
+        pool = protocol.packet_format(values).pool_size
+        config = config_mod.parse(raw, pool)
+    except (config_mod.ConfigError, ValueError, AttributeError, TypeError) as exc:
+        raise JoinError(f"the manager's job description for job {job} is not usable here: "
+                        f"{exc}") from None
+    if rank not in {w.id for w in config.job.workers}:
+        raise JoinError(f"the manager's job {job} has no worker {rank}")
+    return Membership(manager, job, rank, str(answer.get("token")), config,
+                      float(answer.get("lease_seconds", 10)))
+
+
+def default_job_name(env=os.environ) -> str:
+    """INA_JOB, else what every rank of one torchrun job shares: its rendezvous run
+    id, else MASTER_ADDR:MASTER_PORT."""
+    name = env.get("INA_JOB")
+    if name:
+        if not JOB_NAME.match(name):
+            raise JoinError(f"INA_JOB={name!r}: letters, digits and _.:@+- only, at most 128")
+        return name
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        name = f"torchrun-{run_id}"
+    elif env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        name = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    else:
+        raise JoinError("name the job: INA_JOB (or run under torchrun, whose run id or "
+                        "MASTER_ADDR:MASTER_PORT names it)")
+    return re.sub(r"[^A-Za-z0-9_.:@+-]", "_", name)[:128]
+
+
+def join_from_env(rank: int, world: int) -> Membership:
+    """``join`` with INA_MANAGER, INA_SECRET or INA_SECRET_FILE, INA_JOB, INA_CA_CERT,
+    INA_IFNAME, INA_SLOTS and INA_JOIN_TIMEOUT (seconds) from the environment."""
+    env = os.environ
+    address = env.get("INA_MANAGER")
+    if not address:
+        raise JoinError("INA_MANAGER=host:port must name the job manager")
+    if env.get("INA_SECRET"):
+        secret = env["INA_SECRET"]
+    elif env.get("INA_SECRET_FILE"):
+        try:
+            secret = Path(env["INA_SECRET_FILE"]).read_text().strip()
+        except OSError as exc:
+            raise JoinError(f"INA_SECRET_FILE={env['INA_SECRET_FILE']}: {exc.strerror}") from None
+    else:
+        raise JoinError("INA_SECRET or INA_SECRET_FILE must give the manager's secret")
+    try:
+        slots = int(env["INA_SLOTS"]) if env.get("INA_SLOTS") else None
+        timeout = float(env.get("INA_JOIN_TIMEOUT", DEFAULT_TIMEOUT))
+    except ValueError as exc:
+        raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT: {exc}") from None
+    return join(address, default_job_name(env), rank, world, secret,
+                ca_cert=env.get("INA_CA_CERT") or None, ifname=env.get("INA_IFNAME") or None,
+                slots=slots, timeout=timeout)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

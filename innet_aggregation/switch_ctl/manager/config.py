@@ -1,0 +1,288 @@
+"""The job manager's TOML, checked whole when it is read (every problem, one per line).
+
+    [manager]
+    listen = "0.0.0.0:7070"            # where ranks register (host:port)
+    secret_file = "secret"             # or secret = "..." (16 characters or more)
+    cert = "tls/manager.pem"           # optional: TLS on the listener, with its key
+    key = "tls/manager.key"
+    database = "manager.db"            # SQLite: the jobs that are installed
+    lease_seconds = 10                 # a rank that does not renew for this long loses its job
+    sweep_seconds = 1                  # how often leases and the switch are checked
+    default_slots = 64                 # a job's window unless its ranks ask (INA_SLOTS)
+
+    [switch]                           # as a job file's [switch], ports from the fabric
+    grpc_addr = "127.0.0.1:9559"
+    device_id = 0
+    election_id = 100                  # above the CLI's 1: the manager stays primary
+    values_per_packet = 256            # the build pushed where the switch has no program
+
+    [pool]                             # first..last, inclusive
+    job_ids = [1, 32]
+    slots = [0, 1023]
+    udp_ports = [48864, 48879]         # default: all the program's aggregation ports
+    [[pool.services]]                  # one per job at a time: the switch's address for it
+    ip = "10.0.0.254"
+    mac = "02:00:00:00:00:fe"
+
+    [[fabric.hosts]]                   # the switch port behind each data-plane MAC
+    mac = "02:00:00:00:00:01"
+    switch_port = 1
+
+Paths are relative to the file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from innet_aggregation.p4src import protocol
+
+from ..config import ConfigError, TLSConfig, _check_ip, _check_mac, tls_config
+
+MIN_SECRET = 16
+
+
+@dataclass(frozen=True)
+class Service:
+    ip: str
+    mac: str
+
+
+@dataclass(frozen=True)
+class Pool:
+    job_ids: range
+    slots: range
+    udp_ports: range
+    services: tuple[Service, ...]
+
+
+@dataclass(frozen=True)
+class ManagerSwitch:
+    grpc_addr: str
+    device_id: int
+    ports: tuple[int, ...]
+    values_per_packet: int
+    election_id: int = 100
+    tls: TLSConfig | None = None
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    listen: tuple[str, int]
+    secret: bytes
+    cert: Path | None
+    key: Path | None
+    database: Path
+    lease_seconds: float
+    sweep_seconds: float
+    default_slots: int
+    switch: ManagerSwitch
+    pool: Pool
+    fabric: dict[str, int]          # data-plane MAC -> switch port
+
+
+def load(path: Path | str) -> ManagerConfig:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: no such file"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    return parse(raw, path.resolve().parent)
+
+
+def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
+    """``base``: where relative paths start (None: the current directory)."""
+    base = base or Path.cwd()
+    problems: list[str] = []
+    sections = {}
+    for name in ("manager", "switch", "pool", "fabric"):
+        section = raw.get(name, {})
+        if not isinstance(section, dict):
+            problems.append(f"[{name}] must be a table")
+            section = {}
+        sections[name] = section
+    unknown = sorted(set(raw) - set(sections))
+    if unknown:
+        problems.append(f"unknown tables {', '.join(unknown)} (known: {', '.join(sections)})")
+    mg, sw, pl, fb = (sections[n] for n in ("manager", "switch", "pool", "fabric"))
+
+    def get(section, key, kinds, where, default=None):
+        value = section.get(key, default)
+        if value is None:
+            problems.append(f"{where}.{key} is missing")
+            return None
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+            problems.append(f"{where}.{key} must be {names}, not {value!r}")
+            return None
+        return value
+
+    def path(value) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else base / p
+
+    listen = _address(get(mg, "listen", str, "manager"), "manager.listen", problems)
+    secret = _secret(mg, path, problems)
+    cert, key = mg.get("cert"), mg.get("key")
+    if (cert is None) != (key is None):
+        problems.append("manager.cert and manager.key go together (a certificate and its key)")
+    for name, value in (("cert", cert), ("key", key)):
+        if value is not None and (not isinstance(value, str) or not value):
+            problems.append(f"manager.{name} must be a file path, not {value!r}")
+    cert = path(cert) if isinstance(cert, str) and cert else None
+    key = path(key) if isinstance(key, str) and key else None
+    for name, p in (("cert", cert), ("key", key)):
+        if p is not None:
+            try:
+                if b"-----BEGIN " not in p.read_bytes():
+                    problems.append(f"manager.{name} {p} is not a PEM file")
+            except OSError as exc:
+                problems.append(f"manager.{name} {p}: {exc.strerror}")
+    database = get(mg, "database", str, "manager", "manager.db")
+    lease = get(mg, "lease_seconds", (int, float), "manager", 10)
+    sweep = get(mg, "sweep_seconds", (int, float), "manager", 1)
+    for name, value in (("lease_seconds", lease), ("sweep_seconds", sweep)):
+        if value is not None and not 0 < value <= 3600:
+            problems.append(f"manager.{name} must be in (0, 3600], not {value}")
+    default_slots = get(mg, "default_slots", int, "manager", 64)
+
+    fabric = _fabric(fb, problems)
+    ports = sw.get("ports", sorted(set(fabric.values())))
+    if not isinstance(ports, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 511 for p in ports):
+        problems.append(f"switch.ports must be integers in 0..510, not {ports!r}")
+        ports = []
+    missing = sorted({p for p in fabric.values()} - set(ports))
+    if missing:
+        problems.append(f"fabric.hosts name switch ports {missing} that switch.ports lacks")
+    values = get(sw, "values_per_packet", int, "switch", protocol.packet_format().values_per_packet)
+    if values is not None:
+        try:
+            protocol.packet_format(values)
+        except ValueError as exc:
+            problems.append(f"switch.values_per_packet: {exc}")
+            values = None
+    switch = ManagerSwitch(grpc_addr=get(sw, "grpc_addr", str, "switch") or "",
+                           device_id=get(sw, "device_id", int, "switch", 0) or 0,
+                           ports=tuple(ports), values_per_packet=values or 0,
+                           election_id=get(sw, "election_id", int, "switch", 100) or 100,
+                           tls=tls_config(sw, base, "switch", problems))
+
+    pool_size = protocol.packet_format(values).pool_size if values else 0
+    ports_all = protocol.AGG_UDP_PORTS
+    job_ids = _range(pl, "job_ids", (0, 255), range(1, 256), problems)
+    slots = _range(pl, "slots", (0, pool_size - 1), range(0, pool_size), problems)
+    udp_ports = _range(pl, "udp_ports", (ports_all.start, ports_all.stop - 1), ports_all, problems)
+    services = _services(pl.get("services"), fabric, problems)
+    if default_slots is not None and slots is not None and not 1 <= default_slots <= len(slots):
+        problems.append(f"manager.default_slots must be 1..{len(slots)} (the pool's slots), "
+                        f"not {default_slots}")
+    if problems:
+        raise ConfigError(problems)
+    if switch.tls is not None:
+        switch.tls.check("switch")
+    return ManagerConfig(listen=listen, secret=secret, cert=cert, key=key,
+                         database=path(database), lease_seconds=float(lease),
+                         sweep_seconds=float(sweep), default_slots=default_slots,
+                         switch=switch, pool=Pool(job_ids, slots, udp_ports, services),
+                         fabric=fabric)
+
+
+def _address(value, where: str, problems: list[str]) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        problems.append(f"{where} {value!r} must be host:port")
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _secret(mg: dict, path, problems: list[str]) -> bytes:
+    given = [k for k in ("secret", "secret_file") if k in mg]
+    if len(given) != 1:
+        problems.append("give manager.secret or manager.secret_file (one of them): every "
+                        "registration must carry it")
+        return b""
+    value = mg[given[0]]
+    if not isinstance(value, str) or not value:
+        problems.append(f"manager.{given[0]} must be a string, not {value!r}")
+        return b""
+    if given[0] == "secret_file":
+        try:
+            secret = path(value).read_bytes().strip()
+        except OSError as exc:
+            problems.append(f"manager.secret_file {path(value)}: {exc.strerror}")
+            return b""
+    else:
+        secret = value.encode()
+    if len(secret) < MIN_SECRET:
+        problems.append(f"manager's secret has {len(secret)} characters; give at least "
+                        f"{MIN_SECRET}")
+    return secret
+
+
+def _range(section: dict, key: str, bounds: tuple[int, int], default: range,
+           problems: list[str]) -> range | None:
+    value = section.get(key)
+    if value is None:
+        return default
+    if (not isinstance(value, list) or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        problems.append(f"pool.{key} must be [first, last], not {value!r}")
+        return None
+    first, last = value
+    if not bounds[0] <= first <= last <= bounds[1]:
+        problems.append(f"pool.{key} [{first}, {last}] must lie within {bounds[0]}..{bounds[1]}, "
+                        f"first <= last")
+        return None
+    return range(first, last + 1)
+
+
+def _services(raw, fabric: dict[str, int], problems: list[str]) -> tuple[Service, ...]:
+    if not isinstance(raw, list) or not raw:
+        problems.append("pool.services must list at least one service address (ip, mac)")
+        return ()
+    services, seen = [], set()
+    for n, s in enumerate(raw):
+        where = f"pool.services[{n}]"
+        if not isinstance(s, dict):
+            problems.append(f"{where} must be a table")
+            continue
+        ip = _check_ip(s.get("ip"), f"{where}.ip", problems)
+        mac = _check_mac(s.get("mac"), f"{where}.mac", problems)
+        for value in (ip, mac):
+            if value and value in seen:
+                problems.append(f"{where}: {value} is given twice")
+            seen.add(value)
+        if mac in fabric:
+            problems.append(f"{where}.mac {mac} is a host's MAC in fabric.hosts")
+        services.append(Service(ip, mac))
+    return tuple(services)
+
+
+def _fabric(fb: dict, problems: list[str]) -> dict[str, int]:
+    hosts = fb.get("hosts")
+    if not isinstance(hosts, list) or not hosts:
+        problems.append("fabric.hosts must list the hosts behind the switch (mac, switch_port)")
+        return {}
+    fabric: dict[str, int] = {}
+    for n, h in enumerate(hosts):
+        where = f"fabric.hosts[{n}]"
+        if not isinstance(h, dict):
+            problems.append(f"{where} must be a table")
+            continue
+        mac = _check_mac(h.get("mac"), f"{where}.mac", problems)
+        port = h.get("switch_port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 511:
+            problems.append(f"{where}.switch_port must be 0..510, not {port!r}")
+            continue
+        if mac in fabric:
+            problems.append(f"{where}.mac {mac} is listed twice")
+        if mac:
+            fabric[mac] = port
+    return fabric

@@ -1,0 +1,141 @@
+"""The manager's hold on its switch: one P4Runtime session, the program on it, and
+the jobs the database says it holds, put back whenever the switch lost them.
+
+A switch that restarted comes back with no program and no entries: ``repair``
+notices (a broken session, a switch without our program, a job missing from its
+jobs table), opens a new session, pushes the program and applies every job again.
+Applying is idempotent, so a manager that restarts in front of a healthy switch
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from innet_aggregation.p4src import protocol
+
+from ..client import P4RuntimeError, SwitchConnection
+from ..config import Config
+from ..controller import Controller
+from ..overlaps import InstalledJob
+from .config import ManagerSwitch
+
+log = logging.getLogger("innet_aggregation.manager")
+
+
+class Installer:
+    def __init__(self, switch: ManagerSwitch):
+        self.switch = switch
+        self.election_id = switch.election_id
+        self.program = protocol.program(switch.values_per_packet)
+        self._lock = threading.Lock()
+        self._ctl: Controller | None = None
+
+    # -- session -----------------------------------------------------------------
+    def _controller(self) -> Controller:
+        """The session, opened (and the program pushed if the switch has none) if
+        there is none; P4RuntimeError if the switch cannot be reached or refuses."""
+        if self._ctl is not None:
+            return self._ctl
+        conn = SwitchConnection(self.switch.grpc_addr, self.switch.device_id,
+                                (0, self.election_id), 5.0, self.switch.tls).connect()
+        try:
+            if not conn.is_primary:
+                raise P4RuntimeError(f"another controller is primary on {conn.grpc_addr}: "
+                                     f"the manager needs election id {self.election_id} to "
+                                     f"be the highest")
+            ctl = Controller(conn)
+            try:
+                conn.load_p4info()
+            except P4RuntimeError as exc:
+                if not _no_program(exc):
+                    raise
+                log.warning("switch %s has no program: pushing %s (%d values per packet)",
+                            conn.grpc_addr, self.program.json.name,
+                            self.program.values_per_packet)
+                ctl.push(self.program.json, self.program.p4info)
+            have = protocol.values_per_packet_in(r.name for r in conn.schema.registers)
+            if have != self.switch.values_per_packet:
+                raise P4RuntimeError(
+                    f"the program on {conn.grpc_addr} carries {have} values per packet; the "
+                    f"manager's switch.values_per_packet is {self.switch.values_per_packet}")
+        except BaseException:
+            conn.close()
+            raise
+        self._ctl = ctl
+        return ctl
+
+    def _drop(self) -> None:
+        if self._ctl is not None:
+            self._ctl.conn.close()
+            self._ctl = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _run(self, action):
+        """``action(controller)``; a broken session is reopened once and retried."""
+        with self._lock:
+            for attempt in (0, 1):
+                ctl = self._controller()
+                try:
+                    return action(ctl)
+                except P4RuntimeError as exc:
+                    if attempt or not _broken(exc):
+                        raise
+                    log.warning("switch session broke (%s): reconnecting", exc)
+                    self._drop()
+
+    # -- jobs ----------------------------------------------------------------------
+    def installed(self) -> list[InstalledJob]:
+        return self._run(lambda ctl: ctl.installed_jobs())
+
+    def install(self, config: Config) -> None:
+        self._run(lambda ctl: ctl.apply(config))
+
+    def remove(self, config: Config) -> None:
+        """Entries first, so no straggler's packet reaches the slots, then the slots
+        back to a fresh switch's state for the next job."""
+        def remove(ctl):
+            ctl.remove(config)
+            ctl.reset(config)
+        self._run(remove)
+
+    def repair(self, configs: list[Config]) -> list[int]:
+        """Put back what the switch lost: the session, the program, any of ``configs``
+        missing from its jobs table. Returns the ids of the jobs re-applied."""
+        with self._lock:
+            try:
+                if self._ctl is not None:
+                    self._ctl.conn.load_p4info()   # the program is still there?
+            except P4RuntimeError as exc:
+                log.warning("switch %s lost its session or program (%s): reconnecting",
+                            self.switch.grpc_addr, exc)
+                self._drop()
+            ctl = self._controller()
+            try:
+                present = {job.id for job in ctl.job_lookup.installed()}
+            except P4RuntimeError:
+                self._drop()
+                raise
+            missing = [c for c in configs if c.job.id not in present]
+            for config in missing:
+                log.warning("job %d is not on the switch: re-applying it", config.job.id)
+                ctl.apply(config)
+            return [c.job.id for c in missing]
+
+
+def _no_program(exc: P4RuntimeError) -> bool:
+    """A switch without a program says so (our client, or PI's FAILED_PRECONDITION)."""
+    text = str(exc)
+    return "has no program" in text or "No forwarding pipeline" in text
+
+
+def _broken(exc: P4RuntimeError) -> bool:
+    """A session the switch no longer has (restarted, or the stream died)."""
+    text = str(exc)
+    return any(word in text for word in ("UNAVAILABLE", "no program", "not connected",
+                                         "PERMISSION_DENIED", "FAILED_PRECONDITION",
+                                         "CANCELLED"))

@@ -1,0 +1,334 @@
+"""The manager's jobs: ranks gather into a job, a complete job gets resources and is
+installed, its ranks renew their leases, and a job leaves when every rank closed it
+or one rank's lease ran out.
+
+A complete job that does not fit (slots, ids, ports, service addresses, or a host
+interface another job uses) waits; the waiting jobs are tried in the order they
+became complete, and one that fits goes ahead of an earlier one that does not.
+Its ranks see why they wait until their own timeout ends the wait.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+from innet_aggregation.p4src import protocol
+
+from .. import config as config_mod
+from ..client import P4RuntimeError
+from ..config import Config
+from .config import ManagerConfig
+from .installer import Installer, _broken
+from .pool import Allocation, Allocator, Holding
+from .store import Store, StoredJob
+from .wire import BadRequest, Lease, Register
+
+log = logging.getLogger("innet_aggregation.manager")
+
+
+@dataclass(frozen=True)
+class Member:
+    """A registered rank: its data-plane interface, and the switch port behind it."""
+    rank: int
+    ifname: str
+    ip: str
+    mac: str
+    udp_port: int
+    switch_port: int
+
+
+@dataclass
+class Pending:
+    """A job gathering its ranks, or complete and waiting for room."""
+    name: str
+    world: int
+    slots: int
+    members: dict[int, Member] = field(default_factory=dict)
+    generation: dict[int, int] = field(default_factory=dict)   # rank -> its registration
+    complete_since: float | None = None
+    message: str = ""
+    outcome: tuple[str, object] | None = None   # ("ready", Running) or ("refused", why)
+
+
+@dataclass
+class Running:
+    name: str
+    config: Config
+    raw: dict                          # what each rank is handed, switch_ctl.config's form
+    tokens: dict[int, str]
+    leases: dict[int, float]           # rank -> monotonic deadline
+    closed: set[int] = field(default_factory=set)
+    started: float = field(default_factory=time.time)
+
+    def holding(self) -> Holding:
+        job = self.config.job
+        return Holding(self.name, job.id, job.first_slot, job.num_slots, job.udp_port,
+                       job.service_ip, job.service_mac, frozenset(w.mac for w in job.workers))
+
+    def member(self, rank: int):
+        return next(w for w in self.config.job.workers if w.id == rank)
+
+
+class Jobs:
+    def __init__(self, config: ManagerConfig, installer: Installer, store: Store):
+        self.config = config
+        self.installer = installer
+        self.store = store
+        self.allocator = Allocator(config.pool)
+        self.pool_size = protocol.packet_format(config.switch.values_per_packet).pool_size
+        self.cond = threading.Condition()
+        self.pending: dict[str, Pending] = {}
+        self.running: dict[str, Running] = {}
+        self._generations = 0
+
+    # -- start ---------------------------------------------------------------------
+    def restore(self) -> None:
+        """The jobs the database holds, with fresh leases (the manager was away, not
+        their ranks), and the switch made to hold them."""
+        deadline = time.monotonic() + self.config.lease_seconds
+        for stored in self.store.jobs():
+            running = self._running(stored, deadline)
+            self.running[stored.name] = running
+            log.info("job %s (id %d) restored from the database: ranks %s", stored.name,
+                     running.config.job.id, sorted(running.tokens))
+        self.installer.repair([r.config for r in self.running.values()])
+
+    def _running(self, stored: StoredJob, deadline: float) -> Running:
+        config = config_mod.parse(stored.config, self.pool_size)
+        return Running(stored.name, config, stored.config, stored.tokens,
+                       {rank: deadline for rank in stored.tokens}, set(stored.closed),
+                       stored.started)
+
+    # -- registration ----------------------------------------------------------------
+    def member(self, request: Register) -> Member:
+        """The rank's interface the fabric knows, and the switch port behind it."""
+        known = [(i, self.config.fabric[i.mac]) for i in request.interfaces
+                 if i.mac in self.config.fabric]
+        listed = ", ".join(f"{i.ifname} {i.mac}" for i in request.interfaces)
+        if not known:
+            raise BadRequest(f"none of rank {request.rank}'s interfaces ({listed}) is in the "
+                             f"manager's fabric (fabric.hosts): is INA_IFNAME the data-plane "
+                             f"interface, and is this host behind the switch?")
+        if len(known) > 1:
+            raise BadRequest(f"rank {request.rank} has several interfaces in the fabric "
+                             f"({', '.join(i.ifname for i, _ in known)}): name one with INA_IFNAME")
+        interface, port = known[0]
+        services = {s.ip for s in self.config.pool.services}
+        if interface.ip in services:
+            raise BadRequest(f"rank {request.rank}'s address {interface.ip} is a service "
+                             f"address of the manager's pool")
+        return Member(request.rank, interface.ifname, interface.ip, interface.mac,
+                      request.udp_port, port)
+
+    def register(self, request: Register, member: Member) -> tuple[Pending, int]:
+        """Enter the rank; returns its job and its registration's generation."""
+        slots = request.slots or self.config.default_slots
+        if slots > len(self.config.pool.slots):
+            raise BadRequest(f"job {request.job} asks for {slots} slots; the manager's pool "
+                             f"has {len(self.config.pool.slots)}")
+        with self.cond:
+            running = self.running.get(request.job)
+            if running is not None and request.rank in running.tokens:
+                w = running.member(request.rank)
+                if (w.ip, w.mac, w.udp_port) == (member.ip, member.mac, member.udp_port):
+                    # The same rank again (its answer was lost): the same lease.
+                    pending = Pending(request.job, request.world, slots,
+                                      outcome=("ready", running))
+                    return pending, 0
+            pending = self.pending.get(request.job)
+            if pending is None:
+                pending = self.pending[request.job] = Pending(request.job, request.world, slots)
+            if pending.world != request.world:
+                raise BadRequest(f"rank {request.rank} of job {request.job} says world size "
+                                 f"{request.world}; its other ranks said {pending.world}")
+            if pending.slots != slots:
+                raise BadRequest(f"rank {request.rank} of job {request.job} asks for {slots} "
+                                 f"slots; its other ranks asked for {pending.slots}")
+            for other in pending.members.values():
+                if other.rank != member.rank and (other.mac == member.mac or other.ip == member.ip):
+                    raise BadRequest(
+                        f"ranks {other.rank} and {member.rank} of job {request.job} share the "
+                        f"interface {member.mac} / {member.ip}: one rank per data-plane "
+                        f"interface (the switch routes results by MAC)")
+            self._generations += 1
+            pending.members[member.rank] = member
+            pending.generation[member.rank] = self._generations
+            if len(pending.members) == pending.world and pending.complete_since is None:
+                pending.complete_since = time.monotonic()
+            log.info("job %s: rank %d of %d registered from %s (%s, switch port %d)",
+                     request.job, member.rank, request.world, member.ip, member.mac,
+                     member.switch_port)
+            self._schedule()
+            return pending, self._generations
+
+    def withdraw(self, pending: Pending, rank: int, generation: int) -> None:
+        """A waiting rank went away (its timeout, or it died): the job waits for it again."""
+        with self.cond:
+            if pending.outcome is None and pending.generation.get(rank) == generation:
+                del pending.members[rank]
+                del pending.generation[rank]
+                pending.complete_since = None
+                if not pending.members and self.pending.get(pending.name) is pending:
+                    del self.pending[pending.name]
+                log.info("job %s: rank %d stopped waiting", pending.name, rank)
+
+    def status(self, pending: Pending, rank: int, generation: int) -> tuple[str, object]:
+        """("ready", Running), ("refused", why) or ("waiting", message); call under cond."""
+        if pending.outcome is not None:
+            return pending.outcome
+        if pending.generation.get(rank) != generation:
+            return "refused", f"rank {rank} of job {pending.name} registered again elsewhere"
+        if len(pending.members) < pending.world:
+            return "waiting", (f"waiting for ranks: {len(pending.members)} of {pending.world} "
+                               f"of job {pending.name} registered")
+        return "waiting", pending.message or "waiting for the switch"
+
+    def _schedule(self) -> None:
+        """Install every complete job that fits, in the order they became complete."""
+        ready = sorted((p for p in self.pending.values()
+                        if p.complete_since is not None and p.outcome is None),
+                       key=lambda p: p.complete_since)
+        if not ready:
+            return
+        try:
+            held = self._held()
+        except P4RuntimeError as exc:
+            for pending in ready:
+                pending.message = f"waiting for the switch: {exc}"
+            return
+        for pending in ready:
+            if pending.name in self.running:
+                pending.message = (f"waiting for job {pending.name}'s earlier ranks to close "
+                                   f"or lose their lease")
+                continue
+            macs = frozenset(m.mac for m in pending.members.values())
+            allocation = self.allocator.allocate(pending.slots, macs, held)
+            if isinstance(allocation, str):
+                pending.message = allocation
+                continue
+            running = self._start(pending, allocation)
+            if running is not None:
+                held.append(running.holding())
+        self.cond.notify_all()
+
+    def _held(self) -> list[Holding]:
+        """Ours, and whatever else the switch holds (a job someone applied by hand)."""
+        ours = [r.holding() for r in self.running.values()]
+        ids = {h.job_id for h in ours}
+        return ours + [Holding(f"#{j.id} (not the manager's)", j.id, j.first_slot, j.num_slots,
+                               j.udp_port, j.service_ip, j.service_mac)
+                       for j in self.installer.installed() if j.id not in ids]
+
+    def _start(self, pending: Pending, allocation: Allocation) -> Running | None:
+        raw = self._job_dict(pending, allocation)
+        try:
+            config = config_mod.parse(raw, self.pool_size)
+            self.installer.install(config)
+        except (P4RuntimeError, config_mod.ConfigError, ValueError) as exc:
+            if isinstance(exc, P4RuntimeError) and _broken(exc):
+                pending.message = f"waiting for the switch: {exc}"
+                return None
+            log.error("job %s cannot be installed: %s", pending.name, exc)
+            pending.outcome = ("refused", f"the switch refused job {pending.name}: {exc}")
+            del self.pending[pending.name]
+            return None
+        tokens = {rank: secrets.token_hex(16) for rank in pending.members}
+        self.store.add_job(pending.name, raw, tokens)
+        deadline = time.monotonic() + self.config.lease_seconds
+        running = Running(pending.name, config, raw, tokens, dict.fromkeys(tokens, deadline))
+        self.running[pending.name] = running
+        pending.outcome = ("ready", running)
+        del self.pending[pending.name]
+        log.info("job %s installed: id %d, slots %d..%d, UDP port %d, service %s %s, %d ranks",
+                 pending.name, allocation.job_id, allocation.first_slot,
+                 allocation.first_slot + allocation.num_slots - 1, allocation.udp_port,
+                 allocation.service.ip, allocation.service.mac, pending.world)
+        return running
+
+    def _job_dict(self, pending: Pending, a: Allocation) -> dict:
+        sw = self.config.switch
+        workers = [{"id": m.rank, "mac": m.mac, "ip": m.ip, "udp_port": m.udp_port,
+                    "switch_port": m.switch_port}
+                   for m in sorted(pending.members.values(), key=lambda m: m.rank)]
+        return {"switch": {"grpc_addr": sw.grpc_addr, "device_id": sw.device_id,
+                           "ports": list(sw.ports)},
+                "job": {"id": a.job_id, "udp_port": a.udp_port, "service_ip": a.service.ip,
+                        "service_mac": a.service.mac, "first_slot": a.first_slot,
+                        "num_slots": a.num_slots, "values_per_packet": sw.values_per_packet,
+                        "workers": workers},
+                "loss": {"ingress": 0.0, "egress": 0.0}}
+
+    # -- leases ----------------------------------------------------------------------
+    def lease(self, request: Lease) -> str | None:
+        """Renew or close; None if done, else why refused."""
+        with self.cond:
+            running = self.running.get(request.job)
+            token = running.tokens.get(request.rank) if running else None
+            if token is None or not _same(token, request.token):
+                return (f"job {request.job} has no rank {request.rank} with this lease on this "
+                        f"manager: it was closed, or reclaimed after a lease of "
+                        f"{self.config.lease_seconds:g} s ran out")
+            if request.op == "renew":
+                running.leases[request.rank] = time.monotonic() + self.config.lease_seconds
+                return None
+            if request.rank not in running.closed:
+                running.closed.add(request.rank)
+                self.store.close_rank(request.job, request.rank)
+                log.info("job %s: rank %d closed (%d of %d)", request.job, request.rank,
+                         len(running.closed), len(running.tokens))
+            if running.closed == set(running.tokens):
+                self._finish(running, "every rank closed it")
+                self._schedule()
+            return None
+
+    def sweep(self) -> None:
+        """Reclaim the jobs with a rank whose lease ran out; give waiting jobs a try;
+        put back on the switch what it lost."""
+        with self.cond:
+            now = time.monotonic()
+            for running in list(self.running.values()):
+                late = sorted(r for r, deadline in running.leases.items()
+                              if r not in running.closed and deadline < now)
+                if late:
+                    self._finish(running, f"rank{'s' * (len(late) > 1)} "
+                                          f"{', '.join(map(str, late))} stopped renewing")
+            self._schedule()
+            configs = [r.config for r in self.running.values()]
+        try:
+            self.installer.repair(configs)
+        except P4RuntimeError as exc:
+            log.warning("switch %s: %s", self.config.switch.grpc_addr, exc)
+
+    def _finish(self, running: Running, why: str) -> None:
+        """Remove the job from the switch, reset its slots, forget it."""
+        try:
+            self.installer.remove(running.config)
+        except P4RuntimeError as exc:
+            # Gone with the switch (a restart), or the switch is away: the database no
+            # longer holds the job, so a repair will not put it back.
+            log.warning("job %s: removing it from the switch failed: %s", running.name, exc)
+        self.store.delete_job(running.name)
+        del self.running[running.name]
+        log.info("job %s (id %d) removed and its %d slots reset: %s", running.name,
+                 running.config.job.id, running.config.job.num_slots, why)
+
+    def listing(self) -> dict:
+        with self.cond:
+            running = [{"name": r.name, "id": r.config.job.id,
+                        "slots": [r.config.job.first_slot,
+                                  r.config.job.first_slot + r.config.job.num_slots - 1],
+                        "udp_port": r.config.job.udp_port,
+                        "service_ip": r.config.job.service_ip, "ranks": len(r.tokens),
+                        "closed": sorted(r.closed)} for r in self.running.values()]
+            waiting = [{"name": p.name, "registered": sorted(p.members), "world": p.world,
+                        "slots": p.slots, "message": p.message} for p in self.pending.values()]
+        return {"running": running, "waiting": waiting}
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())

@@ -1,0 +1,94 @@
+"""Hands out what keeps jobs apart on one switch: a job id, a contiguous slot range,
+a UDP aggregation port and a service address, none shared with a job that holds
+them (ours, or one someone else installed on the switch).
+
+Ids, ports and addresses are taken in turn after the last one handed out, so the
+one a finished job freed is the last to be used again: a straggler of the old job
+finds no job that takes its packets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Pool, Service
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What one job holds (None where an installed job's tables do not say)."""
+    name: str
+    job_id: int
+    first_slot: int | None
+    num_slots: int | None
+    udp_port: int | None
+    service_ip: str | None = None
+    service_mac: str | None = None
+    macs: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: int
+    first_slot: int
+    num_slots: int
+    udp_port: int
+    service: Service
+
+
+class Allocator:
+    def __init__(self, pool: Pool):
+        self.pool = pool
+        self._last = {"id": None, "port": None, "service": None}
+
+    def allocate(self, num_slots: int, macs: frozenset[str],
+                 held: list[Holding]) -> Allocation | str:
+        """An allocation, or why none fits now, in words for the waiting ranks."""
+        busy = sorted((h for h in held if h.macs & macs), key=lambda h: h.name)
+        if busy:
+            return (f"waiting for hosts: job {busy[0].name} runs on "
+                    f"{', '.join(sorted(busy[0].macs & macs))} (one job per host interface)")
+        first = self._slots(num_slots, held)
+        if first is None:
+            used = sum(h.num_slots or 0 for h in held)
+            return (f"waiting for slots: {len(held)} job{'s' * (len(held) != 1)} hold "
+                    f"{used} of the pool's {len(self.pool.slots)} slots; this job needs "
+                    f"{num_slots} in one range")
+        job_id = self._next("id", self.pool.job_ids, {h.job_id for h in held})
+        if job_id is None:
+            return f"waiting for a job id: {len(held)} jobs hold all {len(self.pool.job_ids)}"
+        port = self._next("port", self.pool.udp_ports, {h.udp_port for h in held})
+        if port is None:
+            return (f"waiting for a UDP port: {len(held)} jobs hold all "
+                    f"{len(self.pool.udp_ports)} of the pool's")
+        taken = {h.service_ip for h in held} | {h.service_mac for h in held}
+        free = [n for n, s in enumerate(self.pool.services)
+                if s.ip not in taken and s.mac not in taken]
+        index = self._next("service", range(len(self.pool.services)), None, free)
+        if index is None:
+            return (f"waiting for a service address: {len(held)} jobs hold all "
+                    f"{len(self.pool.services)} of the pool's")
+        for key, value in (("id", job_id), ("port", port), ("service", index)):
+            self._last[key] = value
+        return Allocation(job_id, first, num_slots, port, self.pool.services[index])
+
+    def _slots(self, count: int, held: list[Holding]) -> int | None:
+        """The lowest start of ``count`` free slots in a row, or None."""
+        taken = sorted((h.first_slot, h.first_slot + h.num_slots) for h in held
+                       if h.first_slot is not None and h.num_slots is not None)
+        start = self.pool.slots.start
+        for begin, end in taken:
+            if begin - start >= count and start + count <= self.pool.slots.stop:
+                return start
+            start = max(start, end)
+        return start if start + count <= self.pool.slots.stop else None
+
+    def _next(self, key: str, values: range, taken: set | None,
+              free: list[int] | None = None) -> int | None:
+        """The first free value after the last one handed out, wrapping around."""
+        free = [v for v in values if v not in taken] if free is None else free
+        if not free:
+            return None
+        last = self._last[key]
+        later = [v for v in free if last is not None and v > last]
+        return (later or free)[0]

@@ -1,0 +1,214 @@
+"""A job manager's testbed: eight hosts in namespaces with a management network, one
+switch process (no program: the manager pushes it), and the manager itself as a
+process of its own (``switch_ctl serve``) in the root namespace, listening with TLS
+on the management network, so that a test can kill and restart it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli_w
+
+from innet_aggregation.switch_ctl.client import SwitchConnection
+from innet_aggregation.switch_ctl.controller import Controller
+from innet_aggregation.testbed.netns import Topology
+from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port
+from innet_aggregation.testbed.tls import make_bundle
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "s3cret-for-the-manager-tests"
+LEASE = 3.0
+SWEEP = 0.5
+POOL_SLOTS = 32
+JOB_SLOTS = 16
+SERVICES = [("10.0.0.250", "02:00:00:00:00:fa"), ("10.0.0.251", "02:00:00:00:00:fb"),
+            ("10.0.0.252", "02:00:00:00:00:fc")]
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+@dataclass
+class Rank:
+    rank: int
+    process: subprocess.Popen
+    out: Path
+    err: Path
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.out.read_text().splitlines()
+                if line.startswith("{")]
+
+    def event(self, name: str) -> dict | None:
+        return next((e for e in self.events() if e.get("event") == name), None)
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"rank {self.rank} still running after {timeout} s:\n"
+                                 f"{self.out.read_text()}\n{self.stderr[-3000:]}") from None
+
+
+@dataclass
+class ManagerBed:
+    workdir: Path
+    target: str = "softswitch"
+    topology: Topology | None = None
+    switch: SwitchProcess | None = None
+    manager: subprocess.Popen | None = None
+    port: int = 0
+    restarts: int = 0
+    ranks: list[Rank] = field(default_factory=list)
+
+    def start(self) -> "ManagerBed":
+        self.topology = Topology(8, tag=f"mg{os.getpid() % 100000}", management=True).create()
+        try:
+            self.tls = make_bundle(self.workdir / "tls", hosts=(self.topology.mgmt_address,))
+            self.other_ca = make_bundle(self.workdir / "other-tls")
+            self.switch = SwitchProcess(self.target, self.topology.switch_ports,
+                                        log_path=self.workdir / "switch.log").start(60)
+            self.port = free_tcp_port()
+            self.config_path = self.workdir / "manager.toml"
+            self.config_path.write_text(tomli_w.dumps(self.manager_config()))
+            self.start_manager()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"{self.topology.mgmt_address}:{self.port}"
+
+    def manager_config(self) -> dict:
+        return {
+            "manager": {"listen": f"{self.topology.mgmt_address}:{self.port}", "secret": SECRET,
+                        "cert": str(self.tls.server_cert), "key": str(self.tls.server_key),
+                        "database": str(self.workdir / "manager.db"), "lease_seconds": LEASE,
+                        "sweep_seconds": SWEEP, "default_slots": JOB_SLOTS},
+            "switch": {"grpc_addr": self.switch.grpc_addr},
+            "pool": {"job_ids": [1, 8], "slots": [0, POOL_SLOTS - 1],
+                     "services": [{"ip": ip, "mac": mac} for ip, mac in SERVICES]},
+            "fabric": {"hosts": [{"mac": h.mac, "switch_port": h.switch_port}
+                                 for h in self.topology.hosts]},
+        }
+
+    # -- the manager process ---------------------------------------------------------
+    def start_manager(self) -> None:
+        self.log_path = self.workdir / f"manager-{self.restarts}.log"
+        with open(self.log_path, "wb") as log:
+            self.manager = subprocess.Popen(
+                [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
+                 str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, env=env(),
+                cwd=REPO, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.manager.poll() is not None:
+                raise RuntimeError(f"the manager exited with {self.manager.returncode}:\n"
+                                   f"{self.log_path.read_text()}")
+            try:
+                with socket.create_connection((self.topology.mgmt_address, self.port), 0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"the manager did not listen:\n{self.log_path.read_text()}")
+
+    def kill_manager(self) -> None:
+        self.manager.send_signal(signal.SIGKILL)
+        self.manager.wait()
+        self.restarts += 1
+
+    def manager_log(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.workdir.glob("manager-*.log")))
+
+    def restart_switch(self) -> None:
+        """A crash: the switch process killed, a fresh one (no program, no entries) on
+        the same ports and P4Runtime address."""
+        self.switch.process.kill()
+        self.switch.process.wait()
+        self.switch = SwitchProcess(self.target, self.topology.switch_ports,
+                                    grpc_addr=self.switch.grpc_addr,
+                                    log_path=self.workdir / "switch-restarted.log").start(60)
+
+    def installed(self) -> dict[int, object]:
+        """The jobs the switch holds, read by a backup controller (the manager is primary)."""
+        with SwitchConnection(self.switch.grpc_addr, 0, (0, 1)) as conn:
+            try:
+                conn.load_p4info()
+            except Exception:
+                return {}
+            return {job.id: job for job in Controller(conn).installed_jobs()}
+
+    def jobs(self) -> dict:
+        from innet_aggregation.switch_ctl.manager.client import _Manager
+        answer = _Manager(self.address, SECRET, self.tls.ca_cert).request({"op": "jobs"})
+        assert answer["status"] == "ok", answer
+        return answer
+
+    # -- ranks -----------------------------------------------------------------------
+    def launch(self, job: str, hosts: list[int], *args: str, extra_env: dict | None = None,
+               ca_cert: Path | None = None) -> list[Rank]:
+        """One rank process per host of ``hosts`` (rank i on hosts[i]), in its namespace."""
+        ranks = []
+        outdir = self.workdir / job
+        outdir.mkdir(exist_ok=True)
+        for rank, index in enumerate(hosts):
+            rank_env = {**env(), "INA_MANAGER": self.address, "INA_SECRET": SECRET,
+                        "INA_JOB": job, "INA_CA_CERT": str(ca_cert or self.tls.ca_cert),
+                        "INA_JOIN_TIMEOUT": "60", **(extra_env or {})}
+            out, err = outdir / f"{rank}.out", outdir / f"{rank}.err"
+            with open(out, "w") as o, open(err, "w") as e:
+                process = self.topology.hosts[index].popen(
+                    [sys.executable, "-m", "tests.switch_ctl.manager_rank", "--rank", str(rank),
+                     "--world", str(len(hosts)), *args], stdout=o, stderr=e, env=rank_env,
+                    cwd=REPO)
+            ranks.append(Rank(rank, process, out, err))
+        self.ranks += ranks
+        return ranks
+
+    def stop(self) -> None:
+        for rank in self.ranks:
+            if rank.process.poll() is None:
+                rank.process.kill()
+                rank.process.wait()
+        if self.manager is not None and self.manager.poll() is None:
+            self.manager.terminate()
+            try:
+                self.manager.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.manager.kill()
+                self.manager.wait()
+        if self.switch is not None:
+            self.switch.stop()
+        if self.topology is not None:
+            self.topology.destroy()
+
+
+def until(condition, timeout: float, what: str, interval: float = 0.1):
+    """``condition()``'s first true value within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(interval)

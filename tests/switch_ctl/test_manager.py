@@ -1,0 +1,252 @@
+"""The job manager (switch_ctl serve) with a real switch (the embedded one, native
+backend), real P4Runtime, and ranks in namespaces that find their own interfaces,
+join through the management network over TLS, and aggregate exactly.
+
+The pool holds two jobs' slots (32, 16 a job): a third job waits, and goes on when
+one ends; a fourth, with a short timeout, is refused. Killed ranks lose their job
+within the lease; a restarted manager keeps its jobs; a restarted switch gets them
+back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+
+import pytest
+
+from innet_aggregation.switch_ctl.manager import JoinError, join
+from innet_aggregation.testbed.targets import unavailable
+
+from .manager_harness import (JOB_SLOTS, LEASE, POOL_SLOTS, SECRET, SWEEP, ManagerBed,
+                              env, until)
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the manager tests need root to create network namespaces")
+    reason = unavailable("softswitch")
+    if reason:
+        pytest.skip(reason)
+    bed = ManagerBed(tmp_path_factory.mktemp("manager")).start()
+    yield bed
+    bed.stop()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(bed):
+    """Each test ends with its jobs gone from the manager and the switch."""
+    yield
+    until(lambda: not bed.jobs()["running"] and not bed.jobs()["waiting"], 3 * LEASE,
+          "the test's jobs left the manager")
+    until(lambda: not bed.installed(), 5, "the test's jobs left the switch")
+
+
+def joined(ranks, timeout=60):
+    return until(lambda: all(r.event("joined") for r in ranks) and
+                 [r.event("joined") for r in ranks], timeout, "every rank joined")
+
+
+def held(ranks, timeout=60):
+    until(lambda: all(r.event("held") or r.process.poll() is not None for r in ranks), timeout,
+          "every rank ran its calls")
+    for r in ranks:
+        assert r.event("held"), f"rank {r.rank}: {r.events()}\n{r.stderr[-3000:]}"
+
+
+def finished(ranks, timeout=60, calls=None):
+    for r in ranks:
+        assert r.wait(timeout) == 0, f"rank {r.rank}: {r.events()}\n{r.stderr[-3000:]}"
+        results = [e for e in r.events() if e.get("event") == "call"]
+        assert all(e["wrong"] == 0 for e in results)
+        if calls is not None:
+            assert len(results) == calls
+
+
+def test_two_jobs_share_the_switch_a_third_waits_and_a_fourth_gives_up(bed):
+    a = bed.launch("job-a", [0, 1], "--reps", "3", "--hold", str(bed.workdir / "release-a"))
+    b = bed.launch("job-b", [2, 3], "--reps", "3", "--seed", "2",
+                   "--hold", str(bed.workdir / "release-b"))
+    ja, jb = joined(a)[0], joined(b)[0]
+    # Disjoint: ids, slots, UDP ports, service addresses; every rank got the same job.
+    assert all(r.event("joined") == {**ja, "ip": r.event("joined")["ip"]} for r in a)
+    assert {ja["first_slot"], jb["first_slot"]} == {0, JOB_SLOTS}
+    assert ja["num_slots"] == jb["num_slots"] == JOB_SLOTS
+    for key in ("job_id", "udp_port", "service_ip", "service_mac"):
+        assert ja[key] != jb[key], key
+    # Each rank's data-plane address, found by the rank itself (mgmt0 is not in the fabric).
+    assert [r.event("joined")["ip"] for r in a + b] == [
+        bed.topology.hosts[i].ip for i in range(4)]
+    installed = bed.installed()
+    for j in (ja, jb):
+        on_switch = installed[j["job_id"]]
+        assert (on_switch.first_slot, on_switch.num_slots, on_switch.udp_port,
+                on_switch.service_ip) == (j["first_slot"], JOB_SLOTS, j["udp_port"],
+                                          j["service_ip"])
+    held(a + b)
+
+    # The pool is full: C waits, saying why; D gives up after its own timeout.
+    c = bed.launch("job-c", [4, 5], "--reps", "2", "--seed", "3")
+    d = bed.launch("job-d", [6, 7], extra_env={"INA_JOIN_TIMEOUT": "4"})
+    for r in d:
+        assert r.wait(30) == 2
+        error = r.events()[0]["error"]
+        assert error.startswith("JoinError: job job-d did not start within 4 s (waiting for "
+                                f"slots: 2 jobs hold {POOL_SLOTS} of the pool's {POOL_SLOTS} "
+                                f"slots; this job needs {JOB_SLOTS} in one range)"), error
+    assert "waiting for slots: 2 jobs hold" in c[0].stderr
+    assert not any(r.event("joined") for r in c)
+
+    (bed.workdir / "release-a").touch()
+    finished(a, calls=3)
+    jc = joined(c)[0]
+    assert jc["first_slot"] == ja["first_slot"]              # A's slots, reset for C
+    assert jc["job_id"] not in (ja["job_id"], jb["job_id"])  # ids taken in turn
+    finished(c, calls=2)
+    (bed.workdir / "release-b").touch()
+    finished(b, calls=3)
+
+
+def test_killed_ranks_lose_their_job_within_the_lease_and_the_next_job_is_exact(bed):
+    e = bed.launch("job-e", [0, 1], "--reps", "100000", "--size", "2000", "--pause", "0.01")
+    je = joined(e)[0]
+    until(lambda: all(len(r.events()) > 3 for r in e), 60, "job-e's calls ran")
+    for r in e:
+        r.process.kill()
+    killed = time.monotonic()
+    for r in e:
+        r.process.wait()
+    until(lambda: not bed.jobs()["running"], LEASE + SWEEP + 10, "job-e reclaimed")
+    reclaimed = time.monotonic() - killed
+    # The last renewal came at most a lease before the kill; the sweep looks every SWEEP s;
+    # removing the entries and resetting 16 slots takes a fraction of a second.
+    assert reclaimed <= LEASE + SWEEP + 1.0, reclaimed
+    assert "job job-e (id" in bed.manager_log() and "stopped renewing" in bed.manager_log()
+    assert je["job_id"] not in bed.installed()
+    # The next job gets the same slots, left mid-call by job-e and reset: exact.
+    f = bed.launch("job-f", [0, 1], "--reps", "3", "--seed", "7")
+    assert joined(f)[0]["first_slot"] == je["first_slot"]
+    finished(f, calls=3)
+
+
+def test_a_restarted_manager_keeps_its_running_job(bed):
+    release = bed.workdir / "release-g"
+    g = bed.launch("job-g", [2, 3], "--reps", "40", "--size", "2000", "--pause", "0.1",
+                   "--hold", str(release))
+    jg = joined(g)[0]
+    until(lambda: all(len(r.events()) > 3 for r in g), 60, "job-g's calls ran")
+    bed.kill_manager()
+    time.sleep(1.0)
+    bed.start_manager()
+    restarted = time.monotonic()
+    assert "job job-g (id %d) restored from the database" % jg["job_id"] in bed.manager_log()
+    held(g)
+    # Two leases after the restart the job is still there: its ranks renewed against
+    # the new manager (one that did not would have been reclaimed after one lease).
+    time.sleep(max(0.0, restarted + 2 * LEASE - time.monotonic()))
+    assert [j["name"] for j in bed.jobs()["running"]] == ["job-g"]
+    assert jg["job_id"] in bed.installed()
+    listed = subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", "jobs",
+                             "--config", str(bed.config_path), "--ca-cert", str(bed.tls.ca_cert)],
+                            capture_output=True, text=True, timeout=60, env=env())
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith(f"running job-g: id {jg['job_id']}, slots "
+                                    f"{jg['first_slot']}..{jg['first_slot'] + JOB_SLOTS - 1}")
+    release.touch()
+    finished(g, calls=40)
+
+
+def test_a_restarted_switch_gets_its_jobs_back(bed):
+    between = bed.workdir / "between-h"
+    h = bed.launch("job-h", [4, 5], "--sessions", "2", "--reps", "3", "--between", str(between))
+    jh = joined(h)[0]
+    until(lambda: all(len(r.events()) == 4 for r in h), 60, "job-h's first session")
+    bed.restart_switch()
+    # The manager notices (its session broke, the new switch has no program), pushes the
+    # program and applies the job again, within a few sweeps.
+    until(lambda: jh["job_id"] in bed.installed(), 20, "job-h back on the switch")
+    assert "re-applying it" in bed.manager_log()
+    between.touch()            # a new session on the same job: exact
+    finished(h, calls=6)
+
+
+def test_a_wrong_secret_is_refused_and_installs_nothing(bed):
+    with pytest.raises(JoinError, match="the manager refused rank 0 of job job-x: wrong secret"):
+        join(bed.address, "job-x", 0, 1, "not-the-secret-at-all", ca_cert=bed.tls.ca_cert,
+             timeout=10)
+    assert "refused a request with a wrong secret" in bed.manager_log()
+    assert not bed.jobs()["waiting"] and not bed.installed()
+    # The right secret from a host the fabric does not know (the root namespace).
+    with pytest.raises(JoinError, match="none of rank 0's interfaces .* is in the manager's "
+                                        "fabric"):
+        join(bed.address, "job-x", 0, 1, SECRET, ca_cert=bed.tls.ca_cert, timeout=10)
+
+
+GOOD = {"op": "register", "secret": SECRET, "job": "job-y", "rank": 0, "world": 1,
+        "interfaces": [{"ifname": "eth0", "ip": "10.0.0.1", "mac": "02:00:00:00:00:01"}],
+        "udp_port": 40000}
+
+
+@pytest.mark.parametrize("change,said", [
+    ("not json", "malformed request: not JSON"),
+    ([1, 2], "malformed request: a request is a JSON object"),
+    ({"secret": None}, "malformed request: the request carries no secret"),
+    ({"op": "delete"}, "op must be one of register, renew, close, jobs, not 'delete'"),
+    ({"job": "../etc/passwd"}, "job must be 1-128 characters"),
+    ({"job": "x" * 129}, "job must be 1-128 characters"),
+    ({"rank": 2, "world": 2}, "rank 2 is not below the world size 2"),
+    ({"world": 33}, "world must be an integer in 1..32, not 33"),
+    ({"rank": True}, "rank must be an integer in 0..31, not True"),
+    ({"udp_port": 80}, "udp_port must be an integer in 1024..65535, not 80"),
+    ({"slots": 0}, "slots must be an integer in 1..32768, not 0"),
+    ({"slots": 4096}, "job job-y asks for 4096 slots; the manager's pool has 32"),
+    ({"interfaces": []}, "interfaces must list 1..32 interfaces"),
+    ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.1", "mac": "02:00:00:00:01"}]},
+     "interfaces[0].mac '02:00:00:00:01' is not a MAC address"),
+    ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.300", "mac": "02:00:00:00:00:01"}]},
+     "interfaces[0].ip '10.0.0.300' is not an IPv4 address"),
+    ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.1", "mac": "02:00:00:00:99:01"}]},
+     "none of rank 0's interfaces (eth0 02:00:00:00:99:01) is in the manager's fabric"),
+    ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.250", "mac": "02:00:00:00:00:01"}]},
+     "rank 0's address 10.0.0.250 is a service address"),
+    ({"extra": 1}, "unknown fields 'extra' in a register request"),
+    ({"op": "renew", "token": "0" * 32},
+     "unknown fields 'interfaces', 'udp_port', 'world' in a renew request"),
+    ({"op": "renew", "token": "0" * 32, "world": None, "interfaces": None, "udp_port": None},
+     "job job-y has no rank 0 with this lease"),
+    ({"op": "close", "token": "xyz", "world": None, "interfaces": None, "udp_port": None},
+     "token must be the 32 hex digits the manager handed out"),
+])
+def test_malformed_requests_are_refused_clearly(bed, change, said):
+    if isinstance(change, dict):
+        message = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+        line = json.dumps(message).encode() + b"\n"
+    else:
+        line = (change if isinstance(change, str) else json.dumps(change)).encode() + b"\n"
+    context = ssl.create_default_context(cafile=str(bed.tls.ca_cert))
+    host, port = bed.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), 10) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as sock:
+        sock.sendall(line)
+        answer = json.loads(sock.makefile("rb").readline())
+    assert answer["status"] == "refused"
+    assert said in answer["error"], answer["error"]
+    assert not bed.jobs()["waiting"] and not bed.installed()
+
+
+def test_tls_on_the_listener(bed):
+    with pytest.raises(JoinError, match="closed the connection without answering: it may "
+                                        "require TLS"):
+        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=None, timeout=10)
+    with pytest.raises(JoinError, match="certificate .* is not trusted by the CA in "):
+        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=bed.other_ca.ca_cert, timeout=10)
+    assert "TLS handshake failed" in bed.manager_log()
+    # Trusting the manager's CA gets through (and is refused only for its fabric).
+    with pytest.raises(JoinError, match="is in the manager's fabric"):
+        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=bed.tls.ca_cert, timeout=10)

@@ -1,0 +1,86 @@
+"""The manager's TOML is checked whole when read: every problem, one line each, and
+the pool's allocation (no switch needed)."""
+
+from __future__ import annotations
+
+import pytest
+import tomli_w
+
+from innet_aggregation.switch_ctl.config import ConfigError
+from innet_aggregation.switch_ctl.manager import config as manager_config
+from innet_aggregation.switch_ctl.manager.config import Service
+from innet_aggregation.switch_ctl.manager.pool import Allocator, Holding
+
+GOOD = {
+    "manager": {"listen": "127.0.0.1:7070", "secret": "x" * 16},
+    "switch": {"grpc_addr": "127.0.0.1:9559"},
+    "pool": {"slots": [0, 63], "services": [{"ip": "10.0.0.254", "mac": "02:00:00:00:00:fe"}]},
+    "fabric": {"hosts": [{"mac": "02:00:00:00:00:01", "switch_port": 1},
+                         {"mac": "02:00:00:00:00:02", "switch_port": 2}]},
+}
+
+
+def test_a_good_file_and_its_defaults(tmp_path):
+    (tmp_path / "m.toml").write_text(tomli_w.dumps(GOOD))
+    config = manager_config.load(tmp_path / "m.toml")
+    assert config.listen == ("127.0.0.1", 7070)
+    assert config.switch.ports == (1, 2) and config.switch.values_per_packet == 256
+    assert config.pool.slots == range(0, 64) and len(config.pool.udp_ports) == 16
+    assert config.database == tmp_path / "manager.db"
+    assert config.fabric == {"02:00:00:00:00:01": 1, "02:00:00:00:00:02": 2}
+
+
+def test_every_problem_is_named(tmp_path):
+    raw = {"manager": {"listen": "nowhere", "secret": "short", "cert": "c.pem",
+                       "lease_seconds": 0},
+           "switch": {"grpc_addr": "127.0.0.1:9559", "ports": [1], "values_per_packet": 100},
+           "pool": {"job_ids": [5, 2], "services": [{"ip": "10.0.0.254", "mac": "02:00:00:00:00:01"}]},
+           "fabric": {"hosts": [{"mac": "02:00:00:00:00:01", "switch_port": 2},
+                                {"mac": "nope", "switch_port": 3}]},
+           "extra": {}}
+    with pytest.raises(ConfigError) as err:
+        manager_config.parse(raw, tmp_path)
+    text = str(err.value)
+    for said in ["unknown tables extra", "manager.listen 'nowhere' must be host:port",
+                 "manager's secret has 5 characters; give at least 16",
+                 "manager.cert and manager.key go together",
+                 "manager.lease_seconds must be in (0, 3600], not 0",
+                 "fabric.hosts[1].mac 'nope' is not a MAC address",
+                 "fabric.hosts name switch ports [2] that switch.ports lacks",
+                 "switch.values_per_packet: no compiled program carries 100 values per packet",
+                 "pool.job_ids [5, 2] must lie within 0..255, first <= last",
+                 "pool.services[0].mac 02:00:00:00:00:01 is a host's MAC in fabric.hosts"]:
+        assert said in text, (said, text)
+
+
+def test_a_secret_file(tmp_path):
+    (tmp_path / "secret").write_text("0123456789abcdef0123\n")
+    raw = {**GOOD, "manager": {"listen": "0.0.0.0:1", "secret_file": "secret"}}
+    assert manager_config.parse(raw, tmp_path).secret == b"0123456789abcdef0123"
+    raw["manager"]["secret"] = "y" * 20
+    with pytest.raises(ConfigError, match="give manager.secret or manager.secret_file"):
+        manager_config.parse(raw, tmp_path)
+
+
+def test_the_pool_hands_out_disjoint_resources_in_turn():
+    config = manager_config.parse({**GOOD, "manager": {**GOOD["manager"], "default_slots": 16}, "pool": {
+        "slots": [0, 31], "job_ids": [1, 3], "udp_ports": [48864, 48866],
+        "services": [{"ip": f"10.0.0.{250 + i}", "mac": f"02:00:00:00:00:f{i}"} for i in range(3)]}},
+        None)
+    pool = Allocator(config.pool)
+    a = pool.allocate(16, frozenset({"m1"}), [])
+    held = [Holding("a", a.job_id, a.first_slot, a.num_slots, a.udp_port, a.service.ip,
+                    a.service.mac, frozenset({"m1"}))]
+    b = pool.allocate(16, frozenset({"m2"}), held)
+    assert (a.first_slot, b.first_slot) == (0, 16)
+    assert a.job_id != b.job_id and a.udp_port != b.udp_port and a.service != b.service
+    held.append(Holding("b", b.job_id, b.first_slot, b.num_slots, b.udp_port, b.service.ip,
+                        b.service.mac))
+    assert pool.allocate(1, frozenset({"m3"}), held) == (
+        "waiting for slots: 2 jobs hold 32 of the pool's 32 slots; this job needs 1 in one range")
+    assert pool.allocate(1, frozenset({"m1"}), held).startswith(
+        "waiting for hosts: job a runs on m1")
+    # a leaves: its slots go to c, but the id, port and address a freed come last.
+    c = pool.allocate(16, frozenset({"m3"}), held[1:])
+    assert c.first_slot == 0 and c.job_id not in (a.job_id, b.job_id)
+    assert c.service == Service("10.0.0.252", "02:00:00:00:00:f2")
