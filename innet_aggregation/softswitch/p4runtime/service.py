@@ -26,8 +26,8 @@ from finsy.proto import rpc_status as status_pb2
 
 from innet_aggregation.softswitch import frontend
 from innet_aggregation.softswitch.frontend import DROP_PORT, Unsupported, mask
-from innet_aggregation.softswitch.backend import load_pipeline
-from innet_aggregation.softswitch.pipeline import Entry, TableError
+from innet_aggregation.softswitch.backends import load_pipeline
+from innet_aggregation.softswitch.backends.tables import Entry, TableError
 
 log = logging.getLogger("softswitch")
 
@@ -124,7 +124,7 @@ def _check_params(action: p4info_pb2.Action, spec) -> None:
                            f"in the P4Info, {width} in the JSON")
 
 
-class Config:
+class PipelineConfig:
     """A pipeline config checked against its P4Info without compiling or loading
     anything (all that VERIFY does); ``build`` then makes the running pipeline."""
 
@@ -231,8 +231,8 @@ class Device:
         # PacketOut frames (the packet_out header, then the payload) go here; None: no CPU port.
         self.on_packet_out = on_packet_out
         self.backend = backend
-        self.config: Config | None = None
-        self.saved: Config | None = None
+        self.config: PipelineConfig | None = None
+        self.saved: PipelineConfig | None = None
         self.connections: list[Connection] = []
         self.lock = threading.RLock()
         # Serializes pipeline changes, which may compile for seconds, apart from self.lock.
@@ -306,7 +306,7 @@ class Device:
             raise RpcError(grpc.StatusCode.NOT_FOUND,
                            f"unknown device id {device_id} (this switch is device {self.device_id})")
 
-    def need_config(self) -> Config:
+    def need_config(self) -> PipelineConfig:
         if self.config is None:
             raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
                            "No forwarding pipeline config set for this device")
@@ -348,14 +348,14 @@ class Device:
             if action not in (Action.VERIFY, Action.VERIFY_AND_SAVE, Action.VERIFY_AND_COMMIT):
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"invalid SetForwardingPipelineConfig action {action}")
-            config = Config(request.config, self.drop_port, self.backend)
+            config = PipelineConfig(request.config, self.drop_port, self.backend)
             if action == Action.VERIFY_AND_SAVE:
                 self.saved = config
             elif action == Action.VERIFY_AND_COMMIT:
                 config.build()
                 self._commit(config)
 
-    def _commit(self, config: Config) -> None:
+    def _commit(self, config: PipelineConfig) -> None:
         with self.lock:
             self.config = config
         self.on_pipeline(config.pipeline)
@@ -392,7 +392,7 @@ class Device:
                     results.append((exc.code.value[0], str(exc)))
         return results
 
-    def write_one(self, config: Config, update) -> None:
+    def write_one(self, config: PipelineConfig, update) -> None:
         U = p4runtime_pb2.Update
         if update.type == U.UNSPECIFIED:
             raise TableError("INVALID_ARGUMENT", "Update type is not set")
@@ -410,7 +410,7 @@ class Device:
         else:
             raise TableError("UNIMPLEMENTED", f"writing {kind or 'an empty entity'} is not supported")
 
-    def table_info(self, config: Config, table_id: int) -> TableInfo:
+    def table_info(self, config: PipelineConfig, table_id: int) -> TableInfo:
         info = config.tables.get(table_id)
         if info is None and table_id in config.unapplied:
             raise TableError("NOT_FOUND", f"table {config.unapplied[table_id]} is not in the "
@@ -419,7 +419,7 @@ class Device:
             raise TableError("NOT_FOUND", f"unknown table id {table_id}")
         return info
 
-    def convert_action(self, config: Config, tinfo: TableInfo, entry, default: bool):
+    def convert_action(self, config: PipelineConfig, tinfo: TableInfo, entry, default: bool):
         which = entry.action.WhichOneof("type")
         if which != "action":
             raise TableError("UNIMPLEMENTED" if which else "INVALID_ARGUMENT",
@@ -521,7 +521,7 @@ class Device:
             priority = prefix if match_type == "lpm" else 0
         return tuple(values), tuple(masks), priority
 
-    def write_table(self, config: Config, utype, entry) -> None:
+    def write_table(self, config: PipelineConfig, utype, entry) -> None:
         U = p4runtime_pb2.Update
         tinfo = self.table_info(config, entry.table_id)
         table = tinfo.table
@@ -556,13 +556,13 @@ class Device:
             counter = table.entries[ident].counter
             counter[:] = [entry.counter_data.packet_count, entry.counter_data.byte_count]
 
-    def direct_entry(self, config: Config, query):
+    def direct_entry(self, config: PipelineConfig, query):
         tinfo = self.table_info(config, query.table_entry.table_id)
         if not tinfo.table.counted:
             raise TableError("INVALID_ARGUMENT", f"table {tinfo.name} has no direct counter")
         return tinfo
 
-    def write_direct_counter(self, config: Config, utype, entry) -> None:
+    def write_direct_counter(self, config: PipelineConfig, utype, entry) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
             raise TableError("INVALID_ARGUMENT", "direct counter entries can only be modified")
         tinfo = self.direct_entry(config, entry)
@@ -572,7 +572,7 @@ class Device:
             raise TableError("NOT_FOUND", f"table {tinfo.name}: no such entry")
         found.counter[:] = [entry.data.packet_count, entry.data.byte_count]
 
-    def write_pre(self, config: Config, utype, pre) -> None:
+    def write_pre(self, config: PipelineConfig, utype, pre) -> None:
         U = p4runtime_pb2.Update
         if pre.WhichOneof("type") != "multicast_group_entry":
             raise TableError("UNIMPLEMENTED", "clone sessions are not supported")
@@ -615,12 +615,12 @@ class Device:
         groups[gid] = sorted(replicas, key=lambda r: (rid_order[r[1]], r[0]))
         config.pipeline.group_replicas[gid] = list(zip(replicas, kinds))
 
-    def counter(self, config: Config, counter_id: int):
+    def counter(self, config: PipelineConfig, counter_id: int):
         if counter_id not in config.counters:
             raise TableError("NOT_FOUND", f"unknown counter id {counter_id}")
         return config.counters[counter_id]
 
-    def register(self, config: Config, register_id: int):
+    def register(self, config: PipelineConfig, register_id: int):
         if register_id not in config.registers:
             raise TableError("NOT_FOUND", f"unknown register id {register_id}")
         return config.registers[register_id]
@@ -634,7 +634,7 @@ class Device:
             raise TableError("OUT_OF_RANGE", f"{what}: index {index} outside 0..{size - 1}")
         return [index]
 
-    def write_counter(self, config: Config, utype, entry) -> None:
+    def write_counter(self, config: PipelineConfig, utype, entry) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
             raise TableError("INVALID_ARGUMENT", "counter entries can only be modified")
         info, spec = self.counter(config, entry.counter_id)
@@ -642,7 +642,7 @@ class Device:
             spec.packets[i] = entry.data.packet_count
             spec.bytes[i] = entry.data.byte_count
 
-    def write_register(self, config: Config, utype, entry) -> None:
+    def write_register(self, config: PipelineConfig, utype, entry) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
             raise TableError("INVALID_ARGUMENT", "register entries can only be modified")
         info, spec = self.register(config, entry.register_id)
@@ -667,7 +667,7 @@ class Device:
             raise RpcError(getattr(grpc.StatusCode, exc.code), str(exc)) from None
         return out
 
-    def read_one(self, config: Config, entity) -> list:
+    def read_one(self, config: PipelineConfig, entity) -> list:
         kind = entity.WhichOneof("entity")
         if kind == "table_entry":
             return self.read_tables(config, entity.table_entry)
@@ -682,7 +682,7 @@ class Device:
         raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
                        f"reading {kind or 'an empty entity'} is not supported")
 
-    def action_msg(self, config: Config, tinfo: TableInfo, action, msg) -> None:
+    def action_msg(self, config: PipelineConfig, tinfo: TableInfo, action, msg) -> None:
         aid, data = action
         pid = tinfo.to_p4info.get(aid)
         if pid is None:
@@ -693,7 +693,7 @@ class Device:
             param.param_id = p.id
             param.value = to_bytes(value, p.bitwidth)
 
-    def read_tables(self, config: Config, query) -> list:
+    def read_tables(self, config: PipelineConfig, query) -> list:
         out = []
         if query.table_id in config.unapplied:
             return []
@@ -749,7 +749,7 @@ class Device:
                 out.append(ent)
         return out
 
-    def read_direct_counters(self, config: Config, query) -> list:
+    def read_direct_counters(self, config: PipelineConfig, query) -> list:
         self.direct_entry(config, query)
         listing = p4runtime_pb2.TableEntry()
         listing.CopyFrom(query.table_entry)
@@ -763,7 +763,7 @@ class Device:
             out.append(dce)
         return out
 
-    def read_pre(self, config: Config, query) -> list:
+    def read_pre(self, config: PipelineConfig, query) -> list:
         if query.WhichOneof("type") != "multicast_group_entry":
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "clone sessions are not supported")
         gid = query.multicast_group_entry.multicast_group_id
@@ -785,7 +785,7 @@ class Device:
             out.append(ent)
         return out
 
-    def read_counters(self, config: Config, query) -> list:
+    def read_counters(self, config: PipelineConfig, query) -> list:
         ids = [query.counter_id] if query.counter_id else sorted(config.counters)
         out = []
         for cid in ids:
@@ -803,7 +803,7 @@ class Device:
                 out.append(ent)
         return out
 
-    def read_registers(self, config: Config, query) -> list:
+    def read_registers(self, config: PipelineConfig, query) -> list:
         ids = [query.register_id] if query.register_id else sorted(config.registers)
         out = []
         for rid in ids:

@@ -17,8 +17,8 @@ JSON reaches the C text except numbers, and every number goes through
 
 from __future__ import annotations
 
-from innet_aggregation.softswitch.frontend import Apply, Field, Header, If, Program, Unsupported, hexstr, mask
-from innet_aggregation.softswitch.validate import MAX_CELLS, MAX_CHECKSUM_BITS, MAX_HEADER_BITS, MAX_ID, \
+from innet_aggregation.softswitch.frontend.program import Apply, Field, Header, If, Program, Unsupported, hexstr, mask
+from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_CHECKSUM_BITS, MAX_HEADER_BITS, MAX_ID, \
     MAX_LOOKAHEAD, num, u64
 
 U64 = (1 << 64) - 1

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 
-from innet_aggregation.softswitch import validate
-from innet_aggregation.softswitch.validate import Unsupported
+from innet_aggregation.softswitch.frontend import validate
+from innet_aggregation.softswitch.frontend.validate import Unsupported
 
 DROP_PORT = 511          # simple_switch's default --drop-port
 INSTANCE_NORMAL = 0

@@ -20,8 +20,8 @@ import random
 import re
 import struct
 
-from innet_aggregation.softswitch.frontend import Field, Header, If, Program, Unsupported, hexstr, mask
-from innet_aggregation.softswitch.validate import MAX_BITS, MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num
+from innet_aggregation.softswitch.frontend.program import Field, Header, If, Program, Unsupported, hexstr, mask
+from innet_aggregation.softswitch.frontend.validate import MAX_BITS, MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num
 
 
 class ParserError(Exception):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from innet_aggregation.softswitch import frontend
-from innet_aggregation.softswitch.emit_c import NativeUnsupported
+from innet_aggregation.softswitch.backends.native.printer import NativeUnsupported
 from innet_aggregation.softswitch.frontend import DROP_PORT
-from innet_aggregation.softswitch.native import NativePipeline, NativeUnavailable
-from innet_aggregation.softswitch.pipeline import Pipeline
+from innet_aggregation.softswitch.backends.native.loader import NativePipeline, NativeUnavailable
+from innet_aggregation.softswitch.backends.python.pipeline import Pipeline
 
 log = logging.getLogger("softswitch")
 

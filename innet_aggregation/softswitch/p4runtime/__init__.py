@@ -1,0 +1,6 @@
+"""The P4Runtime server: P4Info joined to the JSON, device state and arbitration,
+entities to and from the protos, and the gRPC service."""
+
+from innet_aggregation.softswitch.p4runtime.service import Device, serve
+
+__all__ = ["Device", "serve"]
