@@ -5,7 +5,8 @@ backend only prints."""
 from innet_aggregation.softswitch.frontend import validate
 from innet_aggregation.softswitch.frontend.program import (DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION,
                                                            ActionSpec, CounterSpec, Field, Header, Program,
-                                                           RegisterSpec, TableSpec, hexstr, load, mask)
+                                                           RegisterSpec, TableSpec, hexstr, mask)
+from innet_aggregation.softswitch.frontend.loader import load
 from innet_aggregation.softswitch.frontend.validate import Unsupported
 
 __all__ = ["validate", "DROP_PORT", "INSTANCE_NORMAL", "INSTANCE_REPLICATION", "ActionSpec",

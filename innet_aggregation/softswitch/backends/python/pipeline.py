@@ -6,9 +6,9 @@ import threading
 
 from innet_aggregation.softswitch import frontend
 from innet_aggregation.softswitch.backends.python.printer import compile_program
-from innet_aggregation.softswitch.frontend import DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION, TableSpec, mask
+from innet_aggregation.softswitch.frontend import DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION, TableSpec
 from innet_aggregation.softswitch.frontend.validate import MAX_ID, num
-from innet_aggregation.softswitch.backends.tables import Entry, TableEntries, TableError
+from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
 
 CACHE_LIMIT = 4096
 
