@@ -198,6 +198,20 @@ class RemoveHeader:
 
 
 @dataclass(eq=False)
+class SetValid:
+    """Validity alone (a header stack's push and pop), the packet length unchanged."""
+    header: object
+    valid: bool
+
+
+@dataclass(eq=False)
+class SwapHeaders:
+    """Exchange two headers' fields and validity (BMv2's stack shifts)."""
+    a: object
+    b: object
+
+
+@dataclass(eq=False)
 class RegisterRead:
     field: object
     register: object     # RegisterSpec

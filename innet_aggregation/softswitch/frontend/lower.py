@@ -31,6 +31,8 @@ class Lowering:
             return ir.FieldRef(self.prog.field(value))
         if kind == "hexstr":
             return ir.Const(hexstr(value))
+        if kind == "stack_field":
+            return self.last_field(self.prog.stack(value[0]), value[1])
         if kind == "bool":
             return ir.Const(int(bool(value)), boolean=True)
         if kind in ("runtime_data", "local"):
@@ -40,6 +42,52 @@ class Lowering:
         if kind == "expression":
             return self.operation(value, params, where)
         raise Unsupported(f"expression operand of type {kind!r:.40}")
+
+    def last_field(self, stack, name: str) -> ir.Expr:
+        """``stack.last.name``: the field of element next - 1 (next is 0: BMv2 leaves
+        that undefined; here it reads element 0)."""
+        fields = [next(f for f in h.fields if f.name == name) for h in stack.headers]
+        out: ir.Expr = ir.FieldRef(fields[0])
+        for i, field in enumerate(fields[1:], start=2):
+            out = ir.Cond(ir.Binary("==", ir.FieldRef(stack.next), ir.Const(i)),
+                          ir.FieldRef(field), out)
+        return out
+
+    def extract_next(self, stack) -> list:
+        """``extract(stack.next)``: StackOutOfBounds when full, else element next, next + 1."""
+        if "StackOutOfBounds" not in self.prog.errors:
+            raise Unsupported(f"extract to header stack {stack.name} without the "
+                              "StackOutOfBounds error")
+        nxt = ir.FieldRef(stack.next)
+        out = [ir.Verify(ir.Binary("<", nxt, ir.Const(len(stack.headers))),
+                         ir.Const(self.prog.errors["StackOutOfBounds"]))]
+        chain: list = [ir.Extract(stack.headers[-1])]
+        for i in range(len(stack.headers) - 2, -1, -1):
+            chain = [ir.If(ir.Binary("==", nxt, ir.Const(i)), [ir.Extract(stack.headers[i])],
+                           chain)]
+        return out + chain + [ir.Assign(stack.next, ir.Binary("+", nxt, ir.Const(1)))]
+
+    @staticmethod
+    def shift(stack, count: int, push: bool) -> list:
+        """push_front/pop_front by ``count`` as BMv2 (P4_16 stacks) does them: the same
+        swaps, then the emptied elements invalid, and next moved within [0, size]."""
+        elements, size = stack.headers, len(stack.headers)
+        if count == 0:
+            return []
+        nxt = ir.FieldRef(stack.next)
+        if push:
+            out = [ir.SwapHeaders(elements[i], elements[i - count])
+                   for i in range(size - 1, count - 1, -1)]
+            out += [ir.SetValid(h, False) for h in elements[:min(size, count)]]
+            moved = ir.Binary("+", nxt, ir.Const(count))
+            new = ir.Cond(ir.Binary("<", moved, ir.Const(size)), moved, ir.Const(size))
+        else:
+            out = [ir.SwapHeaders(elements[i], elements[i + count])
+                   for i in range(0, size - count)]
+            out += [ir.SetValid(h, False) for h in elements[max(size - count, 0):]]
+            new = ir.Cond(ir.Binary(">=", nxt, ir.Const(count)),
+                          ir.Binary("-", nxt, ir.Const(count)), ir.Const(0))
+        return out + [ir.Assign(stack.next, new)]
 
     def valid(self, header: Header) -> ir.Expr:
         return ir.Const(1, boolean=True) if header.metadata else ir.Valid(header)
@@ -115,6 +163,9 @@ class Lowering:
         if op == "modify_field_rng_uniform":
             return [ir.Random(prog.field(args[0]["value"]), self.expr(args[1], params, where),
                               self.expr(args[2], params, where))]
+        if op in ("push", "pop"):
+            return self.shift(prog.stack(args[0]["value"]), hexstr(args[1]["value"]),
+                              op == "push")
         if op == "exit":
             return [ir.Exit()]
         if op in ("no_op", "log_msg"):
@@ -206,6 +257,12 @@ class Lowering:
                 width, code = field.width, ir.FieldRef(field)
                 if field.signed:
                     code = ir.Binary("&", code, ir.Const(mask(width)))
+            elif part.get("type") == "stack_field":
+                code = self.last_field(self.prog.stack(part["value"][0]), part["value"][1])
+                width = next(f.width for f in self.prog.stack(part["value"][0]).headers[0].fields
+                             if f.name == part["value"][1])
+                if code.lo < 0:
+                    code = ir.Binary("&", code, ir.Const(mask(width)))
             elif part.get("type") == "lookahead":
                 bit_offset, width = part["value"]
                 ops.append(ir.Require((bit_offset + width + 7) // 8))
@@ -243,6 +300,8 @@ class Lowering:
         kind = op.get("op")
         params = op.get("parameters", [])
         prog = self.prog
+        if kind == "extract" and params[0].get("type") == "stack":
+            return self.extract_next(prog.stack(params[0]["value"]))
         if kind == "extract":
             if params[0].get("type") != "regular":
                 raise Unsupported(f"extract to a {params[0].get('type')!r:.30} ({where})")

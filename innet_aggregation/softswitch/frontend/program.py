@@ -75,6 +75,17 @@ class TableSpec:
         return ids
 
 
+class Stack:
+    """A header stack: its elements (packet headers) and the field holding its next
+    index, a field of a header no JSON can name, so it travels with the packet."""
+
+    def __init__(self, name, headers, next_field):
+        self.name, self.headers, self.next = name, headers, next_field
+
+
+STACKS_HEADER = "header stacks"   # not a JSON name (those have no spaces)
+
+
 class RegisterSpec:
     def __init__(self, name, rid, size, width):
         self.name, self.id, self.size, self.width = name, rid, size, width
@@ -129,6 +140,16 @@ class Program:
                 self.fields[(inst["name"], fname)] = field
             self.headers[inst["name"]] = Header(inst["name"], inst["metadata"], fields,
                                                 len(self.headers))
+        self.stacks: dict[str, Stack] = {}
+        if doc["header_stacks"]:
+            nexts = []
+            for stack in doc["header_stacks"]:
+                field = Field(STACKS_HEADER, stack["name"], 32, False, len(self.field_list))
+                self.field_list.append(field)
+                nexts.append(field)
+                self.stacks[stack["name"]] = Stack(
+                    stack["name"], [self.headers[h] for h in stack["headers"]], field)
+            self.headers[STACKS_HEADER] = Header(STACKS_HEADER, True, nexts, len(self.headers))
         for alias, target in doc["field_aliases"]:
             self.aliases[alias] = tuple(target)
         for err_name, code in doc["errors"]:
@@ -198,6 +219,12 @@ class Program:
                 return (value.get("cond"), self.header_choice(value.get("left")),
                         self.header_choice(value.get("right")))
         raise Unsupported(f"header operand {_short(node)}")
+
+    def stack(self, name) -> Stack:
+        stack = self.stacks.get(name) if isinstance(name, str) else None
+        if stack is None:
+            raise Unsupported(f"unknown header stack {_short(name)}")
+        return stack
 
     def action(self, action_id) -> ActionSpec:
         action = self.actions.get(action_id) if isinstance(action_id, int) else None

@@ -238,6 +238,15 @@ class CPrinter:
         self.add(f"if (S->v[{h}]) {{ S->v[{h}] = 0; "
                  f"S->plen_reg -= {num(s.header.nbytes, 0, MAX_BYTES)}; }}")
 
+    def s_SetValid(self, s: ir.SetValid) -> None:
+        self.add(f"S->v[{self.hid(s.header)}] = {int(s.valid)};")
+
+    def s_SwapHeaders(self, s: ir.SwapHeaders) -> None:
+        pairs = [(f"S->v[{self.hid(s.a)}]", f"S->v[{self.hid(s.b)}]")]
+        pairs += [(self.fref(x), self.fref(y)) for x, y in zip(s.a.fields, s.b.fields)]
+        self.add("{ uint64_t _t; " + " ".join(f"_t = {x}; {x} = {y}; {y} = _t;"
+                                              for x, y in pairs) + " }")
+
     def guarded(self, index: ir.Expr, size: int, stmt: str, prelude: str = "") -> None:
         """``stmt`` on element ``_ix`` only if it is in range (BMv2 skips an
         out-of-range register or counter access); ``prelude`` runs either way."""

@@ -237,6 +237,15 @@ class PyPrinter:
         self.add(f"    {self.vv(s.header)} = False")
         self.add(f"    plen_reg -= {num(s.header.nbytes, 0, MAX_BYTES)}")
 
+    def s_SetValid(self, s: ir.SetValid) -> None:
+        self.add(f"{self.vv(s.header)} = {s.valid}")
+
+    def s_SwapHeaders(self, s: ir.SwapHeaders) -> None:
+        pairs = [(self.vv(s.a), self.vv(s.b))]
+        pairs += [(self.v(x), self.v(y)) for x, y in zip(s.a.fields, s.b.fields)]
+        for x, y in pairs:
+            self.add(f"{x}, {y} = {y}, {x}")
+
     def guarded(self, index: ir.Expr, size: int, *stmts) -> None:
         """``stmts`` on element ``idx`` (a function of the index's name) only if it is in
         range: BMv2 skips an out-of-range access (a negative one too, which Python
