@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     from innet_aggregation.softswitch.frontend import Unsupported
     from innet_aggregation.softswitch.dataplane import DataPlane, check_interface
     from innet_aggregation.softswitch.p4runtime import Device, serve
-    from innet_aggregation.softswitch.backend import load_pipeline
+    from innet_aggregation.softswitch.backends import load_pipeline
 
     try:
         for ifname in args.ports.values():

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from innet_aggregation.softswitch.native import NativePipeline
+from innet_aggregation.softswitch.backends.native.loader import NativePipeline
 from innet_aggregation.softswitch.p4runtime import Device, serve
-from innet_aggregation.softswitch.pipeline import Pipeline
+from innet_aggregation.softswitch.backends.python.pipeline import Pipeline
 from innet_aggregation.switch_ctl.client import SwitchConnection
 
 PROGRAMS = Path(__file__).parent / "programs"

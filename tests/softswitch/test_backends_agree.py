@@ -16,8 +16,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.softswitch.native import NativePipeline
-from innet_aggregation.softswitch.pipeline import Entry, Pipeline
+from innet_aggregation.softswitch.backends.native.loader import NativePipeline
+from innet_aggregation.softswitch.backends.python.pipeline import Pipeline
+from innet_aggregation.softswitch.backends.tables import Entry
 from tests.softswitch.conftest import program_files
 from tests.softswitch.test_primitives import frame
 

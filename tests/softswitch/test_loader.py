@@ -21,10 +21,12 @@ import re
 import pytest
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.softswitch import emit_c, frontend, native
-from innet_aggregation.softswitch.backend import load_pipeline
-from innet_aggregation.softswitch.native import RUNTIME, NativePipeline, NativeUnavailable
-from innet_aggregation.softswitch.pipeline import Entry, Pipeline, TableError
+from innet_aggregation.softswitch import frontend
+from innet_aggregation.softswitch.backends.native import loader as native, printer as emit_c
+from innet_aggregation.softswitch.backends import load_pipeline
+from innet_aggregation.softswitch.backends.native.loader import RUNTIME, NativePipeline, NativeUnavailable
+from innet_aggregation.softswitch.backends.python.pipeline import Pipeline
+from innet_aggregation.softswitch.backends.tables import Entry, TableError
 from tests.softswitch.conftest import pipeline, program_files
 from tests.softswitch.test_primitives import fields, frame
 

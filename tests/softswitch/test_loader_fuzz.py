@@ -1,4 +1,4 @@
-"""Mutation fuzzer over the loader (innet_aggregation/softswitch/validate.py), the softswitch's trust boundary.
+"""Mutation fuzzer over the loader (innet_aggregation/softswitch/frontend/validate.py), the softswitch's trust boundary.
 
 Every scalar of the aggregation program's JSON and of the test programs' is made
 wrong in turn: another type (a string carrying C code, a bool, a float, null), negative,
@@ -38,11 +38,13 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.softswitch import emit_c, frontend, validate
-from innet_aggregation.softswitch.backend import load_pipeline
-from innet_aggregation.softswitch.native import RUNTIME
-from innet_aggregation.softswitch.pipeline import Entry
-from innet_aggregation.softswitch.validate import Unsupported
+from innet_aggregation.softswitch import frontend
+from innet_aggregation.softswitch.backends.native import printer as emit_c
+from innet_aggregation.softswitch.frontend import validate
+from innet_aggregation.softswitch.backends import load_pipeline
+from innet_aggregation.softswitch.backends.native.loader import RUNTIME
+from innet_aggregation.softswitch.backends.tables import Entry
+from innet_aggregation.softswitch.frontend.validate import Unsupported
 from tests.softswitch.conftest import BACKENDS, pipeline, program_files
 from tests.softswitch.test_backends_agree import JOB, SERVICE_MAC, WORKERS, install_job
 from tests.softswitch.test_p4c_constructs import MUX_CASES

@@ -13,10 +13,12 @@ import time
 import pytest
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.softswitch import emit_c, frontend
-from innet_aggregation.softswitch.backend import load_pipeline
-from innet_aggregation.softswitch.native import NativePipeline
-from innet_aggregation.softswitch.pipeline import Entry, Pipeline
+from innet_aggregation.softswitch import frontend
+from innet_aggregation.softswitch.backends.native import printer as emit_c
+from innet_aggregation.softswitch.backends import load_pipeline
+from innet_aggregation.softswitch.backends.native.loader import NativePipeline
+from innet_aggregation.softswitch.backends.python.pipeline import Pipeline
+from innet_aggregation.softswitch.backends.tables import Entry
 from tests.softswitch.conftest import connect, free_port, program_files
 from tests.softswitch.test_cli_and_veth import REPO
 from tests.softswitch.test_primitives import fields, frame
@@ -153,7 +155,7 @@ def test_frames_of_any_size_never_crash_the_native_pipeline(size):
 # The largest frame the native backend takes (a receive slot); larger ones are dropped
 # before ingress, whole, never cut short.
 SLOT = int(re.search(r"#define SS_SLOT (\d+)",
-                     (REPO / "innet_aggregation/softswitch/native/runtime.c").read_text()).group(1))
+                     (REPO / "innet_aggregation/softswitch/backends/native/runtime.c").read_text()).group(1))
 
 
 @pytest.mark.parametrize("size", [SLOT + 1, SLOT + 1500, 20000])

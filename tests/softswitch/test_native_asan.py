@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.softswitch import native
-from innet_aggregation.softswitch.native import NativePipeline
+from innet_aggregation.softswitch.backends.native import loader as native
+from innet_aggregation.softswitch.backends.native.loader import NativePipeline
 from tests.softswitch.conftest import program_files
 from tests.softswitch.test_loader_fuzz import PROGRAMS, aggregation_frames, primitives_frames
 from tests.softswitch.test_primitives import frame
@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import hashlib, pickle, subprocess, sys
 from pathlib import Path
-from innet_aggregation.softswitch import native
-from innet_aggregation.softswitch.pipeline import Entry
+from innet_aggregation.softswitch.backends.native import loader as native
+from innet_aggregation.softswitch.backends.tables import Entry
 
 jobs_file, work, cut = sys.argv[1], Path(sys.argv[2]), pickle.loads(bytes.fromhex(sys.argv[3]))
 

@@ -26,6 +26,7 @@ import re
 MAX_BITS = 2048              # a field, action parameter, register cell, constant or cast
 MAX_HEADER_BITS = 1 << 16    # one header
 MAX_HEADERS = 1 << 12
+MAX_STACK = 1 << 8           # elements of a header stack
 MAX_FIELDS = 1 << 16
 MAX_CELLS = 1 << 24          # one register or counter array
 MAX_TOTAL_CELLS = 1 << 26    # all register and counter arrays together
@@ -38,7 +39,7 @@ MAX_CHECKSUM_BITS = 1 << 16  # the input of one checksum
 NAME = re.compile(r"[A-Za-z0-9_.$\[\]]{1,256}")
 HEX = re.compile(r"-?0x[0-9a-fA-F]{1,%d}" % (MAX_BITS // 4 + 8))
 
-UNSUPPORTED_LISTS = (("header_stacks", "header stacks"), ("header_unions", "header unions"),
+UNSUPPORTED_LISTS = (("header_unions", "header unions"),
                      ("header_union_stacks", "header union stacks"),
                      ("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
                      ("learn_lists", "digests"), ("extern_instances", "extern instances"))
@@ -48,13 +49,15 @@ BINARY = ("+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^", "==", "!=", ">", "
           "<=", "and", "or")
 CASTS = ("two_comp_mod", "sat_cast", "usat_cast")
 # A primitive's parameters: F a field, E an expression, H a header, R a register array,
-# C a counter array, J a jump offset; log_msg's are not read.
+# C a counter array, J a jump offset, S a header stack, K a constant count; log_msg's
+# are not read.
 PRIMITIVES = {
     "assign": "FE", "modify_field": "FE", "assign_header": "HE", "copy_header": "HE",
     "add_header": "H", "add_header_fast": "H", "remove_header": "H",
     "mark_to_drop": "H", "drop": "", "register_read": "FRE", "register_write": "REE",
     "count": "CE", "modify_field_rng_uniform": "FEE", "exit": "", "no_op": "",
     "assert": "E", "assume": "E", "_jump": "J", "_jump_if_zero": "EJ",
+    "push": "SK", "pop": "SK",
 }
 
 
@@ -168,6 +171,8 @@ class _Checker:
         self.doc = doc
         self.types: dict[str, list] = {}        # header type -> [(field, width, signed)]
         self.headers: dict[str, tuple] = {}     # header -> (metadata, {field: width})
+        self.header_ids: dict[int, str] = {}
+        self.stacks: dict[str, str] = {}        # header stack -> its header type
         self.aliases: dict[str, tuple] = {}
         self.registers: set[str] = set()
         self.counters: set[str] = set()         # counter arrays (not direct)
@@ -201,6 +206,7 @@ class _Checker:
                                   for i in items[:3])
                 raise Unsupported(f"{key}: {what} ({names}) are not supported")
         out = {"header_types": self.header_types(), "headers": self.header_instances()}
+        out["header_stacks"] = self.header_stacks(out["headers"])
         out["field_aliases"] = self.field_aliases()
         out["errors"] = self.errors()
         out["register_arrays"], out["counter_arrays"] = self.arrays()
@@ -265,7 +271,9 @@ class _Checker:
             name = _name(item["name"], f"{path}.name")
             if name in self.headers:
                 raise ValueError(f"{path}.name: header {name!r} is declared twice")
-            _unique(ids, _int(item["id"], f"{path}.id", 0, MAX_ID), f"{path}.id", "id")
+            hid = _int(item["id"], f"{path}.id", 0, MAX_ID)
+            _unique(ids, hid, f"{path}.id", "id")
+            self.header_ids[hid] = name
             htype = _name(item["header_type"], f"{path}.header_type")
             if htype not in self.types:
                 raise ValueError(f"{path}.header_type: unknown header type {htype!r}")
@@ -280,6 +288,33 @@ class _Checker:
                 raise ValueError(f"{path}: more than {MAX_FIELDS} fields in all headers")
             self.headers[name] = (metadata, {f: w for f, w, _ in fields})
             out.append({"name": name, "header_type": htype, "metadata": metadata})
+        return out
+
+    def header_stacks(self, headers: list) -> list:
+        """Each stack: its elements, distinct packet headers of the stack's type."""
+        out, names, ids, taken = [], {}, {}, {}
+        htypes = {h["name"]: h["header_type"] for h in headers}
+        for i, item in enumerate(self.top("header_stacks", required=False)):
+            path = f"header_stacks[{i}]"
+            item = _obj(item, path, "name", "id", "header_type", "size", "header_ids")
+            name = _name(item["name"], f"{path}.name")
+            _unique(names, name, f"{path}.name", "header stack")
+            _unique(ids, _int(item["id"], f"{path}.id", 0, MAX_ID), f"{path}.id", "id")
+            htype = _name(item["header_type"], f"{path}.header_type")
+            size = _int(item["size"], f"{path}.size", 1, MAX_STACK + 1)
+            elements = []
+            for j, hid in enumerate(_list(item["header_ids"], f"{path}.header_ids", size,
+                                          "one header id per element")):
+                epath = f"{path}.header_ids[{j}]"
+                header = self.header_ids.get(_int(hid, epath, 0, MAX_ID))
+                if header is None:
+                    raise ValueError(f"{epath}: unknown header id {hid}")
+                if htypes[header] != htype or self.headers[header][0]:
+                    raise ValueError(f"{epath}: header {header!r} is no {htype} packet header")
+                _unique(taken, header, epath, "stack element")
+                elements.append(header)
+            self.stacks[name] = htype
+            out.append({"name": name, "headers": elements})
         return out
 
     def field_aliases(self) -> list:
@@ -428,6 +463,21 @@ class _Checker:
             return [header, fname]
         raise ValueError(f"{path}: unknown field {header}.{fname}")
 
+    def stack(self, value, path: str) -> str:
+        name = _name(value, path)
+        if name not in self.stacks:
+            raise ValueError(f"{path}: unknown header stack {name!r}")
+        return name
+
+    def stack_field(self, value, path: str) -> list:
+        """[stack, field]: the field of the stack's last element."""
+        _list(value, path, 2, "[stack, field]")
+        stack = self.stack(value[0], f"{path}[0]")
+        fname = _name(value[1], f"{path}[1]")
+        if fname not in {f for f, _, _ in self.types[self.stacks[stack]]}:
+            raise ValueError(f"{path}: unknown field {stack}.last.{fname}")
+        return [stack, fname]
+
     def validity(self, node, path: str, depth: int) -> dict:
         """The validity bit of what p4c puts before "$valid$" when it is no header name (a
         ?: choosing between headers), as an expression over real headers' validity bits."""
@@ -469,6 +519,8 @@ class _Checker:
             return {"type": kind, "value": _int(value, vpath, 0, len(params))}
         if kind == "header":
             return {"type": kind, "value": self.header(value, vpath)}
+        if kind == "stack_field":
+            return {"type": kind, "value": self.stack_field(value, vpath)}
         if kind == "expression":
             return {"type": kind, "value": self.operation(value, vpath, params, depth + 1)}
         _str(kind, f"{path}.type")
@@ -563,6 +615,14 @@ class _Checker:
                 if name not in self.counters:
                     raise ValueError(f"{apath}.value: unknown counter {name!r}")
                 out.append({"type": "counter_array", "value": name})
+            elif kind == "S":
+                out.append({"type": "header_stack",
+                            "value": self.stack(self.typed(arg, apath, "header_stack"),
+                                                f"{apath}.value")})
+            elif kind == "K":
+                count = _hex(self.typed(arg, apath, "hexstr"), f"{apath}.value")
+                out.append({"type": "hexstr", "value": hex(_int(count, f"{apath}.value", 0,
+                                                               MAX_ID))})
             elif kind == "J":
                 offset = _hex(self.typed(arg, apath, "hexstr"), f"{apath}.value")
                 if not 0 <= offset <= nprims:
@@ -629,6 +689,9 @@ class _Checker:
         apath = f"{path}.parameters"
         if kind == "extract":
             arg = _obj(args[0], f"{apath}[0]", "type", "value")
+            if arg["type"] == "stack":
+                return {"op": kind, "parameters": [
+                    {"type": "stack", "value": self.stack(arg["value"], f"{apath}[0].value")}]}
             if arg["type"] != "regular":
                 raise Unsupported(f"{apath}[0].type: extract to a {_short(arg['type'])}")
             header = self.header(arg["value"], f"{apath}[0].value")
@@ -664,6 +727,10 @@ class _Checker:
                 ref = self.real_field(part["value"], f"{ppath}.value")
                 width = self.field_width(ref)
                 out.append({"type": "field", "value": ref})
+            elif part["type"] == "stack_field":
+                ref = self.stack_field(part["value"], f"{ppath}.value")
+                width = {f: w for f, w, _ in self.types[self.stacks[ref[0]]]}[ref[1]]
+                out.append({"type": "stack_field", "value": ref})
             elif part["type"] == "lookahead":
                 clean = self.lookahead(part["value"], f"{ppath}.value")
                 width = clean["value"][1]

@@ -19,12 +19,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from innet_aggregation.softswitch import emit_c, frontend
+from innet_aggregation.softswitch import frontend
+from innet_aggregation.softswitch.backends.native import printer as emit_c
 from innet_aggregation.softswitch.frontend import DROP_PORT
-from innet_aggregation.softswitch.pipeline import Entry, TableEntries
+from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
 
 HERE = Path(__file__).resolve().parent
-RUNTIME = HERE / "native" / "runtime.c"
+RUNTIME = HERE / "runtime.c"
 c_u64p = ctypes.POINTER(ctypes.c_uint64)
 
 

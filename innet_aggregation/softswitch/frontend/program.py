@@ -1,23 +1,17 @@
-"""The half of the BMv2 JSON translator both backends share: load, check, describe.
+"""The declarations of a checked BMv2 JSON document, described once.
 
-``Program`` reads a p4c-bm2-ss JSON document once and hands the emitters plain
-descriptions: headers and fields (each with a numeric id), errors, registers,
-counters, actions, table specs, the parser's states in a forward order, and each
-control as a tree of ``If``/``Apply`` nodes rebuilt from post-dominators. An
-emitter turns those into code and never looks at the control graph itself.
-
-The document is first checked by ``validate.document`` (the trust boundary: types,
-ranges, arity, ids, references, sizes), and only its clean copy is read here.
-Anything BMv2 supports but this switch does not raises ``Unsupported``, naming the
-construct, so both backends refuse the same programs.
+``Program`` reads the clean copy ``validate.document`` made and describes its
+declarations: headers and fields (each with a numeric id), errors, registers,
+counters, actions, and table specs (keys, const and default entries), which the
+lowering, the backends' tables and the P4Runtime server share. Anything BMv2
+supports but this switch does not raises ``Unsupported``, naming the construct.
 """
 
 from __future__ import annotations
 
 import json
 
-from innet_aggregation.softswitch import validate
-from innet_aggregation.softswitch.validate import Unsupported
+from innet_aggregation.softswitch.frontend.validate import Unsupported
 
 DROP_PORT = 511          # simple_switch's default --drop-port
 INSTANCE_NORMAL = 0
@@ -81,6 +75,17 @@ class TableSpec:
         return ids
 
 
+class Stack:
+    """A header stack: its elements (packet headers) and the field holding its next
+    index, a field of a header no JSON can name, so it travels with the packet."""
+
+    def __init__(self, name, headers, next_field):
+        self.name, self.headers, self.next = name, headers, next_field
+
+
+STACKS_HEADER = "header stacks"   # not a JSON name (those have no spaces)
+
+
 class RegisterSpec:
     def __init__(self, name, rid, size, width):
         self.name, self.id, self.size, self.width = name, rid, size, width
@@ -92,21 +97,6 @@ class CounterSpec:
         self.name, self.id, self.size = name, cid, size
         self.packets = [0] * size
         self.bytes = [0] * size
-
-
-class If:
-    """A conditional of a control: ``expression`` picks ``then`` or ``orelse``."""
-
-    def __init__(self, name, expression, then, orelse):
-        self.name, self.expression, self.then, self.orelse = name, expression, then, orelse
-
-
-class Apply:
-    """A table application; ``branches`` is [(condition, body)] when what follows
-    depends on the outcome: condition "hit", "miss" or a tuple of action ids."""
-
-    def __init__(self, table: TableSpec, branches):
-        self.table, self.branches = table, branches
 
 
 class Program:
@@ -127,14 +117,15 @@ class Program:
         self.tables: dict[str, TableSpec] = {}
         self.direct_counters: dict[str, str] = {}   # table -> direct counter
         self.load_declarations()
-        self.controls = {name: self.control(name) for name in ("ingress", "egress")}
+        for pipe in doc["pipelines"]:
+            for table in pipe["tables"]:
+                self.table_spec(table)
         deparsers = {d["name"]: d for d in doc["deparsers"]}
         self.deparse_order = [self.header(n) for n in deparsers["deparser"]["order"]]
         for name in ("ingress_port", "egress_spec", "egress_port"):
             if self.std(name) is None:
                 raise Unsupported(f"standard_metadata.{name} is missing")
-        self.parser_states, self.parser_init, self.parser_order = self.parser()
-        self.checksums = self.load_checksums()
+        self.ir = None                              # the lowered program, set by load()
 
     # ------------------------------------------------------------------ declarations
     def load_declarations(self) -> None:
@@ -149,6 +140,16 @@ class Program:
                 self.fields[(inst["name"], fname)] = field
             self.headers[inst["name"]] = Header(inst["name"], inst["metadata"], fields,
                                                 len(self.headers))
+        self.stacks: dict[str, Stack] = {}
+        if doc["header_stacks"]:
+            nexts = []
+            for stack in doc["header_stacks"]:
+                field = Field(STACKS_HEADER, stack["name"], 32, False, len(self.field_list))
+                self.field_list.append(field)
+                nexts.append(field)
+                self.stacks[stack["name"]] = Stack(
+                    stack["name"], [self.headers[h] for h in stack["headers"]], field)
+            self.headers[STACKS_HEADER] = Header(STACKS_HEADER, True, nexts, len(self.headers))
         for alias, target in doc["field_aliases"]:
             self.aliases[alias] = tuple(target)
         for err_name, code in doc["errors"]:
@@ -219,6 +220,12 @@ class Program:
                         self.header_choice(value.get("right")))
         raise Unsupported(f"header operand {_short(node)}")
 
+    def stack(self, name) -> Stack:
+        stack = self.stacks.get(name) if isinstance(name, str) else None
+        if stack is None:
+            raise Unsupported(f"unknown header stack {_short(name)}")
+        return stack
+
     def action(self, action_id) -> ActionSpec:
         action = self.actions.get(action_id) if isinstance(action_id, int) else None
         if action is None:
@@ -237,111 +244,7 @@ class Program:
             raise Unsupported(f"unknown counter {_short(name)}")
         return spec
 
-    # ------------------------------------------------------------------ parser
-    def parser(self):
-        """(states, index of the init state, states in a forward order)."""
-        parser = {p["name"]: p for p in self.doc["parsers"]}["parser"]
-        states = parser["parse_states"]
-        ids = {s["name"]: i for i, s in enumerate(states)}
-        init = parser["init_state"]
-        self.state_ids = ids
-        return states, ids[init], _topological(states, ids)
-
-    def transitions(self, state: dict):
-        """(key parts, [(value, mask or None, next index)], default next index); -1 accepts."""
-        def target(name):
-            return self.state_ids[name] if name is not None else -1
-        cases = state["transitions"]
-        key_parts = state["transition_key"]
-        if not key_parts or all(c["type"] == "default" for c in cases):
-            return [], [], target(cases[0]["next_state"] if cases else None)
-        out, default = [], None
-        for case in cases:
-            if case["type"] == "default":
-                default = case["next_state"]
-                break   # BMv2 stops at the default transition
-            m = hexstr(case["mask"]) if case["mask"] is not None else None
-            out.append((hexstr(case["value"]), m, target(case["next_state"])))
-        return key_parts, out, target(default)
-
-    # ------------------------------------------------------------------ checksums
-    def load_checksums(self) -> list:
-        """[(checksum json, calculation json, verify?, update?)], csum16 only."""
-        return [(checksum, self.calculations[checksum["calculation"]], checksum["verify"],
-                 checksum["update"]) for checksum in self.doc["checksums"]]
-
-    def calc_groups(self, calc: dict) -> list:
-        """A calculation's inputs as [(header or None, [fields] or (value, width))]."""
-        groups: list = []
-        for item in calc["input"]:
-            kind = item["type"]
-            if kind == "field":
-                field = self.field(item["value"])
-                header = self.header(field.header)
-                if groups and groups[-1][0] is header:
-                    groups[-1][1].append(field)
-                else:
-                    groups.append([header, [field]])
-            elif kind == "header":
-                header = self.header(item["value"])
-                groups.append([header, list(header.fields)])
-            else:
-                width = item["bitwidth"]
-                groups.append([None, (hexstr(item["value"]) & mask(width), width)])
-        return groups
-
-    # ------------------------------------------------------------------ controls
-    def control(self, name: str) -> list:
-        """The pipeline ``name`` as a list of If/Apply nodes."""
-        pipe = {p["name"]: p for p in self.doc["pipelines"]}[name]
-        nodes = {}
-        for table in pipe["tables"]:
-            nodes[table["name"]] = ("table", table, self.table_spec(table))
-        for cond in pipe["conditionals"]:
-            nodes[cond["name"]] = ("cond", cond, None)
-        init = pipe["init_table"]
-        if init is None:
-            return []
-        succ = {n: self.successors(kind, obj, spec) for n, (kind, obj, spec) in nodes.items()}
-        ipdom = _post_dominators(succ, init)
-        return self.region(init, None, nodes, succ, ipdom)
-
-    def successors(self, kind: str, obj: dict, spec) -> list:
-        if kind == "cond":
-            return [obj["true_next"], obj["false_next"]]
-        nexts = obj["next_tables"]
-        if spec.hit_miss:
-            return [nexts["__HIT__"], nexts["__MISS__"]]
-        out = [nexts[self.action(aid).name] for aid in obj["action_ids"]]
-        return out or [obj["base_default_next"]]
-
-    def region(self, node, stop, nodes, succ, ipdom) -> list:
-        """Nodes from ``node`` up to (not including) ``stop``."""
-        out = []
-        while node is not None and node != stop:
-            kind, obj, spec = nodes[node]
-            targets = succ[node]
-            merge = ipdom.get(node)
-            if kind == "cond":
-                out.append(If(obj["name"], obj["expression"],
-                              self.region(targets[0], merge, nodes, succ, ipdom),
-                              self.region(targets[1], merge, nodes, succ, ipdom)))
-            elif len(set(targets)) > 1:
-                if spec.hit_miss:
-                    conds = ["hit", "miss"]
-                else:
-                    by_target: dict = {}
-                    for aid, tgt in zip(obj["action_ids"], targets):
-                        by_target.setdefault(tgt, []).append(aid)
-                    conds, targets = zip(*[(tuple(a), t) for t, a in by_target.items()])
-                out.append(Apply(spec, [(c, self.region(t, merge, nodes, succ, ipdom))
-                                        for c, t in zip(conds, targets)]))
-            else:
-                out.append(Apply(spec, None))
-                merge = targets[0] if targets else None
-            node = merge
-        return out
-
+    # ------------------------------------------------------------------ tables
     def table_spec(self, table: dict) -> TableSpec:
         name = table["name"]
         if name in self.tables:
@@ -386,23 +289,6 @@ class Program:
         return spec
 
 
-def load(text: str | bytes, drop_port: int = DROP_PORT) -> Program:
-    """Parse and check a BMv2 JSON document; raises Unsupported or ValueError, each
-    one line naming what was wrong (and where in the JSON, for the document)."""
-    if type(drop_port) is not int or not 0 <= drop_port < validate.MAX_ID:
-        raise ValueError(f"drop port {drop_port!r} is not an int in [0, 2^31)")
-    try:
-        doc = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(f"device config is not valid JSON: {exc}") from None
-    try:
-        return Program(validate.document(doc), drop_port)
-    except RecursionError:
-        raise ValueError("device config is nested too deeply") from None
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:   # a gap in validate
-        raise ValueError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
-
-
 def _short(value) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -413,60 +299,3 @@ def _pair(ref, what: str) -> tuple[str, str]:
             or not all(isinstance(x, str) for x in ref)):
         raise Unsupported(f"{what} {_short(ref)} (expected [header, field])")
     return ref[0], ref[1]
-
-
-def _topological(states, ids) -> list[int]:
-    """Parse states in an order where every acyclic transition goes forward."""
-    order, seen = [], set()
-
-    def visit(i, stack):
-        if i in seen or i in stack:
-            return
-        stack.add(i)
-        for t in states[i].get("transitions", []):
-            if t.get("next_state") is not None:
-                visit(ids[t["next_state"]], stack)
-        stack.discard(i)
-        seen.add(i)
-        order.append(i)
-    for i in range(len(states)):
-        visit(i, set())
-    return order[::-1]
-
-
-def _post_dominators(succ: dict, init) -> dict:
-    """Immediate post-dominator of every node of the control graph (None: the exit)."""
-    nodes = []
-    seen = set()
-
-    def walk(n):
-        if n is None or n in seen:
-            return
-        seen.add(n)
-        for s in succ[n]:
-            walk(s)
-        nodes.append(n)          # post-order: successors first
-    walk(init)
-    exit_ = "<exit>"
-    pdom = {exit_: {exit_}}
-    every = set(nodes) | {exit_}
-    for n in nodes:
-        pdom[n] = set(every)
-    changed = True
-    while changed:
-        changed = False
-        for n in nodes:
-            targets = [s if s is not None else exit_ for s in succ[n]]
-            new = set.intersection(*(pdom[t] for t in targets)) | {n}
-            if new != pdom[n]:
-                pdom[n] = new
-                changed = True
-    ipdom = {}
-    for n in nodes:
-        strict = pdom[n] - {n}
-        # The immediate one is the strict post-dominator that all others post-dominate.
-        for cand in strict:
-            if all(other in pdom[cand] for other in strict):
-                ipdom[n] = None if cand == exit_ else cand
-                break
-    return ipdom

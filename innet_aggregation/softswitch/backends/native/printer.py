@@ -1,0 +1,571 @@
+"""C printer: a lowered program (``frontend.ir``) as one C translation unit.
+
+The unit defines the program's sizes, includes ``runtime.c`` (tables, PRE, I/O)
+and adds ``ss_setup``, ``ss_ingress`` and ``ss_egress``, one printer rule per IR
+node. Every field is a ``uint64_t`` slot of the packet state (signed fields
+sign-extended), so fields, keys, parameters and registers wider than 64 bits are
+refused. An expression prints as C code equal to its value modulo 2^64: ring
+operations (+ - * ~ & | ^ <<) are exact whatever the value; an operation that
+needs the value itself (comparison, >>, /, %, saturation, an index) is printed
+only where the IR's bounds prove it fits uint64_t or int64_t, otherwise the
+program is refused (``NativeUnsupported``) and runs on the Python backend.
+Nothing from the JSON reaches the C text except numbers, each through
+``validate.num`` or ``validate.u64`` (an int in range, or refused).
+"""
+
+from __future__ import annotations
+
+from innet_aggregation.softswitch.frontend import ir
+from innet_aggregation.softswitch.frontend.lower import walk
+from innet_aggregation.softswitch.frontend.program import Header, Program, Unsupported, mask
+from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_CHECKSUM_BITS, MAX_HEADER_BITS, MAX_ID, \
+    MAX_LOOKAHEAD, num, u64
+
+U64 = (1 << 64) - 1
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+_lit = u64
+MAX_BYTES = MAX_HEADER_BITS // 8 + 1     # bounds of a header's size and bit positions
+
+
+class NativeUnsupported(Unsupported):
+    """A construct the C printer cannot print exactly; the Python backend runs it."""
+
+
+def _kind(e: ir.Expr) -> str | None:
+    """"u" if the value fits uint64_t, "s" if it fits int64_t, else None."""
+    if not e.known:
+        return None
+    if 0 <= e.lo and e.hi <= U64:
+        return "u"
+    if I64_MIN <= e.lo and e.hi <= I64_MAX:
+        return "s"
+    return None
+
+
+def _exact(e: ir.Expr, what: str) -> str:
+    kind = _kind(e)
+    if kind is None:
+        raise NativeUnsupported(f"{what} may not fit in 64 bits")
+    return kind
+
+
+def _slit(value: int) -> str:
+    """A signed 64-bit C literal (INT64_MIN has no literal of its own)."""
+    return ("(-0x7fffffffffffffffLL - 1)" if value == I64_MIN
+            else f"({num(value, I64_MIN, I64_MAX + 1)}LL)")
+
+
+def _w(width: int) -> str:
+    """A width the C code handles: 1 to 64 bits."""
+    return num(width, 1, 65)
+
+
+class CPrinter:
+    """Prints the C unit of one lowered program."""
+
+    def __init__(self, program: Program):
+        self.prog = program
+        self.ir = program.ir
+        self.lines: list[str] = []
+        self.depth = 0
+        self.labels = 0
+        self.table_index = {name: i for i, name in enumerate(program.tables)}
+        self.reg_index = {name: i for i, name in enumerate(program.registers)}
+        self.ctr_index = {name: i for i, name in enumerate(program.counters)}
+        for field in program.field_list:
+            if field.width > 64:
+                raise NativeUnsupported(f"field {field.header}.{field.name} is {field.width} "
+                                        "bits (the native backend holds fields up to 64)")
+        for spec in program.registers.values():
+            if spec.width > 64:
+                raise NativeUnsupported(f"register {spec.name} is {spec.width} bits wide")
+        for action in program.actions.values():
+            for pname, width in action.params:
+                if width > 64:
+                    raise NativeUnsupported(f"parameter {pname} of action {action.name} is "
+                                            f"{width} bits")
+
+    # ------------------------------------------------------------------ output
+    def add(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def label(self, stem: str) -> str:
+        self.labels += 1
+        return f"L_{stem}{self.labels}"
+
+    def nested(self, head: str, body, *args, tail: str = "}") -> None:
+        self.add(head)
+        self.depth += 1
+        body(*args)
+        self.depth -= 1
+        if tail:
+            self.add(tail)
+
+    def fref(self, field) -> str:
+        return f"S->f[{num(field.id, 0, len(self.prog.field_list))}]"
+
+    def hid(self, header: Header) -> str:
+        return num(header.id, 0, len(self.prog.headers))
+
+    def valid_code(self, header: Header) -> str:
+        return "1" if header.metadata else f"S->v[{self.hid(header)}]"
+
+    # ------------------------------------------------------------------ expressions
+    def store(self, e: ir.Expr, code: str, width: int, signed: bool) -> str:
+        """``code`` (the value of ``e``) truncated to a ``width``-bit field, as BMv2 stores."""
+        if e.fits(width, signed):
+            return code
+        if signed:
+            return f"ss_sext({code}, {_w(width)})"
+        return f"(({code}) & {_lit(mask(width))})"
+
+    def expr(self, e: ir.Expr) -> str:
+        return getattr(self, "x_" + type(e).__name__)(e)
+
+    def x_Const(self, e: ir.Const) -> str:
+        return _lit(e.value)
+
+    def x_FieldRef(self, e: ir.FieldRef) -> str:
+        return self.fref(e.field)
+
+    def x_Valid(self, e: ir.Valid) -> str:
+        return f"(uint64_t){self.valid_code(e.header)}"
+
+    def x_Param(self, e: ir.Param) -> str:
+        return f"ad[{num(e.index, 0, MAX_ID)}]"
+
+    def x_Lookahead(self, e: ir.Lookahead) -> str:
+        if e.width > 64 or e.bit_offset < 0:
+            raise NativeUnsupported(f"lookahead of {e.width} bits")
+        return f"ss_get(S->pkt + S->off, {num(e.bit_offset, 0, MAX_LOOKAHEAD)}, {_w(e.width)})"
+
+    def x_Unary(self, e: ir.Unary) -> str:
+        a = self.expr(e.a)
+        if e.op == "not":
+            return f"(uint64_t)!({a})"
+        if e.op == "~":
+            return f"(~({a}))"
+        if e.op == "b2d" or (e.a.known and 0 <= e.a.lo and e.a.hi <= 1):
+            return a
+        if not e.a.known or e.a.lo <= -(1 << 64) or e.a.hi >= 1 << 64:
+            # Only then is "zero modulo 2^64" the same as zero.
+            raise NativeUnsupported("d2b of a value that may not fit in 64 bits")
+        return f"(uint64_t)(({a}) != 0)"
+
+    def x_Cond(self, e: ir.Cond) -> str:
+        return f"(({self.expr(e.cond)}) ? ({self.expr(e.a)}) : ({self.expr(e.b)}))"
+
+    def x_Cast(self, e: ir.Cast) -> str:
+        if e.width > 64:
+            raise NativeUnsupported(f"{e.op} to {e.width} bits")
+        a = self.expr(e.a)
+        if e.op == "two_comp_mod":
+            return f"ss_sext({a}, {_w(e.width)})"
+        kind = _exact(e.a, f"the operand of {e.op}")
+        x = f"(int64_t)({a})" if kind == "s" else f"({a})"
+        parts = []
+        if kind == "s" and (not e.a.known or e.a.lo < e.lo):
+            parts.append(f"{x} < {_slit(e.lo)} ? (uint64_t){_slit(e.lo)}")
+        if e.hi <= I64_MAX or kind == "u":
+            hi_c = _slit(e.hi) if kind == "s" else _lit(e.hi)
+            parts.append(f"{x} > {hi_c} ? (uint64_t){hi_c}")
+        return "(" + " : ".join(parts + [f"(uint64_t){x}"]) + ")"
+
+    def x_Binary(self, e: ir.Binary) -> str:
+        op, a, b = e.op, e.a, e.b
+        ac, bc = self.expr(a), self.expr(b)
+        if op in ir.COMPARISONS:
+            ka, kb = _kind(a), _kind(b)
+            if op in ("==", "!=") and a.known and b.known and max(a.hi, b.hi) - min(a.lo, b.lo) <= U64:
+                return f"(uint64_t)(({ac}) {op} ({bc}))"
+            if ka == "u" and kb == "u":
+                return f"(uint64_t)(({ac}) {op} ({bc}))"
+            if ka and kb and a.lo >= I64_MIN and a.hi <= I64_MAX and b.lo >= I64_MIN and b.hi <= I64_MAX:
+                return f"(uint64_t)((int64_t)({ac}) {op} (int64_t)({bc}))"
+            raise NativeUnsupported(f"comparison {op} of values that may not fit in 64 bits")
+        if op in ("and", "or"):
+            return f"(uint64_t)(({ac}) {'&&' if op == 'and' else '||'} ({bc}))"
+        if op in ("+", "-", "*", "&", "|", "^"):
+            return f"(({ac}) {op} ({bc}))"
+        if op in ("<<", ">>"):
+            if _exact(b, "a shift amount") != "u":
+                raise NativeUnsupported("shift by a possibly negative amount")
+            if op == "<<":
+                if isinstance(b, ir.Const) and b.value < 64:
+                    return f"(({ac}) << {b.value}U)"
+                return f"(({bc}) >= 64 ? 0ULL : ({ac}) << ({bc}))"
+            if _exact(a, "the left operand of >>") == "u":
+                return f"(({bc}) >= 64 ? 0ULL : ({ac}) >> ({bc}))"
+            return f"(uint64_t)((int64_t)({ac}) >> (({bc}) >= 63 ? 63 : ({bc})))"
+        # / and %
+        if _exact(a, op) != "u" or _exact(b, op) != "u":
+            raise NativeUnsupported(f"{op} of a possibly negative value")
+        return f"ss_div(S, {ac}, {bc}, {int(op == '%')})"
+
+    # ------------------------------------------------------------------ statements
+    def block(self, nodes: list) -> None:
+        for node in nodes:
+            getattr(self, "s_" + type(node).__name__)(node)
+
+    def s_Assign(self, s: ir.Assign) -> None:
+        f = s.field
+        self.add(f"{self.fref(f)} = {self.store(s.value, self.expr(s.value), f.width, f.signed)};")
+
+    def s_CopyHeader(self, s: ir.CopyHeader) -> None:
+        dst, src = s.dst, s.src
+        self.add(f"if ({self.valid_code(src)}) {{")
+        for d, f in zip(dst.fields, src.fields):
+            self.add(f"    {self.fref(d)} = "
+                     f"{self.store(ir.FieldRef(f), self.fref(f), d.width, d.signed)};")
+        if not dst.metadata:
+            self.add(f"    S->v[{self.hid(dst)}] = 1;")
+        self.add("}")
+        if not dst.metadata:
+            self.add(f"else S->v[{self.hid(dst)}] = 0;")
+
+    def s_AddHeader(self, s: ir.AddHeader) -> None:
+        h = s.header
+        self.add(f"if (!S->v[{self.hid(h)}]) {{")
+        if s.zero:
+            for f in h.fields:
+                self.add(f"    {self.fref(f)} = 0;")
+            self.add(f"    S->plen_reg += {num(h.nbytes, 0, MAX_BYTES)};")
+        self.add(f"    S->v[{self.hid(h)}] = 1;")
+        self.add("}")
+
+    def s_RemoveHeader(self, s: ir.RemoveHeader) -> None:
+        h = self.hid(s.header)
+        self.add(f"if (S->v[{h}]) {{ S->v[{h}] = 0; "
+                 f"S->plen_reg -= {num(s.header.nbytes, 0, MAX_BYTES)}; }}")
+
+    def s_SetValid(self, s: ir.SetValid) -> None:
+        self.add(f"S->v[{self.hid(s.header)}] = {int(s.valid)};")
+
+    def s_SwapHeaders(self, s: ir.SwapHeaders) -> None:
+        pairs = [(f"S->v[{self.hid(s.a)}]", f"S->v[{self.hid(s.b)}]")]
+        pairs += [(self.fref(x), self.fref(y)) for x, y in zip(s.a.fields, s.b.fields)]
+        self.add("{ uint64_t _t; " + " ".join(f"_t = {x}; {x} = {y}; {y} = _t;"
+                                              for x, y in pairs) + " }")
+
+    def guarded(self, index: ir.Expr, size: int, stmt: str, prelude: str = "") -> None:
+        """``stmt`` on element ``_ix`` only if it is in range (BMv2 skips an
+        out-of-range register or counter access); ``prelude`` runs either way."""
+        kind = _exact(index, "an index")
+        if index.lo >= 0 and index.hi < size:
+            test = "1"
+        elif kind == "u":
+            test = f"_ix < {num(size, 1, MAX_CELLS + 1)}ULL"
+        else:
+            test = f"(int64_t)_ix >= 0 && (int64_t)_ix < {num(size, 1, MAX_CELLS + 1)}LL"
+        self.add(f"{{ uint64_t _ix = {self.expr(index)}; {prelude}if ({test}) {stmt} }}")
+
+    def s_RegisterRead(self, s: ir.RegisterRead) -> None:
+        reg, f = s.register, s.field
+        r = num(self.reg_index[reg.name], 0, len(self.reg_index))
+        cell = ir.Const(0).bounded(0, mask(reg.width))
+        self.guarded(s.index, reg.size,
+                     f"{self.fref(f)} = {self.store(cell, f'c->reg[{r}][_ix]', f.width, f.signed)};")
+
+    def s_RegisterWrite(self, s: ir.RegisterWrite) -> None:
+        reg = s.register
+        r = num(self.reg_index[reg.name], 0, len(self.reg_index))
+        value = self.store(s.value, self.expr(s.value), reg.width, False)
+        self.guarded(s.index, reg.size, f"c->reg[{r}][_ix] = _vx;", f"uint64_t _vx = {value}; ")
+
+    def s_Count(self, s: ir.Count) -> None:
+        n = num(self.ctr_index[s.counter.name], 0, len(self.ctr_index))
+        self.guarded(s.index, s.counter.size,
+                     f"{{ c->cpk[{n}][_ix]++; c->cby[{n}][_ix] += S->in_len; }}")
+
+    def s_Random(self, s: ir.Random) -> None:
+        if _exact(s.lo, "a random bound") != "u" or _exact(s.hi, "a random bound") != "u":
+            raise NativeUnsupported("random bounds that may be negative")
+        f = s.field
+        value = ir.Const(0).bounded(s.lo.lo, s.hi.hi)
+        self.add(f"{{ uint64_t _lo = {self.expr(s.lo)}, _hi = {self.expr(s.hi)}; "
+                 f"if (_lo <= _hi) {self.fref(f)} = "
+                 f"{self.store(value, 'ss_random(c, _lo, _hi)', f.width, f.signed)}; }}")
+
+    def s_Exit(self, s) -> None:
+        self.add(f"goto {self.exit_label};")
+
+    def s_Return(self, s) -> None:
+        self.add(f"goto {self.return_label};")
+
+    def s_Assert(self, s: ir.Assert) -> None:
+        self.add(f"if (!({self.expr(s.cond)})) c->stat_asserts++;")
+
+    def s_If(self, s: ir.If) -> None:
+        self.nested(f"if ({self.expr(s.cond)}) {{", self.block, s.then, tail="")
+        self.nested("} else {", self.block, s.orelse)
+
+    def s_Apply(self, node: ir.Apply) -> None:
+        spec = node.table
+        ti = num(self.table_index[spec.name], 0, len(self.table_index))
+        self.add("{")
+        self.depth += 1
+        self.add(f"ss_table *_t = &c->t[{ti}]; int _hit = 0; int32_t _a; const uint64_t *ad;")
+        if node.keys:
+            for key, (_, width, _) in zip(node.keys, spec.keys):
+                if width > 64:
+                    raise NativeUnsupported(f"a {width}-bit key in table {spec.name}")
+            keys = ", ".join(self.expr(k) for k in node.keys)
+            self.add(f"uint64_t _k[{num(len(node.keys), 1, MAX_ID)}] = {{{keys}}};")
+            self.add("int32_t _e = ss_lookup(_t, _k);")
+            self.add("if (_e >= 0) {")
+            self.add("    _hit = 1; _a = _t->action[_e]; ad = _t->data + (size_t)_e * (_t->nd + 1);")
+            if spec.direct_counter:
+                self.add("    _t->pkts[_e]++; _t->bytes[_e] += S->in_len;")
+            self.add("} else { _a = _t->def_action; ad = _t->def_data; }")
+        else:
+            self.add("_a = _t->def_action; ad = _t->def_data;")
+        self.add("(void)_hit; (void)ad; (void)_a;")
+        for i, action in enumerate(node.actions):
+            head = ("{" if len(node.actions) == 1
+                    else f"{'else ' if i else ''}if (_a == {num(action.id, 0, MAX_ID)}) {{")
+            self.nested(head, self.action, action)
+        for i, (cond, body) in enumerate(node.branches):
+            test = ("_hit" if cond == "hit" else "!_hit" if cond == "miss"
+                    else " || ".join(f"_a == {num(aid, 0, MAX_ID)}" for aid in cond) or "0")
+            self.nested(f"{'else ' if i else ''}if ({test}) {{", self.block, body)
+        self.depth -= 1
+        self.add("}")
+
+    def action(self, action: ir.Action) -> None:
+        returns = any(isinstance(s, ir.Return) for s in walk(action.body))
+        self.return_label = self.label("ret") if returns else None
+        self.block(action.body)
+        if returns:
+            self.add(f"{self.return_label}: ;")
+
+    # ------------------------------------------------------------------ parser
+    def fail(self, code: str) -> str:
+        return f"{{ perr = {code}; goto {self.parsed}; }}"
+
+    def too_short(self, nbytes: str) -> None:
+        self.add(f"if (S->plen - S->off < (uint64_t)({nbytes})) "
+                 f"{self.fail(num(self.prog.too_short, 0, MAX_ID))}")
+
+    def s_Require(self, s: ir.Require) -> None:
+        self.too_short(num(s.nbytes, 0, MAX_LOOKAHEAD + MAX_BYTES))
+
+    def s_Extract(self, s: ir.Extract) -> None:
+        header = s.header
+        self.too_short(num(header.nbytes, 0, MAX_BYTES))
+        self.add("{ const uint8_t *_p = S->pkt + S->off;")
+        pos = 0
+        for f in header.fields:
+            if pos % 8 == 0 and f.width in (8, 16, 32, 64):
+                code = f"ss_ld{_w(f.width)}(_p + {num(pos // 8, 0, MAX_BYTES)})"
+            else:
+                code = f"ss_get(_p, {num(pos, 0, MAX_HEADER_BITS)}, {_w(f.width)})"
+            if f.signed:
+                code = f"ss_sext({code}, {_w(f.width)})"
+            self.add(f"  {self.fref(f)} = {code};")
+            pos += f.width
+        self.add(f"  S->off += {num(header.nbytes, 0, MAX_BYTES)}; "
+                 f"S->v[{self.hid(header)}] = 1; }}")
+
+    def s_Verify(self, s: ir.Verify) -> None:
+        self.add(f"if (!({self.expr(s.cond)})) {self.fail(self.expr(s.error))}")
+
+    def s_Advance(self, s: ir.Advance) -> None:
+        if _exact(s.nbytes, "an advance") != "u":
+            raise NativeUnsupported("advance by a possibly negative amount")
+        self.add(f"{{ uint64_t _adv = {self.expr(s.nbytes)};")
+        self.add(f"  if (S->plen - S->off < _adv) {self.fail(num(self.prog.too_short, 0, MAX_ID))}")
+        self.add("  S->off += _adv; }")
+
+    def parser(self) -> None:
+        lowered, prog = self.ir, self.prog
+        self.parsed = self.label("parsed")
+        nstates = len(lowered.states)
+        self.add(f"int st = {num(lowered.init, 0, nstates)};")
+        self.add("for (int _guard = 0; st >= 0; _guard++) {")
+        self.depth += 1
+        # A parser loop that extracts nothing would spin for ever: give up as too short.
+        self.add(f"if (_guard > 100000) {self.fail(num(prog.too_short, 0, MAX_ID))}")
+        self.add("switch (st) {")
+        for state in lowered.states:
+            self.nested(f"case {num(state.index, 0, nstates)}: {{", self.state, state)
+        self.add("default: st = -1;")
+        self.add("}")
+        self.depth -= 1
+        self.add("}")
+        self.add(f"{self.parsed}: ;")
+
+    def state(self, state: ir.ParserState) -> None:
+        nstates = len(self.ir.states)
+        self.block(state.ops)
+        default = num(state.default, -1, nstates)
+        if state.key is None:
+            self.add(f"st = {default};")
+        else:
+            if state.key_bits > 64:
+                raise NativeUnsupported(f"a select key of more than 64 bits "
+                                        f"(parser state {state.index})")
+            self.add(f"{{ uint64_t _key = {self.expr(state.key)};")
+            for i, (value, case_mask, nxt) in enumerate(state.cases):
+                cond = (f"(_key & {_lit(case_mask)}) == {_lit(value & case_mask)}"
+                        if case_mask is not None else f"_key == {_lit(value)}")
+                self.add(f"  {'else ' if i else ''}if ({cond}) st = {num(nxt, -1, nstates)};")
+            self.add(f"  {'else ' if state.cases else ''}st = {default}; }}")
+        self.add("break;")
+
+    # ------------------------------------------------------------------ checksums
+    def checksum(self, cs: ir.Checksum, verify: bool) -> None:
+        nbits = sum(sum(f.width for f in fields) if header is not None else fields[1]
+                    for header, fields in cs.inputs)
+        self.add(f"uint8_t _cb[{num((nbits + 7) // 8 + 16, 16, MAX_CHECKSUM_BITS // 8 + 17)}] "
+                 "= {0}; uint32_t _cn = 0;")
+        for header, fields in cs.inputs:
+            if header is None:
+                value, width = fields
+                if width > 64:
+                    raise NativeUnsupported(f"a {width}-bit constant in a checksum")
+                self.add(f"ss_put(_cb, _cn, {_w(width)}, {_lit(value)}); _cn += {_w(width)};")
+                continue
+            test = "" if header.metadata else f"if (S->v[{self.hid(header)}]) "
+            puts = " ".join(f"ss_put(_cb, _cn, {_w(f.width)}, {self.fref(f)}); "
+                            f"_cn += {_w(f.width)};" for f in fields)
+            self.add(f"{test}{{ {puts} }}")
+        self.add("uint64_t _csum = ss_csum16(_cb, (_cn + 7) >> 3);")
+        target = cs.target
+        if verify:
+            err = self.prog.std("checksum_error")
+            if err is not None:
+                self.add(f"if (_csum != {self.fref(target)}) {self.fref(err)} = 1;")
+        else:
+            value = ir.Const(0).bounded(0, 0xFFFF)
+            self.add(f"{self.fref(target)} = "
+                     f"{self.store(value, '_csum', target.width, target.signed)};")
+
+    def checksums(self, checksums: list, verify: bool) -> None:
+        for cs in checksums:
+            if cs.cond is None:
+                self.nested("{", self.checksum, cs, verify)
+            else:
+                self.nested(f"if ({self.expr(cs.cond)}) {{", self.checksum, cs, verify)
+
+    # ------------------------------------------------------------------ unit
+    def control(self, nodes: list, name: str) -> None:
+        self.exit_label = self.label(f"exit_{name}")
+        self.block(nodes)
+        self.add(f"{self.exit_label}: ;")
+
+    def setup(self) -> None:
+        prog = self.prog
+        self.add("static void ss_setup(ss_ctx *c) {")
+        for name, spec in prog.tables.items():
+            ti = self.table_index[name]
+            nd = max([len(prog.action(a).params) for a in spec.applied_actions] + [0])
+            for _, width, _ in spec.keys:
+                if width > 64:
+                    raise NativeUnsupported(f"a {width}-bit key in table {name}")
+            self.add(f"    ss_table_init(c, &c->t[{num(ti, 0, len(prog.tables))}], "
+                     f"{num(max(len(spec.keys), 1), 1, MAX_ID)}, {num(nd, 0, MAX_ID)}, "
+                     f"{int(spec.match_type != 'exact')});")
+        for name, spec in prog.registers.items():
+            self.add(f"    ss_reg_init(c, {num(self.reg_index[name], 0, len(prog.registers))}, "
+                     f"{num(spec.size, 1, MAX_CELLS + 1)}U);")
+        for name, spec in prog.counters.items():
+            self.add(f"    ss_ctr_init(c, {num(self.ctr_index[name], 0, len(prog.counters))}, "
+                     f"{num(spec.size, 1, MAX_CELLS + 1)}U);")
+        self.add("}")
+
+    def unit(self, runtime_path: str) -> str:
+        prog = self.prog
+        std = {n: prog.std(n) for n in ("ingress_port", "packet_length", "instance_type",
+                                         "parser_error", "egress_spec", "egress_port",
+                                         "mcast_grp", "egress_rid")}
+        maxhdr = sum(h.nbytes for h in self.ir.deparse) + 64
+        head = [
+            "/* Generated by softswitch's C printer from a BMv2 JSON: do not edit. */",
+            f"#define SS_NFIELDS {num(len(prog.field_list), 0, MAX_ID)}",
+            f"#define SS_NHEADERS {num(len(prog.headers), 0, MAX_ID)}",
+            f"#define SS_NTABLES {num(len(prog.tables), 0, MAX_ID)}",
+            f"#define SS_NREGS {num(len(prog.registers), 0, MAX_ID)}",
+            f"#define SS_NCTRS {num(len(prog.counters), 0, MAX_ID)}",
+            f"#define SS_MAXHDR {num(maxhdr, 64, MAX_ID)}",
+            f"#define SS_MAXCELLS {num(MAX_CELLS, 1, MAX_CELLS + 1)}",
+            f"#define SS_INGRESS_PORT {num(std['ingress_port'].id, 0, len(prog.field_list))}",
+            f"#include {_c_string(runtime_path)}",
+            "",
+            f"static uint64_t ss_spec(const ss_state *S) {{ return {self.fref(std['egress_spec'])}; }}",
+            "static uint64_t ss_mcast(const ss_state *S) { return "
+            + (self.fref(std["mcast_grp"]) if std["mcast_grp"] else "0") + "; }",
+            "",
+        ]
+        self.setup()
+        self.add("")
+        self.add("static void ss_ingress(ss_ctx *c, ss_state *S) {")
+        self.depth = 1
+        self.add(f"uint64_t perr = {num(prog.no_error, 0, MAX_ID)}; (void)perr;")
+        if std["packet_length"] is not None:
+            self.add(f"{self.fref(std['packet_length'])} = S->plen;")
+        self.parser()
+        if std["parser_error"] is not None:
+            self.add(f"{self.fref(std['parser_error'])} = perr;")
+        self.checksums(self.ir.verify, True)
+        self.control(self.ir.ingress, "ingress")
+        self.depth = 0
+        self.add("}")
+        self.add("")
+        self.add("static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, "
+                 "uint32_t rid, uint32_t instance, uint8_t *out, uint32_t cap) {")
+        self.depth = 1
+        self.add("(void)rid; (void)has_rid; (void)instance;")
+        self.add(f"{self.fref(std['egress_port'])} = port;")
+        self.add(f"{self.fref(std['egress_spec'])} = {num(prog.drop_port + 1, 1, MAX_ID + 1)};")
+        if std["instance_type"] is not None:
+            self.add(f"{self.fref(std['instance_type'])} = instance;")
+        if std["egress_rid"] is not None:
+            self.add(f"if (has_rid) {self.fref(std['egress_rid'])} = rid;")
+        if std["packet_length"] is not None:
+            self.add(f"{self.fref(std['packet_length'])} = S->plen_reg;")
+        self.control(self.ir.egress, "egress")
+        self.add(f"if ({self.fref(std['egress_spec'])} == {num(prog.drop_port, 0, MAX_ID)} "
+                 "|| S->abort) "
+                 "return -1;")
+        self.checksums(self.ir.update, False)
+        self.add("uint32_t o = 0;")
+        for header in self.ir.deparse:
+            test = "" if header.metadata else f"if (S->v[{self.hid(header)}]) "
+            nbytes = num(header.nbytes, 0, MAX_BYTES)
+            self.add(f"{test}{{")
+            self.add(f"    if (o + {nbytes} > cap) return -1;")
+            self.add(f"    uint8_t *_p = out + o; memset(_p, 0, {nbytes});")
+            pos = 0
+            for f in header.fields:
+                if pos % 8 == 0 and f.width in (8, 16, 32, 64):
+                    self.add(f"    ss_st{_w(f.width)}(_p + {num(pos // 8, 0, MAX_BYTES)}, "
+                             f"{self.fref(f)});")
+                else:
+                    self.add(f"    ss_put(_p, {num(pos, 0, MAX_HEADER_BITS)}, {_w(f.width)}, "
+                             f"{self.fref(f)});")
+                pos += f.width
+            self.add(f"    o += {nbytes};")
+            self.add("}")
+        self.add("if (o + (S->plen - S->off) > cap) return -1;")
+        self.add("memcpy(out + o, S->pkt + S->off, S->plen - S->off);")
+        self.add("return o + (S->plen - S->off);")
+        self.depth = 0
+        self.add("}")
+        return "\n".join(head + self.lines) + "\n"
+
+
+def _c_string(text: str) -> str:
+    """A C string literal for ``text`` (a path), every unusual byte escaped."""
+    out = []
+    for byte in text.encode():
+        ch = chr(byte)
+        out.append(ch if ch.isalnum() or ch in "/._-+" else f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def emit(program: Program, runtime_path: str) -> str:
+    """The C unit for ``program``; raises NativeUnsupported for what only Python runs."""
+    try:
+        return CPrinter(program).unit(runtime_path)
+    except RecursionError:
+        raise NativeUnsupported("the program's controls are nested too deeply") from None

@@ -1,0 +1,132 @@
+"""A loaded program's run-time state (tables, registers, counters, PRE) and packet path."""
+
+from __future__ import annotations
+
+import threading
+
+from innet_aggregation.softswitch import frontend
+from innet_aggregation.softswitch.backends.python.printer import compile_program
+from innet_aggregation.softswitch.frontend import DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION, TableSpec
+from innet_aggregation.softswitch.frontend.validate import MAX_ID, num
+from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
+
+CACHE_LIMIT = 4096
+
+
+class Table(TableEntries):
+    """Entries of one table, in the shapes the generated code reads.
+
+    Exact tables are one dict (key -> (action id, data)); ternary and LPM tables are
+    a priority-sorted list scanned on a miss of a per-key cache, which any write
+    clears, so a steady flow costs one dict lookup.
+    """
+
+    def __init__(self, spec: TableSpec, ns: dict, actions: dict):
+        super().__init__(spec, actions)
+        self.single = len(spec.keys) == 1
+        self.exact: dict = {}              # key -> (aid, data), exact tables
+        self.scan: list = []               # [(values, masks, (aid, data))], ternary/lpm
+        self.cache: dict = {}
+        self.default = [None]
+        self.initial_default = spec.default
+        self.set_default(self.initial_default)
+        tid = num(spec.id, 0, MAX_ID)
+        ns[f"E{tid}"] = self.exact
+        ns[f"C{tid}"] = self.cache
+        ns[f"L{tid}"] = self.lookup
+        ns[f"D{tid}"] = self.default
+        self._add_const_entries()
+
+    @property
+    def is_exact(self) -> bool:
+        return self.spec.match_type == "exact"
+
+    def key(self, values):
+        return values[0] if self.single else values
+
+    def lookup(self, key):
+        """Ternary/LPM: the highest-priority entry matching ``key``, cached."""
+        keys = (key,) if self.single else key
+        found = None
+        for values, masks, action in self.scan:
+            for k, v, m in zip(keys, values, masks):
+                if k & m != v:
+                    break
+            else:
+                found = action
+                break
+        if len(self.cache) >= CACHE_LIMIT:
+            self.cache.clear()
+        self.cache[key] = found
+        return found
+
+    def _target(self, entry: Entry):
+        """What the generated code gets on a hit."""
+        return (*entry.action, entry.counter) if self.counted else entry.action
+
+    def _rebuild_scan(self) -> None:
+        ordered = sorted(self.entries.values(), key=lambda e: -e.priority)
+        self.scan[:] = [(e.values, e.masks, self._target(e)) for e in ordered]
+        self.cache.clear()
+
+    def _add(self, entry: Entry) -> None:
+        self.entries[entry.ident] = entry
+        if self.is_exact:
+            self.exact[self.key(entry.values)] = self._target(entry)
+        else:
+            self._rebuild_scan()
+
+    def _changed(self, entry: Entry) -> None:
+        if self.is_exact:
+            self.exact[self.key(entry.values)] = self._target(entry)
+        else:
+            self._rebuild_scan()
+
+    def _removed(self, entry: Entry) -> None:
+        if self.is_exact:
+            del self.exact[self.key(entry.values)]
+        else:
+            self._rebuild_scan()
+
+    def _set_default(self, action) -> None:
+        self.default[0] = action
+
+
+class Pipeline:
+    """One committed forwarding pipeline: ``process`` runs a frame through it."""
+
+    def __init__(self, json_text: str | bytes, drop_port: int = DROP_PORT,
+                 program: frontend.Program | None = None):
+        self.json_text = json_text
+        self.drop_port = drop_port
+        self.compiled = compile_program(program or frontend.load(json_text, drop_port))
+        ns = self.compiled.namespace
+        self.tables = {name: Table(spec, ns, self.compiled.actions)
+                       for name, spec in self.compiled.tables.items()}
+        self.registers = self.compiled.registers
+        self.counters = self.compiled.counters
+        self.actions = self.compiled.actions
+        self.errors = self.compiled.errors
+        self.groups: dict[int, list[tuple[int, int]]] = {}   # mgid -> [(port, rid)]
+        # As written over P4Runtime, for read-back: [((port, rid), "port"|"egress_port")]
+        self.group_replicas: dict[int, list] = {}
+        # Packets are processed under this lock, control-plane writes take it too.
+        self.lock = threading.Lock()
+        self._ingress = self.compiled.ingress
+        self._egress = self.compiled.egress
+
+    def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
+        """Ingress, PRE, egress, deparser: the frames to send, as (port, bytes)."""
+        spec, mgid, state = self._ingress(frame, port)
+        egress = self._egress
+        if mgid:
+            out = []
+            for eport, rid in self.groups.get(mgid, ()):
+                sent = egress(state, eport, rid, INSTANCE_REPLICATION)
+                if sent is not None:
+                    out.append((eport, sent))
+            return out
+        if spec == self.drop_port:
+            return []
+        sent = egress(state, spec, None, INSTANCE_NORMAL)
+        return [] if sent is None else [(spec, sent)]

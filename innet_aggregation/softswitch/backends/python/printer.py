@@ -1,0 +1,706 @@
+"""Python printer: a lowered program (``frontend.ir``) as two Python functions.
+
+Every header field becomes a local variable of ``ingress`` (parser, verify
+checksums, ingress control) and ``egress`` (egress control, update checksums,
+deparser); the state between them is one tuple, so a multicast copy is free.
+Actions are inlined where their table is applied, one printer rule per IR node,
+so no packet ever walks the JSON. Values follow BMv2: expressions are unbounded
+integers, truncated to a field's width where stored, and only where the IR's
+bounds do not prove the value fits. This backend runs every program the front
+half accepts; the native backend falls back to it. Names become identifiers of
+``[A-Za-z0-9_]`` only, and every number goes through ``validate.num`` (an int in
+range, or refused).
+"""
+
+from __future__ import annotations
+
+import keyword
+import random
+import re
+import struct
+
+from innet_aggregation.softswitch.backends.python import runtime
+from innet_aggregation.softswitch.frontend import ir
+from innet_aggregation.softswitch.frontend.lower import walk
+from innet_aggregation.softswitch.frontend.program import Field, Header, Program, Unsupported, mask
+from innet_aggregation.softswitch.frontend.validate import MAX_BITS, MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num
+
+_STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_BIG = 1 << (MAX_BITS + 1)               # bounds every constant and mask of a program
+MAX_BYTES = MAX_HEADER_BITS // 8 + 1
+
+
+def _lit(value: int) -> str:
+    return num(value, -_BIG, _BIG)
+
+
+def _id(value: int) -> str:
+    return num(value, 0, MAX_ID)
+
+
+def _ident(text: str) -> str:
+    out = re.sub(r"\W", "_", text)
+    return out if out and not out[0].isdigit() and not keyword.iskeyword(out) else f"x{out}"
+
+
+class Source:
+    """Indented Python source being generated."""
+
+    def __init__(self, depth: int = 0):
+        self.lines: list[str] = []
+        self.depth = depth
+
+    def add(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class Compiled:
+    """What the printer hands the runtime: generated functions and the specs they use."""
+
+    def __init__(self, program: Program):
+        self.source = ""
+        self.ingress = None
+        self.egress = None
+        self.tables = program.tables        # name -> TableSpec
+        self.registers = program.registers  # name -> RegisterSpec
+        self.counters = program.counters    # name -> CounterSpec
+        self.actions = program.actions      # id -> ActionSpec
+        self.errors = program.errors        # name -> code
+        self.namespace = {}                 # globals of the generated functions
+
+
+class PyPrinter:
+    """Prints the two packet functions of one lowered program."""
+
+    def __init__(self, program: Program):
+        self.prog = program
+        self.ir = program.ir
+        self.drop_port = program.drop_port
+        self.out = Compiled(program)
+        self.ns: dict = {"ParserError": runtime.ParserError, "_Exit": runtime.Exit,
+                         "_Return": runtime.Return, "csum16": runtime.csum16,
+                         "_lookahead": runtime.lookahead, "_log_assert": runtime.log_assert,
+                         "_NOTCACHED": runtime.NOT_CACHED, "_randint": random.Random().randint}
+        self.std = program.std
+        self.structs: dict[str, tuple] = {}
+        self.src = Source()
+        self.temps = 0
+        self.where = ""
+        # Python names: one local per field, one per header validity bit.
+        self.vars: dict[int, str] = {}
+        self.valid_vars: dict[int, str] = {}
+        used_prefixes, used_vars = set(), set()
+        for header in program.headers.values():
+            prefix = _ident(header.name)
+            while prefix in used_prefixes:
+                prefix += "_"
+            used_prefixes.add(prefix)
+            self.valid_vars[header.id] = f"V_{prefix}"
+            for field in header.fields:
+                var = f"F_{prefix}__{_ident(field.name)}"
+                while var in used_vars:
+                    var += "_"
+                used_vars.add(var)
+                self.vars[field.id] = var
+        for spec in program.registers.values():
+            self.ns[f"R{_id(spec.id)}"] = spec.cells
+        for spec in program.counters.values():
+            self.ns[f"CP{_id(spec.id)}"] = spec.packets
+            self.ns[f"CB{_id(spec.id)}"] = spec.bytes
+        # Every field, validity bit and bookkeeping value that crosses ingress -> egress.
+        self.state_vars: list[str] = []
+        for header in program.headers.values():
+            self.state_vars += [self.v(f) for f in header.fields]
+            if not header.metadata:
+                self.state_vars.append(self.vv(header))
+        self.state_vars += ["pkt", "off", "plen_reg", "in_len"]
+
+    def v(self, field: Field) -> str:
+        return self.vars[field.id]
+
+    def vv(self, header: Header) -> str:
+        return self.valid_vars[header.id]
+
+    def bits(self, field: Field) -> str:
+        """A field's bits as a non-negative integer (unsigned fields always are)."""
+        return f"({self.v(field)} & {_lit(mask(field.width))})" if field.signed else self.v(field)
+
+    def valid_code(self, header: Header) -> str:
+        return "True" if header.metadata else self.vv(header)
+
+    def add(self, line: str) -> None:
+        self.src.add(line)
+
+    def temp(self, stem: str) -> str:
+        self.temps += 1
+        return f"_{stem}{self.temps}"
+
+    def nested(self, head: str, nodes: list) -> None:
+        self.add(head)
+        self.src.depth += 1
+        self.add("pass")
+        self.block(nodes)
+        self.src.depth -= 1
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, e: ir.Expr) -> str:
+        return getattr(self, "x_" + type(e).__name__)(e)
+
+    def store(self, e: ir.Expr, code: str, width: int, signed: bool) -> str:
+        """``code`` (the value of ``e``) truncated to a ``width``-bit field, as BMv2 stores."""
+        if e.boolean:
+            code = f"(1 if {code} else 0)"
+        if e.fits(width, signed):
+            return code
+        if signed:
+            half = 1 << (width - 1)
+            return f"((({code}) + {_lit(half)}) & {_lit(mask(width))}) - {_lit(half)}"
+        return f"({code}) & {_lit(mask(width))}"
+
+    def x_Const(self, e: ir.Const) -> str:
+        if e.boolean:
+            return "True" if e.value else "False"
+        return _lit(e.value)
+
+    def x_FieldRef(self, e: ir.FieldRef) -> str:
+        return self.v(e.field)
+
+    def x_Valid(self, e: ir.Valid) -> str:
+        return self.vv(e.header)
+
+    def x_Param(self, e: ir.Param) -> str:
+        return f"ad{_id(e.index)}"
+
+    def x_Lookahead(self, e: ir.Lookahead) -> str:
+        return (f"_lookahead(pkt, off, {num(e.bit_offset, 0, MAX_LOOKAHEAD)}, "
+                f"{num(e.width, 1, MAX_BITS + 1)})")
+
+    def x_Unary(self, e: ir.Unary) -> str:
+        a = self.expr(e.a)
+        return {"not": f"(not {a})", "~": f"(~{a})", "d2b": f"({a} != 0)",
+                "b2d": f"(1 if {a} else 0)"}[e.op]
+
+    def x_Cond(self, e: ir.Cond) -> str:
+        return f"({self.expr(e.a)} if {self.expr(e.cond)} else {self.expr(e.b)})"
+
+    def x_Cast(self, e: ir.Cast) -> str:
+        a, width = self.expr(e.a), e.width
+        if e.op == "two_comp_mod":
+            half = 1 << (width - 1)
+            if e.a.fits(width, False) and isinstance(e.a, (ir.FieldRef, ir.Param)):
+                return f"({a} - {_lit(1 << width)} if {a} >= {_lit(half)} else {a})"
+            return f"((({a}) + {_lit(half)}) & {_lit(mask(width))}) - {_lit(half)}"
+        tmp = self.temp("t")
+        lo, hi = _lit(e.lo), _lit(e.hi)
+        return f"({lo} if ({tmp} := {a}) < {lo} else {hi} if {tmp} > {hi} else {tmp})"
+
+    def x_Binary(self, e: ir.Binary) -> str:
+        a, b = self.expr(e.a), self.expr(e.b)
+        if e.op == "<<" and not (isinstance(e.b, ir.Const) and e.b.value < 4096):
+            # A shift by a runtime amount is bounded so a huge count cannot exhaust memory.
+            return f"({a} << {b} if {b} < 4096 else 0)"
+        return f"({a} {'//' if e.op == '/' else e.op} {b})"
+
+    # ------------------------------------------------------------------ statements
+    def block(self, nodes: list) -> None:
+        for node in nodes:
+            getattr(self, "s_" + type(node).__name__)(node)
+
+    def s_Assign(self, s: ir.Assign) -> None:
+        f = s.field
+        self.add(f"{self.v(f)} = {self.store(s.value, self.expr(s.value), f.width, f.signed)}")
+
+    def s_CopyHeader(self, s: ir.CopyHeader) -> None:
+        dst, src = s.dst, s.src
+        self.add(f"if {self.valid_code(src)}:")
+        for d, f in zip(dst.fields, src.fields):
+            self.add(f"    {self.v(d)} = {self.v(f)}")
+        if not dst.metadata:
+            self.add(f"    {self.vv(dst)} = True")
+            self.add("else:")
+            self.add(f"    {self.vv(dst)} = False")
+
+    def s_AddHeader(self, s: ir.AddHeader) -> None:
+        h = s.header
+        self.add(f"if not {self.vv(h)}:")
+        if s.zero:
+            for f in h.fields:
+                self.add(f"    {self.v(f)} = 0")
+            self.add(f"    plen_reg += {num(h.nbytes, 0, MAX_BYTES)}")
+        self.add(f"    {self.vv(h)} = True")
+
+    def s_RemoveHeader(self, s: ir.RemoveHeader) -> None:
+        self.add(f"if {self.vv(s.header)}:")
+        self.add(f"    {self.vv(s.header)} = False")
+        self.add(f"    plen_reg -= {num(s.header.nbytes, 0, MAX_BYTES)}")
+
+    def s_SetValid(self, s: ir.SetValid) -> None:
+        self.add(f"{self.vv(s.header)} = {s.valid}")
+
+    def s_SwapHeaders(self, s: ir.SwapHeaders) -> None:
+        pairs = [(self.vv(s.a), self.vv(s.b))]
+        pairs += [(self.v(x), self.v(y)) for x, y in zip(s.a.fields, s.b.fields)]
+        for x, y in pairs:
+            self.add(f"{x}, {y} = {y}, {x}")
+
+    def guarded(self, index: ir.Expr, size: int, *stmts) -> None:
+        """``stmts`` on element ``idx`` (a function of the index's name) only if it is in
+        range: BMv2 skips an out-of-range access (a negative one too, which Python
+        would take from the end)."""
+        code = self.expr(index)
+        if not re.fullmatch(r"[A-Za-z_]\w*|\d+", code):
+            var = self.temp("ix")
+            self.add(f"{var} = {code}")
+            code = var
+        if index.known and index.lo >= 0 and index.hi < size:
+            for stmt in stmts:
+                self.add(stmt(code))
+            return
+        size_code = num(size, 1, MAX_ID)
+        nonnegative = index.known and index.lo >= 0
+        self.add(f"if {code} < {size_code}:" if nonnegative else f"if 0 <= {code} < {size_code}:")
+        for stmt in stmts:
+            self.add("    " + stmt(code))
+
+    def s_RegisterRead(self, s: ir.RegisterRead) -> None:
+        reg, f = s.register, s.field
+        cell = ir.Const(0).bounded(0, mask(reg.width))
+        self.guarded(s.index, reg.size, lambda ix: f"{self.v(f)} = " + self.store(
+            cell, f"R{_id(reg.id)}[{ix}]", f.width, f.signed))
+
+    def s_RegisterWrite(self, s: ir.RegisterWrite) -> None:
+        reg = s.register
+        value = self.temp("vx")
+        self.add(f"{value} = {self.store(s.value, self.expr(s.value), reg.width, False)}")
+        self.guarded(s.index, reg.size, lambda ix: f"R{_id(reg.id)}[{ix}] = {value}")
+
+    def s_Count(self, s: ir.Count) -> None:
+        n = _id(s.counter.id)
+        self.guarded(s.index, s.counter.size, lambda ix: f"CP{n}[{ix}] += 1",
+                     lambda ix: f"CB{n}[{ix}] += in_len")
+
+    def s_Random(self, s: ir.Random) -> None:
+        f = s.field
+        lo, hi = self.temp("lo"), self.temp("hi")
+        self.add(f"{lo} = {self.expr(s.lo)}")
+        self.add(f"{hi} = {self.expr(s.hi)}")
+        self.add(f"if {lo} <= {hi}:")
+        self.add(f"    {self.v(f)} = "
+                 + self.store(ir.Const(0).bounded(None, None), f"_randint({lo}, {hi})",
+                              f.width, f.signed))
+
+    def s_Exit(self, s) -> None:
+        self.add("raise _Exit")
+
+    def s_Return(self, s) -> None:
+        self.add("raise _Return")
+
+    def s_Assert(self, s: ir.Assert) -> None:
+        self.add(f"if not {self.expr(s.cond)}:")
+        self.add(f"    _log_assert({self.where!r})")
+
+    def s_If(self, s: ir.If) -> None:
+        self.nested(f"if {self.expr(s.cond)}:", s.then)
+        self.nested("else:", s.orelse)
+
+    def s_Apply(self, node: ir.Apply) -> None:
+        spec = node.table
+        tid = _id(spec.id)
+        keys = [self.expr(k) for k in node.keys]
+        if not keys:
+            self.add("_hit = False")
+            self.add(f"_a, _d = D{tid}[0]")
+        else:
+            key = keys[0] if len(keys) == 1 else "(" + ", ".join(keys) + ",)"
+            if spec.match_type == "exact":
+                self.add(f"_e = E{tid}.get({key})")
+            else:
+                self.add(f"_k = {key}")
+                self.add(f"_e = C{tid}.get(_k, _NOTCACHED)")
+                self.add("if _e is _NOTCACHED:")
+                self.add(f"    _e = L{tid}(_k)")
+            self.add("if _e is None:")
+            self.add("    _hit = False")
+            self.add(f"    _a, _d = D{tid}[0]")
+            self.add("else:")
+            self.add("    _hit = True")
+            if spec.direct_counter:
+                # Entries of a table with a direct counter carry it: [packets, bytes].
+                self.add("    _a, _d, _c = _e")
+                self.add("    _c[0] += 1")
+                self.add("    _c[1] += in_len")
+            else:
+                self.add("    _a, _d = _e")
+        for i, action in enumerate(node.actions):
+            self.add("if True:" if len(node.actions) == 1
+                     else f"{'elif' if i else 'if'} _a == {_id(action.id)}:")
+            self.src.depth += 1
+            self.action(action)
+            self.src.depth -= 1
+        for i, (cond, body) in enumerate(node.branches):
+            test = ("_hit" if cond == "hit" else "not _hit" if cond == "miss"
+                    else f"_a in ({''.join(_id(aid) + ', ' for aid in cond)})")
+            self.nested(f"{'elif' if i else 'if'} {test}:", body)
+
+    def action(self, action: ir.Action) -> None:
+        nparams = len(action.params)
+        if nparams:
+            self.add(", ".join(f"ad{i}" for i in range(nparams)) + ", = _d")
+        self.where = f"action {action.name}"
+        if any(isinstance(s, ir.Return) for s in walk(action.body)):
+            self.nested("try:", action.body)
+            self.add("except _Return:")
+            self.add("    pass")
+        else:
+            self.add("pass")
+            self.block(action.body)
+
+    # ------------------------------------------------------------------ parser
+    def s_Require(self, s: ir.Require) -> None:
+        self.add(f"if plen - off < {num(s.nbytes, 0, MAX_LOOKAHEAD + MAX_BYTES)}:")
+        self.add(f"    raise ParserError({_id(self.prog.too_short)})")
+
+    def s_Verify(self, s: ir.Verify) -> None:
+        self.add(f"if not {self.expr(s.cond)}:")
+        self.add(f"    raise ParserError({self.expr(s.error)})")
+
+    def s_Advance(self, s: ir.Advance) -> None:
+        var = self.temp("adv")
+        self.add(f"{var} = {self.expr(s.nbytes)}")
+        self.add(f"if plen - off < {var}:")
+        self.add(f"    raise ParserError({_id(self.prog.too_short)})")
+        self.add(f"off += {var}")
+
+    def parser(self) -> None:
+        lowered = self.ir
+        nstates = len(lowered.states)
+        self.add("try:")
+        self.src.depth += 1
+        self.add(f"st = {num(lowered.init, 0, nstates)}")
+        if lowered.parser_loops:
+            self.add("_guard = 0")
+        self.add("while True:")
+        self.src.depth += 1
+        if lowered.parser_loops:
+            # A loop that extracts nothing would spin for ever: give up as too short.
+            self.add("_guard += 1")
+            self.add("if _guard > 100000:")
+            self.add(f"    raise ParserError({_id(self.prog.too_short)})")
+        for state in lowered.states:
+            self.add(f"if st == {num(state.index, 0, nstates)}:")
+            self.src.depth += 1
+            self.where = f"parser state {state.index}"
+            self.add("pass")
+            self.block(state.ops)
+            self.transitions(state)
+            self.src.depth -= 1
+        self.add("if st < 0:")
+        self.add("    break")
+        self.src.depth -= 2
+        self.add("except ParserError as _e:")
+        self.add("    perr = _e.code")
+
+    def transitions(self, state: ir.ParserState) -> None:
+        nstates = len(self.ir.states)
+        default = num(state.default, -1, nstates)
+        if state.key is None:
+            self.add(f"st = {default}")
+            return
+        self.add(f"_key = {self.expr(state.key)}")
+        for i, (value, case_mask, nxt) in enumerate(state.cases):
+            cond = (f"(_key & {_lit(case_mask)}) == {_lit(value & case_mask)}"
+                    if case_mask is not None else f"_key == {_lit(value)}")
+            self.add(f"{'elif' if i else 'if'} {cond}:")
+            self.add(f"    st = {num(nxt, -1, nstates)}")
+        self.add("else:" if state.cases else "if True:")
+        self.add(f"    st = {default}")
+
+    # ------------------------------------------------------------------ checksums
+    def checksums(self, checksums: list, verify: bool) -> None:
+        for cs in checksums:
+            if cs.cond is not None:
+                self.add(f"if {self.expr(cs.cond)}:")
+                self.src.depth += 1
+            self.add("_cbits = 0")
+            self.add("_cn = 0")
+            for header, fields in cs.inputs:
+                self.checksum_input(header, fields)
+            self.add("_cbits <<= (-_cn) & 7")
+            self.add("_csum = csum16(_cbits.to_bytes((_cn + 7) >> 3, 'big'))")
+            target = cs.target
+            if verify:
+                err = self.std("checksum_error")
+                self.add(f"if _csum != {self.v(target)}:")
+                self.add(f"    {self.v(err)} = 1" if err is not None else "    pass")
+            else:
+                value = ir.Const(0).bounded(0, 0xFFFF)
+                self.add(f"{self.v(target)} = "
+                         f"{self.store(value, '_csum', target.width, target.signed)}")
+            if cs.cond is not None:
+                self.src.depth -= 1
+
+    def checksum_input(self, header, fields) -> None:
+        """Append one input to _cbits; the fields of an invalid header are skipped."""
+        if header is None:
+            value, width = fields
+            self.add(f"_cbits = (_cbits << {num(width, 1, MAX_BITS + 1)}) | {_lit(value)}")
+            self.add(f"_cn += {num(width, 1, MAX_BITS + 1)}")
+            return
+        width = num(sum(f.width for f in fields), 0, MAX_HEADER_BITS + 1)
+        parts = " | ".join(f"({self.bits(f)} << {num(s, 0, MAX_HEADER_BITS)})" if s
+                           else self.bits(f) for f, s in _shifts(fields))
+        prefix = ""
+        if not header.metadata:
+            self.add(f"if {self.vv(header)}:")
+            prefix = "    "
+        self.add(f"{prefix}_cbits = (_cbits << {width}) | {parts}")
+        self.add(f"{prefix}_cn += {width}")
+
+    # ------------------------------------------------------------------ controls
+    def control(self, nodes: list) -> None:
+        if not nodes:
+            self.add("pass")
+            return
+        self.nested("try:", nodes)
+        self.add("except _Exit:")
+        self.add("    pass")
+
+    def header_struct(self, header: Header):
+        """struct layout for one header: format, how to split it into fields and back."""
+        if header.name in self.structs:
+            return self.structs[header.name]
+        fmt = "!"
+        unpack_lines = []   # statements turning piece vars p0.. into field vars
+        pack_args = []      # expressions of field vars for each struct piece
+        pieces = 0
+        group: list[Field] = []
+        bits = 0
+        segments = []
+        for field in header.fields:
+            group.append(field)
+            bits += field.width
+            if bits % 8 == 0:
+                segments.append(group)
+                group, bits = [], 0
+        for seg in segments:
+            nbytes = sum(f.width for f in seg) // 8
+            if len(seg) == 1 and nbytes in _STRUCT_CODES:
+                code = _STRUCT_CODES[nbytes]
+                fmt += code.lower() if seg[0].signed else code
+                unpack_lines.append((self.v(seg[0]), f"_p{pieces}"))
+                pack_args.append(self.v(seg[0]))
+                pieces += 1
+                continue
+            # Split the segment into standard struct sizes, big-endian.
+            sizes = []
+            rest = nbytes
+            for size in (8, 4, 2, 1):
+                while rest >= size:
+                    sizes.append(size)
+                    rest -= size
+            piece_vars = []
+            for size in sizes:
+                fmt += _STRUCT_CODES[size]
+                piece_vars.append((f"_p{pieces}", size))
+                pieces += 1
+            total_bits = nbytes * 8
+            joined = []
+            shift = total_bits
+            for var, size in piece_vars:
+                shift -= size * 8
+                joined.append(f"({var} << {_lit(shift)})" if shift else var)
+            seg_expr = " | ".join(joined)
+            unpack_lines.append(("_seg", seg_expr))
+            shift = total_bits
+            fields_expr = []
+            for f in seg:
+                shift -= f.width
+                part = (f"(_seg >> {_lit(shift)}) & {_lit(mask(f.width))}" if shift
+                        else f"_seg & {_lit(mask(f.width))}")
+                if f.signed:
+                    half = 1 << (f.width - 1)
+                    part = f"((({part}) + {_lit(half)}) & {_lit(mask(f.width))}) - {_lit(half)}"
+                unpack_lines.append((self.v(f), part))
+                fields_expr.append((f, shift))
+            packed = " | ".join(f"({self.bits(f)} << {_lit(s)})" if s else self.bits(f)
+                                for f, s in fields_expr)
+            shift = total_bits
+            for var, size in piece_vars:
+                shift -= size * 8
+                if shift == total_bits - size * 8:    # the top piece: already in range
+                    pack_args.append(f"({packed}) >> {_lit(shift)}" if shift else f"({packed})")
+                else:
+                    part = f"(({packed}) >> {_lit(shift)})" if shift else f"({packed})"
+                    pack_args.append(f"{part} & {_lit(mask(size * 8))}")
+        struct_obj = struct.Struct(fmt)
+        name = f"S_{num(header.id, 0, len(self.prog.headers))}"
+        self.ns[name] = struct_obj
+        layout = (name, pieces, unpack_lines, pack_args)
+        self.structs[header.name] = layout
+        return layout
+
+    def s_Extract(self, s: ir.Extract) -> None:
+        header = s.header
+        name, pieces, unpack_lines, _ = self.header_struct(header)
+        nbytes = num(header.nbytes, 0, MAX_BYTES)
+        self.add(f"if plen - off < {nbytes}:")
+        self.add(f"    raise ParserError({_id(self.prog.too_short)})")
+        simple = all(target.startswith("F_") and value.startswith("_p")
+                     for target, value in unpack_lines)
+        if simple:
+            targets = ", ".join(target for target, _ in unpack_lines)
+            self.add(f"{targets}, = {name}.unpack_from(pkt, off)")
+        else:
+            piece_names = ", ".join(f"_p{i}" for i in range(pieces))
+            self.add(f"{piece_names}, = {name}.unpack_from(pkt, off)")
+            for target, value in unpack_lines:
+                self.add(f"{target} = {value}")
+        self.add(f"off += {nbytes}")
+        self.add(f"{self.vv(header)} = True")
+
+    def generate(self) -> Compiled:
+        std = {n: self.std(n) for n in ("ingress_port", "packet_length", "instance_type",
+                                         "parser_error", "egress_spec", "egress_port",
+                                         "mcast_grp", "egress_rid")}
+
+        ingress = self.src = Source(1)
+        self.add("plen = in_len = plen_reg = len(pkt)")
+        self.add("off = 0")
+        self.add(f"perr = {_id(self.prog.no_error)}")
+        self.add(f"{self.v(std['ingress_port'])} = ingress_port")
+        if std["packet_length"] is not None:
+            self.add(f"{self.v(std['packet_length'])} = plen")
+        self.parser()
+        if std["parser_error"] is not None:
+            self.add(f"{self.v(std['parser_error'])} = perr")
+        self.checksums(self.ir.verify, True)
+        self.control(self.ir.ingress)
+        grp = self.v(std["mcast_grp"]) if std["mcast_grp"] is not None else "0"
+
+        egress = self.src = Source(1)
+        self.add(f"{self.v(std['egress_port'])} = egress_port")
+        self.add(f"{self.v(std['egress_spec'])} = {num(self.drop_port + 1, 1, MAX_ID + 1)}")
+        if std["instance_type"] is not None:
+            self.add(f"{self.v(std['instance_type'])} = instance_type")
+        if std["egress_rid"] is not None:
+            self.add("if rid is not None:")
+            self.add(f"    {self.v(std['egress_rid'])} = rid")
+        if std["packet_length"] is not None:
+            self.add(f"{self.v(std['packet_length'])} = plen_reg")
+        self.control(self.ir.egress)
+        self.add(f"if {self.v(std['egress_spec'])} == {_id(self.drop_port)}:")
+        self.add("    return None")
+        self.checksums(self.ir.update, False)
+        self.add("_out = []")
+        for header in self.ir.deparse:
+            sname, _, _, pack_args = self.header_struct(header)
+            line = f"_out.append({sname}.pack({', '.join(pack_args)}))"
+            if header.metadata:
+                self.add(line)
+            else:
+                self.add(f"if {self.vv(header)}:")
+                self.add(f"    {line}")
+        self.add("_out.append(pkt[off:])")
+        self.add("return b''.join(_out)")
+
+        # Only what egress uses crosses over, and ingress zeroes only what is read
+        # before it is written (p4c's many write-only temporaries cost nothing).
+        egress_names = set(re.findall(r"\b\w+\b", "\n".join(egress.lines)))
+        state = [v for v in self.state_vars if v in egress_names]
+        live = _read_names(ingress.lines) | _read_names(egress.lines) | set(state)
+        live |= {self.v(std["egress_spec"]), grp}
+        _drop_dead_stores(ingress.lines, live)
+        _drop_dead_stores(egress.lines, live)
+        needed = _read_names(ingress.lines) | set(state) | {self.v(std["egress_spec"]), grp}
+        init = [(self.v(f), 0) for f in self.prog.field_list]
+        init += [(self.vv(h), False) for h in self.prog.headers.values() if not h.metadata]
+        init = [(var, value) for var, value in init if var in needed]
+        self.ns["_INIT"] = tuple(value for _, value in init)
+
+        src = Source()
+        src.add("def ingress(pkt, ingress_port):")
+        src.add('    """Parse and run ingress: (egress_spec, mcast_grp, state)."""')
+        if init:
+            src.add("    " + ", ".join(var for var, _ in init) + ", = _INIT")
+        src.lines += ingress.lines
+        src.add(f"    return {self.v(std['egress_spec'])}, {grp}, ({', '.join(state)},)")
+        src.add("")
+        src.add("def egress(state, egress_port, rid, instance_type):")
+        src.add('    """Run egress and deparse: the frame to send, or None if dropped."""')
+        if state:
+            src.add(f"    {', '.join(state)}, = state")
+        src.lines += egress.lines
+        self.out.source = src.text()
+        return self.out
+
+
+
+_TARGETS = re.compile(r"\s*+(?:\w+,\s*)*\w+,?\s=(?!=)")   # "a, b = ": no backtracking
+_NAME = re.compile(r"\b\w+\b")
+
+
+def _read_names(lines: list[str]) -> set[str]:
+    """Names a block of generated code reads (an assignment's targets do not count)."""
+    names = set()
+    for line in lines:
+        targets = _TARGETS.match(line)
+        names.update(_NAME.findall(line, targets.end() if targets else 0))
+    return names
+
+
+def _drop_dead_stores(lines: list[str], live: set[str]) -> None:
+    """Turn stores to fields nothing ever reads (p4c's temporaries) into ``pass``."""
+    for i, line in enumerate(lines):
+        m = re.match(r"(\s*)(F_\w+) = (.*)$", line)
+        if m and m.group(2) not in live and not re.search(r"\w\(", m.group(3)):
+            lines[i] = f"{m.group(1)}pass"
+
+
+
+_TARGETS = re.compile(r"\s*+(?:\w+,\s*)*\w+,?\s=(?!=)")   # "a, b = ": no backtracking
+_NAME = re.compile(r"\b\w+\b")
+
+
+def _read_names(lines: list[str]) -> set[str]:
+    """Names a block of generated code reads (an assignment's targets do not count)."""
+    names = set()
+    for line in lines:
+        targets = _TARGETS.match(line)
+        names.update(_NAME.findall(line, targets.end() if targets else 0))
+    return names
+
+
+def _drop_dead_stores(lines: list[str], live: set[str]) -> None:
+    """Turn stores to fields nothing ever reads (p4c's temporaries) into ``pass``."""
+    for i, line in enumerate(lines):
+        m = re.match(r"(\s*)(F_\w+) = (.*)$", line)
+        if m and m.group(2) not in live and not re.search(r"\w\(", m.group(3)):
+            lines[i] = f"{m.group(1)}pass"
+
+
+def _shifts(fields):
+    shift = sum(f.width for f in fields)
+    for f in fields:
+        shift -= f.width
+        yield f, shift
+
+
+def compile_program(program: Program) -> Compiled:
+    """The Python functions for a checked, lowered program."""
+    printer = PyPrinter(program)
+    try:
+        out = printer.generate()
+    except RecursionError:
+        raise Unsupported("the program's controls are nested too deeply") from None
+    out.namespace = printer.ns
+    try:
+        code = compile(out.source, "<softswitch pipeline>", "exec")
+    except (SyntaxError, RecursionError, MemoryError) as exc:   # Python's own nesting limits
+        raise Unsupported(f"the program is nested too deeply for Python ({exc})") from None
+    exec(code, printer.ns)
+    out.ingress = printer.ns["ingress"]
+    out.egress = printer.ns["egress"]
+    return out

@@ -1,0 +1,500 @@
+"""Lowering: a described ``Program`` into the ``ir`` both backends print.
+
+Everything a backend would otherwise rebuild from the JSON happens once here:
+if/else from the controls' jumps (post-dominators) and from actions' forward
+``_jump``s, parser states with their select key as one integer, checksum inputs,
+table keys and the actions each table runs, the stores of ``mark_to_drop``, and
+the bounds of every expression. What neither backend runs raises ``Unsupported``
+naming the construct; what only one lacks is that printer's to refuse.
+"""
+
+from __future__ import annotations
+
+from innet_aggregation.softswitch.frontend import ir
+from innet_aggregation.softswitch.frontend.program import Header, Program, hexstr, mask
+from innet_aggregation.softswitch.frontend.validate import Unsupported
+
+
+class Lowering:
+    def __init__(self, program: Program):
+        self.prog = program
+        self.actions: dict[int, ir.Action] = {}
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, node, params, where: str) -> ir.Expr:
+        if not isinstance(node, dict):
+            raise Unsupported(f"expression {node!r:.60} (expected an object) in {where}")
+        kind, value = node.get("type"), node.get("value")
+        if kind == "field":
+            if isinstance(value, list) and len(value) == 2 and value[1] == "$valid$":
+                return ir.Unary("b2d", self.valid(self.prog.header(value[0])))
+            return ir.FieldRef(self.prog.field(value))
+        if kind == "hexstr":
+            return ir.Const(hexstr(value))
+        if kind == "stack_field":
+            return self.last_field(self.prog.stack(value[0]), value[1])
+        if kind == "bool":
+            return ir.Const(int(bool(value)), boolean=True)
+        if kind in ("runtime_data", "local"):
+            if params is None or not isinstance(value, int) or not 0 <= value < len(params):
+                raise Unsupported(f"action parameter {value!r:.20} used outside an action")
+            return ir.Param(value, params[value][1])
+        if kind == "expression":
+            return self.operation(value, params, where)
+        raise Unsupported(f"expression operand of type {kind!r:.40}")
+
+    def last_field(self, stack, name: str) -> ir.Expr:
+        """``stack.last.name``: the field of element next - 1 (next is 0: BMv2 leaves
+        that undefined; here it reads element 0)."""
+        fields = [next(f for f in h.fields if f.name == name) for h in stack.headers]
+        out: ir.Expr = ir.FieldRef(fields[0])
+        for i, field in enumerate(fields[1:], start=2):
+            out = ir.Cond(ir.Binary("==", ir.FieldRef(stack.next), ir.Const(i)),
+                          ir.FieldRef(field), out)
+        return out
+
+    def extract_next(self, stack) -> list:
+        """``extract(stack.next)``: StackOutOfBounds when full, else element next, next + 1."""
+        if "StackOutOfBounds" not in self.prog.errors:
+            raise Unsupported(f"extract to header stack {stack.name} without the "
+                              "StackOutOfBounds error")
+        nxt = ir.FieldRef(stack.next)
+        out = [ir.Verify(ir.Binary("<", nxt, ir.Const(len(stack.headers))),
+                         ir.Const(self.prog.errors["StackOutOfBounds"]))]
+        chain: list = [ir.Extract(stack.headers[-1])]
+        for i in range(len(stack.headers) - 2, -1, -1):
+            chain = [ir.If(ir.Binary("==", nxt, ir.Const(i)), [ir.Extract(stack.headers[i])],
+                           chain)]
+        return out + chain + [ir.Assign(stack.next, ir.Binary("+", nxt, ir.Const(1)))]
+
+    @staticmethod
+    def shift(stack, count: int, push: bool) -> list:
+        """push_front/pop_front by ``count`` as BMv2 (P4_16 stacks) does them: the same
+        swaps, then the emptied elements invalid, and next moved within [0, size]."""
+        elements, size = stack.headers, len(stack.headers)
+        if count == 0:
+            return []
+        nxt = ir.FieldRef(stack.next)
+        if push:
+            out = [ir.SwapHeaders(elements[i], elements[i - count])
+                   for i in range(size - 1, count - 1, -1)]
+            out += [ir.SetValid(h, False) for h in elements[:min(size, count)]]
+            moved = ir.Binary("+", nxt, ir.Const(count))
+            new = ir.Cond(ir.Binary("<", moved, ir.Const(size)), moved, ir.Const(size))
+        else:
+            out = [ir.SwapHeaders(elements[i], elements[i + count])
+                   for i in range(0, size - count)]
+            out += [ir.SetValid(h, False) for h in elements[max(size - count, 0):]]
+            new = ir.Cond(ir.Binary(">=", nxt, ir.Const(count)),
+                          ir.Binary("-", nxt, ir.Const(count)), ir.Const(0))
+        return out + [ir.Assign(stack.next, new)]
+
+    def valid(self, header: Header) -> ir.Expr:
+        return ir.Const(1, boolean=True) if header.metadata else ir.Valid(header)
+
+    def operation(self, node, params, where: str) -> ir.Expr:
+        if not isinstance(node, dict):
+            raise Unsupported(f"expression {node!r:.60} (expected an object) in {where}")
+        if node.get("type") == "expression":     # p4c nests {"type": "expression", "value": ...}
+            return self.operation(node["value"], params, where)
+        op = node.get("op")
+        left, right = node.get("left"), node.get("right")
+        if op == "valid":
+            return self.valid(self.prog.header(right["value"]))
+        if op in ("not", "~", "d2b", "b2d"):
+            a = self.expr(right, params, where)
+            if op == "d2b" and a.boolean:
+                return a
+            if op == "d2b" and isinstance(a, ir.Unary) and a.op == "b2d":
+                return a.a
+            if op == "b2d" and not a.boolean:
+                return a
+            return ir.Unary(op, a)
+        if op == "?":
+            return ir.Cond(self.expr(node["cond"], params, where),
+                           self.expr(left, params, where), self.expr(right, params, where))
+        if op in ("two_comp_mod", "sat_cast", "usat_cast"):
+            a = self.expr(left, params, where)
+            if not isinstance(right, dict) or right.get("type") != "hexstr":
+                raise Unsupported(f"{op} with a non-constant width")
+            width = hexstr(right["value"])
+            if width < 1:
+                raise Unsupported(f"{op} to {width} bits")
+            if a.fits(width, op != "usat_cast"):
+                return a
+            return ir.Cast(op, a, width)
+        if op in ir.COMPARISONS or op in ("and", "or", "+", "-", "*", "/", "%", "&", "|", "^",
+                                          "<<", ">>"):
+            return ir.Binary(op, self.expr(left, params, where), self.expr(right, params, where))
+        raise Unsupported(f"expression operator {op!r:.40}")
+
+    # ------------------------------------------------------------------ primitives
+    def primitive(self, prim, params, where: str) -> list:
+        if not isinstance(prim, dict):
+            raise Unsupported(f"primitive {prim!r:.40} in {where}")
+        op = prim.get("op")
+        args = prim.get("parameters", [])
+        prog = self.prog
+        if op in ("assign", "modify_field"):
+            if args[0].get("type") != "field":
+                raise Unsupported(f"{op} to a {args[0].get('type')!r:.30} in {where}")
+            return [ir.Assign(prog.field(args[0]["value"]), self.expr(args[1], params, where))]
+        if op in ("assign_header", "copy_header"):
+            return self.copy_header(prog.header(args[0]["value"]),
+                                    prog.header_choice(args[1]), params, where)
+        if op in ("add_header", "add_header_fast", "remove_header"):
+            header = prog.header(args[0]["value"])
+            if header.metadata:
+                return []
+            if op == "remove_header":
+                return [ir.RemoveHeader(header)]
+            return [ir.AddHeader(header, op == "add_header")]
+        if op in ("mark_to_drop", "drop"):
+            return [ir.Assign(field, ir.Const(value)) for field, value in prog.drop_stores(op)]
+        if op == "register_read":
+            return [ir.RegisterRead(prog.field(args[0]["value"]), prog.register(args[1]["value"]),
+                                    self.expr(args[2], params, where))]
+        if op == "register_write":
+            return [ir.RegisterWrite(prog.register(args[0]["value"]),
+                                     self.expr(args[1], params, where),
+                                     self.expr(args[2], params, where))]
+        if op == "count":
+            return [ir.Count(prog.counter(args[0]["value"]), self.expr(args[1], params, where))]
+        if op == "modify_field_rng_uniform":
+            return [ir.Random(prog.field(args[0]["value"]), self.expr(args[1], params, where),
+                              self.expr(args[2], params, where))]
+        if op in ("push", "pop"):
+            return self.shift(prog.stack(args[0]["value"]), hexstr(args[1]["value"]),
+                              op == "push")
+        if op == "exit":
+            return [ir.Exit()]
+        if op in ("no_op", "log_msg"):
+            return []
+        if op in ("assert", "assume"):
+            return [ir.Assert(self.expr(args[0], params, where))]
+        raise Unsupported(f"primitive {op!r:.40} (in {where})")
+
+    def copy_header(self, dst: Header, src, params, where: str) -> list:
+        """``dst = src``; a (cond, then, else) source (p4c's ``?:`` of headers) picks at run time."""
+        if isinstance(src, tuple):
+            cond, left, right = src
+            return [ir.If(self.expr(cond, params, where),
+                          self.copy_header(dst, left, params, where),
+                          self.copy_header(dst, right, params, where))]
+        if [f.width for f in dst.fields] != [f.width for f in src.fields]:
+            raise Unsupported(f"header copy between different header types in {where}")
+        return [ir.CopyHeader(dst, src)]
+
+    def statements(self, prims: list, params, where: str) -> list:
+        """A primitive list, p4c's forward ``_jump``s turned back into if/else and return."""
+        end = len(prims)
+
+        def target(prim, pos):
+            value = prim["parameters"][pos]
+            if value.get("type") != "hexstr":
+                raise Unsupported(f"{prim['op']} to a computed offset (in {where})")
+            return hexstr(value["value"])
+
+        def region(i, stop) -> list:
+            out = []
+            while i < stop:
+                prim = prims[i]
+                op = prim.get("op") if isinstance(prim, dict) else None
+                if op == "_jump_if_zero":
+                    cond = self.expr(prim["parameters"][0], params, where)
+                    dest = target(prim, 1)
+                    if not i < dest <= stop:
+                        raise Unsupported(f"_jump_if_zero backwards or out of its block ({where})")
+                    last = prims[dest - 1]
+                    has_else = (dest - 1 > i and last.get("op") == "_jump"
+                                and dest <= target(last, 0) <= stop)
+                    then = region(i + 1, dest - 1 if has_else else dest)
+                    orelse = region(dest, target(last, 0)) if has_else else []
+                    out.append(ir.If(cond, then, orelse))
+                    i = target(last, 0) if has_else else dest
+                elif op == "_jump":
+                    if target(prim, 0) != end:
+                        raise Unsupported(f"_jump that is not an if/else or a return ({where})")
+                    out.append(ir.Return())
+                    i += 1
+                else:
+                    out += self.primitive(prim, params, where)
+                    i += 1
+            return out
+        return region(0, end)
+
+    def action(self, action_id) -> ir.Action:
+        if action_id not in self.actions:
+            spec = self.prog.action(action_id)
+            self.actions[action_id] = ir.Action(
+                spec.id, spec.name, spec.params,
+                self.statements(spec.primitives, spec.params, f"action {spec.name}"))
+        return self.actions[action_id]
+
+    # ------------------------------------------------------------------ parser
+    def parser(self) -> tuple[list, int, bool]:
+        prog = self.prog
+        parser = {p["name"]: p for p in prog.doc["parsers"]}["parser"]
+        states = parser["parse_states"]
+        self.state_ids = {s["name"]: i for i, s in enumerate(states)}
+        order = _topological(states, self.state_ids)
+        lowered = [self.state(i, states[i]) for i in order]
+        position = {state.index: pos for pos, state in enumerate(lowered)}
+        loops = any(nxt >= 0 and position[nxt] <= position[s.index]
+                    for s in lowered for nxt in [c[2] for c in s.cases] + [s.default])
+        return lowered, self.state_ids[parser["init_state"]], loops
+
+    def state(self, index: int, state: dict) -> ir.ParserState:
+        where = f"parser state {index}"
+        ops = []
+        for op in state.get("parser_ops", []):
+            ops += self.parser_op(op, where)
+        key_parts, cases, default = self.transitions(state)
+        key, total = None, 0
+        for part in reversed(key_parts):
+            if part.get("type") == "field":
+                field = self.prog.field(part["value"])
+                width, code = field.width, ir.FieldRef(field)
+                if field.signed:
+                    code = ir.Binary("&", code, ir.Const(mask(width)))
+            elif part.get("type") == "stack_field":
+                code = self.last_field(self.prog.stack(part["value"][0]), part["value"][1])
+                width = next(f.width for f in self.prog.stack(part["value"][0]).headers[0].fields
+                             if f.name == part["value"][1])
+                if code.lo < 0:
+                    code = ir.Binary("&", code, ir.Const(mask(width)))
+            elif part.get("type") == "lookahead":
+                bit_offset, width = part["value"]
+                ops.append(ir.Require((bit_offset + width + 7) // 8))
+                code = ir.Lookahead(bit_offset, width)
+            else:
+                raise Unsupported(f"parser transition key of type {part.get('type')!r:.30}")
+            if total:
+                code = ir.Binary("<<", code, ir.Const(total))
+            key = code if key is None else ir.Binary("|", code, key)
+            total += (width + 7) // 8 * 8
+        if key is not None:
+            # A value with bits the key does not have never matches.
+            cases = [(v, m, n) for v, m, n in cases
+                     if not ((v & m) if m is not None else v) >> total]
+        return ir.ParserState(index, ops, key, total, cases if key is not None else [], default)
+
+    def transitions(self, state: dict):
+        """(key parts, [(value, mask or None, next index)], default next index); -1 accepts."""
+        def target(name):
+            return self.state_ids[name] if name is not None else -1
+        cases = state["transitions"]
+        key_parts = state["transition_key"]
+        if not key_parts or all(c["type"] == "default" for c in cases):
+            return [], [], target(cases[0]["next_state"] if cases else None)
+        out, default = [], None
+        for case in cases:
+            if case["type"] == "default":
+                default = case["next_state"]
+                break   # BMv2 stops at the default transition
+            m = hexstr(case["mask"]) if case["mask"] is not None else None
+            out.append((hexstr(case["value"]), m, target(case["next_state"])))
+        return key_parts, out, target(default)
+
+    def parser_op(self, op: dict, where: str) -> list:
+        kind = op.get("op")
+        params = op.get("parameters", [])
+        prog = self.prog
+        if kind == "extract" and params[0].get("type") == "stack":
+            return self.extract_next(prog.stack(params[0]["value"]))
+        if kind == "extract":
+            if params[0].get("type") != "regular":
+                raise Unsupported(f"extract to a {params[0].get('type')!r:.30} ({where})")
+            return [ir.Extract(prog.header(params[0]["value"]))]
+        if kind == "set":
+            field = prog.field(params[0]["value"])
+            if params[1].get("type") == "lookahead":
+                bit_offset, width = params[1]["value"]
+                return [ir.Require((bit_offset + width + 7) // 8),
+                        ir.Assign(field, ir.Lookahead(bit_offset, width))]
+            return [ir.Assign(field, self.expr(params[1], None, where))]
+        if kind == "verify":
+            return [ir.Verify(self.expr(params[0], None, where), self.expr(params[1], None, where))]
+        if kind in ("advance", "shift"):
+            amount = self.expr(params[0], None, where)
+            return [ir.Advance(amount if kind == "shift"
+                               else ir.Binary(">>", amount, ir.Const(3)))]
+        if kind == "primitive":
+            return self.primitive(params[0], None, where)
+        raise Unsupported(f"parser operation {kind!r:.40} ({where})")
+
+    # ------------------------------------------------------------------ checksums
+    def checksums(self, verify: bool) -> list:
+        out = []
+        for checksum in self.prog.doc["checksums"]:
+            if not checksum["verify" if verify else "update"]:
+                continue
+            cond = checksum.get("if_cond")
+            calc = self.prog.calculations[checksum["calculation"]]
+            out.append(ir.Checksum(self.prog.field(checksum["target"]),
+                                   None if cond is None else self.expr(cond, None, "a checksum"),
+                                   self.inputs(calc)))
+        return out
+
+    def inputs(self, calc: dict) -> list:
+        """A calculation's inputs as [(header or None, [fields] or (value, width))]."""
+        groups: list = []
+        for item in calc["input"]:
+            kind = item["type"]
+            if kind == "field":
+                field = self.prog.field(item["value"])
+                header = self.prog.header(field.header)
+                if groups and groups[-1][0] is header:
+                    groups[-1][1].append(field)
+                else:
+                    groups.append((header, [field]))
+            elif kind == "header":
+                header = self.prog.header(item["value"])
+                groups.append((header, list(header.fields)))
+            else:
+                width = item["bitwidth"]
+                groups.append((None, (hexstr(item["value"]) & mask(width), width)))
+        return groups
+
+    # ------------------------------------------------------------------ controls
+    def control(self, name: str) -> list:
+        """The pipeline ``name`` as structured If/Apply nodes."""
+        pipe = {p["name"]: p for p in self.prog.doc["pipelines"]}[name]
+        nodes = {t["name"]: ("table", t, self.prog.tables[t["name"]]) for t in pipe["tables"]}
+        nodes.update({c["name"]: ("cond", c, None) for c in pipe["conditionals"]})
+        init = pipe["init_table"]
+        if init is None:
+            return []
+        succ = {n: self.successors(kind, obj, spec) for n, (kind, obj, spec) in nodes.items()}
+        return self.region(init, None, nodes, succ, _post_dominators(succ, init))
+
+    def successors(self, kind: str, obj: dict, spec) -> list:
+        if kind == "cond":
+            return [obj["true_next"], obj["false_next"]]
+        nexts = obj["next_tables"]
+        if spec.hit_miss:
+            return [nexts["__HIT__"], nexts["__MISS__"]]
+        out = [nexts[self.prog.action(aid).name] for aid in obj["action_ids"]]
+        return out or [obj["base_default_next"]]
+
+    def region(self, node, stop, nodes, succ, ipdom) -> list:
+        """Nodes from ``node`` up to (not including) ``stop``."""
+        out = []
+        while node is not None and node != stop:
+            kind, obj, spec = nodes[node]
+            targets = succ[node]
+            merge = ipdom.get(node)
+            if kind == "cond":
+                out.append(ir.If(self.expr(obj["expression"], None, "a conditional"),
+                                 self.region(targets[0], merge, nodes, succ, ipdom),
+                                 self.region(targets[1], merge, nodes, succ, ipdom)))
+            elif len(set(targets)) > 1:
+                if spec.hit_miss:
+                    conds = ["hit", "miss"]
+                else:
+                    by_target: dict = {}
+                    for aid, tgt in zip(obj["action_ids"], targets):
+                        by_target.setdefault(tgt, []).append(aid)
+                    conds, targets = zip(*[(tuple(a), t) for t, a in by_target.items()])
+                out.append(self.apply(spec, [(c, self.region(t, merge, nodes, succ, ipdom))
+                                             for c, t in zip(conds, targets)]))
+            else:
+                out.append(self.apply(spec, []))
+                merge = targets[0] if targets else None
+            node = merge
+        return out
+
+    def apply(self, spec, branches) -> ir.Apply:
+        keys = []
+        for kind, target, key_mask in spec.key_refs:
+            if kind == "valid":
+                key = ir.Unary("b2d", self.valid(self.prog.header(target)))
+            else:
+                key = ir.FieldRef(target)
+                if target.signed:
+                    key = ir.Binary("&", key, ir.Const(mask(target.width)))
+            if key_mask is not None:
+                key = ir.Binary("&", key, ir.Const(key_mask))
+            keys.append(key)
+        return ir.Apply(spec, keys, [self.action(aid) for aid in spec.applied_actions], branches)
+
+    def lower(self) -> ir.Lowered:
+        states, init, loops = self.parser()
+        out = ir.Lowered(states, init, loops, self.checksums(True), self.checksums(False),
+                         self.control("ingress"), self.control("egress"),
+                         self.prog.deparse_order)
+        out.actions = self.actions
+        return out
+
+
+def lower(program: Program) -> ir.Lowered:
+    return Lowering(program).lower()
+
+
+def walk(nodes):
+    """Every statement in ``nodes``, nested ones included."""
+    for node in nodes:
+        yield node
+        if isinstance(node, ir.If):
+            yield from walk(node.then)
+            yield from walk(node.orelse)
+        elif isinstance(node, ir.Apply):
+            for _, body in node.branches:
+                yield from walk(body)
+
+
+def _topological(states, ids) -> list[int]:
+    """Parse states in an order where every acyclic transition goes forward."""
+    order, seen = [], set()
+
+    def visit(i, stack):
+        if i in seen or i in stack:
+            return
+        stack.add(i)
+        for t in states[i].get("transitions", []):
+            if t.get("next_state") is not None:
+                visit(ids[t["next_state"]], stack)
+        stack.discard(i)
+        seen.add(i)
+        order.append(i)
+    for i in range(len(states)):
+        visit(i, set())
+    return order[::-1]
+
+
+def _post_dominators(succ: dict, init) -> dict:
+    """Immediate post-dominator of every node of the control graph (None: the exit)."""
+    nodes = []
+    seen = set()
+
+    def walk_graph(n):
+        if n is None or n in seen:
+            return
+        seen.add(n)
+        for s in succ[n]:
+            walk_graph(s)
+        nodes.append(n)          # post-order: successors first
+    walk_graph(init)
+    exit_ = "<exit>"
+    pdom = {exit_: {exit_}}
+    every = set(nodes) | {exit_}
+    for n in nodes:
+        pdom[n] = set(every)
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes:
+            targets = [s if s is not None else exit_ for s in succ[n]]
+            new = set.intersection(*(pdom[t] for t in targets)) | {n}
+            if new != pdom[n]:
+                pdom[n] = new
+                changed = True
+    ipdom = {}
+    for n in nodes:
+        strict = pdom[n] - {n}
+        # The immediate one is the strict post-dominator that all others post-dominate.
+        for cand in strict:
+            if all(other in pdom[cand] for other in strict):
+                ipdom[n] = None if cand == exit_ else cand
+                break
+    return ipdom
