@@ -208,6 +208,7 @@ def against_gloo(topo, target: str, values: int, elements: int, reps: int, slots
                  port: int) -> list[dict] | None:
     """Switch and gloo calls in turns on one target: the workers' reports, or None."""
     from innet_aggregation.switch_ctl import config as config_mod
+    from innet_aggregation.switch_ctl import jobfile
     from innet_aggregation.switch_ctl.client import SwitchConnection
     from innet_aggregation.switch_ctl.controller import Controller
     from innet_aggregation.testbed.targets import SwitchProcess
@@ -229,7 +230,7 @@ def against_gloo(topo, target: str, values: int, elements: int, reps: int, slots
         with SwitchConnection(switch.grpc_addr, 0, (0, 1)) as conn:
             controller = Controller(conn)
             controller.push(program, p4info)
-            controller.apply(config_mod.load(path, pool_size=fmt.pool_size))
+            controller.apply(jobfile.load(path, pool_size=fmt.pool_size))
         env = dict(os.environ, PYTHONPATH=str(REPO), GLOO_SOCKET_IFNAME=topo.hosts[0].ifname)
         procs = [h.popen([sys.executable, str(REPO / "benchmarks/allreduce_worker.py"),
                           "--config", str(path), "--program", str(program),

@@ -26,6 +26,7 @@ from finsy.proto import p4r
 from innet_aggregation.p4src import protocol
 
 from . import config as config_mod
+from . import jobfile
 from .client import DryRun, P4RuntimeError, SwitchConnection
 from .config import TLSConfig
 from .control import field_value
@@ -167,7 +168,7 @@ def run(args) -> None:
     if args.command in ("serve", "jobs"):
         (serve if args.command == "serve" else list_jobs)(args)
         return
-    config = config_mod.load(args.config) if args.config else None
+    config = jobfile.load(args.config) if args.config else None
     if not isinstance(config, Tree):
         if getattr(args, "switches", None):
             raise SystemExit("switch_ctl: --switches is for a tree's job file")

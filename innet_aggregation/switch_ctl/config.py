@@ -32,15 +32,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from innet_aggregation.p4src import protocol
-
-if TYPE_CHECKING:
-    from .tree import Tree
 
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
@@ -170,28 +165,6 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     # L2 routes to hosts that are not this switch's workers (in a tree): (MAC, port)
     l2_routes: tuple[tuple[str, int], ...] = ()
-
-
-def load(path: Path | str, pool_size: int | None = None) -> "Config | Tree":
-    """A one-switch job (Config) or, if the file has [switches], a tree (Tree)."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise ConfigError([f"{path}: no such file"]) from None
-    return load_text(text, pool_size, str(path), Path(path).resolve().parent)
-
-
-def load_text(text: str, pool_size: int | None = None, where: str = "configuration",
-              base: Path | None = None) -> "Config | Tree":
-    """``base``: the directory relative TLS paths start from (None: the current one)."""
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{where}: not valid TOML: {exc}"]) from None
-    if "switches" in raw:
-        from .tree import parse_tree
-        return parse_tree(raw, pool_size, base)
-    return parse(raw, pool_size, base)
 
 
 def parse(raw: dict, pool_size: int | None = None, base: Path | None = None) -> Config:

@@ -27,6 +27,7 @@ import tomli_w
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.client import SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.tree import Tree
@@ -234,7 +235,7 @@ class Testbed:
             for switch in [raw["switch"]] if "switch" in raw else raw["switches"].values():
                 switch.update(self.tls_bundle.job_settings())
         self.config_path.write_text(tomli_w.dumps(raw))
-        self.config = config_mod.load(self.config_path)
+        self.config = jobfile.load(self.config_path)
         for name, config in self.configs().items():     # parents first
             conn = SwitchConnection(config.switch.grpc_addr, config.switch.device_id,
                                     ELECTION_ID, tls=config.switch.tls).connect()

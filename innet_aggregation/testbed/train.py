@@ -37,6 +37,8 @@ import torch.distributed as dist
 
 from innet_aggregation.switch_ctl import config as config_mod
 
+from innet_aggregation.switch_ctl import jobfile
+
 INPUT_RANGE = 1000  # |input| <= 1000: exact in float32 and in the switch's fixed point
 
 
@@ -74,7 +76,7 @@ class Host:
     """This host's worker: the switch session and (optionally) the gloo process group."""
 
     def __init__(self, config_path: str, worker_id: int, world: int, master: str | None):
-        self.config = config_mod.load(config_path)
+        self.config = jobfile.load(config_path)
         self.rank = worker_id
         self.world = world
         from innet_aggregation.worker import AggregationSession

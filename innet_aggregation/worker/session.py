@@ -23,6 +23,7 @@ import numpy as np
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl import jobfile
 
 from . import quantize
 from .transport import RetransmitPolicy, Stats, Transport
@@ -76,7 +77,7 @@ class AggregationSession:
         reached through its ARP responder."""
         given = kwargs.get("packet_format")
         if isinstance(config, (str, Path)):
-            config = config_mod.load(config, pool_size=given.pool_size if given else None)
+            config = jobfile.load(config, pool_size=given.pool_size if given else None)
         if not isinstance(config, config_mod.Config):
             config = config.for_worker(worker_id)
         job = config.job

@@ -7,7 +7,8 @@ import copy
 import pytest
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.switch_ctl.config import ConfigError, load, parse
+from innet_aggregation.switch_ctl.config import ConfigError, parse
+from innet_aggregation.switch_ctl.jobfile import load
 
 POOL = 1024
 

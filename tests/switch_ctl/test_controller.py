@@ -75,7 +75,7 @@ def one_round(hosts, job_id, slot, set_):
 
 def test_apply_is_idempotent_and_a_restarted_controller_sees_the_same_state(
         switch, hosts, config_file):
-    from innet_aggregation.switch_ctl.config import load
+    from innet_aggregation.switch_ctl.jobfile import load
     first = cli("apply", str(config_file), *WRITER)
     assert "0 inserted" not in first.stdout
     again = cli("apply", str(config_file), *WRITER)

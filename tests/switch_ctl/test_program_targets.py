@@ -15,6 +15,7 @@ import tomli_w
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.client import DryRun, P4RuntimeError
 from innet_aggregation.switch_ctl.control import field_value
 from innet_aggregation.switch_ctl.controller import Controller
@@ -43,12 +44,12 @@ def one_switch_job(loss=(0.01, 0.02), values_per_packet=None) -> config_mod.Conf
     raw["job"]["values_per_packet"] = values_per_packet
     if values_per_packet is None:
         del raw["job"]["values_per_packet"]
-    return config_mod.load_text(tomli_w.dumps(raw))
+    return jobfile.load_text(tomli_w.dumps(raw))
 
 
 def tree_job(values_per_packet=None):
     switches = {name: (NOWHERE, 0) for name in ("spine", "leaf0", "leaf1")}
-    return config_mod.load_text(tomli_w.dumps(
+    return jobfile.load_text(tomli_w.dumps(
         layout.tree_config_dict(switches, leaves=2, per_leaf=2, num_slots=16,
                                 values_per_packet=values_per_packet)))
 

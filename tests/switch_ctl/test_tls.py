@@ -18,6 +18,8 @@ import pytest
 import tomli_w
 
 from innet_aggregation.switch_ctl import config as config_mod
+
+from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.client import P4RuntimeError, P4TableEntry, SwitchConnection
 from innet_aggregation.switch_ctl.config import TLSConfig
 from innet_aggregation.testbed.layout import job_config_dict, tree_config_dict
@@ -179,7 +181,7 @@ def test_tls_paths_are_relative_to_the_job_file(tmp_path):
     raw = job_config_dict({1: "a"}, "127.0.0.1:9559", 0)
     raw["switch"].update(ca_cert="tls/ca.pem", client_cert="/abs/c.pem", client_key="c.key")
     (tmp_path / "job.toml").write_text(tomli_w.dumps(raw))
-    tls = config_mod.load(tmp_path / "job.toml").switch.tls
+    tls = jobfile.load(tmp_path / "job.toml").switch.tls
     assert tls == TLSConfig(tmp_path / "tls/ca.pem", Path("/abs/c.pem"), tmp_path / "c.key")
     # Only the controller reads the files: a worker's copy of the job file need not have them.
     with pytest.raises(config_mod.ConfigError, match="switch.ca_cert .*: No such file"):

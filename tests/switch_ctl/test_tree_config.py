@@ -11,6 +11,7 @@ import tomli_w
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.config import ConfigError
 from innet_aggregation.testbed import layout
 
@@ -28,12 +29,12 @@ def good_tree() -> dict:
 
 def problems(raw: dict) -> list[str]:
     with pytest.raises(ConfigError) as err:
-        config_mod.load_text(tomli_w.dumps(raw))
+        jobfile.load_text(tomli_w.dumps(raw))
     return err.value.problems
 
 
 def test_good_tree_parses():
-    tree = config_mod.load_text(tomli_w.dumps(good_tree()))
+    tree = jobfile.load_text(tomli_w.dumps(good_tree()))
     assert tree.root == "spine" and tree.parents == {"leaf0": "spine", "leaf1": "spine"}
     assert tree.homes == {0: "leaf0", 1: "leaf0", 2: "leaf1", 3: "leaf1"}
 

@@ -9,6 +9,7 @@ import tomli_w
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl import jobfile
 
 from innet_aggregation.testbed import layout
 
@@ -29,7 +30,7 @@ def test_generated_tree_validates_and_routes_every_worker():
                 for i, name in enumerate(("spine", "leaf0", "leaf1"))}
     raw = layout.tree_config_dict(switches, leaves=2, per_leaf=4, job_id=3, num_slots=32,
                                   loss={"leaf1": {"egress": 0.01}})
-    tree = config_mod.load_text(tomli_w.dumps(raw))
+    tree = jobfile.load_text(tomli_w.dumps(raw))
     assert list(tree.switches) == ["spine", "leaf0", "leaf1"]
     assert tree.num_workers == 8 and tree.for_worker(5) is tree.switches["leaf1"]
     spine, leaf0, leaf1 = tree.switches.values()

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from innet_aggregation.switch_ctl import config as config_mod
+
+from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.client import P4RuntimeError, SwitchConnection
 from tests.testbed.test_topology import _skip_reason
 
@@ -36,7 +38,7 @@ def test_the_switch_serves_mutual_tls_with_the_runs_certificates(testbed):
     assert "--grpc-server-with-client-auth" in switch.argv
     if switch.target == "softswitch":
         assert "(TLS, client certificates required" in switch.log_tail(200)
-    tls = config_mod.load(testbed.config_path).switch.tls
+    tls = jobfile.load(testbed.config_path).switch.tls
     assert tls == testbed.tls_bundle.controller()
     assert tls.ca_cert.parent == testbed.workdir / "tls"
     with pytest.raises(P4RuntimeError, match="it may require TLS"):

@@ -28,6 +28,8 @@ from sklearn.datasets import load_digits
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from innet_aggregation.switch_ctl import config as config_mod
+
+from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.worker import AggregationSession, SwitchHookState, switch_allreduce_hook
 
 BATCH = 32
@@ -66,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
-    config = config_mod.load(args.config)
+    config = jobfile.load(args.config)
     rank, world = args.worker_id, config.job.num_workers
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))

@@ -23,6 +23,7 @@ import tomli_w
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl import config as config_mod
+from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.client import SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.tree import Tree
@@ -121,7 +122,7 @@ class Fabric:
 
     # -- control plane ---------------------------------------------------------
     def _config(self, job: Job) -> config_mod.Config:
-        return config_mod.load(job.path)
+        return jobfile.load(job.path)
 
     def job(self, num_workers: int, num_slots: int = 16, *, first_host: int = 0,
             service: tuple[str, str] = (SERVICE_IP, SERVICE_MAC)) -> Job:
@@ -253,7 +254,7 @@ class TreeFabric(Fabric):
         return [h for topo in self.topologies for h in topo.hosts]
 
     def _config(self, job: Job) -> Tree:
-        return config_mod.load(job.path)
+        return jobfile.load(job.path)
 
     def job(self, num_slots: int = 16, *, per_leaf: int | None = None, first: int = 0,
             addresses: int = 0) -> Job:

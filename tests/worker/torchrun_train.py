@@ -1,7 +1,7 @@
 """A training script as its users write it, launched by torchrun on each host:
 
     INA_MANAGER=198.18.0.1:7000 INA_SECRET=... torchrun --nnodes 2 --node-rank 0 \
-        --nproc-per-node 1 --rdzv-endpoint 10.0.0.1:29500 tests/worker/torchrun_train.py OUT
+        --nproc-per-node 1 --rdzv-endpoint 198.18.0.2:29500 tests/worker/torchrun_train.py OUT
 
 It names neither a job file nor a switch: ``init_process_group("cpu:ina")`` finds
 the job manager in the environment, and DDP averages its gradients through the
