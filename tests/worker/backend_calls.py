@@ -13,6 +13,8 @@ Prints one JSON line per check:
   reduce_scatter, barrier, all_reduce_coalesced of ints, on both groups.
 - ``mismatch``: rank r all-reduces 100 * (r + 1) values (async): the error that
   ``Work.wait()`` raised.
+- ``cuda``: as ``dtypes`` (SUM, float32, float16, bfloat16) with CUDA tensors, and
+  the device the result is on.
 """
 
 import argparse
@@ -62,6 +64,13 @@ def dtypes(rank: int) -> None:
     emit(check="after", values=t.double().tolist())
 
 
+def cuda(rank: int) -> None:
+    for name in ("float32", "float16", "bfloat16"):
+        t = integers(rank, DTYPES[name]).cuda()
+        dist.all_reduce(t)
+        emit(check="cuda", dtype=name, device=str(t.device), values=t.double().tolist())
+
+
 def fallback(rank: int, world: int, gloo) -> None:
     for label, group in (("ina", None), ("gloo", gloo)):
         out = {}
@@ -84,12 +93,12 @@ def fallback(rank: int, world: int, gloo) -> None:
         t = torch.zeros(2)
         dist.reduce_scatter_single(t, torch.arange(2.0 * world) * (rank + 1), group=group)
         out["reduce_scatter"] = t.tolist()
-        ints = [torch.tensor([rank, 1], dtype=torch.int32), torch.tensor([7 * rank])]
+        ints = [torch.tensor([rank, 1]), torch.tensor([7 * rank])]
         dist.all_reduce_coalesced(ints, group=group)
         out["coalesced_ints"] = [i.tolist() for i in ints]
         dist.barrier(group=group)
         emit(check="fallback", group=label, **out)
-    floats = [integers(rank, torch.float32)[:700], integers(rank, torch.float64)[:1300]]
+    floats = [integers(rank, torch.float32)[:700], integers(rank, torch.float32)[:1300]]
     dist.all_reduce_coalesced(floats)
     emit(check="coalesced_floats", values=[f.tolist() for f in floats])
 
@@ -100,7 +109,7 @@ def main() -> None:
     parser.add_argument("--worker-id", type=int, required=True)
     parser.add_argument("--master", required=True, help="host:port of rank 0")
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--case", choices=("dtypes", "fallback", "mismatch"), required=True)
+    parser.add_argument("--case", choices=("dtypes", "fallback", "mismatch", "cuda"), required=True)
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
     os.environ["INA_JOB_CONFIG"] = args.config
@@ -109,6 +118,8 @@ def main() -> None:
                             world_size=world, timeout=timedelta(seconds=60))
     if args.case == "dtypes":
         dtypes(rank)
+    elif args.case == "cuda":
+        cuda(rank)
     elif args.case == "fallback":
         fallback(rank, world, dist.new_group(backend="gloo"))
     else:
