@@ -191,13 +191,8 @@ class _SwitchWork(Work):
     def __init__(self, futures, tensors):
         super().__init__()
         self._futures = futures
-
-        def done(_):      # the session runs calls in order: the last is done last
-            for future in futures:
-                future.wait()
-            return list(tensors)
-
-        self._future = futures[-1].then(done)
+        self._tensors = tensors
+        self._future = None
 
     def wait(self, timeout=None) -> bool:
         for future in self._futures:
@@ -208,6 +203,15 @@ class _SwitchWork(Work):
         return all(f.done() for f in self._futures)
 
     def get_future(self):
+        if self._future is None:        # made on demand: a plain all_reduce only waits
+            futures, tensors = self._futures, self._tensors
+
+            def done(_):      # the session runs calls in order: the last is done last
+                for future in futures:
+                    future.wait()
+                return list(tensors)
+
+            self._future = futures[-1].then(done)
         return self._future
 
 
