@@ -241,19 +241,26 @@ def _all(works):
 
 
 class _Owner:
-    """What a group of the whole job closes: its session, then its membership of the
-    manager's job (if it joined one)."""
+    """The job's session in this process and what closes it: the session, then the
+    membership of the manager's job (if it joined one). One at a time
+    (``_open``): two sessions of one job would share its slots."""
 
     def __init__(self, session: AggregationSession, membership=None):
         self.session = session
         self.membership = membership
 
     def close(self) -> None:
+        global _open
+        if _open is self:
+            _open = None
         try:
             self.session.close()
         finally:
             if self.membership is not None:
                 self.membership.close()
+
+
+_open: _Owner | None = None
 
 
 def open_session(rank: int, world_size: int, timeout: timedelta) -> _Owner:
@@ -277,38 +284,38 @@ def open_session(rank: int, world_size: int, timeout: timedelta) -> _Owner:
         if membership is not None:
             membership.close()
         raise
-    owner = _Owner(session, membership)
-    if session.num_workers != world_size:
-        owner.close()
-        raise ValueError(f"the job has {session.num_workers} workers, the process group "
-                         f"{world_size} ranks: start one rank per worker of the job")
-    return owner
+    return _Owner(session, membership)
 
 
 def create(options, pg_options) -> InaProcessGroup:
-    """``register_backend``'s creation function (extended API). The default group
-    opens the session; a later group of every rank in order shares it (its calls
-    join the same call sequence, so every rank must order them alike, as the
-    fingerprints check); a group of part of the job cannot use the job's slots and
-    is gloo (NCCL) only."""
+    """``register_backend``'s creation function (extended API).
+
+    The first group of every rank in order (the default group, usually) opens the
+    job's session, or takes ``pg_options``' one, and closes it when destroyed; later
+    groups of every rank share it (their calls join its call sequence, so every
+    rank must order them alike, as the fingerprints check). A group of part of the
+    job cannot use the job's slots: it is gloo (NCCL) only."""
+    global _open
     rank, size, timeout = options.group_rank, options.group_size, options.timeout
     ranks = list(options.global_ranks_in_group)
     if pg_options is not None and not isinstance(pg_options, InaOptions):
         raise TypeError(f"pg_options of the {NAME} backend must be InaOptions, "
                         f"not {type(pg_options).__name__}")
-    if pg_options is not None:
-        owner = _Owner(pg_options.session)
-        if pg_options.session.num_workers != size:
-            raise ValueError(f"the session has {pg_options.session.num_workers} workers, "
-                             f"the process group {size} ranks")
-        return InaProcessGroup(options.store, rank, size, timeout, pg_options.session, owner)
-    if not ranks:                      # the default group
-        owner = open_session(rank, size, timeout)
-        return InaProcessGroup(options.store, rank, size, timeout, owner.session, owner)
-    default = dist.distributed_c10d._get_default_group()
-    if ranks == list(range(default.size())) and isinstance(default, InaProcessGroup):
-        return InaProcessGroup(options.store, rank, size, timeout, default.session)
-    return InaProcessGroup(options.store, rank, size, timeout, None)
+    if ranks and ranks != list(range(dist.get_world_size())):
+        return InaProcessGroup(options.store, rank, size, timeout, None)
+    if _open is not None:
+        if pg_options is not None:
+            raise ValueError(f"an {NAME} group of this job holds a session already; "
+                             f"its other groups share it")
+        return InaProcessGroup(options.store, rank, size, timeout, _open.session)
+    owner = (_Owner(pg_options.session) if pg_options is not None
+             else open_session(rank, size, timeout))
+    if owner.session.num_workers != size:
+        owner.close()
+        raise ValueError(f"the job has {owner.session.num_workers} workers, the process group "
+                         f"{size} ranks: start one rank per worker of the job")
+    _open = owner
+    return InaProcessGroup(options.store, rank, size, timeout, owner.session, owner)
 
 
 def session_of(group=None) -> AggregationSession:

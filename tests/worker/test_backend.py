@@ -282,3 +282,19 @@ def test_the_job_manager_gives_the_session_and_is_left_at_destroy(one_process, m
     assert calls == [("join", 0, 1)] and session_of().num_workers == 1
     dist.destroy_process_group()
     assert calls == [("join", 0, 1), "close"]
+
+
+@needs_program
+def test_an_ina_group_beside_a_gloo_default_group_opens_the_session_once(one_process, monkeypatch,
+                                                                         tmp_path):
+    from innet_aggregation.worker.backend import InaOptions, session_of
+    monkeypatch.setenv("INA_JOB_CONFIG", str(loopback_job(tmp_path, 1)))
+    init("gloo")
+    first = dist.new_group(backend="ina")
+    second = dist.new_group([0], backend="ina")           # every rank again: shared
+    assert session_of(second) is session_of(first)
+    with pytest.raises(ValueError, match="holds a session already"):
+        dist.new_group(backend="ina", pg_options=InaOptions(session_of(first)))
+    session = session_of(first)
+    dist.destroy_process_group()
+    assert session.transport.sock.fileno() == -1
