@@ -87,7 +87,7 @@ def main() -> None:
                         help="softswitch (native), softswitch-python or bmv2")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2410, 65536, 1 << 20],
                         help="float32 per call (2410: the DDP test's model, whole)")
-    parser.add_argument("--reps", type=int, default=15, help="calls of each path per size")
+    parser.add_argument("--reps", type=int, default=40, help="calls of each path per size")
     parser.add_argument("--slots", type=int, default=128, help="the job's window")
     args = parser.parse_args()
     if os.geteuid() != 0:
