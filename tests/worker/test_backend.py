@@ -243,6 +243,11 @@ def test_the_job_file_gives_the_session_and_destroy_closes_it(one_process, monke
     t = torch.tensor([3, 4])                               # int: gloo's, one rank
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     assert t.tolist() == [3, 4]
+    # c10d's multi-tensor form (one sum over every tensor of every rank) is refused
+    # before any packet; all_reduce_coalesced reduces several tensors each.
+    with pytest.raises(ValueError, match="all_reduce takes one tensor, got 2"):
+        group.allreduce([torch.ones(2), torch.ones(2)], dist.AllreduceOptions())
+    assert session.stats.packets_sent == 0
     whole = dist.new_group([0])
     assert session_of(whole) is session          # every rank in order: the same session
     dist.destroy_process_group()
