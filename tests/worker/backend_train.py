@@ -1,6 +1,7 @@
 """One rank of the backend's training test: a 64-32-10 MLP on scikit-learn's digits,
-trained with DDP, then FSDP2 sharded, then FSDP2 replicated (HSDP on a 2 x 1 mesh:
-the gradients are all-reduced across the replicas), with no comm hook.
+trained with DDP, then DDP with the switch's comm hook on the group's session,
+then FSDP2 sharded, then FSDP2 replicated (HSDP on a 2 x 1 mesh: the gradients are
+all-reduced across the replicas).
 
     python -m tests.worker.backend_train --config job.toml --worker-id 0 \
         --backend ina|gloo --master 10.0.0.1:29600 --steps 20 --save DIR
@@ -32,15 +33,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 BATCH = 32
 LR, MOMENTUM = 0.1, 0.9
 BUCKET_CAP_MB = 0.001   # DDP: one bucket of 2410 floats at first, rebuilt into two
-MODES = ("ddp", "fsdp", "hsdp")
+MODES = ("ddp", "hook", "fsdp", "hsdp")
 
 
-def build(mode: str, world: int) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(the module to call, the one whose parameters are the model's)."""
+def build(mode: str, backend: str, world: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the module to call, the one whose parameters are the model's). ``hook``: DDP
+    with the switch's comm hook on the group's own session (plain DDP on gloo)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-    if mode == "ddp":
-        return DDP(model, bucket_cap_mb=BUCKET_CAP_MB), model
+    if mode in ("ddp", "hook"):
+        ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+        if mode == "hook" and backend == "ina":
+            from innet_aggregation.worker import SwitchHookState, switch_allreduce_hook
+            from innet_aggregation.worker.backend import session_of
+            ddp.register_comm_hook(SwitchHookState(session_of()), switch_allreduce_hook)
+        return ddp, model
     mesh = (init_device_mesh("cpu", (world,)) if mode == "fsdp" else
             init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard")))
     for layer in (model[0], model[2]):
@@ -54,8 +61,9 @@ def flat(tensors) -> torch.Tensor:
                       for t in tensors])
 
 
-def train(mode: str, steps: int, rank: int, world: int, x, y, shard) -> tuple[np.ndarray, np.ndarray]:
-    call, model = build(mode, world)
+def train(mode: str, backend: str, steps: int, world: int, x, y,
+          shard) -> tuple[np.ndarray, np.ndarray]:
+    call, model = build(mode, backend, world)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     loss_fn = torch.nn.CrossEntropyLoss()
     params, gmax = [], []
@@ -107,7 +115,7 @@ def main() -> None:
     report = {"rank": rank, "backend": args.backend, "results": {}}
     for mode in MODES:
         before = results(args.backend)
-        params, gmax = train(mode, args.steps, rank, world, x, y, shard)
+        params, gmax = train(mode, args.backend, args.steps, world, x, y, shard)
         report["results"][mode] = results(args.backend) - before
         np.save(args.save / f"{args.backend}_{mode}_{rank}.npy", params)
         np.save(args.save / f"{args.backend}_{mode}_gmax_{rank}.npy", gmax)
