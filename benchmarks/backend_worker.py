@@ -66,7 +66,7 @@ def main() -> int:
                                   "inner": session.last_call.seconds}), flush=True)
     dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)   # no interpreter finalization with gloo's threads about (tests/worker/ddp_train.py)
+    os._exit(0)   # no finalization with gloo's threads about (tests/worker/ddp_train.py)
 
 
 if __name__ == "__main__":

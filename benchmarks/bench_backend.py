@@ -100,7 +100,8 @@ def main() -> None:
           f"{'rounds ratio':>20} {'around the work, us: session, backend':>38} {'extra':>7}")
     for size in args.sizes:
         mine = [r for r in reports if r["size"] == size]
-        ms = {p: [1e3 * r["seconds"] for r in mine if r["path"] == p] for p in ("session", "backend")}
+        ms = {p: [1e3 * r["seconds"] for r in mine if r["path"] == p]
+              for p in ("session", "backend")}
         around = {p: statistics.median(1e6 * (r["seconds"] - r["inner"]) for r in mine
                                        if r["path"] == p) for p in ms}
         ratios = [statistics.median(r["seconds"] for r in mine if r["rep"] == rep

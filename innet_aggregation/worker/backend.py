@@ -50,7 +50,8 @@ class InaOptions:
 
 
 class InaProcessGroup(ProcessGroup):
-    """A process group of the whole job: its all_reduce calls go through ``session``.
+    """A process group of the job's ranks whose all_reduce calls go through
+    ``session`` (None for a group of some of the ranks: gloo, NCCL only).
 
     Calls are not named: the session keys a call's exponent history by its size and
     its place among consecutive calls of that size (``transport.history_key``),
@@ -73,7 +74,8 @@ class InaProcessGroup(ProcessGroup):
             if dist.is_nccl_available():
                 options = dist.ProcessGroupNCCL.Options()
                 options._timeout = timeout
-                nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size, options)
+                nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size,
+                                             options)
                 self._register(torch.device("cuda"), ProcessGroup.BackendType.NCCL, nccl)
             else:
                 self._register(torch.device("cuda"), ProcessGroup.BackendType.GLOO, gloo)
@@ -95,7 +97,7 @@ class InaProcessGroup(ProcessGroup):
         return NAME
 
     def _fallback(self, tensors):
-        device = tensors[0].device.type
+        device = tensors[0].device.type if tensors else "cpu"
         if device not in self._backends:
             raise RuntimeError(f"the {NAME} backend has no backend for {device} tensors "
                                f"(it serves cpu, and cuda where torch has CUDA)")
@@ -105,7 +107,8 @@ class InaProcessGroup(ProcessGroup):
         """average (False: sum) if the switch serves these tensors and op, else None."""
         if self._session is None or not (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG):
             return None
-        if not all(t.dtype in SWITCH_DTYPES and t.device.type in ("cpu", "cuda") for t in tensors):
+        if not all(t.dtype in SWITCH_DTYPES and t.device.type in ("cpu", "cuda")
+                   for t in tensors):
             return None
         return op == dist.ReduceOp.AVG
 

@@ -156,8 +156,9 @@ def test_work_wait_raises_the_transports_error(fabric):
     fabric.remove(job)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() "
-                    "is false, so the backend's CUDA path (copies through the host) is untested here")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device: torch.cuda.is_available() is false, so the "
+                           "backend's CUDA path (copies through the host) is untested here")
 def test_cuda_tensors_go_through_the_switch(fabric):
     job, reports = run_calls(fabric, "cuda", port=30300)
     for rank, lines in enumerate(reports):
