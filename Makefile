@@ -29,7 +29,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
-        bench-worker bench-allreduce demo testbed loss-experiment fuzz clean
+        bench-worker bench-backend bench-allreduce demo testbed loss-experiment fuzz clean
 
 setup: apt-deps $(VENV)/.installed
 
@@ -102,13 +102,16 @@ p4-test-programs: setup
 fuzz: setup
 	$(PY) -m tests.worker.fuzz --frames 120000
 
-bench: bench-switch bench-worker bench-allreduce
+bench: bench-switch bench-worker bench-backend bench-allreduce
 
 bench-switch: setup
 	$(PY) benchmarks/bench_switch.py
 
 bench-worker: setup
 	$(PY) benchmarks/bench_worker.py
+
+bench-backend: setup
+	$(PY) benchmarks/bench_backend.py
 
 bench-allreduce: setup
 	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY)

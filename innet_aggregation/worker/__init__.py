@@ -1,8 +1,10 @@
 """Host side of in-network aggregation: quantize, packetize, retransmit, dequantize.
 
 ``AggregationSession`` is the API (``allreduce``, ``allreduce_async``);
-``switch_allreduce_hook`` plugs it into torch DDP. torch is imported only by what
-needs it (the hook, the async form, tensors), so numpy-only workers start fast.
+``switch_allreduce_hook`` plugs it into torch DDP, and ``innet_aggregation.worker.backend``
+(imported by the user, never here) registers the ``ina`` torch.distributed backend.
+torch is imported only by what needs it (the hook, the backend, the async form,
+tensors), so numpy-only workers start fast.
 """
 
 from .quantize import NonFiniteError

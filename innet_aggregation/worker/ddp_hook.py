@@ -4,7 +4,9 @@
     ddp_model.register_comm_hook(SwitchHookState(session), switch_allreduce_hook)
 
 DDP still needs a process group for its start-up (parameter broadcast); gloo is
-fine. Only the gradient buckets go through the switch. Each call is named by its
+fine. Only the gradient buckets go through the switch. On an ``ina`` process group
+(``backend.py``) DDP needs no hook; with one, give it the group's own session,
+``SwitchHookState(backend.session_of())``, never a second session of the job. Each call is named by its
 bucket's index, which is the same on every rank (DDP's bucket rebuild after the
 first iteration takes rank 0's order): each bucket keeps an exponent history of
 its own, even where buckets are of equal size, and the fingerprints check the

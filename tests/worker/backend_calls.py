@@ -1,0 +1,134 @@
+"""One rank of the backend's collective tests, on a ``cpu:ina`` group with a gloo
+group of the same ranks beside it.
+
+    python -m tests.worker.backend_calls --config job.toml --worker-id 0 \
+        --master 10.0.0.1:29600 --case dtypes|fallback|mismatch
+
+Prints one JSON line per check:
+- ``dtypes``: all_reduce SUM and AVG of integer-valued float16, bfloat16, float32 and
+  float64 tensors (rank r holds (i mod 61 - 30) * (r + 1)), as lists of values,
+  then a NaN on rank 0: the error that ``Work.wait()`` raised, then one more exact
+  call (the session goes on after a NonFiniteError).
+- ``fallback``: broadcast, all_gather, all_gather_single, MAX and int all_reduce,
+  reduce_scatter, barrier, all_reduce_coalesced of ints, on both groups.
+- ``mismatch``: rank r all-reduces 100 * (r + 1) values (async): the error that
+  ``Work.wait()`` raised.
+- ``cuda``: as ``dtypes`` (SUM, float32, float16, bfloat16) with CUDA tensors, and
+  the device the result is on.
+"""
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import innet_aggregation.worker.backend  # noqa: F401  registers "ina"
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64}
+SIZE = 3000
+
+
+def integers(rank: int, dtype) -> torch.Tensor:
+    return ((torch.arange(SIZE) % 61 - 30) * (rank + 1)).to(dtype)
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def error(work) -> str | None:
+    try:
+        work.wait()
+    except Exception as exc:    # what the caller of Work.wait() gets
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def dtypes(rank: int) -> None:
+    for name, dtype in DTYPES.items():
+        for op in ("SUM", "AVG"):
+            t = integers(rank, dtype)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+            emit(check="dtype", dtype=name, op=op, values=t.double().tolist())
+    poisoned = torch.ones(SIZE)
+    if rank == 0:
+        poisoned[5] = float("nan")
+    emit(check="nonfinite", error=error(dist.all_reduce(poisoned, async_op=True)))
+    t = integers(rank, torch.float32)
+    dist.all_reduce(t)
+    emit(check="after", values=t.double().tolist())
+
+
+def cuda(rank: int) -> None:
+    for name in ("float32", "float16", "bfloat16"):
+        t = integers(rank, DTYPES[name]).cuda()
+        dist.all_reduce(t)
+        emit(check="cuda", dtype=name, device=str(t.device), values=t.double().tolist())
+
+
+def fallback(rank: int, world: int, gloo) -> None:
+    for label, group in (("ina", None), ("gloo", gloo)):
+        out = {}
+        t = torch.arange(4.0) + rank
+        dist.broadcast(t, src=1, group=group)
+        out["broadcast"] = t.tolist()
+        gathered = [torch.zeros(3) for _ in range(world)]
+        dist.all_gather(gathered, torch.full((3,), float(rank)), group=group)
+        out["all_gather"] = [g.tolist() for g in gathered]
+        single = torch.zeros(2 * world)
+        dist.all_gather_single(single, torch.tensor([rank, -rank], dtype=torch.float32),
+                               group=group)
+        out["all_gather_single"] = single.tolist()
+        t = torch.tensor([float(rank), -float(rank), 2.5 * rank])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        out["max"] = t.tolist()
+        t = torch.tensor([rank + 1, 2**40 + rank], dtype=torch.int64)
+        dist.all_reduce(t, group=group)
+        out["int_sum"] = t.tolist()
+        t = torch.zeros(2)
+        dist.reduce_scatter_single(t, torch.arange(2.0 * world) * (rank + 1), group=group)
+        out["reduce_scatter"] = t.tolist()
+        ints = [torch.tensor([rank, 1]), torch.tensor([7 * rank])]
+        dist.all_reduce_coalesced(ints, group=group)
+        out["coalesced_ints"] = [i.tolist() for i in ints]
+        dist.barrier(group=group)
+        emit(check="fallback", group=label, **out)
+    floats = [integers(rank, torch.float32)[:700], integers(rank, torch.float32)[:1300]]
+    dist.all_reduce_coalesced(floats)
+    emit(check="coalesced_floats", values=[f.tolist() for f in floats])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--worker-id", type=int, required=True)
+    parser.add_argument("--master", required=True, help="host:port of rank 0")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--case", choices=("dtypes", "fallback", "mismatch", "cuda"), required=True)
+    args = parser.parse_args()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
+    os.environ["INA_JOB_CONFIG"] = args.config
+    rank, world = args.worker_id, args.world
+    dist.init_process_group("cpu:ina", init_method=f"tcp://{args.master}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    if args.case == "dtypes":
+        dtypes(rank)
+    elif args.case == "cuda":
+        cuda(rank)
+    elif args.case == "fallback":
+        fallback(rank, world, dist.new_group(backend="gloo"))
+    else:
+        emit(check="mismatch",
+             error=error(dist.all_reduce(torch.ones(100 * (rank + 1)), async_op=True)))
+    dist.destroy_process_group()
+    sys.stderr.flush()
+    os._exit(0)   # as ddp_train.py: no interpreter finalization with gloo's threads about
+
+
+if __name__ == "__main__":
+    main()
