@@ -42,7 +42,7 @@ def spread(values, fmt: str) -> str:
 
 
 def run(target: str, sizes: list[int], reps: int, slots: int) -> list[dict]:
-    from innet_aggregation.switch_ctl import config as config_mod
+    from innet_aggregation.switch_ctl import jobfile
     from innet_aggregation.switch_ctl.client import SwitchConnection
     from innet_aggregation.switch_ctl.controller import Controller
     from innet_aggregation.testbed.netns import Topology
@@ -64,7 +64,7 @@ def run(target: str, sizes: list[int], reps: int, slots: int) -> list[dict]:
         with SwitchConnection(switch.grpc_addr, 0, (0, 1)) as conn:
             controller = Controller(conn)
             controller.push()
-            controller.apply(config_mod.load(path))
+            controller.apply(jobfile.load(path))
         env = dict(os.environ, PYTHONPATH=str(REPO), GLOO_SOCKET_IFNAME=topo.hosts[0].ifname)
         procs = [h.popen([sys.executable, str(REPO / "benchmarks/backend_worker.py"),
                           "--config", str(path), "--worker-id", str(i), "--world", str(WORKERS),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import types
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,7 +27,6 @@ import torch
 import torch.distributed as dist
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.switch_ctl import config as config_mod
 
 from . import backend_calls
 from .harness import REPO
@@ -256,38 +254,6 @@ def test_the_job_file_gives_the_session_and_destroy_closes_it(one_process, monke
     with pytest.raises(TypeError, match="not a process group of the ina backend"):
         init("gloo")
         session_of()
-
-
-@needs_program
-def test_the_job_manager_gives_the_session_and_is_left_at_destroy(one_process, monkeypatch,
-                                                                   tmp_path):
-    """The backend's side of INA_MANAGER: join_from_env(rank, world) once at creation,
-    its config for the session, close() at destroy (the manager itself is tested
-    with it, in tests/switch_ctl)."""
-    config = config_mod.load(loopback_job(tmp_path, 1))
-    calls = []
-
-    class Membership:
-        def __init__(self):
-            self.config = config
-
-        def close(self):
-            calls.append("close")
-
-    def join_from_env(rank, world):
-        calls.append(("join", rank, world))
-        return Membership()
-
-    manager = types.ModuleType("innet_aggregation.switch_ctl.manager")
-    manager.join_from_env = join_from_env
-    monkeypatch.setitem(sys.modules, "innet_aggregation.switch_ctl.manager", manager)
-    monkeypatch.setenv("INA_MANAGER", "127.0.0.1:1")
-    monkeypatch.setenv("INA_JOB_CONFIG", "/nonexistent: the manager comes first")
-    from innet_aggregation.worker.backend import session_of
-    init()
-    assert calls == [("join", 0, 1)] and session_of().num_workers == 1
-    dist.destroy_process_group()
-    assert calls == [("join", 0, 1), "close"]
 
 
 @needs_program
