@@ -45,11 +45,11 @@ def run(target: str, sizes: list[int], reps: int, slots: int) -> list[dict]:
     from innet_aggregation.switch_ctl import jobfile
     from innet_aggregation.switch_ctl.client import SwitchConnection
     from innet_aggregation.switch_ctl.controller import Controller
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
 
     with tempfile.TemporaryDirectory() as tmp, \
-            Topology(WORKERS, tag=f"bb{os.getpid() % 100000}") as topo, \
+            Namespaces(WORKERS, tag=f"bb{os.getpid() % 100000}") as topo, \
             SwitchProcess(target, topo.switch_ports, log_path=Path(tmp) / "switch.log") as switch:
         raw = {"switch": {"grpc_addr": switch.grpc_addr, "device_id": 0,
                           "ports": [h.switch_port for h in topo.hosts]},

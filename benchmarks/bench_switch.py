@@ -50,7 +50,7 @@ from innet_aggregation.p4src import protocol  # noqa: E402
 from innet_aggregation.switch_ctl import config as config_mod  # noqa: E402
 from innet_aggregation.switch_ctl.client import SwitchConnection  # noqa: E402
 from innet_aggregation.switch_ctl.controller import Controller  # noqa: E402
-from innet_aggregation.testbed.netns import Topology, in_netns  # noqa: E402
+from innet_aggregation.testbed.netns import Namespaces, in_netns  # noqa: E402
 from innet_aggregation.testbed.targets import SwitchProcess, available_targets, bmv2_path  # noqa: E402
 
 WORKERS = 4
@@ -99,7 +99,7 @@ def worker_mac(i: int) -> str:
     return f"02:bb:00:00:00:{i + 1:02x}"
 
 
-def job_config(switch: SwitchProcess, topo: Topology, pool_size: int):
+def job_config(switch: SwitchProcess, topo: Namespaces, pool_size: int):
     return config_mod.parse({
         "switch": {"grpc_addr": switch.grpc_addr, "ports": sorted(topo.switch_ports)},
         "job": {"id": JOB_ID, "udp_port": protocol.AGG_UDP_PORT_BASE, "service_ip": SERVICE_IP,
@@ -137,7 +137,7 @@ class Native:
 class Reflector:
     """The ceiling, started like a switch target (no P4Runtime)."""
 
-    def __init__(self, native: Native, topo: Topology):
+    def __init__(self, native: Native, topo: Namespaces):
         self.process = subprocess.Popen([native.reflector] + [h.switch_ifname for h in topo.hosts])
 
     def __enter__(self):
@@ -149,7 +149,7 @@ class Reflector:
         self.process.wait(timeout=10)
 
 
-def worker_sockets(topo: Topology) -> list[socket.socket]:
+def worker_sockets(topo: Namespaces) -> list[socket.socket]:
     socks = []
     for h in topo.hosts:
         with in_netns(h.netns):
@@ -174,7 +174,7 @@ class Bench:
         pool = fmt.pool_size
         self.window = min(window, pool)
         self.cycle = 2 * pool        # slot n % pool, shadow set flipping on each reuse
-        topo = stack.enter_context(Topology(WORKERS, tag=tag))
+        topo = stack.enter_context(Namespaces(WORKERS, tag=tag))
         if target == "ceiling":
             stack.enter_context(Reflector(native, topo))
             self.want = CONTRIBUTION

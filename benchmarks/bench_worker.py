@@ -279,7 +279,7 @@ def summarize(label: str, reports: list[dict], elements: int) -> dict:
 
 def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, reps: int,
               slots: int) -> None:
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
 
     print(f"\nallreduce, {WORKERS} workers in network namespaces behind one switch, float32, "
           f"switch and gloo's ring in turns on the same tensor, {reps} calls each after one "
@@ -292,7 +292,7 @@ def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, 
         return
     print(f"  load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     results = []
-    with Topology(WORKERS, tag=f"bw{os.getpid() % 100000}") as topo:
+    with Namespaces(WORKERS, tag=f"bw{os.getpid() % 100000}") as topo:
         for i, (target, values) in enumerate(blocks):
             size = bmv2_elements if target == "bmv2" else elements
             window = min(16, slots) if target == "bmv2" else slots

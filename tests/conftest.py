@@ -15,7 +15,7 @@ import pytest
 
 from innet_aggregation.switch_ctl.client import SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
-from innet_aggregation.testbed.netns import Topology
+from innet_aggregation.testbed.netns import Namespaces
 from innet_aggregation.testbed.targets import SwitchProcess, unavailable
 
 from tests.dataplane.harness import TestHost, make_config
@@ -30,7 +30,7 @@ TEST_ELECTION_ID = (0, 10)
 class Switch:
     process: SwitchProcess
     controller: Controller
-    topology: Topology
+    topology: Namespaces
     next_free_slot: int = 0
 
     def counters(self) -> dict[str, int]:
@@ -41,7 +41,7 @@ class Switch:
 def topology():
     if os.geteuid() != 0:
         pytest.skip("the packet tests need root to create network namespaces")
-    with Topology(NUM_HOSTS) as topo:
+    with Namespaces(NUM_HOSTS) as topo:
         yield topo
 
 

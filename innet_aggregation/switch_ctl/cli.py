@@ -29,7 +29,7 @@ from . import config as config_mod
 from . import jobfile
 from .client import DryRun, P4RuntimeError, SwitchConnection
 from .config import TLSConfig
-from .control import field_value
+from .control_base import field_value
 from .controller import Controller
 from .overlaps import JobOverlap
 from .tree import Tree

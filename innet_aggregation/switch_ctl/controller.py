@@ -9,7 +9,7 @@ from innet_aggregation.p4src import protocol
 
 from .client import P4RuntimeError, SwitchConnection
 from .config import Config
-from .control import Changes
+from .control_base import Changes
 from .controls import (ArpResponder, BitmapChecker, DropSimulator, JobLookup, L2Forwarding,
                        OutcomeCounters, ResultRewrite, SenderIdentification, SourceGuard)
 from .overlaps import InstalledJob, JobOverlap, conflicts

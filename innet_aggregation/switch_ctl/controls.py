@@ -1,7 +1,7 @@
 """One class per P4 control the controller configures, named as in p4src/v1model/control/.
 
 Table paths are the v1model P4Info names, <pipeline control>.<instance>.<table>;
-the base class resolves them against the program the switch runs (control.py).
+the base class resolves them against the program the switch runs (control_base.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from innet_aggregation.p4src import protocol
 
 from .client import P4CounterEntry, P4RuntimeError
 from .config import Config
-from .control import Changes, Control
+from .control_base import Changes, Control
 from .overlaps import InstalledJob
 
 

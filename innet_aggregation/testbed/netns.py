@@ -86,7 +86,7 @@ class Host:
 
 
 @dataclass
-class Topology:
+class Namespaces:
     """``num_hosts`` hosts, host i on switch port i+1, addresses 10.0.0.(first_host+i+1)/24
     (``first_host`` numbers the hosts of several switches apart, in one subnet)."""
     num_hosts: int
@@ -118,7 +118,7 @@ class Topology:
         """The root namespace's address on the management network."""
         return f"{self.mgmt_prefix}1" if self.mgmt_prefix else None
 
-    def create(self) -> "Topology":
+    def create(self) -> "Namespaces":
         if os.geteuid() != 0:
             raise PermissionError("creating network namespaces needs root")
         try:
@@ -197,7 +197,7 @@ class Topology:
             _run("ip", "link", "del", self.bridge, check=False)
             self.mgmt_prefix = None
 
-    def __enter__(self) -> "Topology":
+    def __enter__(self) -> "Namespaces":
         return self.create()
 
     def __exit__(self, *exc) -> None:
@@ -205,7 +205,7 @@ class Topology:
 
 
 def _switch_side_up(ifname: str) -> None:
-    """A switch's interface: no TX checksum offload (see ``Topology._add_host``), no IPv6
+    """A switch's interface: no TX checksum offload (see ``Namespaces._add_host``), no IPv6
     chatter."""
     _run("ethtool", "-K", ifname, "tx", "off")
     Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")

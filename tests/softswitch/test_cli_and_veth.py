@@ -52,10 +52,10 @@ def test_unsupported_program_is_refused_at_load():
 @pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
 @pytest.mark.parametrize("target", ["softswitch", "softswitch-python"])
 def test_frames_cross_real_veth_pairs_under_p4runtime_control(target):
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
 
-    with Topology(3) as topo, SwitchProcess(target, topo.switch_ports) as switch:
+    with Namespaces(3) as topo, SwitchProcess(target, topo.switch_ports) as switch:
         conn = connect(switch.grpc_addr, "forwarding")
         try:
             conn.insert([conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": host.mac},
@@ -82,12 +82,12 @@ def test_frames_cross_real_veth_pairs_under_p4runtime_control(target):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
 def test_a_json_given_on_the_command_line_forwards_without_p4runtime():
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
 
     from tests.softswitch.test_primitives import fields, frame
 
     json_path, _ = program_files("primitives")
-    with Topology(1) as topo:
+    with Namespaces(1) as topo:
         host = topo.hosts[0]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         switch = subprocess.Popen(

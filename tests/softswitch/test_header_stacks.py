@@ -46,12 +46,12 @@ def test_both_backends_give_the_same_frames_and_shift_as_bmv2_does():
 @pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
                     reason="needs simple_switch_grpc and root")
 def test_bmv2_agrees_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
     from tests.softswitch.test_vs_bmv2 import compare
 
     soft = load("header_stacks", backend)
-    with Topology(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
+    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
         connect(bmv2.grpc_addr, "header_stacks").close()
         mismatches, forwarded = compare(topo, frames(), lambda data: soft.process(data, 1))
     assert not mismatches, mismatches[:3]

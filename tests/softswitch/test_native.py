@@ -184,11 +184,11 @@ def test_a_frame_larger_than_a_slot_is_dropped_before_ingress(size):
 def test_the_native_switch_survives_garbage_on_the_wire():
     import random
 
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
     from tests.softswitch.test_cli_and_veth import receive
 
-    with Topology(1) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
+    with Namespaces(1) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
         connect(switch.grpc_addr, "primitives").close()
         sock = topo.hosts[0].raw_socket()
         try:

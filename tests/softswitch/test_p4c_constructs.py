@@ -299,7 +299,7 @@ def test_bmv2_gives_the_same_outputs_for_the_three_programs():
     action). BMv2 cannot load mux_headers.json at all (simple_switch aborts with
     Json::LogicError "Type is not convertible to string" on the header ?:): the config
     is refused, so it goes last."""
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
     from tests.softswitch.test_vs_bmv2 import compare
 
@@ -307,7 +307,7 @@ def test_bmv2_gives_the_same_outputs_for_the_three_programs():
         return lambda data: dict(cases)[data]
 
     results = {}
-    with Topology(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
+    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
         conn = connect(bmv2.grpc_addr, "error_key")
         try:
             with pytest.raises(P4RuntimeError, match="does not fit within 0 bits"):

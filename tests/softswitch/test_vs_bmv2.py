@@ -40,12 +40,12 @@ def cases() -> list[bytes]:
 
 
 def test_bmv2_and_softswitch_agree_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
 
     soft = load("primitives", backend)
     soft.groups[GROUP] = REPLICAS        # outputs are compared sorted: order is not tested
-    with Topology(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
+    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
         conn = connect(bmv2.grpc_addr, "primitives")
         try:
             conn.insert(P4MulticastGroupEntry(GROUP, replicas=list(REPLICAS)))
@@ -128,7 +128,7 @@ def program_forwarding(grpc_addr: str) -> None:
 def test_bmv2_and_softswitch_agree_on_p4runtime_programmed_tables(switch):
     from scapy.layers.l2 import Ether
 
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
     from tests.softswitch.test_p4runtime import MAC1, MAC2, MAC9, ip_frame
 
@@ -139,7 +139,7 @@ def test_bmv2_and_softswitch_agree_on_p4runtime_programmed_tables(switch):
               for proto, tos, ttl in ((17, 0xB8, 64), (6, 0x24, 1), (17, 0xC4, 0))]
     frames += [bytes(Ether(src=MAC1, dst=dst, type=0x0806) / (b"\0" * 28))
                for dst in (MAC2, MAC9, "ff:ff:ff:ff:ff:ff")]
-    with Topology(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
+    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
         program_forwarding(bmv2.grpc_addr)
         mismatches, forwarded = compare(topo, frames, lambda data: switch.send(data, 1))
     assert not mismatches, mismatches[:3]

@@ -20,7 +20,7 @@ import tomli_w
 
 from innet_aggregation.switch_ctl.client import SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
-from innet_aggregation.testbed.netns import Topology
+from innet_aggregation.testbed.netns import Namespaces
 from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port
 from innet_aggregation.testbed.tls import make_bundle
 
@@ -71,7 +71,7 @@ class Rank:
 class ManagerBed:
     workdir: Path
     target: str = "softswitch"
-    topology: Topology | None = None
+    topology: Namespaces | None = None
     switch: SwitchProcess | None = None
     manager: subprocess.Popen | None = None
     port: int = 0
@@ -79,7 +79,7 @@ class ManagerBed:
     ranks: list[Rank] = field(default_factory=list)
 
     def start(self) -> "ManagerBed":
-        self.topology = Topology(8, tag=f"mg{os.getpid() % 100000}", management=True).create()
+        self.topology = Namespaces(8, tag=f"mg{os.getpid() % 100000}", management=True).create()
         try:
             self.tls = make_bundle(self.workdir / "tls", hosts=(self.topology.mgmt_address,))
             self.other_ca = make_bundle(self.workdir / "other-tls")

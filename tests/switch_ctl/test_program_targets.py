@@ -17,7 +17,7 @@ from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl import config as config_mod
 from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.client import DryRun, P4RuntimeError
-from innet_aggregation.switch_ctl.control import field_value
+from innet_aggregation.switch_ctl.control_base import field_value
 from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.testbed import layout
 

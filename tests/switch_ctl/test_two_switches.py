@@ -34,12 +34,12 @@ def jobs_on(conn: SwitchConnection) -> list[int]:
 
 
 def test_one_process_controls_two_switches(tmp_path):
-    from innet_aggregation.testbed.netns import Topology
+    from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
 
     if unavailable("softswitch"):
         pytest.skip(unavailable("softswitch"))
-    with Topology(2, tag="twoA") as topo_a, Topology(2, tag="twoB") as topo_b, \
+    with Namespaces(2, tag="twoA") as topo_a, Namespaces(2, tag="twoB") as topo_b, \
             SwitchProcess("softswitch", topo_a.switch_ports) as switch_a, \
             SwitchProcess("softswitch", topo_b.switch_ports) as switch_b:
         # The same election id on both: arbitration is per switch, so both are primary.

@@ -27,7 +27,7 @@ from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.client import SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.tree import Tree
-from innet_aggregation.testbed.netns import SwitchLink, Topology
+from innet_aggregation.testbed.netns import SwitchLink, Namespaces
 from innet_aggregation.testbed.targets import SwitchProcess, unavailable
 from innet_aggregation.testbed.layout import tree_config_dict
 
@@ -76,7 +76,7 @@ class Fabric:
     target: str
     num_hosts: int
     workdir: Path
-    topology: Topology | None = None
+    topology: Namespaces | None = None
     switch: SwitchProcess | None = None
     control: Controller | None = None
     next_slot: int = 0
@@ -84,7 +84,7 @@ class Fabric:
     jobs: list[Job] = field(default_factory=list)
 
     def start(self) -> "Fabric":
-        self.topology = Topology(self.num_hosts, tag=f"wk{os.getpid() % 100000}").create()
+        self.topology = Namespaces(self.num_hosts, tag=f"wk{os.getpid() % 100000}").create()
         try:
             self.switch = SwitchProcess(self.target, self.topology.switch_ports,
                                         log_path=self.workdir / f"{self.target}.log").start(60)
@@ -220,7 +220,7 @@ class TreeFabric(Fabric):
         try:
             spine_ports = {}
             for j in range(self.leaves):
-                topo = Topology(self.per_leaf, tag=f"{tag}{j}",
+                topo = Namespaces(self.per_leaf, tag=f"{tag}{j}",
                                 first_host=j * self.per_leaf).create()
                 self.topologies.append(topo)
                 link = SwitchLink(f"{tag}u{j}").create()
