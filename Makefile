@@ -16,6 +16,9 @@ LEAVES   ?= 2
 TOPOLOGY := --topo $(TOPO) --leaves $(LEAVES)
 # demo: MODEL=large trains a 1.13 M-parameter MLP and times both backends to 95 % accuracy.
 MODEL    ?= small
+# demo, bench-allreduce: INA=1 sends the switch's calls through torch.distributed's
+# ina backend (dist.all_reduce, DDP with no hook) instead of the session's API.
+INA      ?=
 # loss-experiment: the switches whose ports drop (all, or e.g. spine, leaf0).
 LOSS_AT  ?= all
 PYTEST   ?= $(PY) -m pytest
@@ -114,10 +117,10 @@ bench-backend: setup
 	$(PY) benchmarks/bench_backend.py
 
 bench-allreduce: setup
-	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY)
+	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY) $(if $(INA),--ina)
 
 demo: setup
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY)
+	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina)
 
 testbed: setup
 	$(PY) -m innet_aggregation.testbed.topology --workers $(N) $(TOPOLOGY)

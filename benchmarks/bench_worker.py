@@ -207,7 +207,6 @@ def build_of(values: int) -> tuple[Path, Path]:
 def against_gloo(topo, target: str, values: int, elements: int, reps: int, slots: int,
                  port: int) -> list[dict] | None:
     """Switch and gloo calls in turns on one target: the workers' reports, or None."""
-    from innet_aggregation.switch_ctl import config as config_mod
     from innet_aggregation.switch_ctl import jobfile
     from innet_aggregation.switch_ctl.client import SwitchConnection
     from innet_aggregation.switch_ctl.controller import Controller

@@ -81,18 +81,23 @@ def _parser() -> argparse.ArgumentParser:
                              "(default 256,64)")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
+    parser.add_argument("--ina", action="store_true",
+                        help="the switch's calls through torch.distributed on an ina process "
+                             "group (dist.all_reduce), not the session's allreduce")
     parser.add_argument("--out", type=Path, default=Path("results/baseline"),
                         help="results folder (default results/baseline)")
     return parser
 
 
-def measure(testbed, agents, backend: str, size: int, reps: int) -> list[dict]:
+def measure(testbed, agents, backend: str, size: int, reps: int, ina: bool = False) -> list[dict]:
     """One warm-up call, then ``reps`` timed ones: per rep the slowest worker's time,
-    the workers' mean CPU and first transmissions, the switch's CPU per call."""
-    agents.call({"op": "allreduce", "backend": backend, "size": size, "reps": 1,
+    the workers' mean CPU and first transmissions, the switch's CPU per call. With
+    ``ina`` the switch's calls go through the torch backend (recorded as "switch")."""
+    wire = "ina" if ina and backend == "switch" else backend
+    agents.call({"op": "allreduce", "backend": wire, "size": size, "reps": 1,
                  "seed": reps, "barrier": True}, timeout=1800)
     cpu = testbed.switch_cpu_seconds()
-    answers = agents.call({"op": "allreduce", "backend": backend, "size": size, "reps": reps,
+    answers = agents.call({"op": "allreduce", "backend": wire, "size": size, "reps": reps,
                            "seed": 0, "barrier": True}, timeout=1800)
     switch_cpu = (testbed.switch_cpu_seconds() - cpu) / reps
     if not all(all(a["exact"]) for a in answers):
@@ -128,7 +133,7 @@ def run(args) -> list[dict]:
                      values_per_packet=values) as testbed, HostAgents(testbed) as agents:
             for size in args.sizes:
                 for backend in ("switch", "gloo") if i == 0 else ("switch",):
-                    measured = measure(testbed, agents, backend, size, args.reps)
+                    measured = measure(testbed, agents, backend, size, args.reps, args.ina)
                     rows += [dict(r, topo=topo, workers=n, values=values, bw_mbit=bw)
                              for r in measured]
                     times = [r["time_s"] for r in measured]

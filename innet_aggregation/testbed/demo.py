@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
                              "small none)")
     parser.add_argument("--eval-every", type=int, default=5,
                         help="steps between accuracy checks when timing one (default 5)")
+    parser.add_argument("--ina", action="store_true",
+                        help="train through torch.distributed's ina backend (DDP with no hook) "
+                             "instead of the switch's DDP hook")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
     return parser
@@ -113,9 +116,11 @@ def run(args) -> None:
                        "lr": args.lr, "seed": 0, "hidden": list(MODELS[args.model].hidden),
                        "accuracy": args.accuracy, "eval_every": args.eval_every}
             for backend in ("switch", "gloo"):
-                label = "in-switch aggregation" if backend == "switch" else "gloo allreduce"
+                label = ("gloo allreduce" if backend == "gloo" else "in-switch aggregation"
+                         + (" (the ina backend)" if args.ina else ""))
+                wire = "ina" if args.ina and backend == "switch" else backend
                 print(f"[demo] training with {label}, {args.epochs} epochs", flush=True)
-                results[backend] = agents.call(dict(command, backend=backend), timeout=1800)
+                results[backend] = agents.call(dict(command, backend=wire), timeout=1800)
             counters = testbed.switch_counters()
     report(results, counters, args, target)
     print(f"[demo] done in {time.monotonic() - t0:.0f} s", flush=True)

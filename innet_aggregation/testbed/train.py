@@ -5,11 +5,16 @@
 Started once per host by ``testbed.agents``; reads one JSON command per line on
 stdin and answers one JSON line on stdout (see testbed/agents.py):
 
-    {"op": "allreduce", "backend": "switch"|"gloo", "size": 10000, "reps": 3,
+    {"op": "allreduce", "backend": "switch"|"ina"|"gloo", "size": 10000, "reps": 3,
      "seed": 0, "barrier": true}
-    {"op": "train", "backend": "switch"|"gloo", "epochs": 5, "batch": 32, "lr": 0.05,
+    {"op": "train", "backend": "switch"|"ina"|"gloo", "epochs": 5, "batch": 32, "lr": 0.05,
      "hidden": [32], "accuracy": 0.95, "eval_every": 5}
     {"op": "quit"}
+
+"switch" calls the session (and DDP's switch hook) directly; "ina" goes through
+torch.distributed on an ``ina`` process group of the same session, as a user's
+script would (``dist.all_reduce``, and DDP with its default allreduce), so the two
+measure what the backend adds.
 
 Allreduce inputs are integer-valued float32 drawn from (seed, rep, rank), so every
 worker can compute the exact sum of all workers' inputs and check the result
@@ -34,8 +39,6 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from innet_aggregation.switch_ctl import config as config_mod
 
 from innet_aggregation.switch_ctl import jobfile
 
@@ -81,9 +84,21 @@ class Host:
         self.world = world
         from innet_aggregation.worker import AggregationSession
         self.session = AggregationSession.from_config(self.config, worker_id)
+        self._ina = None
         if master:
             dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=worker_id,
                                     world_size=world, timeout=timedelta(minutes=5))
+
+    def ina_group(self):
+        """A torch.distributed ``ina`` group on this host's session, made on first use
+        (beside the gloo default group, which the agents' rendezvous needs)."""
+        if self._ina is None:
+            if not dist.is_initialized():
+                raise ValueError("the ina backend needs the gloo process group: start "
+                                 "without --no-gloo")
+            from innet_aggregation.worker.backend import InaOptions
+            self._ina = dist.new_group(backend="ina", pg_options=InaOptions(self.session))
+        return self._ina
 
     def barrier(self) -> None:
         if dist.is_initialized():
@@ -113,6 +128,12 @@ class Host:
             start, cpu = time.perf_counter(), time.process_time()
             if backend == "switch":
                 result, stats = self.switch_allreduce(tensor)
+            elif backend == "ina":
+                dist.all_reduce(tensor, group=self.ina_group())
+                counters = self.session.last_call.counters
+                result = tensor
+                stats = {"retransmissions": counters.retransmissions,
+                         "packets": counters.packets_sent}
             elif backend == "gloo":
                 dist.all_reduce(tensor)
                 result = tensor
@@ -147,17 +168,18 @@ class Host:
 
         torch.manual_seed(seed)
         model = mlp([int(h) for h in cmd.get("hidden", [32])])
-        ddp = DDP(model)
-        # Both backends go through a comm hook, timed the same way: gloo's is the
-        # allreduce DDP runs by default.
+        group = self.ina_group() if backend == "ina" else None
+        ddp = DDP(model, process_group=group)
+        # Every backend goes through a comm hook, timed the same way: gloo's and ina's
+        # is the allreduce DDP runs by default, on their process group.
         hook_times: list[float] = []
         if backend == "switch":
             from innet_aggregation.worker.ddp_hook import SwitchHookState, switch_allreduce_hook
             ddp.register_comm_hook(SwitchHookState(self.session),
                                    _timed(switch_allreduce_hook, hook_times))
-        elif backend == "gloo":
+        elif backend in ("gloo", "ina"):
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-            ddp.register_comm_hook(None, _timed(allreduce_hook, hook_times))
+            ddp.register_comm_hook(group, _timed(allreduce_hook, hook_times))
         else:
             raise ValueError(f"unknown backend {backend!r}")
         optimizer = torch.optim.Adam(ddp.parameters(), lr=float(cmd.get("lr", 0.01)))

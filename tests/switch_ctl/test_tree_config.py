@@ -10,7 +10,6 @@ import pytest
 import tomli_w
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.switch_ctl import config as config_mod
 from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.config import ConfigError
 from innet_aggregation.testbed import layout

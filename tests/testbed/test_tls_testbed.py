@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from innet_aggregation.switch_ctl import config as config_mod
 
 from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.switch_ctl.client import P4RuntimeError, SwitchConnection

@@ -27,7 +27,6 @@ import torch.distributed as dist
 from sklearn.datasets import load_digits
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from innet_aggregation.switch_ctl import config as config_mod
 
 from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.worker import AggregationSession, SwitchHookState, switch_allreduce_hook
