@@ -147,7 +147,8 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
             retrans = f"{sum(a['retransmissions'] for a in answers)} packets"
         else:
             retrans = f"{sum(a['tcp_retrans'] for a in answers)} TCP segs"
-        print(f"{backend:<12} {accuracy:>9.3f} {step:>8.1f} {allreduce:>13.1f} {cpu:>12.1f} "
+        name = "switch (ina)" if backend == "switch" and args.ina else backend
+        print(f"{name:<12} {accuracy:>9.3f} {step:>8.1f} {allreduce:>13.1f} {cpu:>12.1f} "
               f"{sent:>15.1f} {retrans:>16}")
     if args.accuracy is not None:
         time_to_accuracy(results, args)
@@ -165,7 +166,7 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
           "processor time of a worker process per step (mean over workers; the kernel's\n"
           "work for its sockets included, the switch's not).\nKB sent: bytes each worker's interface transmitted during training, headers "
           f"included. The switch\nrun sends each {fmt.values_per_packet}-value block once "
-          f"({agg_frame_bytes()} B frames), plus redone "
+          f"({agg_frame_bytes(fmt.values_per_packet)} B frames), plus redone "
           "blocks and retransmissions; gloo's\nring sends 2(n-1)/n of the gradient per step in "
           "TCP segments.\nretransmissions: aggregation packets resent after a loss was detected "
           "or a timer fired (switch),\nTCP segments (gloo).")

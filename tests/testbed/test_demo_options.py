@@ -47,3 +47,18 @@ def test_options_given_override_the_models_own():
 def test_settings_that_cannot_run_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
         options(*argv)
+
+
+@pytest.mark.parametrize("ina", [False, True])
+def test_the_report_prints_every_line_it_promises(ina, capsys):
+    """The report's own arithmetic and wording, on answers of the shape train.py sends."""
+    answer = {"accuracy": 0.9, "step_time_ms": 4.0, "allreduce_ms": 3.0, "cpu_ms_per_step": 2.0,
+              "tx_bytes": 1000, "retransmissions": 0, "tcp_retrans": 0, "parameters": 2410,
+              "steps": 22, "aggregation_packets": 720, "redone": 24}
+    results = {"switch": [answer, answer], "gloo": [dict(answer, step_time_ms=5.0)] * 2}
+    args = options(*(["--ina"] if ina else []))
+    demo.report(results, {"switch": {}}, args, "softswitch")
+    out = capsys.readouterr().out
+    assert "switch / gloo step time: 0.80" in out
+    assert "(1080 B frames)" in out            # 256 values: 1 KiB of values and headers
+    assert ("switch (ina)" in out) == ina
