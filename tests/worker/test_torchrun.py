@@ -15,6 +15,7 @@ moves parameters by 1e-3 or more.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -73,12 +74,22 @@ def test_two_torchrun_jobs_at_once_train_exactly_on_disjoint_slots(bed, tmp_path
     jobs = {"alpha": [0, 1], "beta": [2, 3]}
     running = {name: torchrun(bed, name, hosts, 29810 + i, tmp_path / name)
                for i, (name, hosts) in enumerate(jobs.items())}
-    for name, processes in running.items():
-        for node_rank, (process, log) in enumerate(processes):
-            code = process.wait(timeout=600)
+    try:
+        for name, processes in running.items():
+            for node_rank, (process, log) in enumerate(processes):
+                code = process.wait(timeout=300)
+                text = (tmp_path / f"{name}-{node_rank}.log").read_text()
+                assert code == 0, f"{name} node {node_rank}:\n{text[-4000:]}"
+    finally:
+        for process, log in (p for processes in running.values() for p in processes):
+            if process.poll() is None:    # torchrun's agent stops its worker on SIGTERM
+                process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
             log.close()
-            text = (tmp_path / f"{name}-{node_rank}.log").read_text()
-            assert code == 0, f"{name} node {node_rank}:\n{text[-4000:]}"
 
     expected = reference(2)
     seen = {}
