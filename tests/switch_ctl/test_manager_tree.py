@@ -150,7 +150,11 @@ class TreeBed:
                 rank.process.wait()
         if self.manager is not None and self.manager.poll() is None:
             self.manager.terminate()
-            self.manager.wait(timeout=10)
+            try:
+                self.manager.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.manager.kill()
+                self.manager.wait()
         for switch in self.switches.values():
             switch.stop()
         for thing in self.links + self.topologies:
