@@ -27,6 +27,7 @@ from typing import Callable
 from innet_aggregation.p4src import protocol
 
 from .. import config as config_mod
+from ..tree import parse_tree
 from .wire import JOB_NAME, MAX_LINE, decode_line, encode
 
 SIOCGIFADDR = 0x8915
@@ -285,7 +286,9 @@ def _membership(manager: _Manager, job: str, rank: int, answer: dict) -> Members
     values = raw.get("job", {}).get("values_per_packet") if isinstance(raw, dict) else None
     try:
         pool = protocol.packet_format(values).pool_size
-        config = config_mod.parse(raw, pool)
+        # A tree job: the rank's own switch's Config (workers' ids are ranks).
+        config = (parse_tree(raw, pool).for_worker(rank) if "switches" in raw
+                  else config_mod.parse(raw, pool))
     except (config_mod.ConfigError, ValueError, AttributeError, TypeError) as exc:
         raise JoinError(f"the manager's job description for job {job} is not usable here: "
                         f"{exc}") from None

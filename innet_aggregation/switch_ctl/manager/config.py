@@ -28,6 +28,31 @@
     mac = "02:00:00:00:00:01"
     switch_port = 1
 
+Or a tree of switches instead of [switch], in the shape of a tree job file
+(switch_ctl/tree.py), each switch's fabric hosts naming it:
+
+    [tree]
+    root = "spine"
+    values_per_packet = 256            # every switch's program
+
+    [switches.spine]
+    grpc_addr = "127.0.0.1:9559"       # device_id, election_id, TLS keys as in [switch]
+    ports = [1, 2]
+
+    [switches.leaf0]
+    grpc_addr = "127.0.0.1:9560"
+    ports = [1, 2, 3]
+    parent = "spine"
+    uplink_port = 3                    # leaf0's port to the spine
+    parent_port = 1                    # the spine's port to leaf0
+
+    [[fabric.hosts]]
+    mac = "02:00:00:00:00:01"
+    switch = "leaf0"
+    switch_port = 1
+
+A tree job takes one service address of the pool per switch it spans.
+
 Paths are relative to the file.
 """
 
@@ -39,9 +64,11 @@ from pathlib import Path
 
 from innet_aggregation.p4src import protocol
 
-from ..config import ConfigError, TLSConfig, _check_ip, _check_mac, tls_config
+from ..config import TLS_KEYS, ConfigError, TLSConfig, _check_ip, _check_mac, tls_config
+from ..tree import _parents_first, _structure
 
 MIN_SECRET = 16
+STAR = "switch"     # the name of a star manager's one switch
 
 
 @dataclass(frozen=True)
@@ -69,6 +96,16 @@ class ManagerSwitch:
 
 
 @dataclass(frozen=True)
+class TreeLinks:
+    """How a tree manager's switches hang together: the root, and each other
+    switch's parent, its port to the parent and the parent's port to it."""
+    root: str
+    parents: dict[str, str]
+    uplink_ports: dict[str, int]
+    parent_ports: dict[str, int]
+
+
+@dataclass(frozen=True)
 class ManagerConfig:
     listen: tuple[str, int]
     secret: bytes
@@ -78,9 +115,20 @@ class ManagerConfig:
     lease_seconds: float
     sweep_seconds: float
     default_slots: int
-    switch: ManagerSwitch
+    switches: dict[str, ManagerSwitch]   # parents first; a star's one is named STAR
     pool: Pool
     fabric: dict[str, int]          # data-plane MAC -> switch port
+    homes: dict[str, str]           # data-plane MAC -> the switch (name) it is behind
+    tree: TreeLinks | None = None   # None: one switch
+
+    @property
+    def switch(self) -> ManagerSwitch:
+        """A star manager's switch."""
+        return self.switches[STAR]
+
+    @property
+    def values_per_packet(self) -> int:
+        return next(iter(self.switches.values())).values_per_packet
 
 
 def load(path: Path | str) -> ManagerConfig:
@@ -98,17 +146,23 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     """``base``: where relative paths start (None: the current directory)."""
     base = base or Path.cwd()
     problems: list[str] = []
+    is_tree = "switches" in raw or "tree" in raw
+    names = ("manager", "switches", "tree", "pool", "fabric") if is_tree else (
+        "manager", "switch", "pool", "fabric")
     sections = {}
-    for name in ("manager", "switch", "pool", "fabric"):
+    for name in names:
         section = raw.get(name, {})
         if not isinstance(section, dict):
             problems.append(f"[{name}] must be a table")
             section = {}
         sections[name] = section
-    unknown = sorted(set(raw) - set(sections))
+    if is_tree and "switch" in raw:
+        problems.append("give [switch] (one switch) or [tree] and [switches.NAME] (a tree), "
+                        "not both")
+    unknown = sorted(set(raw) - set(sections) - {"switch"})
     if unknown:
         problems.append(f"unknown tables {', '.join(unknown)} (known: {', '.join(sections)})")
-    mg, sw, pl, fb = (sections[n] for n in ("manager", "switch", "pool", "fabric"))
+    mg, pl, fb = (sections[n] for n in ("manager", "pool", "fabric"))
 
     def get(section, key, kinds, where, default=None):
         value = section.get(key, default)
@@ -150,27 +204,14 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
             problems.append(f"manager.{name} must be in (0, 3600], not {value}")
     default_slots = get(mg, "default_slots", int, "manager", 64)
 
-    fabric = _fabric(fb, problems)
-    ports = sw.get("ports", sorted(set(fabric.values())))
-    if not isinstance(ports, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 511 for p in ports):
-        problems.append(f"switch.ports must be integers in 0..510, not {ports!r}")
-        ports = []
-    missing = sorted({p for p in fabric.values()} - set(ports))
-    if missing:
-        problems.append(f"fabric.hosts name switch ports {missing} that switch.ports lacks")
-    values = get(sw, "values_per_packet", int, "switch", protocol.packet_format().values_per_packet)
-    if values is not None:
-        try:
-            protocol.packet_format(values)
-        except ValueError as exc:
-            problems.append(f"switch.values_per_packet: {exc}")
-            values = None
-    switch = ManagerSwitch(grpc_addr=get(sw, "grpc_addr", str, "switch") or "",
-                           device_id=get(sw, "device_id", int, "switch", 0) or 0,
-                           ports=tuple(ports), values_per_packet=values or 0,
-                           election_id=get(sw, "election_id", int, "switch", 100) or 100,
-                           tls=tls_config(sw, base, "switch", problems))
+    fabric, homes = _fabric(fb, is_tree, problems)
+    tree = None
+    if is_tree:
+        switches, tree = _tree(sections["switches"], sections["tree"], fabric, homes, base, get,
+                               problems)
+    else:
+        switches = {STAR: _switch(sections["switch"], "switch", fabric, base, get, problems)}
+    values = next(iter(switches.values())).values_per_packet if switches else 0
 
     pool_size = protocol.packet_format(values).pool_size if values else 0
     ports_all = protocol.AGG_UDP_PORTS
@@ -178,18 +219,113 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     slots = _range(pl, "slots", (0, pool_size - 1), range(0, pool_size), problems)
     udp_ports = _range(pl, "udp_ports", (ports_all.start, ports_all.stop - 1), ports_all, problems)
     services = _services(pl.get("services"), fabric, problems)
+    if is_tree and services and switches and len(services) < len(switches):
+        problems.append(f"pool.services lists {len(services)} service addresses; a job across "
+                        f"the tree takes one per switch, {len(switches)}")
     if default_slots is not None and slots is not None and not 1 <= default_slots <= len(slots):
         problems.append(f"manager.default_slots must be 1..{len(slots)} (the pool's slots), "
                         f"not {default_slots}")
     if problems:
         raise ConfigError(problems)
-    if switch.tls is not None:
-        switch.tls.check("switch")
+    for name, switch in switches.items():
+        if switch.tls is not None:
+            switch.tls.check("switch" if tree is None else f"switches.{name}")
     return ManagerConfig(listen=listen, secret=secret, cert=cert, key=key,
                          database=path(database), lease_seconds=float(lease),
                          sweep_seconds=float(sweep), default_slots=default_slots,
-                         switch=switch, pool=Pool(job_ids, slots, udp_ports, services),
-                         fabric=fabric)
+                         switches=switches, pool=Pool(job_ids, slots, udp_ports, services),
+                         fabric=fabric, homes=homes, tree=tree)
+
+
+def _switch(sw: dict, where: str, fabric: dict[str, int], base: Path, get,
+            problems: list[str], values: int | None = None) -> ManagerSwitch:
+    """One switch: a star's [switch] (ports default to the fabric's), or a tree's
+    [switches.NAME] (``values`` from [tree])."""
+    ports = sw.get("ports", sorted(set(fabric.values())))
+    if not isinstance(ports, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 511 for p in ports):
+        problems.append(f"{where}.ports must be integers in 0..510, not {ports!r}")
+        ports = []
+    if values is None:
+        missing = sorted({p for p in fabric.values()} - set(ports))
+        if missing:
+            problems.append(f"fabric.hosts name switch ports {missing} that switch.ports lacks")
+        values = get(sw, "values_per_packet", int, "switch",
+                     protocol.packet_format().values_per_packet)
+        values = _values(values, "switch", problems)
+    return ManagerSwitch(grpc_addr=get(sw, "grpc_addr", str, where) or "",
+                         device_id=get(sw, "device_id", int, where, 0) or 0,
+                         ports=tuple(ports), values_per_packet=values or 0,
+                         election_id=get(sw, "election_id", int, where, 100) or 100,
+                         tls=tls_config(sw, base, where, problems))
+
+
+def _values(values, where: str, problems: list[str]) -> int | None:
+    if values is not None:
+        try:
+            protocol.packet_format(values)
+        except ValueError as exc:
+            problems.append(f"{where}.values_per_packet: {exc}")
+            return None
+    return values
+
+
+TREE_SWITCH_KEYS = {"grpc_addr", "device_id", "ports", "election_id", "parent", "uplink_port",
+                    "parent_port", *TLS_KEYS}
+
+
+def _tree(raw: dict, tr: dict, fabric: dict[str, int], homes: dict[str, str], base: Path, get,
+          problems: list[str]) -> tuple[dict[str, ManagerSwitch], TreeLinks | None]:
+    """A tree's switches (parents first) and how they link, checked as a tree job
+    file's are (tree.py), with the fabric's hosts as the workers under each switch."""
+    root = tr.get("root")
+    if not raw or not all(isinstance(sw, dict) for sw in raw.values()):
+        problems.append("[switches.NAME] must be tables, at least one")
+        return {}, None
+    if root not in raw:
+        problems.append(f"tree.root must name one of the switches {sorted(raw)}, not {root!r}")
+        return {}, None
+    unknown = sorted(set(tr) - {"root", "values_per_packet"})
+    if unknown:
+        problems.append(f"tree has unknown keys {', '.join(unknown)} "
+                        f"(known: root, values_per_packet)")
+    values = _values(get(tr, "values_per_packet", int, "tree",
+                         protocol.packet_format().values_per_packet), "tree", problems)
+    for name, sw in raw.items():
+        extra = sorted(set(sw) - TREE_SWITCH_KEYS)
+        if extra:
+            problems.append(f"switches.{name} has unknown keys {', '.join(extra)} (known: "
+                            f"{', '.join(sorted(TREE_SWITCH_KEYS))})")
+        if "ports" not in sw:
+            problems.append(f"switches.{name}.ports is missing")
+        for key in ("uplink_port", "parent_port"):
+            if key in sw and (not isinstance(sw[key], int) or isinstance(sw[key], bool)):
+                problems.append(f"switches.{name}.{key} must be int, not {sw[key]!r}")
+    for mac, name in homes.items():
+        if name not in raw:
+            problems.append(f"fabric.hosts: {mac} is behind switch {name!r}, which "
+                            f"[switches] lacks ({', '.join(sorted(raw))})")
+        elif fabric[mac] not in raw[name].get("ports", []):
+            problems.append(f"fabric.hosts: {mac} is behind port {fabric[mac]} of {name}, "
+                            f"which switches.{name}.ports lacks")
+    shape = {name: {**sw, "workers": [{"id": mac, "switch_port": fabric[mac]}
+                                      for mac, home in homes.items() if home == name]}
+             for name, sw in raw.items()}
+    parents = _structure(shape, root, problems)
+    addresses: dict[str, str] = {}
+    for name, sw in raw.items():
+        addr = sw.get("grpc_addr")
+        if addr in addresses:
+            problems.append(f"switches.{name} and switches.{addresses[addr]} are both at {addr}")
+        addresses[addr] = name
+    order = _parents_first(root, parents)
+    if len(order) != len(raw):    # a cycle, or a switch under none: said above
+        order += [name for name in raw if name not in order]
+    switches = {name: _switch(raw[name], f"switches.{name}", fabric, base, get, problems,
+                              values) for name in order}
+    return switches, TreeLinks(root, parents,
+                               {c: raw[c].get("uplink_port") for c in parents},
+                               {c: raw[c].get("parent_port") for c in parents})
 
 
 def _address(value, where: str, problems: list[str]) -> tuple[str, int] | None:
@@ -265,12 +401,16 @@ def _services(raw, fabric: dict[str, int], problems: list[str]) -> tuple[Service
     return tuple(services)
 
 
-def _fabric(fb: dict, problems: list[str]) -> dict[str, int]:
+def _fabric(fb: dict, is_tree: bool, problems: list[str]) -> tuple[dict[str, int],
+                                                                 dict[str, str]]:
+    """MAC -> switch port, and MAC -> the switch's name (a tree names it per host)."""
     hosts = fb.get("hosts")
     if not isinstance(hosts, list) or not hosts:
-        problems.append("fabric.hosts must list the hosts behind the switch (mac, switch_port)")
-        return {}
+        problems.append("fabric.hosts must list the hosts behind the switch (mac, switch_port"
+                        + (", switch)" if is_tree else ")"))
+        return {}, {}
     fabric: dict[str, int] = {}
+    homes: dict[str, str] = {}
     for n, h in enumerate(hosts):
         where = f"fabric.hosts[{n}]"
         if not isinstance(h, dict):
@@ -281,8 +421,17 @@ def _fabric(fb: dict, problems: list[str]) -> dict[str, int]:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 511:
             problems.append(f"{where}.switch_port must be 0..510, not {port!r}")
             continue
+        switch = h.get("switch", STAR)
+        if is_tree and not isinstance(h.get("switch"), str):
+            problems.append(f"{where}.switch must name the switch it is behind, not "
+                            f"{h.get('switch')!r}")
+            continue
+        if not is_tree and "switch" in h:
+            problems.append(f"{where}.switch names a switch of a tree; this manager has one "
+                            f"[switch]")
         if mac in fabric:
             problems.append(f"{where}.mac {mac} is listed twice")
         if mac:
             fabric[mac] = port
-    return fabric
+            homes[mac] = switch
+    return fabric, homes

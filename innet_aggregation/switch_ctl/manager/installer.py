@@ -1,5 +1,8 @@
-"""The manager's hold on its switch: one P4Runtime session, the program on it, and
-the jobs the database says it holds, put back whenever the switch lost them.
+"""The manager's hold on its switches: per switch one P4Runtime session, the program
+on it, and the jobs the database says it holds, put back whenever the switch lost
+them. A job is a Tree (switch_ctl/tree.py) over some of the switches (a star's one
+switch is a tree of one): checked on each before any is written, installed parents
+first, removed children first.
 
 A switch that restarted comes back with no program and no entries: ``repair``
 notices (a broken session, a switch without our program, a job missing from its
@@ -19,6 +22,7 @@ from ..client import P4RuntimeError, SwitchConnection
 from ..config import Config
 from ..controller import Controller
 from ..overlaps import InstalledJob
+from ..tree import Tree
 from .config import ManagerSwitch
 
 log = logging.getLogger("innet_aggregation.manager")
@@ -92,6 +96,10 @@ class Installer:
     def installed(self) -> list[InstalledJob]:
         return self._run(lambda ctl: ctl.installed_jobs())
 
+    def check(self, config: Config) -> None:
+        """JobOverlap if the job collides with one the switch holds; nothing written."""
+        self._run(lambda ctl: ctl.check_overlaps(config))
+
     def install(self, config: Config) -> None:
         self._run(lambda ctl: ctl.apply(config))
 
@@ -125,6 +133,66 @@ class Installer:
                 log.warning("job %d is not on the switch: re-applying it", config.job.id)
                 ctl.apply(config)
             return [c.job.id for c in missing]
+
+
+class Switches:
+    """Every switch of the manager, by name, each through an Installer of its own."""
+
+    def __init__(self, switches: dict[str, ManagerSwitch]):
+        self.installers = {name: Installer(sw) for name, sw in switches.items()}
+
+    def close(self) -> None:
+        for installer in self.installers.values():
+            installer.close()
+
+    def installed(self) -> list[InstalledJob]:
+        """The jobs every switch holds (a job on several switches once per switch)."""
+        return [job for installer in self.installers.values() for job in installer.installed()]
+
+    def install(self, tree: Tree) -> None:
+        """Every switch of the job checked before any is written (a collision on a leaf
+        must not leave the job on its parent alone), then parents first; a switch that
+        fails has the job taken back off the switches written before it."""
+        for name, config in tree.switches.items():
+            self.installers[name].check(config)
+        done = []
+        try:
+            for name, config in tree.switches.items():
+                self.installers[name].install(config)
+                done.append(name)
+        except BaseException:
+            for name in reversed(done):
+                try:
+                    self.installers[name].remove(tree.switches[name])
+                except P4RuntimeError as exc:
+                    log.warning("job %d: taking it back off %s failed: %s", tree.job_id,
+                                name, exc)
+            raise
+
+    def remove(self, tree: Tree) -> None:
+        """Children first, so no switch sends sums to one that lost the job; every switch
+        is tried, and the first failure raised after."""
+        failed = []
+        for name in reversed(tree.switches):
+            try:
+                self.installers[name].remove(tree.switches[name])
+            except P4RuntimeError as exc:
+                failed.append(P4RuntimeError(f"{name} ({self.installers[name].switch.grpc_addr}):"
+                                             f" {exc}"))
+        if failed:
+            raise failed[0]
+
+    def repair(self, trees: list[Tree]) -> None:
+        """Each switch repaired (Installer.repair) with the jobs it should hold; every
+        switch is tried, then P4RuntimeError names those that could not be."""
+        failed = []
+        for name, installer in self.installers.items():
+            try:
+                installer.repair([t.switches[name] for t in trees if name in t.switches])
+            except (P4RuntimeError, ValueError) as exc:
+                failed.append(f"{name} ({installer.switch.grpc_addr}): {exc}")
+        if failed:
+            raise P4RuntimeError("; ".join(failed))
 
 
 def _no_program(exc: P4RuntimeError) -> bool:

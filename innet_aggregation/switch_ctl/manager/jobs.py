@@ -6,6 +6,10 @@ A complete job that does not fit (slots, ids, ports, service addresses, or a hos
 interface another job uses) waits; the waiting jobs are tried in the order they
 became complete, and one that fits goes ahead of an earlier one that does not.
 Its ranks see why they wait until their own timeout ends the wait.
+
+A tree manager's job spans the switches its ranks are behind and the switches
+between them (up to the lowest one they share, its root): the same id, slots and UDP
+port on each, and a service address of each switch's own.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from innet_aggregation.p4src import protocol
 
 from .. import config as config_mod
 from ..client import P4RuntimeError
-from ..config import Config
-from .config import ManagerConfig
-from .installer import Installer, _broken
+from ..tree import Tree, parse_tree
+from .config import STAR, ManagerConfig
+from .installer import Switches, _broken
 from .pool import Allocation, Allocator, Holding
 from .store import Store, StoredJob
 from .wire import BadRequest, Lease, Register
@@ -33,13 +37,14 @@ log = logging.getLogger("innet_aggregation.manager")
 
 @dataclass(frozen=True)
 class Member:
-    """A registered rank: its data-plane interface, and the switch port behind it."""
+    """A registered rank: its data-plane interface, and the switch and port behind it."""
     rank: int
     ifname: str
     ip: str
     mac: str
     udp_port: int
     switch_port: int
+    switch: str = STAR
 
 
 @dataclass
@@ -58,29 +63,38 @@ class Pending:
 @dataclass
 class Running:
     name: str
-    config: Config
-    raw: dict                          # what each rank is handed, switch_ctl.config's form
+    tree: Tree                         # a star job: a tree of one switch
+    raw: dict                          # what each rank is handed: a job file's form
     tokens: dict[int, str]
     leases: dict[int, float]           # rank -> monotonic deadline
     closed: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.time)
 
+    @property
+    def job(self):
+        """The job's settings every switch shares (id, slots, UDP port), and the root's
+        service address."""
+        return self.tree.switches[self.tree.root].job
+
     def holding(self) -> Holding:
-        job = self.config.job
+        job = self.job
+        others = [c.job for name, c in self.tree.switches.items() if name != self.tree.root]
         return Holding(self.name, job.id, job.first_slot, job.num_slots, job.udp_port,
-                       job.service_ip, job.service_mac, frozenset(w.mac for w in job.workers))
+                       job.service_ip, job.service_mac,
+                       frozenset(self.member(rank).mac for rank in self.tree.homes),
+                       frozenset(a for j in others for a in (j.service_ip, j.service_mac)))
 
     def member(self, rank: int):
-        return next(w for w in self.config.job.workers if w.id == rank)
+        return next(w for w in self.tree.for_worker(rank).job.workers if w.id == rank)
 
 
 class Jobs:
-    def __init__(self, config: ManagerConfig, installer: Installer, store: Store):
+    def __init__(self, config: ManagerConfig, installer: Switches, store: Store):
         self.config = config
         self.installer = installer
         self.store = store
         self.allocator = Allocator(config.pool)
-        self.pool_size = protocol.packet_format(config.switch.values_per_packet).pool_size
+        self.pool_size = protocol.packet_format(config.values_per_packet).pool_size
         self.cond = threading.Condition()
         self.pending: dict[str, Pending] = {}
         self.running: dict[str, Running] = {}
@@ -95,12 +109,11 @@ class Jobs:
             running = self._running(stored, deadline)
             self.running[stored.name] = running
             log.info("job %s (id %d) restored from the database: ranks %s", stored.name,
-                     running.config.job.id, sorted(running.tokens))
-        self.installer.repair([r.config for r in self.running.values()])
+                     running.job.id, sorted(running.tokens))
+        self.installer.repair([r.tree for r in self.running.values()])
 
     def _running(self, stored: StoredJob, deadline: float) -> Running:
-        config = config_mod.parse(stored.config, self.pool_size)
-        return Running(stored.name, config, stored.config, stored.tokens,
+        return Running(stored.name, self._tree(stored.config), stored.config, stored.tokens,
                        {rank: deadline for rank in stored.tokens}, set(stored.closed),
                        stored.started)
 
@@ -123,7 +136,7 @@ class Jobs:
             raise BadRequest(f"rank {request.rank}'s address {interface.ip} is a service "
                              f"address of the manager's pool")
         return Member(request.rank, interface.ifname, interface.ip, interface.mac,
-                      request.udp_port, port)
+                      request.udp_port, port, self.config.homes[interface.mac])
 
     def register(self, request: Register, member: Member) -> tuple[Pending, int]:
         """Enter the rank; returns its job and its registration's generation."""
@@ -160,9 +173,9 @@ class Jobs:
             pending.generation[member.rank] = self._generations
             if len(pending.members) == pending.world and pending.complete_since is None:
                 pending.complete_since = time.monotonic()
-            log.info("job %s: rank %d of %d registered from %s (%s, switch port %d)",
+            log.info("job %s: rank %d of %d registered from %s (%s, %s port %d)",
                      request.job, member.rank, request.world, member.ip, member.mac,
-                     member.switch_port)
+                     member.switch, member.switch_port)
             self._schedule()
             return pending, self._generations
 
@@ -207,11 +220,12 @@ class Jobs:
                                    f"or lose their lease")
                 continue
             macs = frozenset(m.mac for m in pending.members.values())
-            allocation = self.allocator.allocate(pending.slots, macs, held)
+            spanned = self._spanned(pending)
+            allocation = self.allocator.allocate(pending.slots, macs, held, len(spanned))
             if isinstance(allocation, str):
                 pending.message = allocation
                 continue
-            running = self._start(pending, allocation)
+            running = self._start(pending, allocation, spanned)
             if running is not None:
                 held.append(running.holding())
         self.cond.notify_all()
@@ -224,11 +238,13 @@ class Jobs:
                                j.udp_port, j.service_ip, j.service_mac)
                        for j in self.installer.installed() if j.id not in ids]
 
-    def _start(self, pending: Pending, allocation: Allocation) -> Running | None:
-        raw = self._job_dict(pending, allocation)
+    def _start(self, pending: Pending, allocation: Allocation,
+               spanned: list[str]) -> Running | None:
+        raw = (self._job_dict(pending, allocation) if self.config.tree is None
+               else self._tree_dict(pending, allocation, spanned))
         try:
-            config = config_mod.parse(raw, self.pool_size)
-            self.installer.install(config)
+            tree = self._tree(raw)
+            self.installer.install(tree)
         except (P4RuntimeError, config_mod.ConfigError, ValueError) as exc:
             if isinstance(exc, P4RuntimeError) and _broken(exc):
                 pending.message = f"waiting for the switch: {exc}"
@@ -240,15 +256,68 @@ class Jobs:
         tokens = {rank: secrets.token_hex(16) for rank in pending.members}
         self.store.add_job(pending.name, raw, tokens)
         deadline = time.monotonic() + self.config.lease_seconds
-        running = Running(pending.name, config, raw, tokens, dict.fromkeys(tokens, deadline))
+        running = Running(pending.name, tree, raw, tokens, dict.fromkeys(tokens, deadline))
         self.running[pending.name] = running
         pending.outcome = ("ready", running)
         del self.pending[pending.name]
-        log.info("job %s installed: id %d, slots %d..%d, UDP port %d, service %s %s, %d ranks",
+        log.info("job %s installed: id %d, slots %d..%d, UDP port %d, %s, %d ranks",
                  pending.name, allocation.job_id, allocation.first_slot,
                  allocation.first_slot + allocation.num_slots - 1, allocation.udp_port,
-                 allocation.service.ip, allocation.service.mac, pending.world)
+                 ", ".join(f"{name} service {c.job.service_ip} {c.job.service_mac}"
+                           for name, c in tree.switches.items()), pending.world)
         return running
+
+    def _tree(self, raw: dict) -> Tree:
+        """A job's dict as a Tree: a tree job file's form, or a star's (a tree of one)."""
+        if "switches" in raw:
+            return parse_tree(raw, self.pool_size)
+        config = config_mod.parse(raw, self.pool_size)
+        return Tree(STAR, {STAR: config}, {}, {w.id: STAR for w in config.job.workers})
+
+    def _spanned(self, pending: Pending) -> list[str]:
+        """The switches a job spans, parents first: those its ranks are behind and those
+        between them, below the lowest switch they all share."""
+        links = self.config.tree
+        if links is None:
+            return [STAR]
+        used = set()
+        for m in pending.members.values():
+            switch = m.switch
+            used.add(switch)
+            while switch in links.parents:
+                switch = links.parents[switch]
+                used.add(switch)
+        root = links.root
+        while True:
+            children = [c for c, p in links.parents.items() if p == root and c in used]
+            if len(children) != 1 or any(m.switch == root for m in pending.members.values()):
+                break
+            used.discard(root)
+            root = children[0]
+        return [name for name in self.config.switches if name in used]
+
+    def _tree_dict(self, pending: Pending, a: Allocation, spanned: list[str]) -> dict:
+        """The job as a tree job file (switch_ctl/tree.py) over ``spanned``."""
+        links = self.config.tree
+        switches = {}
+        for name, service in zip(spanned, a.services):
+            sw = self.config.switches[name]
+            entry = {"grpc_addr": sw.grpc_addr, "device_id": sw.device_id,
+                     "ports": list(sw.ports), "service_ip": service.ip,
+                     "service_mac": service.mac,
+                     "workers": [{"id": m.rank, "mac": m.mac, "ip": m.ip,
+                                  "udp_port": m.udp_port, "switch_port": m.switch_port}
+                                 for m in sorted(pending.members.values(), key=lambda m: m.rank)
+                                 if m.switch == name]}
+            if name != spanned[0]:
+                entry.update(parent=links.parents[name], uplink_port=links.uplink_ports[name],
+                             parent_port=links.parent_ports[name])
+            switches[name] = entry
+        return {"job": {"id": a.job_id, "udp_port": a.udp_port, "first_slot": a.first_slot,
+                        "num_slots": a.num_slots,
+                        "values_per_packet": self.config.values_per_packet},
+                "tree": {"root": spanned[0]}, "switches": switches,
+                "loss": {"ingress": 0.0, "egress": 0.0}}
 
     def _job_dict(self, pending: Pending, a: Allocation) -> dict:
         sw = self.config.switch
@@ -298,32 +367,31 @@ class Jobs:
                     self._finish(running, f"rank{'s' * (len(late) > 1)} "
                                           f"{', '.join(map(str, late))} stopped renewing")
             self._schedule()
-            configs = [r.config for r in self.running.values()]
+            trees = [r.tree for r in self.running.values()]
         try:
-            self.installer.repair(configs)
+            self.installer.repair(trees)
         except P4RuntimeError as exc:
-            log.warning("switch %s: %s", self.config.switch.grpc_addr, exc)
+            log.warning("repairing the switches: %s", exc)
 
     def _finish(self, running: Running, why: str) -> None:
         """Remove the job from the switch, reset its slots, forget it."""
         try:
-            self.installer.remove(running.config)
+            self.installer.remove(running.tree)
         except P4RuntimeError as exc:
             # Gone with the switch (a restart), or the switch is away: the database no
             # longer holds the job, so a repair will not put it back.
             log.warning("job %s: removing it from the switch failed: %s", running.name, exc)
         self.store.delete_job(running.name)
         del self.running[running.name]
-        log.info("job %s (id %d) removed and its %d slots reset: %s", running.name,
-                 running.config.job.id, running.config.job.num_slots, why)
+        log.info("job %s (id %d) removed and its %d slots reset on %s: %s", running.name,
+                 running.job.id, running.job.num_slots, ", ".join(running.tree.switches), why)
 
     def listing(self) -> dict:
         with self.cond:
-            running = [{"name": r.name, "id": r.config.job.id,
-                        "slots": [r.config.job.first_slot,
-                                  r.config.job.first_slot + r.config.job.num_slots - 1],
-                        "udp_port": r.config.job.udp_port,
-                        "service_ip": r.config.job.service_ip, "ranks": len(r.tokens),
+            running = [{"name": r.name, "id": r.job.id,
+                        "slots": [r.job.first_slot, r.job.first_slot + r.job.num_slots - 1],
+                        "udp_port": r.job.udp_port, "service_ip": r.job.service_ip,
+                        "switches": list(r.tree.switches), "ranks": len(r.tokens),
                         "closed": sorted(r.closed)} for r in self.running.values()]
             waiting = [{"name": p.name, "registered": sorted(p.members), "world": p.world,
                         "slots": p.slots, "message": p.message} for p in self.pending.values()]

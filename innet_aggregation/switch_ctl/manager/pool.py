@@ -1,5 +1,6 @@
 """Hands out what keeps jobs apart on one switch: a job id, a contiguous slot range,
-a UDP aggregation port and a service address, none shared with a job that holds
+a UDP aggregation port and a service address (one per switch, for a job across a
+tree of switches), none shared with a job that holds
 them (ours, or one someone else installed on the switch).
 
 Ids, ports and addresses are taken in turn after the last one handed out, so the
@@ -25,6 +26,7 @@ class Holding:
     service_ip: str | None = None
     service_mac: str | None = None
     macs: frozenset[str] = frozenset()
+    more_services: frozenset[str] = frozenset()   # a tree job's other IPs and MACs
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,11 @@ class Allocation:
     num_slots: int
     udp_port: int
     service: Service
+    more_services: tuple[Service, ...] = ()     # a tree job's, one per further switch
+
+    @property
+    def services(self) -> tuple[Service, ...]:
+        return (self.service, *self.more_services)
 
 
 class Allocator:
@@ -41,9 +48,10 @@ class Allocator:
         self.pool = pool
         self._last = {"id": None, "port": None, "service": None}
 
-    def allocate(self, num_slots: int, macs: frozenset[str],
-                 held: list[Holding]) -> Allocation | str:
-        """An allocation, or why none fits now, in words for the waiting ranks."""
+    def allocate(self, num_slots: int, macs: frozenset[str], held: list[Holding],
+                 services: int = 1) -> Allocation | str:
+        """An allocation with ``services`` service addresses, or why none fits now, in
+        words for the waiting ranks."""
         busy = sorted((h for h in held if h.macs & macs), key=lambda h: h.name)
         if busy:
             return (f"waiting for hosts: job {busy[0].name} runs on "
@@ -61,16 +69,22 @@ class Allocator:
         if port is None:
             return (f"waiting for a UDP port: {len(held)} jobs hold all "
                     f"{len(self.pool.udp_ports)} of the pool's")
-        taken = {h.service_ip for h in held} | {h.service_mac for h in held}
+        taken = set().union(*({h.service_ip, h.service_mac} | h.more_services for h in held))
         free = [n for n, s in enumerate(self.pool.services)
                 if s.ip not in taken and s.mac not in taken]
-        index = self._next("service", range(len(self.pool.services)), None, free)
-        if index is None:
-            return (f"waiting for a service address: {len(held)} jobs hold all "
+        if len(free) < services:
+            return (f"waiting for service addresses: this job needs {services}, "
+                    f"{len(held)} jobs hold {len(self.pool.services) - len(free)} of the "
+                    f"pool's {len(self.pool.services)}"
+                    if services > 1 else
+                    f"waiting for a service address: {len(held)} jobs hold all "
                     f"{len(self.pool.services)} of the pool's")
-        for key, value in (("id", job_id), ("port", port), ("service", index)):
+        first_index = self._next("service", range(len(self.pool.services)), None, free)
+        indices = (free[free.index(first_index):] + free[:free.index(first_index)])[:services]
+        for key, value in (("id", job_id), ("port", port), ("service", indices[-1])):
             self._last[key] = value
-        return Allocation(job_id, first, num_slots, port, self.pool.services[index])
+        chosen = [self.pool.services[i] for i in indices]
+        return Allocation(job_id, first, num_slots, port, chosen[0], tuple(chosen[1:]))
 
     def _slots(self, count: int, held: list[Holding]) -> int | None:
         """The lowest start of ``count`` free slots in a row, or None."""

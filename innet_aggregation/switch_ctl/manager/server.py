@@ -1,6 +1,6 @@
 """The manager's service: a TCP listener (TLS where the manager has a certificate),
 one thread per connection and one request per connection, and a sweeper that
-reclaims lapsed jobs and repairs the switch every ``sweep_seconds``.
+reclaims lapsed jobs and repairs the switches every ``sweep_seconds``.
 
 Every request's secret is compared (in constant time) before anything else is
 read from it; a wrong one is refused, logged with the peer's address, and changes
@@ -17,7 +17,7 @@ import threading
 import time
 
 from .config import ManagerConfig
-from .installer import Installer
+from .installer import Switches
 from .jobs import Jobs, Member, Pending
 from .store import Store
 from .wire import MAX_LINE, BadRequest, Lease, Register, decode_line, encode, parse, secret_of
@@ -31,7 +31,7 @@ class Manager:
     def __init__(self, config: ManagerConfig):
         self.config = config
         self.store = Store(config.database)
-        self.installer = Installer(config.switch)
+        self.installer = Switches(config.switches)
         self.jobs = Jobs(config, self.installer, self.store)
         self.tls: ssl.SSLContext | None = None
         if config.cert is not None:
@@ -51,9 +51,12 @@ class Manager:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
-        log.info("job manager listening on %s:%d (%s), switch %s, lease %g s, database %s",
+        log.info("job manager listening on %s:%d (%s), switch%s %s, lease %g s, database %s",
                  host, self._sock.getsockname()[1], "TLS" if self.tls else "plaintext",
-                 self.config.switch.grpc_addr, self.config.lease_seconds, self.config.database)
+                 "es" * (self.config.tree is not None),
+                 ", ".join(sw.grpc_addr if self.config.tree is None else f"{n} {sw.grpc_addr}"
+                           for n, sw in self.config.switches.items()),
+                 self.config.lease_seconds, self.config.database)
         return self
 
     @property
