@@ -101,6 +101,12 @@ class Lowering:
         left, right = node.get("left"), node.get("right")
         if op == "valid":
             return self.valid(self.prog.header(right["value"]))
+        if op == "valid_union":
+            members = [ir.Valid(h) for h in self.prog.union(right["value"])]
+            out = members[0]
+            for member in members[1:]:
+                out = ir.Binary("or", out, member)
+            return out
         if op in ("not", "~", "d2b", "b2d"):
             a = self.expr(right, params, where)
             if op == "d2b" and a.boolean:
@@ -148,7 +154,7 @@ class Lowering:
                 return []
             if op == "remove_header":
                 return [ir.RemoveHeader(header)]
-            return [ir.AddHeader(header, op == "add_header")]
+            return [ir.AddHeader(header, op == "add_header")] + self.union_rest(header)
         if op in ("mark_to_drop", "drop"):
             return [ir.Assign(field, ir.Const(value)) for field, value in prog.drop_stores(op)]
         if op == "register_read":
@@ -163,6 +169,14 @@ class Lowering:
         if op == "modify_field_rng_uniform":
             return [ir.Random(prog.field(args[0]["value"]), self.expr(args[1], params, where),
                               self.expr(args[2], params, where))]
+        if op == "assign_union":
+            dst, src = prog.union(args[0]["value"]), prog.union(args[1]["value"])
+            if len(dst) != len(src):
+                raise Unsupported(f"assign_union between different union types in {where}")
+            out = []
+            for d, s in zip(dst, src):     # BMv2: assign_header member by member
+                out += self.copy_header(d, s, params, where)
+            return out
         if op in ("push", "pop"):
             return self.shift(prog.stack(args[0]["value"]), hexstr(args[1]["value"]),
                               op == "push")
@@ -183,7 +197,15 @@ class Lowering:
                           self.copy_header(dst, right, params, where))]
         if [f.width for f in dst.fields] != [f.width for f in src.fields]:
             raise Unsupported(f"header copy between different header types in {where}")
-        return [ir.CopyHeader(dst, src)]
+        rest = self.union_rest(dst)
+        return [ir.CopyHeader(dst, src)] + ([ir.If(ir.Valid(dst), rest, [])] if rest else [])
+
+    @staticmethod
+    def union_rest(header: Header) -> list:
+        """What BMv2 does when a union member becomes valid: the other members become
+        invalid (so at most one is valid, and the union is valid when one is). A member
+        made valid again was the valid one already, so this is right either way."""
+        return [ir.SetValid(peer, False) for peer in header.peers]
 
     def statements(self, prims: list, params, where: str) -> list:
         """A primitive list, p4c's forward ``_jump``s turned back into if/else and return."""
@@ -305,7 +327,8 @@ class Lowering:
         if kind == "extract":
             if params[0].get("type") != "regular":
                 raise Unsupported(f"extract to a {params[0].get('type')!r:.30} ({where})")
-            return [ir.Extract(prog.header(params[0]["value"]))]
+            header = prog.header(params[0]["value"])
+            return [ir.Extract(header)] + self.union_rest(header)
         if kind == "set":
             field = prog.field(params[0]["value"])
             if params[1].get("type") == "lookahead":

@@ -44,6 +44,7 @@ class Header:
         self.id = hid
         self.nbits = sum(f.width for f in fields)
         self.nbytes = (self.nbits + 7) // 8
+        self.peers: list = []          # the other members of its header union, if any
 
 
 class ActionSpec:
@@ -150,6 +151,12 @@ class Program:
                 self.stacks[stack["name"]] = Stack(
                     stack["name"], [self.headers[h] for h in stack["headers"]], field)
             self.headers[STACKS_HEADER] = Header(STACKS_HEADER, True, nexts, len(self.headers))
+        self.unions: dict[str, list[Header]] = {}
+        for union in doc["header_unions"]:
+            members = [self.headers[h] for h in union["headers"]]
+            for member in members:
+                member.peers = [m for m in members if m is not member]
+            self.unions[union["name"]] = members
         for alias, target in doc["field_aliases"]:
             self.aliases[alias] = tuple(target)
         for err_name, code in doc["errors"]:
@@ -225,6 +232,12 @@ class Program:
         if stack is None:
             raise Unsupported(f"unknown header stack {_short(name)}")
         return stack
+
+    def union(self, name) -> list[Header]:
+        members = self.unions.get(name) if isinstance(name, str) else None
+        if members is None:
+            raise Unsupported(f"unknown header union {_short(name)}")
+        return members
 
     def action(self, action_id) -> ActionSpec:
         action = self.actions.get(action_id) if isinstance(action_id, int) else None
