@@ -51,6 +51,7 @@ from tests.softswitch.test_header_unions import frames as union_frames
 from tests.softswitch.test_p4c_constructs import MUX_CASES
 from tests.softswitch.test_p4runtime import ip_frame
 from tests.softswitch.test_primitives import frame
+from tests.softswitch.test_varbit import frames as varbit_frames
 
 INJECTED = "0; INJECTED_C_CODE(); //"
 HOSTILE = 'x"; INJECTED_C_CODE(); //\n#error'
@@ -142,6 +143,8 @@ PROGRAMS = {
                                                   *hostile(8, ETH + b"\x08\x00" + bytes(30))]),
     "header_unions": (lambda pipe: None, lambda: [(data, 1) for data in union_frames()]
                       + hostile(10, union_frames()[2])),
+    "varbit": (lambda pipe: None, lambda: [(data, 1) for data in varbit_frames()]
+               + hostile(11, varbit_frames()[8])),
     "primitives": (setup_primitives, primitives_frames),
     "aggregation": (setup_aggregation, aggregation_frames),
 }

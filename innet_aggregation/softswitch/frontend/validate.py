@@ -768,8 +768,12 @@ class _Checker:
             if header not in self.varbit_headers:
                 raise ValueError(f"{apath}[0].value: extract_VL to {header!r}, which has no "
                                  "varbit field")
+            length, lpath = _obj(args[1], f"{apath}[1]", "type", "value"), f"{apath}[1]"
+            if length["type"] == "expression" and type(length["value"]) is dict \
+                    and length["value"].get("type") not in (None, "expression"):
+                length, lpath = length["value"], f"{lpath}.value"   # p4c wraps an operand
             return {"op": kind, "parameters": [{"type": "regular", "value": header},
-                                               self.expr(args[1], f"{apath}[1]", None)]}
+                                               self.expr(length, lpath, None)]}
         if kind == "extract":
             arg = _obj(args[0], f"{apath}[0]", "type", "value")
             if arg["type"] == "stack":
