@@ -15,7 +15,7 @@ exception, a hang) fails.
 A mutant the loader accepts is run through the real pipelines when its clean copy
 (what the translator reads) differs from the original's, and a sample of those with
 the same clean copy are run too; the native backend compiles the distinct C units.
-The small programs get every mutant (8,681); primitives and aggregation a seeded
+The small programs get every mutant; primitives and aggregation a seeded
 sample of a few per kind of scalar (same place in the JSON, same type, same
 mutation), which covers every kind (4,836 mutants in all, about half a minute);
 ``SOFTSWITCH_FUZZ=all`` runs every mutant of every program (108,561, about fifteen
@@ -47,9 +47,11 @@ from innet_aggregation.softswitch.backends.tables import Entry
 from innet_aggregation.softswitch.frontend.validate import Unsupported
 from tests.softswitch.conftest import BACKENDS, pipeline, program_files
 from tests.softswitch.test_backends_agree import JOB, SERVICE_MAC, WORKERS, install_job
+from tests.softswitch.test_header_unions import frames as union_frames
 from tests.softswitch.test_p4c_constructs import MUX_CASES
 from tests.softswitch.test_p4runtime import ip_frame
 from tests.softswitch.test_primitives import frame
+from tests.softswitch.test_varbit import frames as varbit_frames
 
 INJECTED = "0; INJECTED_C_CODE(); //"
 HOSTILE = 'x"; INJECTED_C_CODE(); //\n#error'
@@ -139,6 +141,10 @@ PROGRAMS = {
                     + hostile(7, MUX_CASES[3][0])),
     "removed_table": (lambda pipe: None, lambda: [(ETH + b"\x08\x00" + bytes(30), 1),
                                                   *hostile(8, ETH + b"\x08\x00" + bytes(30))]),
+    "header_unions": (lambda pipe: None, lambda: [(data, 1) for data in union_frames()]
+                      + hostile(10, union_frames()[2])),
+    "varbit": (lambda pipe: None, lambda: [(data, 1) for data in varbit_frames()]
+               + hostile(11, varbit_frames()[8])),
     "primitives": (setup_primitives, primitives_frames),
     "aggregation": (setup_aggregation, aggregation_frames),
 }

@@ -272,6 +272,17 @@ class Extract:
 
 
 @dataclass(eq=False)
+class ExtractVL:
+    """Extract a header with a varbit field of ``nbits`` bits, as BMv2 does: not a
+    multiple of 8 is ParserInvalidArgument, fewer bytes left PacketTooShort, more than
+    the header's most bytes HeaderTooShort; else its length field holds ``nbits``."""
+    header: object
+    nbits: Expr          # in [0, 2^32): BMv2 takes it as an int, so 2^31 and up is too short
+    invalid_argument: int
+    too_long: int        # HeaderTooShort's code
+
+
+@dataclass(eq=False)
 class Verify:
     cond: Expr
     error: Expr

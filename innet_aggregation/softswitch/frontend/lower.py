@@ -28,7 +28,7 @@ class Lowering:
         if kind == "field":
             if isinstance(value, list) and len(value) == 2 and value[1] == "$valid$":
                 return ir.Unary("b2d", self.valid(self.prog.header(value[0])))
-            return ir.FieldRef(self.prog.field(value))
+            return ir.FieldRef(self.fixed_field(value, where))
         if kind == "hexstr":
             return ir.Const(hexstr(value))
         if kind == "stack_field":
@@ -42,6 +42,12 @@ class Lowering:
         if kind == "expression":
             return self.operation(value, params, where)
         raise Unsupported(f"expression operand of type {kind!r:.40}")
+
+    def fixed_field(self, ref, where: str):
+        field = self.prog.field(ref)
+        if field.varbit:
+            raise Unsupported(f"varbit field {field.header}.{field.name} read in {where}")
+        return field
 
     def last_field(self, stack, name: str) -> ir.Expr:
         """``stack.last.name``: the field of element next - 1 (next is 0: BMv2 leaves
@@ -101,6 +107,12 @@ class Lowering:
         left, right = node.get("left"), node.get("right")
         if op == "valid":
             return self.valid(self.prog.header(right["value"]))
+        if op == "valid_union":
+            members = [ir.Valid(h) for h in self.prog.union(right["value"])]
+            out = members[0]
+            for member in members[1:]:
+                out = ir.Binary("or", out, member)
+            return out
         if op in ("not", "~", "d2b", "b2d"):
             a = self.expr(right, params, where)
             if op == "d2b" and a.boolean:
@@ -138,7 +150,8 @@ class Lowering:
         if op in ("assign", "modify_field"):
             if args[0].get("type") != "field":
                 raise Unsupported(f"{op} to a {args[0].get('type')!r:.30} in {where}")
-            return [ir.Assign(prog.field(args[0]["value"]), self.expr(args[1], params, where))]
+            return [ir.Assign(self.fixed_field(args[0]["value"], where),
+                              self.expr(args[1], params, where))]
         if op in ("assign_header", "copy_header"):
             return self.copy_header(prog.header(args[0]["value"]),
                                     prog.header_choice(args[1]), params, where)
@@ -148,11 +161,12 @@ class Lowering:
                 return []
             if op == "remove_header":
                 return [ir.RemoveHeader(header)]
-            return [ir.AddHeader(header, op == "add_header")]
+            return [ir.AddHeader(header, op == "add_header")] + self.union_rest(header)
         if op in ("mark_to_drop", "drop"):
             return [ir.Assign(field, ir.Const(value)) for field, value in prog.drop_stores(op)]
         if op == "register_read":
-            return [ir.RegisterRead(prog.field(args[0]["value"]), prog.register(args[1]["value"]),
+            return [ir.RegisterRead(self.fixed_field(args[0]["value"], where),
+                                    prog.register(args[1]["value"]),
                                     self.expr(args[2], params, where))]
         if op == "register_write":
             return [ir.RegisterWrite(prog.register(args[0]["value"]),
@@ -161,8 +175,16 @@ class Lowering:
         if op == "count":
             return [ir.Count(prog.counter(args[0]["value"]), self.expr(args[1], params, where))]
         if op == "modify_field_rng_uniform":
-            return [ir.Random(prog.field(args[0]["value"]), self.expr(args[1], params, where),
-                              self.expr(args[2], params, where))]
+            return [ir.Random(self.fixed_field(args[0]["value"], where),
+                              self.expr(args[1], params, where), self.expr(args[2], params, where))]
+        if op == "assign_union":
+            dst, src = prog.union(args[0]["value"]), prog.union(args[1]["value"])
+            if len(dst) != len(src):
+                raise Unsupported(f"assign_union between different union types in {where}")
+            out = []
+            for d, s in zip(dst, src):     # BMv2: assign_header member by member
+                out += self.copy_header(d, s, params, where)
+            return out
         if op in ("push", "pop"):
             return self.shift(prog.stack(args[0]["value"]), hexstr(args[1]["value"]),
                               op == "push")
@@ -183,7 +205,17 @@ class Lowering:
                           self.copy_header(dst, right, params, where))]
         if [f.width for f in dst.fields] != [f.width for f in src.fields]:
             raise Unsupported(f"header copy between different header types in {where}")
-        return [ir.CopyHeader(dst, src)]
+        rest = self.union_rest(dst)
+        if dst.length is not None:          # BMv2's assign_VL: the varbit's length too
+            rest.append(ir.Assign(dst.length, ir.FieldRef(src.length)))
+        return [ir.CopyHeader(dst, src)] + ([ir.If(ir.Valid(dst), rest, [])] if rest else [])
+
+    @staticmethod
+    def union_rest(header: Header) -> list:
+        """What BMv2 does when a union member becomes valid: the other members become
+        invalid (so at most one is valid, and the union is valid when one is). A member
+        made valid again was the valid one already, so this is right either way."""
+        return [ir.SetValid(peer, False) for peer in header.peers]
 
     def statements(self, prims: list, params, where: str) -> list:
         """A primitive list, p4c's forward ``_jump``s turned back into if/else and return."""
@@ -253,7 +285,7 @@ class Lowering:
         key, total = None, 0
         for part in reversed(key_parts):
             if part.get("type") == "field":
-                field = self.prog.field(part["value"])
+                field = self.fixed_field(part["value"], where)
                 width, code = field.width, ir.FieldRef(field)
                 if field.signed:
                     code = ir.Binary("&", code, ir.Const(mask(width)))
@@ -302,12 +334,23 @@ class Lowering:
         prog = self.prog
         if kind == "extract" and params[0].get("type") == "stack":
             return self.extract_next(prog.stack(params[0]["value"]))
+        if kind == "extract_VL":
+            header = prog.header(params[0]["value"])
+            for name in ("ParserInvalidArgument", "HeaderTooShort"):
+                if name not in prog.errors:
+                    raise Unsupported(f"extract with a length without the {name} error")
+            nbits = self.expr(params[1], None, where)
+            if not nbits.known or nbits.lo < 0 or nbits.hi >= 1 << 32:
+                raise Unsupported(f"extract with a length that may not fit in 32 bits ({where})")
+            return [ir.ExtractVL(header, nbits, prog.errors["ParserInvalidArgument"],
+                                 prog.errors["HeaderTooShort"])] + self.union_rest(header)
         if kind == "extract":
             if params[0].get("type") != "regular":
                 raise Unsupported(f"extract to a {params[0].get('type')!r:.30} ({where})")
-            return [ir.Extract(prog.header(params[0]["value"]))]
+            header = prog.header(params[0]["value"])
+            return [ir.Extract(header)] + self.union_rest(header)
         if kind == "set":
-            field = prog.field(params[0]["value"])
+            field = self.fixed_field(params[0]["value"], where)
             if params[1].get("type") == "lookahead":
                 bit_offset, width = params[1]["value"]
                 return [ir.Require((bit_offset + width + 7) // 8),
@@ -331,7 +374,7 @@ class Lowering:
                 continue
             cond = checksum.get("if_cond")
             calc = self.prog.calculations[checksum["calculation"]]
-            out.append(ir.Checksum(self.prog.field(checksum["target"]),
+            out.append(ir.Checksum(self.fixed_field(checksum["target"], "a checksum"),
                                    None if cond is None else self.expr(cond, None, "a checksum"),
                                    self.inputs(calc)))
         return out
@@ -342,7 +385,7 @@ class Lowering:
         for item in calc["input"]:
             kind = item["type"]
             if kind == "field":
-                field = self.prog.field(item["value"])
+                field = self.fixed_field(item["value"], "a checksum")
                 header = self.prog.header(field.header)
                 if groups and groups[-1][0] is header:
                     groups[-1][1].append(field)
@@ -350,6 +393,8 @@ class Lowering:
                     groups.append((header, [field]))
             elif kind == "header":
                 header = self.prog.header(item["value"])
+                if header.varbit is not None:
+                    raise Unsupported(f"varbit field of {header.name} in a checksum")
                 groups.append((header, list(header.fields)))
             else:
                 width = item["bitwidth"]

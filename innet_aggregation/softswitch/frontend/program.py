@@ -27,11 +27,12 @@ def mask(width: int) -> int:
 
 
 class Field:
-    __slots__ = ("header", "name", "width", "signed", "id")
+    __slots__ = ("header", "name", "width", "signed", "id", "varbit")
 
-    def __init__(self, header, name, width, signed, fid):
+    def __init__(self, header, name, width, signed, fid, varbit=False):
         self.header, self.name, self.width, self.signed, self.id = (
             header, name, width, signed, fid)
+        self.varbit = varbit           # width is then its most bits; the length field has its bits
 
 
 class Header:
@@ -42,8 +43,12 @@ class Header:
         self.metadata = metadata
         self.fields = fields
         self.id = hid
-        self.nbits = sum(f.width for f in fields)
+        self.varbit = next((f for f in fields if f.varbit), None)
+        self.length = None             # with a varbit field: the field holding its bits now
+        self.nbits = sum(f.width for f in fields if not f.varbit)   # the fixed part
         self.nbytes = (self.nbits + 7) // 8
+        self.max_nbytes = (sum(f.width for f in fields) + 7) // 8
+        self.peers: list = []          # the other members of its header union, if any
 
 
 class ActionSpec:
@@ -84,6 +89,7 @@ class Stack:
 
 
 STACKS_HEADER = "header stacks"   # not a JSON name (those have no spaces)
+VARBIT_HEADER = "varbit lengths"
 
 
 class RegisterSpec:
@@ -131,10 +137,12 @@ class Program:
     def load_declarations(self) -> None:
         doc = self.doc
         types = {htype["name"]: htype["fields"] for htype in doc["header_types"]}
+        varbits = {htype["name"]: htype.get("varbit") for htype in doc["header_types"]}
         for inst in doc["headers"]:
             fields = []
             for fname, width, signed in types[inst["header_type"]]:
-                field = Field(inst["name"], fname, width, signed, len(self.field_list))
+                field = Field(inst["name"], fname, width, signed, len(self.field_list),
+                              fname == varbits[inst["header_type"]])
                 self.field_list.append(field)
                 fields.append(field)
                 self.fields[(inst["name"], fname)] = field
@@ -150,6 +158,21 @@ class Program:
                 self.stacks[stack["name"]] = Stack(
                     stack["name"], [self.headers[h] for h in stack["headers"]], field)
             self.headers[STACKS_HEADER] = Header(STACKS_HEADER, True, nexts, len(self.headers))
+        lengths = []
+        for header in list(self.headers.values()):
+            if header.varbit is not None:
+                header.length = Field(VARBIT_HEADER, header.name, 32, False,
+                                      len(self.field_list))
+                self.field_list.append(header.length)
+                lengths.append(header.length)
+        if lengths:
+            self.headers[VARBIT_HEADER] = Header(VARBIT_HEADER, True, lengths, len(self.headers))
+        self.unions: dict[str, list[Header]] = {}
+        for union in doc["header_unions"]:
+            members = [self.headers[h] for h in union["headers"]]
+            for member in members:
+                member.peers = [m for m in members if m is not member]
+            self.unions[union["name"]] = members
         for alias, target in doc["field_aliases"]:
             self.aliases[alias] = tuple(target)
         for err_name, code in doc["errors"]:
@@ -226,6 +249,12 @@ class Program:
             raise Unsupported(f"unknown header stack {_short(name)}")
         return stack
 
+    def union(self, name) -> list[Header]:
+        members = self.unions.get(name) if isinstance(name, str) else None
+        if members is None:
+            raise Unsupported(f"unknown header union {_short(name)}")
+        return members
+
     def action(self, action_id) -> ActionSpec:
         action = self.actions.get(action_id) if isinstance(action_id, int) else None
         if action is None:
@@ -256,6 +285,9 @@ class Program:
                 ref = ("valid", self.header(target if mt == "valid" else target[0]).name)
             else:
                 ref = ("field", self.field(target))
+                if ref[1].varbit:
+                    raise Unsupported(f"varbit field {ref[1].header}.{ref[1].name} as a key "
+                                      f"of table {name}")
             refs.append((*ref, hexstr(key["mask"]) if key["mask"] is not None else None))
             keys.append((mt if mt != "valid" else "exact", width, key["name"]))
         spec = TableSpec(name, table["id"], table["match_type"] if keys else "exact", keys,

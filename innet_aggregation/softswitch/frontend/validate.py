@@ -39,8 +39,7 @@ MAX_CHECKSUM_BITS = 1 << 16  # the input of one checksum
 NAME = re.compile(r"[A-Za-z0-9_.$\[\]]{1,256}")
 HEX = re.compile(r"-?0x[0-9a-fA-F]{1,%d}" % (MAX_BITS // 4 + 8))
 
-UNSUPPORTED_LISTS = (("header_unions", "header unions"),
-                     ("header_union_stacks", "header union stacks"),
+UNSUPPORTED_LISTS = (("header_union_stacks", "header union stacks"),
                      ("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
                      ("learn_lists", "digests"), ("extern_instances", "extern instances"))
 MATCH_TYPES = ("exact", "ternary", "lpm")
@@ -49,15 +48,15 @@ BINARY = ("+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^", "==", "!=", ">", "
           "<=", "and", "or")
 CASTS = ("two_comp_mod", "sat_cast", "usat_cast")
 # A primitive's parameters: F a field, E an expression, H a header, R a register array,
-# C a counter array, J a jump offset, S a header stack, K a constant count; log_msg's
-# are not read.
+# C a counter array, J a jump offset, S a header stack, U a header union, K a constant
+# count; log_msg's are not read.
 PRIMITIVES = {
     "assign": "FE", "modify_field": "FE", "assign_header": "HE", "copy_header": "HE",
     "add_header": "H", "add_header_fast": "H", "remove_header": "H",
     "mark_to_drop": "H", "drop": "", "register_read": "FRE", "register_write": "REE",
     "count": "CE", "modify_field_rng_uniform": "FEE", "exit": "", "no_op": "",
     "assert": "E", "assume": "E", "_jump": "J", "_jump_if_zero": "EJ",
-    "push": "SK", "pop": "SK",
+    "push": "SK", "pop": "SK", "assign_union": "UU",
 }
 
 
@@ -173,6 +172,9 @@ class _Checker:
         self.headers: dict[str, tuple] = {}     # header -> (metadata, {field: width})
         self.header_ids: dict[int, str] = {}
         self.stacks: dict[str, str] = {}        # header stack -> its header type
+        self.unions: dict[str, list] = {}       # header union -> its member headers
+        self.varbit_types: dict[str, str] = {}  # header type -> its varbit field
+        self.varbit_headers: set[str] = set()
         self.aliases: dict[str, tuple] = {}
         self.registers: set[str] = set()
         self.counters: set[str] = set()         # counter arrays (not direct)
@@ -206,7 +208,9 @@ class _Checker:
                                   for i in items[:3])
                 raise Unsupported(f"{key}: {what} ({names}) are not supported")
         out = {"header_types": self.header_types(), "headers": self.header_instances()}
-        out["header_stacks"] = self.header_stacks(out["headers"])
+        taken: dict = {}                         # header -> the path that made it an element
+        out["header_stacks"] = self.header_stacks(out["headers"], taken)
+        out["header_unions"] = self.header_unions(taken)
         out["field_aliases"] = self.field_aliases()
         out["errors"] = self.errors()
         out["register_arrays"], out["counter_arrays"] = self.arrays()
@@ -242,22 +246,41 @@ class _Checker:
             name = _name(item["name"], f"{path}.name")
             _unique(names, name, f"{path}.name", "header type")
             _unique(ids, _int(item["id"], f"{path}.id", 0, MAX_ID), f"{path}.id", "id")
-            fields, seen = [], {}
+            fields, seen, varbit = [], {}, None
             for j, spec in enumerate(_list(item["fields"], f"{path}.fields")):
                 fpath = f"{path}.fields[{j}]"
-                _list(spec, fpath, 3, "[name, bitwidth, signed]")
+                is_varbit = type(spec) is list and len(spec) == 2 and spec[1] == "*"
+                if not is_varbit:
+                    _list(spec, fpath, 3, "[name, bitwidth, signed]")
                 fname = _name(spec[0], f"{fpath}[0]")
                 if fname == "$valid$":
                     raise ValueError(f"{fpath}[0]: $valid$ is reserved")
                 _unique(seen, fname, f"{fpath}[0]", "field")
-                if spec[1] == "*":
-                    raise Unsupported(f"{fpath}[1]: variable-length field {name}.{fname}")
+                if is_varbit:
+                    if varbit is not None:
+                        raise ValueError(f"{fpath}: a second variable-length field in {name}")
+                    varbit = j
+                    fields.append([fname, 0, False])      # its width: below
+                    continue
                 width = _int(spec[1], f"{fpath}[1]", 1, MAX_BITS + 1)
                 fields.append([fname, width, _bool(spec[2], f"{fpath}[2]")])
+            clean = {"name": name, "fields": fields}
+            if varbit is not None:
+                # The varbit field's width is what max_length (bytes) leaves it.
+                fixed = sum(w for _, w, _ in fields)
+                if fixed % 8:
+                    raise Unsupported(f"{path}: header type {name} with a varbit field and "
+                                      f"{fixed} other bits, not whole bytes")
+                _obj(item, path, "max_length")
+                max_length = _int(item["max_length"], f"{path}.max_length", fixed // 8 + 1,
+                                  (fixed + MAX_BITS) // 8 + 1)
+                fields[varbit][1] = max_length * 8 - fixed
+                clean.update(varbit=fields[varbit][0], max_length=max_length)
+                self.varbit_types[name] = fields[varbit][0]
             if sum(w for _, w, _ in fields) > MAX_HEADER_BITS:
                 raise ValueError(f"{path}.fields: more than {MAX_HEADER_BITS} bits")
             self.types[name] = fields
-            out.append({"name": name, "fields": fields})
+            out.append(clean)
         return out
 
     def header_instances(self) -> list:
@@ -279,6 +302,10 @@ class _Checker:
                 raise ValueError(f"{path}.header_type: unknown header type {htype!r}")
             metadata = _bool(item["metadata"], f"{path}.metadata")
             fields = self.types[htype]
+            if htype in self.varbit_types:
+                if metadata:
+                    raise Unsupported(f"{path}: metadata {name} with a varbit field")
+                self.varbit_headers.add(name)
             bits = sum(w for _, w, _ in fields)
             if not metadata and bits % 8:
                 raise Unsupported(f"{path}: header {name} is {bits} bits, "
@@ -290,9 +317,9 @@ class _Checker:
             out.append({"name": name, "header_type": htype, "metadata": metadata})
         return out
 
-    def header_stacks(self, headers: list) -> list:
+    def header_stacks(self, headers: list, taken: dict) -> list:
         """Each stack: its elements, distinct packet headers of the stack's type."""
-        out, names, ids, taken = [], {}, {}, {}
+        out, names, ids = [], {}, {}
         htypes = {h["name"]: h["header_type"] for h in headers}
         for i, item in enumerate(self.top("header_stacks", required=False)):
             path = f"header_stacks[{i}]"
@@ -311,10 +338,38 @@ class _Checker:
                     raise ValueError(f"{epath}: unknown header id {hid}")
                 if htypes[header] != htype or self.headers[header][0]:
                     raise ValueError(f"{epath}: header {header!r} is no {htype} packet header")
+                if header in self.varbit_headers:
+                    raise Unsupported(f"{epath}: a header stack of headers with a varbit field")
                 _unique(taken, header, epath, "stack element")
                 elements.append(header)
             self.stacks[name] = htype
             out.append({"name": name, "headers": elements})
+        return out
+
+    def header_unions(self, taken: dict) -> list:
+        """Each union: its members, packet headers in no stack and no other union."""
+        out, names, ids = [], {}, {}
+        for i, item in enumerate(self.top("header_unions", required=False)):
+            path = f"header_unions[{i}]"
+            item = _obj(item, path, "name", "id", "header_ids")
+            name = _name(item["name"], f"{path}.name")
+            _unique(names, name, f"{path}.name", "header union")
+            _unique(ids, _int(item["id"], f"{path}.id", 0, MAX_ID), f"{path}.id", "id")
+            members = []
+            for j, hid in enumerate(_list(item["header_ids"], f"{path}.header_ids")):
+                mpath = f"{path}.header_ids[{j}]"
+                header = self.header_ids.get(_int(hid, mpath, 0, MAX_ID))
+                if header is None:
+                    raise ValueError(f"{mpath}: unknown header id {hid}")
+                if self.headers[header][0]:
+                    raise ValueError(f"{mpath}: header {header!r} is metadata")
+                _unique(taken, header, mpath, "stack element or union member")
+                members.append(header)
+            if not members or len(members) > MAX_STACK:
+                raise ValueError(f"{path}.header_ids: expected 1 to {MAX_STACK} members, "
+                                 f"got {len(members)}")
+            self.unions[name] = members
+            out.append({"name": name, "headers": members})
         return out
 
     def field_aliases(self) -> list:
@@ -469,6 +524,12 @@ class _Checker:
             raise ValueError(f"{path}: unknown header stack {name!r}")
         return name
 
+    def union(self, value, path: str) -> str:
+        name = _name(value, path)
+        if name not in self.unions:
+            raise ValueError(f"{path}: unknown header union {name!r}")
+        return name
+
     def stack_field(self, value, path: str) -> list:
         """[stack, field]: the field of the stack's last element."""
         _list(value, path, 2, "[stack, field]")
@@ -521,6 +582,8 @@ class _Checker:
             return {"type": kind, "value": self.header(value, vpath)}
         if kind == "stack_field":
             return {"type": kind, "value": self.stack_field(value, vpath)}
+        if kind == "header_union":
+            return {"type": kind, "value": self.union(value, vpath)}
         if kind == "expression":
             return {"type": kind, "value": self.operation(value, vpath, params, depth + 1)}
         _str(kind, f"{path}.type")
@@ -548,6 +611,11 @@ class _Checker:
             right = _obj(node["right"], f"{path}.right", "type", "value")
             if right["type"] != "header":
                 raise Unsupported(f"{path}.right: valid() of {_short(right)}")
+            return {"op": op, "left": None, "right": sub("right")}
+        if op == "valid_union":
+            right = _obj(node["right"], f"{path}.right", "type", "value")
+            if right["type"] != "header_union":
+                raise Unsupported(f"{path}.right: valid_union() of {_short(right)}")
             return {"op": op, "left": None, "right": sub("right")}
         _obj(node, path, "left")
         if op == "?":
@@ -619,6 +687,10 @@ class _Checker:
                 out.append({"type": "header_stack",
                             "value": self.stack(self.typed(arg, apath, "header_stack"),
                                                 f"{apath}.value")})
+            elif kind == "U":
+                out.append({"type": "header_union",
+                            "value": self.union(self.typed(arg, apath, "header_union"),
+                                                f"{apath}.value")})
             elif kind == "K":
                 count = _hex(self.typed(arg, apath, "hexstr"), f"{apath}.value")
                 out.append({"type": "hexstr", "value": hex(_int(count, f"{apath}.value", 0,
@@ -679,7 +751,8 @@ class _Checker:
     def parser_op(self, op, path: str) -> dict:
         op = _obj(op, path, "op", "parameters")
         kind, args = op["op"], _list(op["parameters"], f"{path}.parameters")
-        arity = {"extract": 1, "set": 2, "verify": 2, "advance": 1, "shift": 1, "primitive": 1}
+        arity = {"extract": 1, "extract_VL": 2, "set": 2, "verify": 2, "advance": 1, "shift": 1,
+                 "primitive": 1}
         if type(kind) is not str or kind not in arity:
             _str(kind, f"{path}.op")
             raise Unsupported(f"{path}.op: parser operation {kind!r}")
@@ -687,6 +760,20 @@ class _Checker:
             raise ValueError(f"{path}.parameters: {kind} takes {arity[kind]} parameters, "
                              f"got {len(args)}")
         apath = f"{path}.parameters"
+        if kind == "extract_VL":
+            arg = _obj(args[0], f"{apath}[0]", "type", "value")
+            if arg["type"] != "regular":
+                raise Unsupported(f"{apath}[0].type: extract_VL to a {_short(arg['type'])}")
+            header = self.header(arg["value"], f"{apath}[0].value")
+            if header not in self.varbit_headers:
+                raise ValueError(f"{apath}[0].value: extract_VL to {header!r}, which has no "
+                                 "varbit field")
+            length, lpath = _obj(args[1], f"{apath}[1]", "type", "value"), f"{apath}[1]"
+            if length["type"] == "expression" and type(length["value"]) is dict \
+                    and length["value"].get("type") not in (None, "expression"):
+                length, lpath = length["value"], f"{lpath}.value"   # p4c wraps an operand
+            return {"op": kind, "parameters": [{"type": "regular", "value": header},
+                                               self.expr(length, lpath, None)]}
         if kind == "extract":
             arg = _obj(args[0], f"{apath}[0]", "type", "value")
             if arg["type"] == "stack":
@@ -697,6 +784,9 @@ class _Checker:
             header = self.header(arg["value"], f"{apath}[0].value")
             if self.headers[header][0]:
                 raise ValueError(f"{apath}[0].value: extract to metadata {header!r}")
+            if header in self.varbit_headers:
+                raise Unsupported(f"{apath}[0].value: extract of {header!r} (a varbit field) "
+                                  "without a length")
             return {"op": kind, "parameters": [{"type": "regular", "value": header}]}
         if kind == "set":
             field = self.real_field(self.typed(args[0], f"{apath}[0]", "field"),

@@ -229,13 +229,18 @@ class PyPrinter:
         if s.zero:
             for f in h.fields:
                 self.add(f"    {self.v(f)} = 0")
-            self.add(f"    plen_reg += {num(h.nbytes, 0, MAX_BYTES)}")
+            self.add(f"    plen_reg += {self.size(h)}")
         self.add(f"    {self.vv(h)} = True")
 
     def s_RemoveHeader(self, s: ir.RemoveHeader) -> None:
         self.add(f"if {self.vv(s.header)}:")
         self.add(f"    {self.vv(s.header)} = False")
-        self.add(f"    plen_reg -= {num(s.header.nbytes, 0, MAX_BYTES)}")
+        self.add(f"    plen_reg -= {self.size(s.header)}")
+
+    def size(self, header: Header) -> str:
+        """The header's bytes now (its varbit field as long as it was extracted)."""
+        fixed = num(header.nbytes, 0, MAX_BYTES)
+        return fixed if header.length is None else f"({fixed} + ({self.v(header.length)} >> 3))"
 
     def s_SetValid(self, s: ir.SetValid) -> None:
         self.add(f"{self.vv(s.header)} = {s.valid}")
@@ -362,6 +367,39 @@ class PyPrinter:
     def s_Require(self, s: ir.Require) -> None:
         self.add(f"if plen - off < {num(s.nbytes, 0, MAX_LOOKAHEAD + MAX_BYTES)}:")
         self.add(f"    raise ParserError({_id(self.prog.too_short)})")
+
+    def s_ExtractVL(self, s: ir.ExtractVL) -> None:
+        header = s.header
+        n, fixed = self.temp("n"), num(header.nbytes, 0, MAX_BYTES)
+        self.add(f"{n} = {self.expr(s.nbits)}")
+        self.add(f"if {n} & 7:")
+        self.add(f"    raise ParserError({_id(s.invalid_argument)})")
+        self.add(f"if {n} >= 2147483648 or plen - off < {fixed} + ({n} >> 3):")
+        self.add(f"    raise ParserError({_id(self.prog.too_short)})")
+        self.add(f"if {fixed} + ({n} >> 3) > {num(header.max_nbytes, 0, MAX_BYTES)}:")
+        self.add(f"    raise ParserError({_id(s.too_long)})")
+        self.add(f"_bits = int.from_bytes(pkt[off:off + {fixed} + ({n} >> 3)], 'big')")
+        for f, after, width in self.varbit_layout(header, n):
+            part = f"(_bits >> {after}) & {width}"
+            if f.signed:
+                half = 1 << (f.width - 1)
+                part = f"((({part}) + {_lit(half)}) & {_lit(mask(f.width))}) - {_lit(half)}"
+            self.add(f"{self.v(f)} = {part}")
+        self.add(f"{self.v(header.length)} = {n}")
+        self.add(f"off += {fixed} + ({n} >> 3)")
+        self.add(f"{self.vv(header)} = True")
+
+    def varbit_layout(self, header: Header, n: str):
+        """(field, its shift from the header's end, its mask) as code; ``n``: the varbit's bits."""
+        rest = sum(f.width for f in header.fields if not f.varbit)
+        for f in header.fields:
+            if f.varbit:
+                yield f, num(rest, 0, MAX_HEADER_BITS + 1), f"((1 << {n}) - 1)"
+                continue
+            rest -= f.width
+            varbit_after = any(g.varbit for g in header.fields[header.fields.index(f):])
+            shift = num(rest, 0, MAX_HEADER_BITS + 1)
+            yield f, f"({shift} + {n})" if varbit_after else shift, _lit(mask(f.width))
 
     def s_Verify(self, s: ir.Verify) -> None:
         self.add(f"if not {self.expr(s.cond)}:")
@@ -561,6 +599,12 @@ class PyPrinter:
         self.add(f"off += {nbytes}")
         self.add(f"{self.vv(header)} = True")
 
+    def deparse_varbit(self, header: Header) -> None:
+        n = self.v(header.length)
+        self.add(f"if {self.vv(header)}:")
+        parts = [f"({self.bits(f)} << {shift})" for f, shift, _ in self.varbit_layout(header, n)]
+        self.add(f"    _out.append(({' | '.join(parts)}).to_bytes({self.size(header)}, 'big'))")
+
     def generate(self) -> Compiled:
         std = {n: self.std(n) for n in ("ingress_port", "packet_length", "instance_type",
                                          "parser_error", "egress_spec", "egress_port",
@@ -596,6 +640,9 @@ class PyPrinter:
         self.checksums(self.ir.update, False)
         self.add("_out = []")
         for header in self.ir.deparse:
+            if header.length is not None:
+                self.deparse_varbit(header)
+                continue
             sname, _, _, pack_args = self.header_struct(header)
             line = f"_out.append({sname}.pack({', '.join(pack_args)}))"
             if header.metadata:
