@@ -76,6 +76,10 @@ def test_wildcards_exact_length_and_prefix_as_compare_pkt():
     assert "too short" in stf.match_packet("010203040506", False, got)
     assert "byte 1" in stf.match_packet("01FF", False, got)
     assert stf.match_packet("0*0*0*0*0*", True, got) is None
+    padded = bytes.fromhex("0102") + bytes(12)            # a 2-byte input sent as 14 bytes
+    assert stf.match_packet("0102", True, padded, slack=12) is None
+    assert "too long" in stf.match_packet("0102", True, padded, slack=11)
+    assert "too long" in stf.match_packet("0102", True, padded[:-1] + b"\1", slack=12)
 
 
 def test_compare_in_order_per_port_and_every_difference_named():
