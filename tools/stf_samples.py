@@ -118,7 +118,8 @@ def _parse_command(word: str, rest: str, number: int) -> Command:
         if m is None:
             raise StfError("expected add TABLE [PRIORITY] KEY:VALUE... ACTION(ARG:VALUE,...)")
         keys = _pairs(m["keys"].replace(",", " "), " ") if m["keys"].strip() else []
-        return Command(word, number, {"table": m["table"], "priority": m["prio"] and int(m["prio"]),
+        priority = int(m["prio"]) if m["prio"] else None
+        return Command(word, number, {"table": m["table"], "priority": priority,
                                       "keys": keys, "action": m["action"],
                                       "params": _pairs(m["args"], ",")})
     if word == "setdefault":
@@ -576,10 +577,10 @@ def run_sample(name: str, files: tuple[Path, Path], commands: list[Command], tar
                         expected_so_far += bool(cmd.args["data"])
                     elif cmd.kind == "wait":
                         wires.settle(expected_so_far, patience, quiet)
-                    elif cmd.kind == "add":
-                        conn.write(p4r.Update.INSERT, [p4r.Entity(table_entry=table_entry(program, cmd))])
-                    elif cmd.kind == "setdefault":
-                        conn.write(p4r.Update.MODIFY, [p4r.Entity(table_entry=table_entry(program, cmd))])
+                    elif cmd.kind in ("add", "setdefault"):
+                        entity = p4r.Entity(table_entry=table_entry(program, cmd))
+                        conn.write(p4r.Update.INSERT if cmd.kind == "add" else p4r.Update.MODIFY,
+                                   [entity])
                     elif cmd.kind == "mirroring_add":
                         session, port = cmd.args["numbers"]
                         conn.insert(P4CloneSessionEntry(session, replicas=[(port, 0)]))
@@ -648,7 +649,8 @@ def summary(results: list[Result], targets: list[str]) -> str:
     lines = [f"{len(samples)} v1model samples with an STF"]
     for target in targets:
         counts = Counter(by[s, target].outcome for s in samples)
-        lines.append(f"  {target:18} " + ", ".join(f"{o} {counts[o]}" for o in OUTCOMES if counts[o]))
+        lines.append(f"  {target:18} "
+                     + ", ".join(f"{o} {counts[o]}" for o in OUTCOMES if counts[o]))
     if "bmv2" not in targets:
         return "\n".join(lines)
     passing = [s for s in samples if by[s, "bmv2"].outcome == "pass"]
@@ -668,7 +670,8 @@ def summary(results: list[Result], targets: list[str]) -> str:
             fell = [s for s in passing if by[s, target].native_fallback and
                     by[s, target].outcome == "pass"]
             line += f", of which {ok - len(fell)} in C and {len(fell)} on the Python fallback"
-        lines.append(line + "; " + ", ".join(f"{o} {counts[o]}" for o in OUTCOMES[1:] if counts[o]))
+        lines.append(line + "; "
+                     + ", ".join(f"{o} {counts[o]}" for o in OUTCOMES[1:] if counts[o]))
         refusals = defaultdict(list)
         for s in passing:
             if by[s, target].outcome == "refused":
