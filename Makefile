@@ -32,7 +32,8 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
-        bench-worker bench-backend bench-allreduce demo testbed loss-experiment fuzz clean
+        bench-worker bench-backend bench-allreduce demo testbed loss-experiment fuzz clean \
+        p4c-samples
 
 setup: apt-deps $(VENV)/.installed
 
@@ -99,6 +100,13 @@ p4-test-programs: setup
 	for f in tests/softswitch/programs/*.p4; do \
 	    $(PY) tools/p4build.py --p4c $(P4C) --out tests/softswitch/programs/build $$f || exit 1; \
 	done
+
+# p4c's own v1model samples (their .stf files) on BMv2 and both softswitch backends, over
+# P4Runtime and veth (root; not part of `make test`): P4C_SAMPLES is p4c's
+# testdata/p4_16_samples, read in place. CSV in results/stf.csv, summary on stdout.
+P4C_SAMPLES ?= /work/toolchain/p4c/testdata/p4_16_samples
+p4c-samples: setup
+	$(PY) tools/stf_samples.py --samples $(P4C_SAMPLES) --out results/stf.csv
 
 # Hostile frames (10^5 and more) at the native softswitch, alone and while every
 # worker aggregates; prints frames, counters and time (tests/worker/fuzz.py).
