@@ -21,7 +21,25 @@ PACKET_ADD_MEMBERSHIP = 1
 PACKET_MR_PROMISC = 1
 PACKET_IGNORE_OUTGOING = 23
 PACKET_OUTGOING = 4
+PACKET_AUXDATA = 8
+TP_STATUS_VLAN_VALID = 1 << 4
+TP_STATUS_VLAN_TPID_VALID = 1 << 6
+AUXDATA = struct.Struct("=IIIHHHH")    # struct tpacket_auxdata
+ANCILLARY = socket.CMSG_SPACE(AUXDATA.size)
 BATCH = 64
+
+
+def with_vlan_tag(frame: bytes, ancillary) -> bytes:
+    """The frame as it was on the wire. The kernel takes an 802.1Q tag off every
+    frame it receives and hands it beside the frame (PACKET_AUXDATA); a switch must
+    see, and forward, the tag, as BMv2 (through libpcap) does."""
+    for level, kind, data in ancillary:
+        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= AUXDATA.size:
+            status, _, _, _, _, tci, tpid = AUXDATA.unpack_from(data)
+            if status & TP_STATUS_VLAN_VALID:
+                tpid = tpid if status & TP_STATUS_VLAN_TPID_VALID else 0x8100
+                return frame[:12] + struct.pack("!HH", tpid, tci) + frame[12:]
+    return frame
 
 
 def check_interface(ifname: str) -> int:
@@ -47,6 +65,7 @@ class Port:
         except OSError:
             self.sees_outgoing = True   # kernels before 4.20: skipped by packet type
         self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.rx.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)    # VLAN tags (with_vlan_tag)
         self.rx.setblocking(False)
         # Protocol 0: a send-only socket, so the kernel queues no received copies on it.
         self.tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
@@ -126,6 +145,7 @@ class DataPlane:
         tx = {n: p.tx for n, p in self.ports.items()}
         buf = bytearray(1 << 16)
         view = memoryview(buf)
+        buffers = [buf]
         debug = log.isEnabledFor(logging.DEBUG)
         while not self.stopping.is_set():
             try:
@@ -144,19 +164,16 @@ class DataPlane:
                 with pipeline.lock:
                     for _ in range(BATCH):
                         try:
-                            if sees_outgoing:
-                                n, addr = rx.recvfrom_into(buf)
-                                if addr[2] == PACKET_OUTGOING:
-                                    continue
-                            else:
-                                n = rx.recv_into(buf)
+                            n, ancillary, _, addr = rx.recvmsg_into(buffers, ANCILLARY)
+                            if sees_outgoing and addr[2] == PACKET_OUTGOING:
+                                continue
                         except (BlockingIOError, InterruptedError):
                             break
                         except OSError as exc:
                             log.warning("receive on %s failed: %s", port.ifname, exc)
                             break
                         self.received += 1
-                        frame = bytes(view[:n])
+                        frame = with_vlan_tag(bytes(view[:n]), ancillary)
                         try:
                             out = process(frame, number)
                         except Exception:   # a bug must cost one packet, never the switch

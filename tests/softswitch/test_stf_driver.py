@@ -104,8 +104,8 @@ def test_refusals_are_sorted_by_construct():
 
 
 def frames():
-    """Frames for forwarding.p4 and what it makes of them: (STF text, the same text
-    with one expected byte wrong)."""
+    """Frames for forwarding.p4 and what it makes of them, a VLAN-tagged one among
+    them: (STF text, the same text with one expected byte wrong)."""
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
@@ -120,6 +120,8 @@ def frames():
 
     l2_known = "020000000002" "020000000001" "88B5" "00112233"
     l2_unknown = "0200000000FF" "020000000001" "88B5" "44556677"
+    # The kernel takes the tag off on the way in; the switch must forward it as sent.
+    tagged = "020000000002" "020000000001" "8100" "0064" "88B5" "00112233"
     to_acl, to_route = ip("10.0.0.9"), ip("10.0.0.8")
     text = f"""
 add mac_table dst:0x020000000002 Ing.forward(port:2)
@@ -130,6 +132,8 @@ add routes dst_addr:0x0a010000/16 route(port:3, next_mac:0x0200000000cc)
 add acl 5 src_addr:0x0a000009 protocol:0x11 set_port(port:1)
 packet 1 {l2_known}
 expect 2 {l2_known}
+packet 1 {tagged}
+expect 2 {tagged}$
 packet 1 {l2_unknown}
 expect 2 {l2_unknown}$
 expect 3 {l2_unknown}

@@ -27,7 +27,8 @@
 #include <unistd.h>
 
 #define SS_EXPORT __attribute__((visibility("default")))
-#define SS_SLOT 16384            /* largest frame received; larger ones are dropped */
+#define SS_SLOT 16384            /* a receive slot: frames up to SS_SLOT - 4 bytes (room to put
+                                    back a VLAN tag); larger ones are dropped */
 #define SS_BATCH 64
 #define SS_TXMAX 512             /* frames staged for sending per batch */
 #define SS_MAXPORTS 512
@@ -529,18 +530,43 @@ static void ss_flush(ss_ctx *c) {
     c->ntx = 0;
 }
 
+/* The kernel takes an 802.1Q tag off every frame it receives and hands it beside the
+ * frame (PACKET_AUXDATA, which dataplane.py turns on): put it back where it was on
+ * the wire, as BMv2 sees it through libpcap. Each frame is received 4 bytes short of
+ * its slot, so the tag always fits. */
+static size_t ss_with_vlan_tag(struct msghdr *h, uint8_t *frame, size_t len) {
+    for (struct cmsghdr *m = CMSG_FIRSTHDR(h); m; m = CMSG_NXTHDR(h, m)) {
+        if (m->cmsg_level != SOL_PACKET || m->cmsg_type != PACKET_AUXDATA) continue;
+        struct tpacket_auxdata aux;
+        memcpy(&aux, CMSG_DATA(m), sizeof aux);
+        if (!(aux.tp_status & TP_STATUS_VLAN_VALID) || len < 12) return len;
+        uint16_t tpid = (aux.tp_status & TP_STATUS_VLAN_TPID_VALID) ? aux.tp_vlan_tpid : 0x8100;
+        memmove(frame + 16, frame + 12, len - 12);
+        frame[12] = (uint8_t)(tpid >> 8);
+        frame[13] = (uint8_t)tpid;
+        frame[14] = (uint8_t)(aux.tp_vlan_tci >> 8);
+        frame[15] = (uint8_t)aux.tp_vlan_tci;
+        return len + 4;
+    }
+    return len;
+}
+
 static void ss_receive(ss_ctx *c, int k) {
     struct mmsghdr msgs[SS_BATCH];
     struct iovec iov[SS_BATCH];
     struct sockaddr_ll addr[SS_BATCH];
+    union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(struct tpacket_auxdata))]; }
+        control[SS_BATCH];
     for (int i = 0; i < SS_BATCH; i++) {
         iov[i].iov_base = c->rxbuf + (size_t)i * SS_SLOT;
-        iov[i].iov_len = SS_SLOT;
+        iov[i].iov_len = SS_SLOT - 4;
         memset(&msgs[i], 0, sizeof msgs[i]);
         msgs[i].msg_hdr.msg_iov = &iov[i];
         msgs[i].msg_hdr.msg_iovlen = 1;
         msgs[i].msg_hdr.msg_name = &addr[i];
         msgs[i].msg_hdr.msg_namelen = sizeof addr[i];
+        msgs[i].msg_hdr.msg_control = control[i].buf;
+        msgs[i].msg_hdr.msg_controllen = sizeof control[i].buf;
     }
     int n = recvmmsg(c->rxfd[k], msgs, SS_BATCH, MSG_DONTWAIT | MSG_TRUNC, NULL);
     if (n <= 0) return;
@@ -548,7 +574,7 @@ static void ss_receive(ss_ctx *c, int k) {
     for (int i = 0; i < n; i++) {
         if (addr[i].sll_pkttype == PACKET_OUTGOING) continue;
         c->stat_rx++;
-        if (msgs[i].msg_len > SS_SLOT || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
+        if (msgs[i].msg_len > SS_SLOT - 4 || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
             c->stat_drop++;           /* larger than a slot: dropped, never cut short */
             continue;
         }
@@ -557,7 +583,8 @@ static void ss_receive(ss_ctx *c, int k) {
             ss_flush(c);
             pthread_mutex_lock(&c->mu);
         }
-        ss_run(c, iov[i].iov_base, msgs[i].msg_len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
+        size_t len = ss_with_vlan_tag(&msgs[i].msg_hdr, iov[i].iov_base, msgs[i].msg_len);
+        ss_run(c, iov[i].iov_base, len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
     }
     pthread_mutex_unlock(&c->mu);
     ss_flush(c);
