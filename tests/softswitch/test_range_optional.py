@@ -1,11 +1,12 @@
 """Range and optional match kinds (programs/range_optional.p4): entries written over
 P4Runtime with priorities (a range with its bounds inclusive, an optional present or
 left out as a wildcard, beside ternary and exact keys), overlapping const range
-entries, read back as written. Both backends give the same frames, and BMv2's where
-it is installed."""
+entries, read back as written; log_msg in the parser, an action and a control does
+nothing. Both backends give the same frames, and BMv2's where it is installed."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -14,7 +15,7 @@ from finsy import P4TableEntry
 
 from innet_aggregation.switch_ctl.client import P4RuntimeError
 from innet_aggregation.testbed.targets import bmv2_path
-from tests.softswitch.conftest import connect
+from tests.softswitch.conftest import connect, program_files
 
 CLASSIFY = [  # priority, match, action, params
     (100, {"hdr.l4.dport": "100...199", "hdr.l4.proto": 17,
@@ -117,6 +118,15 @@ def test_entries_read_back_as_written_and_bad_ranges_are_refused(switch):
         assert switch.send(frame(0, 1, 0x21, 64, 2), 1)[0][1][20] == 0
     finally:
         conn.close()
+
+
+def test_p4c_writes_log_msg_in_the_parser_and_in_actions():
+    doc = json.loads(program_files("range_optional")[0].read_text())
+    in_parser = [op["parameters"][0]["op"] for state in doc["parsers"][0]["parse_states"]
+                 for op in state["parser_ops"] if op["op"] == "primitive"]
+    in_actions = [p["op"] for a in doc["actions"] for p in a["primitives"]]
+    assert in_parser == ["log_msg"]
+    assert in_actions.count("log_msg") == 3          # mark (p4c copies it per table), apply
 
 
 @pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,

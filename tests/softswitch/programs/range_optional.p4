@@ -5,7 +5,7 @@
  * with priorities) sets the egress port and tags the frame. A second table keys on
  * a range alone (the IPv4-like length) to check bounds at the edges and an
  * optional alone, and a third holds const range entries that overlap (the first
- * one wins).
+ * one wins). log_msg calls in the parser, an action and the apply block do nothing.
  */
 #include <core.p4>
 #include <v1model.p4>
@@ -42,6 +42,7 @@ parser P(packet_in pkt, out headers_t hdr, inout meta_t meta,
     }
     state parse_l4 {
         pkt.extract(hdr.l4);
+        log_msg("l4 proto {} dport {}", {hdr.l4.proto, hdr.l4.dport});
         transition accept;
     }
 }
@@ -57,6 +58,7 @@ control Ing(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm
         mark_to_drop(sm);
     }
     action mark(bit<8> m) {
+        log_msg("mark {}", {m});
         hdr.l4.mark = m;
     }
     action set_src(bit<8> v) {
@@ -101,6 +103,7 @@ control Ing(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm
     apply {
         sm.egress_spec = 3;
         if (hdr.l4.isValid()) {
+            log_msg("classifying");
             const_ranges.apply();
             classify.apply();
             if (by_len.apply().miss) {
