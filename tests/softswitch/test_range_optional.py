@@ -12,6 +12,8 @@ import random
 
 import pytest
 from finsy import P4TableEntry
+from finsy.proto import p4i as p4info_pb2
+from google.protobuf import text_format
 
 from innet_aggregation.switch_ctl.client import P4RuntimeError
 from innet_aggregation.testbed.targets import bmv2_path
@@ -107,15 +109,49 @@ def test_entries_read_back_as_written_and_bad_ranges_are_refused(switch):
         assert ranges == {10: [(b"\x00\x40", b"\x00\x40")], 20: [(b"\x00\x64", b"\xff\xff")],
                           5: [(b"\x00\x00", b"\x00\x0a")]}
         for match, prio, why in (({"hdr.l4.len": "9...3"}, 1, "above high"),
-                                 ({"hdr.l4.len": "0...0xffff"}, 1, "omitted"),
                                  ({"hdr.l4.len": "1...3"}, 0, "priority > 0")):
             with pytest.raises(P4RuntimeError, match=why):
                 conn.insert(conn.table_entry("Ing.by_len", "Ing.mark", match, {"m": 1},
                                              priority=prio))
+        # The full range is the wildcard (as PI has it): the same entry as the field left
+        # out, read back without it.
+        conn.insert(conn.table_entry("Ing.by_len", "Ing.mark", {"hdr.l4.len": "0...0xffff"},
+                                     {"m": 0x43}, priority=1))
+        with pytest.raises(P4RuntimeError, match="ALREADY_EXISTS"):
+            conn.insert(conn.table_entry("Ing.by_len", "Ing.mark", {}, {"m": 0x44}, priority=1))
+        wildcard, = [e.table_entry for e in conn.read_raw(P4TableEntry("Ing.by_len"))
+                     if e.table_entry.priority == 1]
+        assert not wildcard.match
+        assert switch.send(frame(0, 1, 0x21, 50, 2), 1)[0][1][20] == 0x43
+        conn.delete(conn.table_entry("Ing.by_len", "Ing.mark", {}, {"m": 0x43}, priority=1))
         # Deleted by its bounds and priority: the frame then misses.
         conn.delete(conn.table_entry("Ing.by_len", "Ing.mark", {"hdr.l4.len": "64...64"},
                                      {"m": 0x40}, priority=10))
         assert switch.send(frame(0, 1, 0x21, 64, 2), 1)[0][1][20] == 0
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("swap", ["p4info", "json"])
+def test_a_range_key_must_be_a_range_in_both_the_p4info_and_the_json(switch, tmp_path, swap):
+    """A range entry keeps its bounds where other kinds keep value and mask, so a
+    field that is a range on one side only would be matched wrongly: refused."""
+    json_path, p4info_path = program_files("range_optional")
+    info = text_format.Parse(p4info_path.read_text(), p4info_pb2.P4Info())
+    doc = json.loads(json_path.read_text())
+    if swap == "p4info":
+        table = next(t for t in info.tables if t.preamble.name == "Ing.by_len")
+        table.match_fields[0].match_type = p4info_pb2.MatchField.TERNARY
+    else:
+        table = next(t for t in doc["pipelines"][0]["tables"] if t["name"] == "Ing.by_proto")
+        table["match_type"], table["key"][0]["match_type"] = "range", "range"
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    (tmp_path / "p.p4info.txtpb").write_text(text_format.MessageToString(info))
+    conn = connect(switch.addr)
+    try:
+        with pytest.raises(P4RuntimeError, match=r"is (TERNARY|OPTIONAL) in the P4Info, "
+                                                 r"range in the JSON|is RANGE in the P4Info"):
+            conn.push_pipeline(tmp_path / "p.json", tmp_path / "p.p4info.txtpb")
     finally:
         conn.close()
 

@@ -142,10 +142,7 @@ def convert_match(tinfo: TableInfo, entry):
             if low > high:
                 raise TableError("INVALID_ARGUMENT",
                                  f"{what}: range low {low} is above high {high}")
-            if low == 0 and high == mask(width):
-                raise TableError("INVALID_ARGUMENT",
-                                 f"{what}: a range don't-care must be omitted, not the full range")
-            values[pos], masks[pos] = low, high
+            values[pos], masks[pos] = low, high     # the full range: as if omitted, as PI
         else:
             raise TableError("UNIMPLEMENTED", f"{kind} match is not supported")
     for pos, finfo in enumerate(tinfo.fields):
