@@ -629,9 +629,9 @@ SS_EXPORT void ss_free(ss_ctx *c) {
     ss_io_stop(c);
     for (int i = 0; i < SS_NTABLES; i++) {      /* what a failed ss_setup left is NULL */
         ss_table *t = &c->t[i];
-        free(t->key); free(t->mask); free(t->ranged); free(t->data); free(t->action); free(t->prio);
+        free(t->key); free(t->mask); free(t->data); free(t->action); free(t->prio);
         free(t->freel); free(t->seq); free(t->live); free(t->pkts); free(t->bytes);
-        free(t->index); free(t->def_data);
+        free(t->index); free(t->def_data); free(t->ranged);
     }
     for (int i = 0; i < SS_NREGS; i++) free(c->reg[i]);
     for (int i = 0; i < SS_NCTRS; i++) { free(c->cpk[i]); free(c->cby[i]); }
