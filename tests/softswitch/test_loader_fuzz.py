@@ -52,6 +52,7 @@ from tests.softswitch.test_p4c_constructs import MUX_CASES
 from tests.softswitch.test_p4runtime import ip_frame
 from tests.softswitch.test_primitives import frame
 from tests.softswitch.test_varbit import frames as varbit_frames
+from tests.softswitch.test_range_optional import frames as range_frames
 
 INJECTED = "0; INJECTED_C_CODE(); //"
 HOSTILE = 'x"; INJECTED_C_CODE(); //\n#error'
@@ -67,7 +68,7 @@ NATIVE_RUNS = 4       # distinct C units compiled per program
 def entry(pipe, table: str, action: str, data, values, masks=None, priority=0) -> None:
     widths = [w for _, w, _ in pipe.tables[table].spec.keys]
     masks = masks or tuple((1 << w) - 1 for w in widths)
-    aid = next(a.id for a in pipe.actions.values() if a.name == action)
+    aid = next(a for a in pipe.tables[table].spec.action_ids if pipe.actions[a].name == action)
     pipe.tables[table].insert(Entry(tuple(values), tuple(masks), priority, (aid, tuple(data))))
 
 
@@ -81,6 +82,14 @@ def setup_forwarding(pipe) -> None:
 def setup_error_key(pipe) -> None:
     for error, port in (("NoError", 2), ("PacketTooShort", 4), ("BadTag", 5)):
         entry(pipe, "Ing.by_error", "Ing.forward", [port], [pipe.errors[error]])
+
+
+def setup_range_optional(pipe) -> None:
+    """A range entry holds its low bound as the value and its high one as the mask."""
+    entry(pipe, "Ing.classify", "Ing.route", [1, 0x11], [100, 17, 0x10], [199, 0xff, 0xf0], 9)
+    entry(pipe, "Ing.classify", "Ing.to_drop", [], [0, 6, 0], [0xffff, 0xff, 0], 5)
+    entry(pipe, "Ing.by_len", "Ing.mark", [0x40], [64], [64], 3)
+    entry(pipe, "Ing.by_proto", "Ing.mark", [0x51], [0, 1], [0, 0xff], 2)
 
 
 def setup_primitives(pipe) -> None:
@@ -145,6 +154,8 @@ PROGRAMS = {
                       + hostile(10, union_frames()[2])),
     "varbit": (lambda pipe: None, lambda: [(data, 1) for data in varbit_frames()]
                + hostile(11, varbit_frames()[8])),
+    "range_optional": (setup_range_optional, lambda: [(data, 1) for data in range_frames()]
+                       + hostile(12, range_frames()[30])),
     "primitives": (setup_primitives, primitives_frames),
     "aggregation": (setup_aggregation, aggregation_frames),
 }

@@ -1,6 +1,6 @@
 """The native backend's C unit under AddressSanitizer and UndefinedBehaviorSanitizer.
 
-The aggregation program (with a job installed) and two test programs are compiled
+The aggregation program (with a job installed) and three test programs are compiled
 with ``-fsanitize=address,undefined`` and run in a process of their own (libasan
 preloaded into Python) over valid frames, every truncation of them, corrupted and
 random frames, frames of 0 bytes to 64 KiB, and control-plane calls naming tables,
@@ -127,12 +127,15 @@ def test_the_c_unit_runs_clean_under_address_and_undefined_behavior_sanitizers(t
                                                                               monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     forwarding = PROGRAMS["forwarding"][1]()
+    ranges = PROGRAMS["range_optional"][1]()
     jobs = [job("aggregation", protocol.PROGRAM_JSON.read_bytes(),
                 aggregation_frames() + hostile(aggregation_frames())),
             job("primitives", program_files("primitives")[0].read_bytes(),
                 primitives_frames() + hostile(primitives_frames())),
             job("forwarding", program_files("forwarding")[0].read_bytes(),
-                forwarding + hostile(forwarding))]
+                forwarding + hostile(forwarding)),
+            job("range_optional", program_files("range_optional")[0].read_bytes(),
+                ranges + hostile(ranges))]
     proc = run_child(tmp_path, jobs)
     report = proc.stderr[-6000:]
     assert proc.returncode == 0, report

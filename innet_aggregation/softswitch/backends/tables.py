@@ -14,7 +14,8 @@ class TableError(Exception):
 
 
 class Entry:
-    """One match-action entry; ``values`` are already masked."""
+    """One match-action entry; ``values`` are already masked. For a range key,
+    ``values`` holds its low bound and ``masks`` its high bound (both inclusive)."""
 
     __slots__ = ("values", "masks", "priority", "action", "const", "counter")
 
@@ -47,12 +48,13 @@ class TableEntries:
         for values, masks, bmv2_priority, prefix, aid, data in spec.const_entries:
             if spec.match_type == "lpm":
                 priority = prefix
-            elif spec.match_type == "ternary":
+            elif spec.match_type in ("ternary", "range"):
                 # BMv2: a smaller number wins; P4Runtime: a larger one does.
                 priority = (1 << 24) - bmv2_priority
             else:
                 priority = 0
-            values = tuple(v & m for v, m in zip(values, masks))
+            values = tuple(v if mt == "range" else v & m
+                           for v, m, (mt, _, _) in zip(values, masks, spec.keys))
             self._add(self._checked(Entry(values, masks, priority, (aid, data), const=True)))
 
     def _action(self, action) -> tuple:

@@ -304,7 +304,7 @@ class Action:
 
 @dataclass(eq=False)
 class Apply:
-    """Apply ``table``: look ``keys`` up (exact, ternary or LPM, as ``table.match_type``
+    """Apply ``table``: look ``keys`` up (exact, ternary, LPM or range, as ``table.match_type``
     says), run the entry's action or the default one, then the branch whose
     condition holds: "hit", "miss" or a tuple of action ids."""
     table: object        # TableSpec

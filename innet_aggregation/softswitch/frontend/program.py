@@ -61,7 +61,7 @@ class TableSpec:
     def __init__(self, name, tid, match_type, keys, action_ids, max_size):
         self.name = name
         self.id = tid
-        self.match_type = match_type   # exact | ternary | lpm
+        self.match_type = match_type   # exact | ternary | lpm | range
         self.keys = keys               # [(match_type, width, name)]
         self.key_refs = []             # [(kind, target, mask or None)], kind: field | valid
         self.action_ids = action_ids
@@ -302,6 +302,10 @@ class Program:
                 if mk["match_type"] == "valid":
                     values.append(1 if mk["key"] else 0)
                     masks.append(1)
+                    continue
+                if mk["match_type"] == "range":
+                    values.append(hexstr(mk["start"]))
+                    masks.append(hexstr(mk["end"]))
                     continue
                 values.append(hexstr(mk["key"]))
                 if mk["match_type"] == "ternary":

@@ -42,7 +42,7 @@ HEX = re.compile(r"-?0x[0-9a-fA-F]{1,%d}" % (MAX_BITS // 4 + 8))
 UNSUPPORTED_LISTS = (("header_union_stacks", "header union stacks"),
                      ("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
                      ("learn_lists", "digests"), ("extern_instances", "extern instances"))
-MATCH_TYPES = ("exact", "ternary", "lpm")
+MATCH_TYPES = ("exact", "ternary", "lpm", "range")
 UNARY = ("not", "~", "d2b", "b2d")
 BINARY = ("+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^", "==", "!=", ">", "<", ">=",
           "<=", "and", "or")
@@ -953,6 +953,10 @@ class _Checker:
         match_type = self.match_type(table["match_type"], f"{path}.match_type", name)
         keys = [self.table_key(k, f"{path}.key[{j}]", name)
                 for j, k in enumerate(_list(table["key"], f"{path}.key"))]
+        for j, key in enumerate(keys):
+            if key["match_type"] == "range" and match_type != "range":
+                raise ValueError(f"{path}.match_type: a {match_type} table with a range key "
+                                 f"at {path}.key[{j}].match_type")
         action_ids = []
         for j, aid in enumerate(_list(table["action_ids"], f"{path}.action_ids")):
             action_ids.append(self.action_ref(aid, f"{path}.action_ids[{j}]"))
@@ -1033,17 +1037,18 @@ class _Checker:
         clean_keys = []
         for j, (mk, key) in enumerate(zip(match, keys)):
             kpath = f"{path}.match_key[{j}]"
-            mk = _obj(mk, kpath, "match_type", "key")
+            mk = _obj(mk, kpath, "match_type")
             if mk["match_type"] != key["match_type"]:
-                if mk["match_type"] == "range":
-                    raise Unsupported(f"{kpath}.match_type: range entry")
                 raise ValueError(f"{kpath}.match_type: expected {key['match_type']!r} as the "
                                  f"table's key, got {_short(mk['match_type'])}")
             clean = {"match_type": mk["match_type"]}
             if mk["match_type"] == "valid":
+                _obj(mk, kpath, "key")
                 clean["key"] = _bool(mk["key"], f"{kpath}.key")
             else:
-                for part in ("key",) + (("mask",) if mk["match_type"] == "ternary" else ()):
+                parts = (("start", "end") if mk["match_type"] == "range"
+                         else ("key", "mask") if mk["match_type"] == "ternary" else ("key",))
+                for part in parts:
                     _obj(mk, kpath, part)
                     if _hex(mk[part], f"{kpath}.{part}", negative=False) >> key["width"]:
                         raise ValueError(f"{kpath}.{part}: {mk[part]} is wider than the key "

@@ -136,17 +136,26 @@ def convert_match(tinfo: TableInfo, entry):
                                  f"{what}: value has bits set beyond the prefix")
             values[pos], masks[pos] = value, m
             prefix = plen
+        elif kind == "range":
+            low = from_bytes(fm.range.low, width, what)
+            high = from_bytes(fm.range.high, width, what)
+            if low > high:
+                raise TableError("INVALID_ARGUMENT",
+                                 f"{what}: range low {low} is above high {high}")
+            values[pos], masks[pos] = low, high     # the full range: as if omitted, as PI
         else:
             raise TableError("UNIMPLEMENTED", f"{kind} match is not supported")
     for pos, finfo in enumerate(tinfo.fields):
         if pos not in seen and finfo.match_type in (MF.EXACT,):
             raise TableError("INVALID_ARGUMENT",
                              f"table {tinfo.name}: exact field {finfo.name} is missing")
+        if pos not in seen and finfo.match_type == MF.RANGE:
+            masks[pos] = mask(tinfo.widths[pos])        # an omitted range: all of it
     match_type = tinfo.table.spec.match_type
-    if match_type == "ternary":
+    if match_type in ("ternary", "range"):
         if entry.priority <= 0:
             raise TableError("INVALID_ARGUMENT",
-                             f"table {tinfo.name}: a ternary entry needs a priority > 0")
+                             f"table {tinfo.name}: a {match_type} entry needs a priority > 0")
         priority = entry.priority
     else:
         if entry.priority != 0:
@@ -340,7 +349,8 @@ def read_tables(config: PipelineConfig, query) -> list:
             te = ent.table_entry
             te.table_id = tinfo.info.preamble.id
             for pos, (finfo, value, m) in enumerate(zip(tinfo.fields, e.values, e.masks)):
-                if m == 0:
+                ranged = finfo.match_type == MF.RANGE
+                if (value == 0 and m == mask(tinfo.widths[pos])) if ranged else m == 0:
                     continue
                 fm = te.match.add()
                 fm.field_id = finfo.id
@@ -356,10 +366,13 @@ def read_tables(config: PipelineConfig, query) -> list:
                 elif finfo.match_type == MF.LPM:
                     fm.lpm.value = to_bytes(value, width)
                     fm.lpm.prefix_len = bin(m).count("1")
+                elif ranged:
+                    fm.range.low = to_bytes(value, width)
+                    fm.range.high = to_bytes(m, width)
                 else:
                     fm.ternary.value = to_bytes(value, width)
                     fm.ternary.mask = to_bytes(m, width)
-            if tinfo.table.spec.match_type == "ternary":
+            if tinfo.table.spec.match_type in ("ternary", "range"):
                 te.priority = e.priority
             te.is_const = e.const
             action_msg(config, tinfo, e.action, te.action)

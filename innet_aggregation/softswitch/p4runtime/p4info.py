@@ -41,7 +41,13 @@ class TableInfo:
         # error's name, the JSON as its code. pos -> (name -> code, code -> name).
         self.names = {}
         self.widths = [width for _, width, _ in spec.keys]
-        for pos, (finfo, (_, width, _)) in enumerate(zip(self.fields, spec.keys)):
+        for pos, (finfo, (kind, width, _)) in enumerate(zip(self.fields, spec.keys)):
+            # A range entry holds its bounds where other kinds hold value and mask.
+            if (finfo.match_type == p4info_pb2.MatchField.RANGE) != (kind == "range"):
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"table {self.name}: match field {finfo.name} is "
+                               f"{p4info_pb2.MatchField.MatchType.Name(finfo.match_type)} in "
+                               f"the P4Info, {kind} in the JSON")
             if finfo.bitwidth == 0:
                 self.names[pos] = (errors, {code: n for n, code in errors.items()})
             elif finfo.bitwidth != width:

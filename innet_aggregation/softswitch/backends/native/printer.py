@@ -500,6 +500,10 @@ class CPrinter:
             self.add(f"    ss_table_init(c, &c->t[{num(ti, 0, len(prog.tables))}], "
                      f"{num(max(len(spec.keys), 1), 1, MAX_ID)}, {num(nd, 0, MAX_ID)}, "
                      f"{int(spec.match_type != 'exact')});")
+            for f, (mt, _, _) in enumerate(spec.keys):
+                if mt == "range":
+                    self.add(f"    ss_table_range(c, &c->t[{num(ti, 0, len(prog.tables))}], "
+                             f"{num(f, 0, MAX_ID)});")
         for name, spec in prog.registers.items():
             self.add(f"    ss_reg_init(c, {num(self.reg_index[name], 0, len(prog.registers))}, "
                      f"{num(spec.size, 1, MAX_CELLS + 1)}U);")

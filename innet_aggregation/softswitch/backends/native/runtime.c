@@ -35,7 +35,8 @@
 #define SS_OUTMAX 64             /* outputs kept by ss_process (control-plane tests) */
 
 typedef struct {
-    int nk, nd, scan;            /* scan: ternary/LPM (priority order), else exact hash */
+    int nk, nd, scan;            /* scan: ternary/LPM/range (priority order), else exact hash */
+    uint8_t *ranged;             /* range tables: which keys are ranges (mask: high bound) */
     int cap, used, nlive, nfree;
     uint64_t *key, *mask, *data;
     int32_t *action, *prio, *freel;
@@ -175,6 +176,14 @@ static void ss_table_init(ss_ctx *c, ss_table *t, int nk, int nd, int scan) {
     if (!t->def_data) c->failed = 1;
 }
 
+/* Key ``f`` of a scanned table is a range: its entries hold the low bound as the
+ * key and the high bound as the mask, both inclusive. */
+static void ss_table_range(ss_ctx *c, ss_table *t, int f) {
+    if (!t->ranged) t->ranged = calloc(t->nk, 1);
+    if (!t->ranged || f < 0 || f >= t->nk || !t->scan) { c->failed = 1; return; }
+    t->ranged[f] = 1;
+}
+
 static uint64_t ss_hash(const uint64_t *k, int nk) {
     uint64_t h = 0x9E3779B97F4A7C15ULL;
     for (int i = 0; i < nk; i++) { h ^= k[i]; h *= 0xFF51AFD7ED558CCDULL; h ^= h >> 33; }
@@ -219,7 +228,15 @@ static inline int32_t ss_lookup(const ss_table *t, const uint64_t *k) {
             int32_t i = t->index[j];
             const uint64_t *ek = t->key + (size_t)i * nk, *em = t->mask + (size_t)i * nk;
             int ok = 1;
-            for (int f = 0; f < nk; f++) if ((k[f] & em[f]) != ek[f]) { ok = 0; break; }
+            if (t->ranged) {
+                for (int f = 0; f < nk; f++)
+                    if (t->ranged[f] ? k[f] < ek[f] || k[f] > em[f] : (k[f] & em[f]) != ek[f]) {
+                        ok = 0;
+                        break;
+                    }
+            } else {
+                for (int f = 0; f < nk; f++) if ((k[f] & em[f]) != ek[f]) { ok = 0; break; }
+            }
             if (ok) return i;
         }
         return -1;
@@ -641,7 +658,7 @@ SS_EXPORT void ss_free(ss_ctx *c) {
         ss_table *t = &c->t[i];
         free(t->key); free(t->mask); free(t->data); free(t->action); free(t->prio);
         free(t->freel); free(t->seq); free(t->live); free(t->pkts); free(t->bytes);
-        free(t->index); free(t->def_data);
+        free(t->index); free(t->def_data); free(t->ranged);
     }
     for (int i = 0; i < SS_NREGS; i++) free(c->reg[i]);
     for (int i = 0; i < SS_NCTRS; i++) { free(c->cpk[i]); free(c->cby[i]); }

@@ -16,16 +16,17 @@ CACHE_LIMIT = 4096
 class Table(TableEntries):
     """Entries of one table, in the shapes the generated code reads.
 
-    Exact tables are one dict (key -> (action id, data)); ternary and LPM tables are
-    a priority-sorted list scanned on a miss of a per-key cache, which any write
-    clears, so a steady flow costs one dict lookup.
+    Exact tables are one dict (key -> (action id, data)); ternary, LPM and range
+    tables are a priority-sorted list scanned on a miss of a per-key cache, which
+    any write clears, so a steady flow costs one dict lookup.
     """
 
     def __init__(self, spec: TableSpec, ns: dict, actions: dict):
         super().__init__(spec, actions)
         self.single = len(spec.keys) == 1
         self.exact: dict = {}              # key -> (aid, data), exact tables
-        self.scan: list = []               # [(values, masks, (aid, data))], ternary/lpm
+        self.scan: list = []               # [(values, masks, (aid, data))], ternary/lpm/range
+        self.ranged = tuple(mt == "range" for mt, _, _ in spec.keys)
         self.cache: dict = {}
         self.default = [None]
         self.initial_default = spec.default
@@ -45,12 +46,12 @@ class Table(TableEntries):
         return values[0] if self.single else values
 
     def lookup(self, key):
-        """Ternary/LPM: the highest-priority entry matching ``key``, cached."""
+        """Ternary/LPM/range: the highest-priority entry matching ``key``, cached."""
         keys = (key,) if self.single else key
         found = None
         for values, masks, action in self.scan:
-            for k, v, m in zip(keys, values, masks):
-                if k & m != v:
+            for k, v, m, ranged in zip(keys, values, masks, self.ranged):
+                if not (v <= k <= m if ranged else k & m == v):
                     break
             else:
                 found = action
