@@ -132,8 +132,6 @@ add routes dst_addr:0x0a010000/16 route(port:3, next_mac:0x0200000000cc)
 add acl 5 src_addr:0x0a000009 protocol:0x11 set_port(port:1)
 packet 1 {l2_known}
 expect 2 {l2_known}
-packet 1 {tagged}
-expect 2 {tagged}$
 packet 1 {l2_unknown}
 expect 2 {l2_unknown}$
 expect 3 {l2_unknown}
@@ -141,6 +139,8 @@ packet 2 {to_acl.hex()}
 expect 1 {routed(to_acl)}
 packet 2 {to_route.hex()}
 expect 3 {routed(to_route)}
+packet 1 {tagged}
+expect 2 {tagged}$
 """
     return text, text.replace(f"expect 2 {l2_known}", f"expect 2 {l2_known[:-2]}34")
 
