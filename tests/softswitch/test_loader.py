@@ -178,3 +178,28 @@ def test_a_const_entry_with_too_few_or_too_many_keys_or_data_is_refused(backend)
         refused(doc, backend, re.escape(f"{path}.action_entry.action_data: expected "
                                         f"{len(data)} items (one per parameter of action ")
                 + r"\d+\), got \d+ items")
+
+
+def test_what_p4c_writes_at_times_loads_and_runs_as_written(backend):
+    """A signed flag written 1 or 0 and a table key without a name are p4c's own output
+    (p4c's samples gauntlet_various_ops, invalid-hdr-warnings3), which BMv2 takes: they
+    load, and run as the JSON with true and the named key; a flag of 2 is still refused."""
+    doc = doc_of("primitives")
+    i, header_type = next((i, h) for i, h in enumerate(doc["header_types"])
+                          if [f[0] for f in h["fields"]][:3] == ["op", "a", "b"])
+    signed = json.loads(json.dumps(doc))
+    signed["header_types"][i]["fields"][2][2] = True
+    header_type["fields"][2][2] = 1
+    loose, strict = (pipeline(json.dumps(d).encode(), backend) for d in (doc, signed))
+    for b in (0, 15, 0xFFFFFFFF):
+        assert loose.process(frame(6, a=5, b=b), 5) == strict.process(frame(6, a=5, b=b), 5)
+    header_type["fields"][2][2] = 2
+    refused(doc, backend, re.escape(f"header_types[{i}].fields[2][2]: expected true or "
+                                    "false, got 2"))
+
+    doc = doc_of("forwarding")
+    table = next(t for t in doc["pipelines"][0]["tables"] if t["key"])
+    named = json.dumps(doc)
+    del table["key"][0]["name"]       # a label only: P4Info's fields join by position
+    assert (pipeline(json.dumps(doc).encode(), backend).process(bytes(64), 1)
+            == pipeline(named.encode(), backend).process(bytes(64), 1))

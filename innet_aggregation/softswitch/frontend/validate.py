@@ -116,6 +116,13 @@ def _bool(value, path: str) -> bool:
     return value
 
 
+def _flag(value, path: str) -> bool:
+    """A field's signed flag: true or false, or 1 or 0, which p4c writes at times."""
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    return _bool(value, path)
+
+
 def _name(value, path: str) -> str:
     if type(value) is not str or not NAME.fullmatch(value):
         raise ValueError(f"{path}: expected a name (1 to 256 of A-Z a-z 0-9 _ . $ [ ]), "
@@ -263,7 +270,7 @@ class _Checker:
                     fields.append([fname, 0, False])      # its width: below
                     continue
                 width = _int(spec[1], f"{fpath}[1]", 1, MAX_BITS + 1)
-                fields.append([fname, width, _bool(spec[2], f"{fpath}[2]")])
+                fields.append([fname, width, _flag(spec[2], f"{fpath}[2]")])
             clean = {"name": name, "fields": fields}
             if varbit is not None:
                 # The varbit field's width is what max_length (bytes) leaves it.
@@ -996,6 +1003,8 @@ class _Checker:
         raise Unsupported(f"{path}: {_short(value)} match (table {table})")
 
     def table_key(self, key, path: str, table: str) -> dict:
+        if type(key) is dict and "name" not in key:
+            key = {**key, "name": None}     # p4c leaves it out at times; BMv2 takes that
         key = _obj(key, path, "match_type", "target", "mask", "name")
         mt = key["match_type"]
         if mt == "valid":
@@ -1008,6 +1017,8 @@ class _Checker:
         if mask is not None:
             _hex(mask, f"{path}.mask", negative=False)
         label = key["name"]
+        if label is None:       # a label only (P4Info's fields join by position): the field
+            label = ".".join(target) if mt != "valid" else f"{target}.$valid$"
         if type(label) is not str or len(label) > 256 or not label.isprintable():
             raise ValueError(f"{path}.name: expected a printable string, got {_short(label)}")
         return {"match_type": mt, "target": target, "mask": mask, "name": label,
