@@ -90,6 +90,18 @@ class Lookahead(Expr):
         self.bounded(0, (1 << width) - 1)
 
 
+class StackField(Expr):
+    """Field ``fields[index]``, the same field of each element of a header stack, by a
+    computed index. An index past the stack drops the packet: BMv2's ``at()`` throws
+    there, which no one catches, so simple_switch ends."""
+    __slots__ = ("fields", "index")
+
+    def __init__(self, fields: list, index: Expr):
+        self.fields, self.index = fields, index
+        ref = FieldRef(fields[0])
+        self.bounded(ref.lo, ref.hi)
+
+
 class Unary(Expr):
     """``not`` and ``d2b`` (truth values), ``~``, and ``b2d`` (a truth value as 0 or 1)."""
     __slots__ = ("op", "a")
@@ -178,6 +190,14 @@ def _bounds(op: str, a: Expr, b: Expr):
 class Assign:
     field: object
     value: Expr          # stored truncated to the field's width, as BMv2 does
+
+
+@dataclass(eq=False)
+class AssignStackField:
+    """``hs[index].f = value``: ``fields`` as in StackField, an index past it drops."""
+    fields: list
+    index: Expr
+    value: Expr
 
 
 @dataclass(eq=False)

@@ -95,6 +95,15 @@ class Lowering:
                           ir.Binary("-", nxt, ir.Const(count)), ir.Const(0))
         return out + [ir.Assign(stack.next, new)]
 
+    def stack_element(self, node, params, where: str):
+        """``hs[i].f`` (checked access_field): field f of every element, and i."""
+        while node.get("type") == "expression":
+            node = node["value"]
+        deref = node["left"]["value"]
+        stack = self.prog.stack(deref["left"]["value"])
+        fields = [h.fields[node["right"]] for h in stack.headers]
+        return fields, self.expr(deref["right"], params, where)
+
     def valid(self, header: Header) -> ir.Expr:
         return ir.Const(1, boolean=True) if header.metadata else ir.Valid(header)
 
@@ -113,6 +122,9 @@ class Lowering:
             for member in members[1:]:
                 out = ir.Binary("or", out, member)
             return out
+        if op == "access_field":
+            fields, index = self.stack_element(node, params, where)
+            return ir.StackField(fields, index)
         if op in ("not", "~", "d2b", "b2d"):
             a = self.expr(right, params, where)
             if op == "d2b" and a.boolean:
@@ -148,6 +160,9 @@ class Lowering:
         args = prim.get("parameters", [])
         prog = self.prog
         if op in ("assign", "modify_field"):
+            if op == "assign" and args[0].get("type") == "expression":
+                fields, index = self.stack_element(args[0], params, where)
+                return [ir.AssignStackField(fields, index, self.expr(args[1], params, where))]
             if args[0].get("type") != "field":
                 raise Unsupported(f"{op} to a {args[0].get('type')!r:.30} in {where}")
             return [ir.Assign(self.fixed_field(args[0]["value"], where),

@@ -60,6 +60,13 @@ PRIMITIVES = {
 }
 
 
+def _unwrap(node: dict) -> dict:
+    """The operation inside a checked expression's {"type": "expression"} wrappers."""
+    while node.get("type") == "expression":
+        node = node["value"]
+    return node
+
+
 class Unsupported(Exception):
     """A JSON construct this switch cannot run; the message names it."""
 
@@ -546,6 +553,23 @@ class _Checker:
             raise ValueError(f"{path}: unknown field {stack}.last.{fname}")
         return [stack, fname]
 
+    def stack_element_field(self, node, path: str, params, depth: int) -> dict:
+        """``hs[i].f``: access_field (the field's offset in the header type) of a
+        dereference_header_stack by an index expression; nothing else has fields."""
+        left = _obj(node["left"], f"{path}.left", "type", "value")
+        deref, dpath = left["value"], f"{path}.left.value"
+        if left["type"] != "expression" or type(deref) is not dict \
+                or deref.get("op") != "dereference_header_stack":
+            raise Unsupported(f"{path}.left: access_field of {_short(left)}")
+        _obj(deref, dpath, "op", "left", "right")
+        stack = self.stack(self.typed(deref["left"], f"{dpath}.left", "header_stack"),
+                           f"{dpath}.left.value")
+        offset = _int(node["right"], f"{path}.right", 0, len(self.types[self.stacks[stack]]))
+        index = self.expr(deref["right"], f"{dpath}.right", params, depth + 1)
+        return {"op": "access_field", "right": offset, "left": {"type": "expression", "value": {
+            "op": "dereference_header_stack", "left": {"type": "header_stack", "value": stack},
+            "right": index}}}
+
     def validity(self, node, path: str, depth: int) -> dict:
         """The validity bit of what p4c puts before "$valid$" when it is no header name (a
         ?: choosing between headers), as an expression over real headers' validity bits."""
@@ -625,6 +649,8 @@ class _Checker:
                 raise Unsupported(f"{path}.right: valid_union() of {_short(right)}")
             return {"op": op, "left": None, "right": sub("right")}
         _obj(node, path, "left")
+        if op == "access_field":
+            return self.stack_element_field(node, path, params, depth)
         if op == "?":
             _obj(node, path, "cond")
             return {"op": op, "cond": sub("cond"), "left": sub("left"), "right": sub("right")}
@@ -672,7 +698,13 @@ class _Checker:
         out = []
         for j, (kind, arg) in enumerate(zip(kinds, args)):
             apath = f"{path}.parameters[{j}]"
-            if kind == "F":
+            if kind == "F" and op == "assign" and j == 0 and type(arg) is dict \
+                    and arg.get("type") == "expression":
+                dst = self.expr(arg, apath, params)
+                if _unwrap(dst).get("op") != "access_field":
+                    raise Unsupported(f"{apath}: assign to {_short(arg)}")
+                out.append(dst)
+            elif kind == "F":
                 out.append({"type": "field",
                             "value": self.real_field(self.typed(arg, apath, "field"),
                                                      f"{apath}.value")})

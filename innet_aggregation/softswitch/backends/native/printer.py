@@ -139,6 +139,19 @@ class CPrinter:
             raise NativeUnsupported(f"lookahead of {e.width} bits")
         return f"ss_get(S->pkt + S->off, {num(e.bit_offset, 0, MAX_LOOKAHEAD)}, {_w(e.width)})"
 
+    def stack_slot(self, fields: list, index: ir.Expr) -> str:
+        """The field of element ``index`` (ss_index drops the packet past the stack)."""
+        if _exact(index, "a header stack index") != "u":
+            raise NativeUnsupported("a header stack index that may be negative")
+        ids = ", ".join(num(f.id, 0, len(self.prog.field_list)) for f in fields)
+        code, n = self.expr(index), num(len(fields), 1, MAX_ID)
+        if index.hi >= len(fields):
+            code = f"ss_index(S, {code}, {n})"
+        return f"S->f[((const uint32_t[{n}]){{{ids}}})[{code}]]"
+
+    def x_StackField(self, e: ir.StackField) -> str:
+        return self.stack_slot(e.fields, e.index)
+
     def x_Unary(self, e: ir.Unary) -> str:
         a = self.expr(e.a)
         if e.op == "not":
@@ -210,6 +223,11 @@ class CPrinter:
     def s_Assign(self, s: ir.Assign) -> None:
         f = s.field
         self.add(f"{self.fref(f)} = {self.store(s.value, self.expr(s.value), f.width, f.signed)};")
+
+    def s_AssignStackField(self, s: ir.AssignStackField) -> None:
+        f = s.fields[0]
+        self.add(f"{self.stack_slot(s.fields, s.index)} = "
+                 f"{self.store(s.value, self.expr(s.value), f.width, f.signed)};")
 
     def s_CopyHeader(self, s: ir.CopyHeader) -> None:
         dst, src = s.dst, s.src

@@ -60,7 +60,7 @@ typedef struct {
     uint8_t v[SS_NHEADERS + 1];
     const uint8_t *pkt;
     uint64_t plen, off, plen_reg, in_len;
-    int abort;                   /* a division by zero: the packet is dropped */
+    int abort;                   /* a division by zero or a stack index past the stack: the packet is dropped */
 } ss_state;
 
 typedef struct {
@@ -158,6 +158,13 @@ static inline uint64_t ss_random(ss_ctx *c, uint64_t lo, uint64_t hi) {
 static inline uint64_t ss_div(ss_state *S, uint64_t a, uint64_t b, int mod) {
     if (!b) { S->abort = 1; return 0; }
     return mod ? a % b : a / b;
+}
+
+/* A header stack element by a computed index: past the stack BMv2 throws (and ends),
+   here the packet is dropped. */
+static inline uint64_t ss_index(ss_state *S, uint64_t i, uint64_t n) {
+    if (i >= n) { S->abort = 1; return 0; }
+    return i;
 }
 
 /* ------------------------------------------------------------------ tables */

@@ -6,6 +6,7 @@ import threading
 
 from innet_aggregation.softswitch import frontend
 from innet_aggregation.softswitch.backends.python.printer import compile_program
+from innet_aggregation.softswitch.backends.python.runtime import Dropped
 from innet_aggregation.softswitch.frontend import DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION, TableSpec
 from innet_aggregation.softswitch.frontend.validate import MAX_ID, num
 from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
@@ -118,16 +119,24 @@ class Pipeline:
 
     def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
         """Ingress, PRE, egress, deparser: the frames to send, as (port, bytes)."""
-        spec, mgid, state = self._ingress(frame, port)
-        egress = self._egress
+        try:
+            spec, mgid, state = self._ingress(frame, port)
+        except Dropped:
+            return []
         if mgid:
             out = []
             for eport, rid in self.groups.get(mgid, ()):
-                sent = egress(state, eport, rid, INSTANCE_REPLICATION)
+                sent = self._egress_or_drop(state, eport, rid, INSTANCE_REPLICATION)
                 if sent is not None:
                     out.append((eport, sent))
             return out
         if spec == self.drop_port:
             return []
-        sent = egress(state, spec, None, INSTANCE_NORMAL)
+        sent = self._egress_or_drop(state, spec, None, INSTANCE_NORMAL)
         return [] if sent is None else [(spec, sent)]
+
+    def _egress_or_drop(self, state, port, rid, instance):
+        try:
+            return self._egress(state, port, rid, instance)
+        except Dropped:
+            return None

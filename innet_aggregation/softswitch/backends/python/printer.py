@@ -82,7 +82,8 @@ class PyPrinter:
         self.out = Compiled(program)
         self.ns: dict = {"ParserError": runtime.ParserError, "_Exit": runtime.Exit,
                          "_Return": runtime.Return, "csum16": runtime.csum16,
-                         "_lookahead": runtime.lookahead, "_log_assert": runtime.log_assert,
+                         "_lookahead": runtime.lookahead,
+                         "_stack_index": runtime.stack_index, "_log_assert": runtime.log_assert,
                          "_NOTCACHED": runtime.NOT_CACHED, "_randint": random.Random().randint}
         self.std = program.std
         self.structs: dict[str, tuple] = {}
@@ -178,6 +179,15 @@ class PyPrinter:
         return (f"_lookahead(pkt, off, {num(e.bit_offset, 0, MAX_LOOKAHEAD)}, "
                 f"{num(e.width, 1, MAX_BITS + 1)})")
 
+    def index(self, fields: list, index: ir.Expr) -> str:
+        code = self.expr(index)
+        if not index.known or index.lo < 0 or index.hi >= len(fields):
+            code = f"_stack_index({code}, {num(len(fields), 1, MAX_ID)})"
+        return code
+
+    def x_StackField(self, e: ir.StackField) -> str:
+        return f"({', '.join(self.v(f) for f in e.fields)},)[{self.index(e.fields, e.index)}]"
+
     def x_Unary(self, e: ir.Unary) -> str:
         a = self.expr(e.a)
         return {"not": f"(not {a})", "~": f"(~{a})", "d2b": f"({a} != 0)",
@@ -212,6 +222,13 @@ class PyPrinter:
     def s_Assign(self, s: ir.Assign) -> None:
         f = s.field
         self.add(f"{self.v(f)} = {self.store(s.value, self.expr(s.value), f.width, f.signed)}")
+
+    def s_AssignStackField(self, s: ir.AssignStackField) -> None:
+        i, f = self.temp("i"), s.fields[0]
+        self.add(f"{i} = {self.index(s.fields, s.index)}")
+        value = self.store(s.value, self.expr(s.value), f.width, f.signed)
+        for n, field in enumerate(s.fields):
+            self.add(f"{'if' if n == 0 else 'elif'} {i} == {n}: {self.v(field)} = {value}")
 
     def s_CopyHeader(self, s: ir.CopyHeader) -> None:
         dst, src = s.dst, s.src

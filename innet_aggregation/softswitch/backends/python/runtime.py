@@ -1,5 +1,5 @@
 """What the Python backend's generated functions call: parser errors, exit and
-return, the checksum, lookahead and the assertion log."""
+return, a stack index checked, the checksum, lookahead and the assertion log."""
 
 from __future__ import annotations
 
@@ -21,6 +21,16 @@ class Exit(Exception):
 
 class Return(Exception):
     """A ``return`` inside a conditional of an action: leaves the action."""
+
+
+class Dropped(Exception):
+    """The packet is dropped where BMv2 would throw (a stack index past the stack)."""
+
+
+def stack_index(i: int, size: int) -> int:
+    if not 0 <= i < size:
+        raise Dropped
+    return i
 
 
 def csum16(data: bytes) -> int:
