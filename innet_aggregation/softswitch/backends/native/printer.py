@@ -141,11 +141,10 @@ class CPrinter:
 
     def stack_slot(self, fields: list, index: ir.Expr) -> str:
         """The field of element ``index`` (ss_index drops the packet past the stack)."""
-        if _exact(index, "a header stack index") != "u":
-            raise NativeUnsupported("a header stack index that may be negative")
+        _exact(index, "a header stack index")      # negative: past the stack as a uint64_t
         ids = ", ".join(num(f.id, 0, len(self.prog.field_list)) for f in fields)
         code, n = self.expr(index), num(len(fields), 1, MAX_ID)
-        if index.hi >= len(fields):
+        if index.lo < 0 or index.hi >= len(fields):
             code = f"ss_index(S, {code}, {n})"
         return f"S->f[((const uint32_t[{n}]){{{ids}}})[{code}]]"
 
