@@ -723,28 +723,6 @@ def _drop_dead_stores(lines: list[str], live: set[str]) -> None:
             lines[i] = f"{m.group(1)}pass"
 
 
-
-_TARGETS = re.compile(r"\s*+(?:\w+,\s*)*\w+,?\s=(?!=)")   # "a, b = ": no backtracking
-_NAME = re.compile(r"\b\w+\b")
-
-
-def _read_names(lines: list[str]) -> set[str]:
-    """Names a block of generated code reads (an assignment's targets do not count)."""
-    names = set()
-    for line in lines:
-        targets = _TARGETS.match(line)
-        names.update(_NAME.findall(line, targets.end() if targets else 0))
-    return names
-
-
-def _drop_dead_stores(lines: list[str], live: set[str]) -> None:
-    """Turn stores to fields nothing ever reads (p4c's temporaries) into ``pass``."""
-    for i, line in enumerate(lines):
-        m = re.match(r"(\s*)(F_\w+) = (.*)$", line)
-        if m and m.group(2) not in live and not re.search(r"\w\(", m.group(3)):
-            lines[i] = f"{m.group(1)}pass"
-
-
 def _shifts(fields):
     shift = sum(f.width for f in fields)
     for f in fields:
