@@ -198,8 +198,8 @@ def fixed_size(path: tuple) -> bool:
 def scalar_mutations(value, nullable: bool) -> list:
     """Values of another type; null only where it is not a legal value (there it makes
     another program: no next table, no mask, no condition)."""
-    if type(value) is bool:
-        return [("wrong type", "true"), ("wrong type", 1), ("wrong type", None)]
+    if type(value) is bool:    # 2: an int, and no flag (a signed flag may be written 0 or 1)
+        return [("wrong type", "true"), ("wrong type", 2), ("wrong type", None)]
     if type(value) is int:
         return [("wrong type", INJECTED), ("wrong type", True), ("wrong type", float(value)),
                 ("negative", -1 - value), ("huge", value + 2**64)]
