@@ -25,12 +25,11 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import tomli_w
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from innet_aggregation.p4src import protocol  # noqa: E402
+from namespace_job import install_job  # noqa: E402  (beside this file)
 
 WORKERS = 4
 PORT = 29650
@@ -42,29 +41,13 @@ def spread(values, fmt: str) -> str:
 
 
 def run(target: str, sizes: list[int], reps: int, slots: int) -> list[dict]:
-    from innet_aggregation.switch_ctl import jobfile
-    from innet_aggregation.switch_ctl.client import SwitchConnection
-    from innet_aggregation.switch_ctl.controller import Controller
     from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
 
     with tempfile.TemporaryDirectory() as tmp, \
             Namespaces(WORKERS, tag=f"bb{os.getpid() % 100000}") as topo, \
             SwitchProcess(target, topo.switch_ports, log_path=Path(tmp) / "switch.log") as switch:
-        raw = {"switch": {"grpc_addr": switch.grpc_addr, "device_id": 0,
-                          "ports": [h.switch_port for h in topo.hosts]},
-               "job": {"id": 1, "udp_port": protocol.AGG_UDP_PORT_BASE,
-                       "service_ip": "10.0.0.254", "service_mac": "02:00:00:00:00:fe",
-                       "first_slot": 0, "num_slots": slots,
-                       "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": 41000,
-                                    "switch_port": h.switch_port}
-                                   for i, h in enumerate(topo.hosts)]}}
-        path = Path(tmp) / "job.toml"
-        path.write_text(tomli_w.dumps(raw))
-        with SwitchConnection(switch.grpc_addr, 0, (0, 1)) as conn:
-            controller = Controller(conn)
-            controller.push()
-            controller.apply(jobfile.load(path))
+        path = install_job(switch, topo, slots, Path(tmp))
         env = dict(os.environ, PYTHONPATH=str(REPO), GLOO_SOCKET_IFNAME=topo.hosts[0].ifname)
         procs = [h.popen([sys.executable, str(REPO / "benchmarks/backend_worker.py"),
                           "--config", str(path), "--worker-id", str(i), "--world", str(WORKERS),

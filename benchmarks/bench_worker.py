@@ -43,13 +43,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import tomli_w
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from innet_aggregation.p4src import protocol  # noqa: E402
 from innet_aggregation.worker import quantize  # noqa: E402
+from namespace_job import install_job  # noqa: E402  (beside this file)
 
 WORKERS = 4
 GLOO_PORT = 29500
@@ -207,29 +207,13 @@ def build_of(values: int) -> tuple[Path, Path]:
 def against_gloo(topo, target: str, values: int, elements: int, reps: int, slots: int,
                  port: int) -> list[dict] | None:
     """Switch and gloo calls in turns on one target: the workers' reports, or None."""
-    from innet_aggregation.switch_ctl import jobfile
-    from innet_aggregation.switch_ctl.client import SwitchConnection
-    from innet_aggregation.switch_ctl.controller import Controller
     from innet_aggregation.testbed.targets import SwitchProcess
 
     program, p4info = build_of(values)
     fmt = protocol.PacketFormat.load(program)
     with tempfile.TemporaryDirectory() as tmp, \
             SwitchProcess(target, topo.switch_ports, log_path=Path(tmp) / "switch.log") as switch:
-        raw = {"switch": {"grpc_addr": switch.grpc_addr, "device_id": 0,
-                          "ports": [h.switch_port for h in topo.hosts]},
-               "job": {"id": 1, "udp_port": protocol.AGG_UDP_PORT_BASE,
-                       "service_ip": "10.0.0.254", "service_mac": "02:00:00:00:00:fe",
-                       "first_slot": 0, "num_slots": slots,
-                       "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": 41000,
-                                    "switch_port": h.switch_port}
-                                   for i, h in enumerate(topo.hosts)]}}
-        path = Path(tmp) / "job.toml"
-        path.write_text(tomli_w.dumps(raw))
-        with SwitchConnection(switch.grpc_addr, 0, (0, 1)) as conn:
-            controller = Controller(conn)
-            controller.push(program, p4info)
-            controller.apply(jobfile.load(path, pool_size=fmt.pool_size))
+        path = install_job(switch, topo, slots, Path(tmp), program, p4info, fmt.pool_size)
         env = dict(os.environ, PYTHONPATH=str(REPO), GLOO_SOCKET_IFNAME=topo.hosts[0].ifname)
         procs = [h.popen([sys.executable, str(REPO / "benchmarks/allreduce_worker.py"),
                           "--config", str(path), "--program", str(program),

@@ -108,10 +108,15 @@ class Host:
         gen = torch.Generator().manual_seed(seed * 1_000_003 + rep * 1009 + rank)
         return torch.randint(-INPUT_RANGE, INPUT_RANGE + 1, (size,), generator=gen).float()
 
-    def switch_allreduce(self, tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        result = self.session.allreduce(tensor)
+    def switch_allreduce(self, tensor: torch.Tensor, ina: bool) -> tuple[torch.Tensor, dict]:
+        """Through the session, or through torch.distributed on its ``ina`` group: the
+        session's counters of the call either way."""
+        if ina:
+            dist.all_reduce(tensor, group=self.ina_group())
+        else:
+            self.session.allreduce(tensor)
         counters = self.session.last_call.counters
-        return result, {"retransmissions": counters.retransmissions,
+        return tensor, {"retransmissions": counters.retransmissions,
                         "packets": counters.packets_sent}
 
     def allreduce(self, cmd: dict) -> dict:
@@ -126,14 +131,8 @@ class Host:
                 self.barrier()
             before = interface_counters()
             start, cpu = time.perf_counter(), time.process_time()
-            if backend == "switch":
-                result, stats = self.switch_allreduce(tensor)
-            elif backend == "ina":
-                dist.all_reduce(tensor, group=self.ina_group())
-                counters = self.session.last_call.counters
-                result = tensor
-                stats = {"retransmissions": counters.retransmissions,
-                         "packets": counters.packets_sent}
+            if backend in ("switch", "ina"):
+                result, stats = self.switch_allreduce(tensor, ina=backend == "ina")
             elif backend == "gloo":
                 dist.all_reduce(tensor)
                 result = tensor

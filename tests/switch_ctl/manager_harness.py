@@ -171,35 +171,46 @@ class ManagerBed:
         outdir = self.workdir / job
         outdir.mkdir(exist_ok=True)
         for rank, index in enumerate(hosts):
-            rank_env = {**env(), "INA_MANAGER": self.address, "INA_SECRET": SECRET,
-                        "INA_JOB": job, "INA_CA_CERT": str(ca_cert or self.tls.ca_cert),
-                        "INA_JOIN_TIMEOUT": "60", **(extra_env or {})}
-            out, err = outdir / f"{rank}.out", outdir / f"{rank}.err"
-            with open(out, "w") as o, open(err, "w") as e:
-                process = self.topology.hosts[index].popen(
-                    [sys.executable, "-m", "tests.switch_ctl.manager_rank", "--rank", str(rank),
-                     "--world", str(len(hosts)), *args], stdout=o, stderr=e, env=rank_env,
-                    cwd=REPO)
-            ranks.append(Rank(rank, process, out, err))
+            rank_env = {"INA_CA_CERT": str(ca_cert or self.tls.ca_cert), **(extra_env or {})}
+            ranks.append(launch_rank(self.topology.hosts[index], outdir, rank, len(hosts),
+                                     self.address, job, rank_env, args))
         self.ranks += ranks
         return ranks
 
     def stop(self) -> None:
-        for rank in self.ranks:
-            if rank.process.poll() is None:
-                rank.process.kill()
-                rank.process.wait()
-        if self.manager is not None and self.manager.poll() is None:
-            self.manager.terminate()
-            try:
-                self.manager.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.manager.kill()
-                self.manager.wait()
+        stop_ranks_and_manager(self.ranks, self.manager)
         if self.switch is not None:
             self.switch.stop()
         if self.topology is not None:
             self.topology.destroy()
+
+
+def launch_rank(host, outdir: Path, rank: int, world: int, manager: str, job: str,
+                rank_env: dict, args) -> Rank:
+    """One rank (tests.switch_ctl.manager_rank) in ``host``'s namespace, joining ``job``
+    at the manager; ``rank_env`` adds to or overrides the INA_* settings."""
+    out, err = outdir / f"{rank}.out", outdir / f"{rank}.err"
+    full_env = {**env(), "INA_MANAGER": manager, "INA_SECRET": SECRET, "INA_JOB": job,
+                "INA_JOIN_TIMEOUT": "60", **rank_env}
+    with open(out, "w") as o, open(err, "w") as e:
+        process = host.popen([sys.executable, "-m", "tests.switch_ctl.manager_rank", "--rank",
+                              str(rank), "--world", str(world), *args],
+                             stdout=o, stderr=e, env=full_env, cwd=REPO)
+    return Rank(rank, process, out, err)
+
+
+def stop_ranks_and_manager(ranks: list[Rank], manager: subprocess.Popen | None) -> None:
+    for rank in ranks:
+        if rank.process.poll() is None:
+            rank.process.kill()
+            rank.process.wait()
+    if manager is not None and manager.poll() is None:
+        manager.terminate()
+        try:
+            manager.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            manager.kill()
+            manager.wait()
 
 
 def until(condition, timeout: float, what: str, interval: float = 0.1):

@@ -26,7 +26,8 @@ from innet_aggregation.switch_ctl.manager import config as manager_config
 from innet_aggregation.testbed.netns import Namespaces, SwitchLink
 from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port, unavailable
 
-from .manager_harness import LEASE, REPO, SECRET, SWEEP, Rank, env, until
+from .manager_harness import (LEASE, REPO, SECRET, SWEEP, Rank, env, launch_rank,
+                              stop_ranks_and_manager, until)
 from .test_manager import finished, held, joined
 
 SERVICES = [(f"10.0.0.{250 + i}", f"02:00:00:00:00:f{i}") for i in range(4)]
@@ -130,31 +131,14 @@ class TreeBed:
         ranks = []
         (self.workdir / job).mkdir()
         for rank, index in enumerate(hosts):
-            out, err = self.workdir / job / f"{rank}.out", self.workdir / job / f"{rank}.err"
-            topo = self.topologies[index // 2]
-            rank_env = {**env(), "INA_MANAGER": self.address, "INA_SECRET": SECRET,
-                        "INA_JOB": job, "INA_JOIN_TIMEOUT": "60"}
-            with open(out, "w") as o, open(err, "w") as e:
-                process = topo.hosts[index % 2].popen(
-                    [sys.executable, "-m", "tests.switch_ctl.manager_rank", "--rank", str(rank),
-                     "--world", str(len(hosts)), *args], stdout=o, stderr=e, env=rank_env,
-                    cwd=REPO)
-            ranks.append(Rank(rank, process, out, err))
+            ranks.append(launch_rank(self.topologies[index // 2].hosts[index % 2],
+                                     self.workdir / job, rank, len(hosts), self.address, job,
+                                     {}, args))
         self.ranks += ranks
         return ranks
 
     def stop(self) -> None:
-        for rank in self.ranks:
-            if rank.process.poll() is None:
-                rank.process.kill()
-                rank.process.wait()
-        if self.manager is not None and self.manager.poll() is None:
-            self.manager.terminate()
-            try:
-                self.manager.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.manager.kill()
-                self.manager.wait()
+        stop_ranks_and_manager(self.ranks, self.manager)
         for switch in self.switches.values():
             switch.stop()
         for thing in self.links + self.topologies:
