@@ -106,8 +106,8 @@ def test_the_c_runtime_refuses_sizes_outside_1_to_2_24_whatever_the_source(tmp_p
     source = emit_c.emit(frontend.load(text), str(RUNTIME))
     assert "ss_reg_init(c, 0, 16U);" in source
     for bad in ("0U", "4294967295U", f"{2**24 + 1}U"):
-        so = native.build(text + bad.encode(), source.replace("ss_reg_init(c, 0, 16U)",
-                                                              f"ss_reg_init(c, 0, {bad})"))
+        bad_source = source.replace("ss_reg_init(c, 0, 16U)", f"ss_reg_init(c, 0, {bad})")
+        so = native.build(text + bad.encode(), 511, lambda: bad_source)
         with pytest.raises(NativeUnavailable, match="cannot allocate"):
             native._Context(native._load(so), 511)
 

@@ -50,21 +50,28 @@ def _compiler_identity(cc: str) -> bytes:
         return b""
 
 
-def build(json_text: bytes, source: str) -> Path:
-    """The shared object for ``source``, compiled now or taken from the cache."""
+def _generator_sources() -> list[Path]:
+    """Every file the C unit is a function of, besides the JSON and the drop port."""
+    return sorted(Path(frontend.__file__).parent.glob("*.py")) + [
+        Path(emit_c.__file__), RUNTIME, Path(__file__)]
+
+
+def build(json_text: bytes, drop_port: int, print_unit) -> Path:
+    """The shared object for the program, taken from the cache or printed and compiled
+    now. The key is the printer's inputs, so a program met before is not printed again."""
     cc = compiler()
     if cc is None:
         raise NativeUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'} is not on PATH)")
     digest = hashlib.sha256()
-    # The generated source also carries what the JSON alone does not (the drop port).
-    for part in (json_text, source.encode(), Path(emit_c.__file__).read_bytes(),
-                 RUNTIME.read_bytes(), Path(__file__).read_bytes(), cc.encode(),
-                 _compiler_identity(cc)):
+    for part in (json_text, str(drop_port).encode(),
+                 *(path.read_bytes() for path in _generator_sources()),
+                 cc.encode(), _compiler_identity(cc)):
         digest.update(hashlib.sha256(part).digest())
     out_dir = cache_dir()
     so = out_dir / f"pipeline-{digest.hexdigest()[:32]}.so"
     if so.exists():
         return so
+    source = print_unit()
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         c_file = Path(tmp) / "pipeline.c"
@@ -282,8 +289,7 @@ class NativePipeline:
         program = program or frontend.load(json_text, drop_port)
         if compiler() is None:
             raise NativeUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'} is not on PATH)")
-        source = emit_c.emit(program, str(RUNTIME))
-        self.so_path = build(json_text, source)
+        self.so_path = build(json_text, drop_port, lambda: emit_c.emit(program, str(RUNTIME)))
         self.c = c = _Context(_load(self.so_path), drop_port)
         lib = c.lib
         self.lock = _Lock(c)
