@@ -780,17 +780,15 @@ class _Checker:
                 if name not in self.counters:
                     raise ValueError(f"{apath}.value: unknown counter {name!r}")
                 out.append({"type": "counter_array", "value": name})
-            elif kind == "X" and type(arg) is dict and arg.get("type") == "header_union_stack":
+            elif kind == "V" or (kind == "X" and type(arg) is dict
+                                 and arg.get("type") == "header_union_stack"):
                 out.append({"type": "header_union_stack",
-                            "value": self.union_stack(arg["value"], f"{apath}.value")})
+                            "value": self.union_stack(
+                                self.typed(arg, apath, "header_union_stack"), f"{apath}.value")})
             elif kind in ("S", "X"):
                 out.append({"type": "header_stack",
                             "value": self.stack(self.typed(arg, apath, "header_stack"),
                                                 f"{apath}.value")})
-            elif kind == "V":
-                out.append({"type": "header_union_stack",
-                            "value": self.union_stack(
-                                self.typed(arg, apath, "header_union_stack"), f"{apath}.value")})
             elif kind == "U":
                 out.append({"type": "header_union",
                             "value": self.union(self.typed(arg, apath, "header_union"),
