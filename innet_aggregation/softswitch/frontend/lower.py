@@ -105,8 +105,9 @@ class Lowering:
     def assign_stack(self, dst: list, src: list, dst_next, src_next, params, where: str) -> list:
         """``dst = src`` of whole stacks (BMv2's assign_header_stack and
         assign_union_stack): next, then each element header by header as assign_header."""
-        if len(dst) != len(src):
-            raise Unsupported(f"stack assignment between stacks of different sizes in {where}")
+        if [len(d) for d in dst] != [len(s) for s in src]:
+            raise Unsupported(f"stack assignment between stacks of different sizes or union "
+                              f"types in {where}")
         out = [ir.Assign(dst_next, ir.FieldRef(src_next))]
         for d, s in zip(dst, src):
             for dh, sh in zip(d, s):
