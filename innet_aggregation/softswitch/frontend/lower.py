@@ -59,41 +59,60 @@ class Lowering:
                           ir.FieldRef(field), out)
         return out
 
-    def extract_next(self, stack) -> list:
-        """``extract(stack.next)``: StackOutOfBounds when full, else element next, next + 1."""
+    def extract_next(self, name: str, headers: list, next_field) -> list:
+        """``extract(stack.next)`` (of a union stack: ``stack.next.member``, ``headers``
+        that member of each element): StackOutOfBounds when full, else element next,
+        next + 1."""
         if "StackOutOfBounds" not in self.prog.errors:
-            raise Unsupported(f"extract to header stack {stack.name} without the "
+            raise Unsupported(f"extract to header stack {name} without the "
                               "StackOutOfBounds error")
-        nxt = ir.FieldRef(stack.next)
-        out = [ir.Verify(ir.Binary("<", nxt, ir.Const(len(stack.headers))),
+        nxt = ir.FieldRef(next_field)
+        out = [ir.Verify(ir.Binary("<", nxt, ir.Const(len(headers))),
                          ir.Const(self.prog.errors["StackOutOfBounds"]))]
-        chain: list = [ir.Extract(stack.headers[-1])]
-        for i in range(len(stack.headers) - 2, -1, -1):
-            chain = [ir.If(ir.Binary("==", nxt, ir.Const(i)), [ir.Extract(stack.headers[i])],
-                           chain)]
-        return out + chain + [ir.Assign(stack.next, ir.Binary("+", nxt, ir.Const(1)))]
+        chain: list = [ir.Extract(headers[-1])] + self.union_rest(headers[-1])
+        for i in range(len(headers) - 2, -1, -1):
+            chain = [ir.If(ir.Binary("==", nxt, ir.Const(i)),
+                           [ir.Extract(headers[i])] + self.union_rest(headers[i]), chain)]
+        return out + chain + [ir.Assign(next_field, ir.Binary("+", nxt, ir.Const(1)))]
 
     @staticmethod
-    def shift(stack, count: int, push: bool) -> list:
+    def shift(elements: list, next_field, count: int, push: bool, invalidate: bool) -> list:
         """push_front/pop_front by ``count`` as BMv2 (P4_16 stacks) does them: the same
-        swaps, then the emptied elements invalid, and next moved within [0, size]."""
-        elements, size = stack.headers, len(stack.headers)
+        swaps, then the emptied elements invalid (``invalidate``: BMv2 leaves a union
+        stack's as the swaps left them), and next moved within [0, size]. ``elements``:
+        each element's headers (one, or a union's members)."""
+        size = len(elements)
         if count == 0:
             return []
-        nxt = ir.FieldRef(stack.next)
+        nxt = ir.FieldRef(next_field)
+
+        def swap(i, j):
+            return [ir.SwapHeaders(a, b) for a, b in zip(elements[i], elements[j])]
         if push:
-            out = [ir.SwapHeaders(elements[i], elements[i - count])
-                   for i in range(size - 1, count - 1, -1)]
-            out += [ir.SetValid(h, False) for h in elements[:min(size, count)]]
+            out = [s for i in range(size - 1, count - 1, -1) for s in swap(i, i - count)]
+            emptied = elements[:min(size, count)]
             moved = ir.Binary("+", nxt, ir.Const(count))
             new = ir.Cond(ir.Binary("<", moved, ir.Const(size)), moved, ir.Const(size))
         else:
-            out = [ir.SwapHeaders(elements[i], elements[i + count])
-                   for i in range(0, size - count)]
-            out += [ir.SetValid(h, False) for h in elements[max(size - count, 0):]]
+            out = [s for i in range(0, size - count) for s in swap(i, i + count)]
+            emptied = elements[max(size - count, 0):]
             new = ir.Cond(ir.Binary(">=", nxt, ir.Const(count)),
                           ir.Binary("-", nxt, ir.Const(count)), ir.Const(0))
-        return out + [ir.Assign(stack.next, new)]
+        if invalidate:
+            out += [ir.SetValid(h, False) for element in emptied for h in element]
+        return out + [ir.Assign(next_field, new)]
+
+    def assign_stack(self, dst: list, src: list, dst_next, src_next, params, where: str) -> list:
+        """``dst = src`` of whole stacks (BMv2's assign_header_stack and
+        assign_union_stack): next, then each element header by header as assign_header."""
+        if [len(d) for d in dst] != [len(s) for s in src]:
+            raise Unsupported(f"stack assignment between stacks of different sizes or union "
+                              f"types in {where}")
+        out = [ir.Assign(dst_next, ir.FieldRef(src_next))]
+        for d, s in zip(dst, src):
+            for dh, sh in zip(d, s):
+                out += self.copy_header(dh, sh, params, where)
+        return out
 
     def stack_element(self, node, params, where: str):
         """``hs[i].f`` (checked access_field): field f of every element, and i."""
@@ -112,6 +131,8 @@ class Lowering:
             raise Unsupported(f"expression {node!r:.60} (expected an object) in {where}")
         if node.get("type") == "expression":     # p4c nests {"type": "expression", "value": ...}
             return self.operation(node["value"], params, where)
+        if "type" in node:                       # and wraps an operand at times
+            return self.expr(node, params, where)
         op = node.get("op")
         left, right = node.get("left"), node.get("right")
         if op == "valid":
@@ -200,9 +221,21 @@ class Lowering:
             for d, s in zip(dst, src):     # BMv2: assign_header member by member
                 out += self.copy_header(d, s, params, where)
             return out
+        if op in ("push", "pop") and args[0].get("type") == "header_union_stack":
+            stack = prog.union_stack(args[0]["value"])
+            return self.shift(stack.unions, stack.next, hexstr(args[1]["value"]),
+                              op == "push", invalidate=False)
         if op in ("push", "pop"):
-            return self.shift(prog.stack(args[0]["value"]), hexstr(args[1]["value"]),
-                              op == "push")
+            stack = prog.stack(args[0]["value"])
+            return self.shift([[h] for h in stack.headers], stack.next,
+                              hexstr(args[1]["value"]), op == "push", invalidate=True)
+        if op == "assign_header_stack":
+            dst, src = prog.stack(args[0]["value"]), prog.stack(args[1]["value"])
+            return self.assign_stack([[h] for h in dst.headers], [[h] for h in src.headers],
+                                     dst.next, src.next, params, where)
+        if op == "assign_union_stack":
+            dst, src = prog.union_stack(args[0]["value"]), prog.union_stack(args[1]["value"])
+            return self.assign_stack(dst.unions, src.unions, dst.next, src.next, params, where)
         if op == "exit":
             return [ir.Exit()]
         if op in ("no_op", "log_msg"):
@@ -348,7 +381,11 @@ class Lowering:
         params = op.get("parameters", [])
         prog = self.prog
         if kind == "extract" and params[0].get("type") == "stack":
-            return self.extract_next(prog.stack(params[0]["value"]))
+            stack = prog.stack(params[0]["value"])
+            return self.extract_next(stack.name, stack.headers, stack.next)
+        if kind == "extract" and params[0].get("type") == "union_stack":
+            stack = prog.union_stack(params[0]["value"][0])
+            return self.extract_next(stack.name, stack.member(params[0]["value"][1]), stack.next)
         if kind == "extract_VL":
             header = prog.header(params[0]["value"])
             for name in ("ParserInvalidArgument", "HeaderTooShort"):

@@ -88,6 +88,18 @@ class Stack:
         self.name, self.headers, self.next = name, headers, next_field
 
 
+class UnionStack:
+    """A header union stack: its elements (each a union's member headers, in the union
+    type's order), the members' names, and the field holding its next index (as Stack)."""
+
+    def __init__(self, name, unions, members, next_field):
+        self.name, self.unions, self.members, self.next = name, unions, members, next_field
+
+    def member(self, name: str) -> list:
+        """That member of every element, as a stack of headers."""
+        return [union[self.members.index(name)] for union in self.unions]
+
+
 STACKS_HEADER = "header stacks"   # not a JSON name (those have no spaces)
 VARBIT_HEADER = "varbit lengths"
 
@@ -149,14 +161,23 @@ class Program:
             self.headers[inst["name"]] = Header(inst["name"], inst["metadata"], fields,
                                                 len(self.headers))
         self.stacks: dict[str, Stack] = {}
-        if doc["header_stacks"]:
-            nexts = []
-            for stack in doc["header_stacks"]:
-                field = Field(STACKS_HEADER, stack["name"], 32, False, len(self.field_list))
-                self.field_list.append(field)
-                nexts.append(field)
-                self.stacks[stack["name"]] = Stack(
-                    stack["name"], [self.headers[h] for h in stack["headers"]], field)
+        nexts = []
+        for stack in doc["header_stacks"]:
+            field = Field(STACKS_HEADER, stack["name"], 32, False, len(self.field_list))
+            self.field_list.append(field)
+            nexts.append(field)
+            self.stacks[stack["name"]] = Stack(
+                stack["name"], [self.headers[h] for h in stack["headers"]], field)
+        self.union_stacks: dict[str, UnionStack] = {}
+        unions = {u["name"]: u["headers"] for u in doc["header_unions"]}
+        for stack in doc["header_union_stacks"]:
+            field = Field(STACKS_HEADER, stack["name"], 32, False, len(self.field_list))
+            self.field_list.append(field)
+            nexts.append(field)
+            self.union_stacks[stack["name"]] = UnionStack(
+                stack["name"], [[self.headers[h] for h in unions[u]] for u in stack["unions"]],
+                stack["members"], field)
+        if nexts:
             self.headers[STACKS_HEADER] = Header(STACKS_HEADER, True, nexts, len(self.headers))
         lengths = []
         for header in list(self.headers.values()):
@@ -247,6 +268,12 @@ class Program:
         stack = self.stacks.get(name) if isinstance(name, str) else None
         if stack is None:
             raise Unsupported(f"unknown header stack {_short(name)}")
+        return stack
+
+    def union_stack(self, name) -> UnionStack:
+        stack = self.union_stacks.get(name) if isinstance(name, str) else None
+        if stack is None:
+            raise Unsupported(f"unknown header union stack {_short(name)}")
         return stack
 
     def union(self, name) -> list[Header]:

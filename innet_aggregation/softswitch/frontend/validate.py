@@ -39,8 +39,7 @@ MAX_CHECKSUM_BITS = 1 << 16  # the input of one checksum
 NAME = re.compile(r"[A-Za-z0-9_.$\[\]]{1,256}")
 HEX = re.compile(r"-?0x[0-9a-fA-F]{1,%d}" % (MAX_BITS // 4 + 8))
 
-UNSUPPORTED_LISTS = (("header_union_stacks", "header union stacks"),
-                     ("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
+UNSUPPORTED_LISTS = (("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
                      ("learn_lists", "digests"), ("extern_instances", "extern instances"))
 MATCH_TYPES = ("exact", "ternary", "lpm", "range")
 UNARY = ("not", "~", "d2b", "b2d")
@@ -48,15 +47,16 @@ BINARY = ("+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^", "==", "!=", ">", "
           "<=", "and", "or")
 CASTS = ("two_comp_mod", "sat_cast", "usat_cast")
 # A primitive's parameters: F a field, E an expression, H a header, R a register array,
-# C a counter array, J a jump offset, S a header stack, U a header union, K a constant
-# count; log_msg's are not read.
+# C a counter array, J a jump offset, S a header stack, U a header union, V a header union
+# stack, X a header stack or a union stack, K a constant count; log_msg's are not read.
 PRIMITIVES = {
     "assign": "FE", "modify_field": "FE", "assign_header": "HE", "copy_header": "HE",
     "add_header": "H", "add_header_fast": "H", "remove_header": "H",
     "mark_to_drop": "H", "drop": "", "register_read": "FRE", "register_write": "REE",
     "count": "CE", "modify_field_rng_uniform": "FEE", "exit": "", "no_op": "",
     "assert": "E", "assume": "E", "_jump": "J", "_jump_if_zero": "EJ",
-    "push": "SK", "pop": "SK", "assign_union": "UU",
+    "push": "XK", "pop": "XK", "assign_union": "UU",
+    "assign_header_stack": "SS", "assign_union_stack": "VV",
 }
 
 
@@ -187,6 +187,8 @@ class _Checker:
         self.header_ids: dict[int, str] = {}
         self.stacks: dict[str, str] = {}        # header stack -> its header type
         self.unions: dict[str, list] = {}       # header union -> its member headers
+        self.union_ids: dict[int, str] = {}
+        self.union_stacks: dict[str, list] = {}  # header union stack -> its member names
         self.varbit_types: dict[str, str] = {}  # header type -> its varbit field
         self.varbit_headers: set[str] = set()
         self.aliases: dict[str, tuple] = {}
@@ -225,6 +227,7 @@ class _Checker:
         taken: dict = {}                         # header -> the path that made it an element
         out["header_stacks"] = self.header_stacks(out["headers"], taken)
         out["header_unions"] = self.header_unions(taken)
+        out["header_union_stacks"] = self.header_union_stacks(out["headers"])
         out["field_aliases"] = self.field_aliases()
         out["errors"] = self.errors()
         out["register_arrays"], out["counter_arrays"] = self.arrays()
@@ -383,7 +386,59 @@ class _Checker:
                 raise ValueError(f"{path}.header_ids: expected 1 to {MAX_STACK} members, "
                                  f"got {len(members)}")
             self.unions[name] = members
+            self.union_ids[item["id"]] = name
             out.append({"name": name, "headers": members})
+        return out
+
+    def header_union_stacks(self, headers: list) -> list:
+        """Each union stack: distinct unions whose members have the types of its union
+        type's members, in order (so elements can be swapped and copied member by member),
+        and those members' names (what an extract to the stack's next element names)."""
+        out, names, ids, taken = [], {}, {}, {}
+        items = self.top("header_union_stacks", required=False)
+        if not items:
+            return out
+        htypes = {h["name"]: h["header_type"] for h in headers}
+        utypes = {}
+        for i, item in enumerate(self.top("header_union_types")):
+            path = f"header_union_types[{i}]"
+            item = _obj(item, path, "name", "headers")
+            members, seen = [], {}
+            for j, member in enumerate(_list(item["headers"], f"{path}.headers")):
+                mpath = f"{path}.headers[{j}]"
+                _list(member, mpath, 2, "[member, header type]")
+                _unique(seen, _name(member[0], f"{mpath}[0]"), f"{mpath}[0]", "member")
+                htype = _name(member[1], f"{mpath}[1]")
+                if htype not in self.types:
+                    raise ValueError(f"{mpath}[1]: unknown header type {htype!r}")
+                members.append((member[0], htype))
+            _unique(utypes, _name(item["name"], f"{path}.name"), f"{path}.name", "union type")
+            utypes[item["name"]] = members
+        for i, item in enumerate(items):
+            path = f"header_union_stacks[{i}]"
+            item = _obj(item, path, "name", "id", "union_type", "size", "header_union_ids")
+            name = _name(item["name"], f"{path}.name")
+            _unique(names, name, f"{path}.name", "header union stack")
+            _unique(ids, _int(item["id"], f"{path}.id", 0, MAX_ID), f"{path}.id", "id")
+            utype = _name(item["union_type"], f"{path}.union_type")
+            if utype not in utypes:
+                raise ValueError(f"{path}.union_type: unknown union type {utype!r}")
+            size = _int(item["size"], f"{path}.size", 1, MAX_STACK + 1)
+            elements = []
+            for j, uid in enumerate(_list(item["header_union_ids"], f"{path}.header_union_ids",
+                                          size, "one header union id per element")):
+                epath = f"{path}.header_union_ids[{j}]"
+                union = self.union_ids.get(_int(uid, epath, 0, MAX_ID))
+                if union is None:
+                    raise ValueError(f"{epath}: unknown header union id {uid}")
+                if [htypes[h] for h in self.unions[union]] != [t for _, t in utypes[utype]]:
+                    raise ValueError(f"{epath}: header union {union!r} is no {utype}")
+                if any(h in self.varbit_headers for h in self.unions[union]):
+                    raise Unsupported(f"{epath}: a header union stack with a varbit field")
+                _unique(taken, union, epath, "union stack element")
+                elements.append(union)
+            self.union_stacks[name] = [m for m, _ in utypes[utype]]
+            out.append({"name": name, "unions": elements, "members": self.union_stacks[name]})
         return out
 
     def field_aliases(self) -> list:
@@ -544,6 +599,12 @@ class _Checker:
             raise ValueError(f"{path}: unknown header union {name!r}")
         return name
 
+    def union_stack(self, value, path: str) -> str:
+        name = _name(value, path)
+        if name not in self.union_stacks:
+            raise ValueError(f"{path}: unknown header union stack {name!r}")
+        return name
+
     def stack_field(self, value, path: str) -> list:
         """[stack, field]: the field of the stack's last element."""
         _list(value, path, 2, "[stack, field]")
@@ -627,11 +688,8 @@ class _Checker:
         if "op" not in node and "type" not in node:
             raise ValueError(f"{path}: expected an operation or an expression, got "
                              f"{_short(node)}")
-        if "type" in node:          # p4c nests {"type": "expression", "value": {...}}
-            if node["type"] != "expression":
-                raise ValueError(f"{path}.type: expected 'expression' or an operator, "
-                                 f"got {_short(node['type'])}")
-            return self.expr(node, path, params, depth)
+        if "type" in node:      # p4c nests {"type": "expression", "value": {...}}, and
+            return self.expr(node, path, params, depth)     # wraps an operand at times
         op = _obj(node, path, "op", "right")["op"]
 
         def sub(key):
@@ -722,7 +780,12 @@ class _Checker:
                 if name not in self.counters:
                     raise ValueError(f"{apath}.value: unknown counter {name!r}")
                 out.append({"type": "counter_array", "value": name})
-            elif kind == "S":
+            elif kind == "V" or (kind == "X" and type(arg) is dict
+                                 and arg.get("type") == "header_union_stack"):
+                out.append({"type": "header_union_stack",
+                            "value": self.union_stack(
+                                self.typed(arg, apath, "header_union_stack"), f"{apath}.value")})
+            elif kind in ("S", "X"):
                 out.append({"type": "header_stack",
                             "value": self.stack(self.typed(arg, apath, "header_stack"),
                                                 f"{apath}.value")})
@@ -818,6 +881,9 @@ class _Checker:
             if arg["type"] == "stack":
                 return {"op": kind, "parameters": [
                     {"type": "stack", "value": self.stack(arg["value"], f"{apath}[0].value")}]}
+            if arg["type"] == "union_stack":
+                return {"op": kind, "parameters": [self.union_stack_member(arg["value"],
+                                                                           f"{apath}[0].value")]}
             if arg["type"] != "regular":
                 raise Unsupported(f"{apath}[0].type: extract to a {_short(arg['type'])}")
             header = self.header(arg["value"], f"{apath}[0].value")
@@ -838,6 +904,15 @@ class _Checker:
             return {"op": kind, "parameters": [self.primitive(args[0], f"{apath}[0]", None, 0)]}
         return {"op": kind, "parameters": [self.expr(a, f"{apath}[{j}]", None)
                                            for j, a in enumerate(args)]}
+
+    def union_stack_member(self, value, path: str) -> dict:
+        """[union stack, member]: that member of the stack's next element."""
+        _list(value, path, 2, "[union stack, member]")
+        stack = self.union_stack(value[0], f"{path}[0]")
+        member = _name(value[1], f"{path}[1]")
+        if member not in self.union_stacks[stack]:
+            raise ValueError(f"{path}[1]: {stack}'s unions have no member {member!r}")
+        return {"type": "union_stack", "value": [stack, member]}
 
     @staticmethod
     def lookahead(value, path: str) -> dict:
