@@ -28,7 +28,7 @@ class Lowering:
         if kind == "field":
             if isinstance(value, list) and len(value) == 2 and value[1] == "$valid$":
                 return ir.Unary("b2d", self.valid(self.prog.header(value[0])))
-            return ir.FieldRef(self.fixed_field(value, where))
+            return ir.FieldRef(self.prog.field(value))     # a varbit reads as its value now
         if kind == "hexstr":
             return ir.Const(hexstr(value))
         if kind == "stack_field":
@@ -46,7 +46,8 @@ class Lowering:
     def fixed_field(self, ref, where: str):
         field = self.prog.field(ref)
         if field.varbit:
-            raise Unsupported(f"varbit field {field.header}.{field.name} read in {where}")
+            raise Unsupported(f"varbit field {field.header}.{field.name} written or used as a "
+                              f"select key (in {where})")
         return field
 
     def last_field(self, stack, name: str) -> ir.Expr:
@@ -59,25 +60,35 @@ class Lowering:
                           ir.FieldRef(field), out)
         return out
 
-    def extract_next(self, stack) -> list:
-        """``extract(stack.next)``: StackOutOfBounds when full, else element next, next + 1."""
+    def extract_next(self, stack, nbits: ir.Expr | None = None) -> list:
+        """``extract(stack.next)``: StackOutOfBounds when full, else element next, next + 1
+        (with ``nbits``, the extract_VL of a stack of varbit headers)."""
         if "StackOutOfBounds" not in self.prog.errors:
             raise Unsupported(f"extract to header stack {stack.name} without the "
                               "StackOutOfBounds error")
         nxt = ir.FieldRef(stack.next)
         out = [ir.Verify(ir.Binary("<", nxt, ir.Const(len(stack.headers))),
                          ir.Const(self.prog.errors["StackOutOfBounds"]))]
-        chain: list = [ir.Extract(stack.headers[-1])]
+        chain: list = self.extract(stack.headers[-1], nbits)
         for i in range(len(stack.headers) - 2, -1, -1):
-            chain = [ir.If(ir.Binary("==", nxt, ir.Const(i)), [ir.Extract(stack.headers[i])],
-                           chain)]
+            chain = [ir.If(ir.Binary("==", nxt, ir.Const(i)),
+                           self.extract(stack.headers[i], nbits), chain)]
         return out + chain + [ir.Assign(stack.next, ir.Binary("+", nxt, ir.Const(1)))]
+
+    def extract(self, header: Header, nbits: ir.Expr | None) -> list:
+        """One header's extract, with a length for a varbit one (``nbits``)."""
+        if nbits is None:
+            return [ir.Extract(header)]
+        return [ir.ExtractVL(header, nbits, self.prog.errors["ParserInvalidArgument"],
+                             self.prog.errors["HeaderTooShort"])]
 
     @staticmethod
     def shift(stack, count: int, push: bool) -> list:
         """push_front/pop_front by ``count`` as BMv2 (P4_16 stacks) does them: the same
         swaps, then the emptied elements invalid, and next moved within [0, size]."""
         elements, size = stack.headers, len(stack.headers)
+        if elements[0].length is not None:
+            raise Unsupported(f"push_front/pop_front of stack {stack.name} of varbit headers")
         if count == 0:
             return []
         nxt = ir.FieldRef(stack.next)
@@ -205,11 +216,22 @@ class Lowering:
                               op == "push")
         if op == "exit":
             return [ir.Exit()]
+        if op == "modify_field_with_hash_based_offset":
+            return [self.hash_offset(args, params, where)]
         if op in ("no_op", "log_msg"):
             return []
         if op in ("assert", "assume"):
             return [ir.Assert(self.expr(args[0], params, where))]
         raise Unsupported(f"primitive {op!r:.40} (in {where})")
+
+    def hash_offset(self, args, params, where: str) -> ir.HashOffset:
+        base, size = self.expr(args[1], params, where), self.expr(args[3], params, where)
+        for what, value in (("base", base), ("size", size)):
+            if not value.known or value.lo < 0 or value.hi >> 64:
+                raise Unsupported(f"hash-based offset with a {what} that may not fit in "
+                                  f"64 bits ({where})")
+        return ir.HashOffset(self.fixed_field(args[0]["value"], where), base,
+                             self.calculation(self.prog.calculations[args[2]["value"]]), size)
 
     def copy_header(self, dst: Header, src, params, where: str) -> list:
         """``dst = src``; a (cond, then, else) source (p4c's ``?:`` of headers) picks at run time."""
@@ -350,15 +372,16 @@ class Lowering:
         if kind == "extract" and params[0].get("type") == "stack":
             return self.extract_next(prog.stack(params[0]["value"]))
         if kind == "extract_VL":
-            header = prog.header(params[0]["value"])
             for name in ("ParserInvalidArgument", "HeaderTooShort"):
                 if name not in prog.errors:
                     raise Unsupported(f"extract with a length without the {name} error")
             nbits = self.expr(params[1], None, where)
             if not nbits.known or nbits.lo < 0 or nbits.hi >= 1 << 32:
                 raise Unsupported(f"extract with a length that may not fit in 32 bits ({where})")
-            return [ir.ExtractVL(header, nbits, prog.errors["ParserInvalidArgument"],
-                                 prog.errors["HeaderTooShort"])] + self.union_rest(header)
+            if params[0]["type"] == "stack":
+                return self.extract_next(prog.stack(params[0]["value"]), nbits)
+            header = prog.header(params[0]["value"])
+            return self.extract(header, nbits) + self.union_rest(header)
         if kind == "extract":
             if params[0].get("type") != "regular":
                 raise Unsupported(f"extract to a {params[0].get('type')!r:.30} ({where})")
@@ -391,16 +414,20 @@ class Lowering:
             calc = self.prog.calculations[checksum["calculation"]]
             out.append(ir.Checksum(self.fixed_field(checksum["target"], "a checksum"),
                                    None if cond is None else self.expr(cond, None, "a checksum"),
-                                   self.inputs(calc)))
+                                   self.calculation(calc)))
         return out
 
-    def inputs(self, calc: dict) -> list:
-        """A calculation's inputs as [(header or None, [fields] or (value, width))]."""
+    def calculation(self, calc: dict) -> ir.Calculation:
+        """A calculation's inputs grouped by header; BMv2 appends the payload last
+        wherever the JSON lists it."""
         groups: list = []
+        payload = False
         for item in calc["input"]:
             kind = item["type"]
-            if kind == "field":
-                field = self.fixed_field(item["value"], "a checksum")
+            if kind == "payload":
+                payload = True
+            elif kind == "field":
+                field = self.prog.field(item["value"])
                 header = self.prog.header(field.header)
                 if groups and groups[-1][0] is header:
                     groups[-1][1].append(field)
@@ -408,13 +435,11 @@ class Lowering:
                     groups.append((header, [field]))
             elif kind == "header":
                 header = self.prog.header(item["value"])
-                if header.varbit is not None:
-                    raise Unsupported(f"varbit field of {header.name} in a checksum")
                 groups.append((header, list(header.fields)))
             else:
                 width = item["bitwidth"]
                 groups.append((None, (hexstr(item["value"]) & mask(width), width)))
-        return groups
+        return ir.Calculation(calc["algo"], groups, payload)
 
     # ------------------------------------------------------------------ controls
     def control(self, name: str) -> list:
