@@ -52,6 +52,8 @@ from tests.softswitch.test_p4c_constructs import MUX_CASES
 from tests.softswitch.test_p4runtime import ip_frame
 from tests.softswitch.test_primitives import frame
 from tests.softswitch.test_varbit import frames as varbit_frames
+from tests.softswitch.test_varbit_read import frames as varbit_read_frames
+from tests.softswitch.test_hash_offset import frames as hash_frames
 from tests.softswitch.test_range_optional import frames as range_frames
 
 INJECTED = "0; INJECTED_C_CODE(); //"
@@ -154,6 +156,10 @@ PROGRAMS = {
                       + hostile(10, union_frames()[2])),
     "varbit": (lambda pipe: None, lambda: [(data, 1) for data in varbit_frames()]
                + hostile(11, varbit_frames()[8])),
+    "varbit_read": (lambda pipe: None, lambda: [(data, 1) for data in varbit_read_frames()]
+                    + hostile(13, varbit_read_frames()[5])),
+    "hash_offset": (lambda pipe: None, lambda: [(data, 1) for data in hash_frames()]
+                    + hostile(14, hash_frames()[1])),
     "range_optional": (setup_range_optional, lambda: [(data, 1) for data in range_frames()]
                        + hostile(12, range_frames()[30])),
     "primitives": (setup_primitives, primitives_frames),
