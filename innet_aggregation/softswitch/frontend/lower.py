@@ -328,8 +328,12 @@ class Lowering:
                     code = ir.Binary("&", code, ir.Const(mask(width)))
             elif part.get("type") == "stack_field":
                 code = self.last_field(self.prog.stack(part["value"][0]), part["value"][1])
-                width = next(f.width for f in self.prog.stack(part["value"][0]).headers[0].fields
+                field = next(f for f in self.prog.stack(part["value"][0]).headers[0].fields
                              if f.name == part["value"][1])
+                if field.varbit:
+                    raise Unsupported(f"varbit field {part['value'][0]}.last.{field.name} used "
+                                      f"as a select key (in {where})")
+                width = field.width
                 if code.lo < 0:
                     code = ir.Binary("&", code, ir.Const(mask(width)))
             elif part.get("type") == "lookahead":

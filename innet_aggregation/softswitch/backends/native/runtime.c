@@ -170,7 +170,9 @@ static uint64_t ss_calc(int algo, const uint8_t *a, uint32_t na, const uint8_t *
     switch (algo) {
     case 0: case 1: {
         uint64_t sum = 0;
-        for (uint32_t i = 0; i < n; i++) sum += (uint64_t)SS_BYTE(i) << (i & 1 ? 0 : 8);
+        uint32_t i = 0;
+        for (; i + 1 < na; i += 2) sum += (uint32_t)a[i] << 8 | a[i + 1];
+        for (; i < n; i++) sum += (uint64_t)SS_BYTE(i) << (i & 1 ? 0 : 8);
         while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
         return (uint16_t)~sum;
     }
