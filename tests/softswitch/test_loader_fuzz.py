@@ -52,6 +52,8 @@ from tests.softswitch.test_p4c_constructs import MUX_CASES
 from tests.softswitch.test_p4runtime import ip_frame
 from tests.softswitch.test_primitives import frame
 from tests.softswitch.test_varbit import frames as varbit_frames
+from tests.softswitch.test_varbit_read import frames as varbit_read_frames
+from tests.softswitch.test_hash_offset import frames as hash_frames
 from tests.softswitch.test_range_optional import frames as range_frames
 from tests.softswitch.test_stack_assign import frames as stack_assign_frames
 from tests.softswitch.test_union_stacks import frames as union_stack_frames
@@ -160,6 +162,10 @@ PROGRAMS = {
                      + hostile(13, stack_assign_frames()[3])),
     "union_stacks": (lambda pipe: None, lambda: [(data, 1) for data in union_stack_frames()]
                      + hostile(14, union_stack_frames()[6])),
+    "varbit_read": (lambda pipe: None, lambda: [(data, 1) for data in varbit_read_frames()]
+                    + hostile(15, varbit_read_frames()[5])),
+    "hash_offset": (lambda pipe: None, lambda: [(data, 1) for data in hash_frames()]
+                    + hostile(16, hash_frames()[1])),
     "range_optional": (setup_range_optional, lambda: [(data, 1) for data in range_frames()]
                        + hostile(12, range_frames()[30])),
     "primitives": (setup_primitives, primitives_frames),

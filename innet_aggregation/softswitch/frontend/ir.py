@@ -344,10 +344,30 @@ class ParserState:
 
 
 @dataclass(eq=False)
+class Calculation:
+    """A BMv2 calculation: ``algo`` (one of validate.HASH_ALGORITHMS) over the bits of
+    ``inputs`` (the fields of an invalid header skipped, a varbit field as long as it is
+    now), then, with ``payload``, from the next whole byte the unparsed rest of the packet."""
+    algo: str
+    inputs: list         # [(Header, [Field]) or (None, (value, width))]
+    payload: bool
+
+
+@dataclass(eq=False)
 class Checksum:
     target: object       # Field
     cond: Expr | None
-    inputs: list         # [(Header or None, [Field] or (value, width))]; invalid headers skipped
+    calc: Calculation
+
+
+@dataclass(eq=False)
+class HashOffset:
+    """``field = base + calc % size`` (BMv2's modify_field_with_hash_based_offset): in
+    uint64_t arithmetic, a size of 0 taken as 1, stored truncated to the field."""
+    field: object
+    base: Expr           # both in [0, 2^64)
+    calc: Calculation
+    size: Expr
 
 
 @dataclass(eq=False)

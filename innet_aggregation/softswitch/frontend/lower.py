@@ -28,7 +28,7 @@ class Lowering:
         if kind == "field":
             if isinstance(value, list) and len(value) == 2 and value[1] == "$valid$":
                 return ir.Unary("b2d", self.valid(self.prog.header(value[0])))
-            return ir.FieldRef(self.fixed_field(value, where))
+            return ir.FieldRef(self.prog.field(value))     # a varbit reads as its value now
         if kind == "hexstr":
             return ir.Const(hexstr(value))
         if kind == "stack_field":
@@ -46,7 +46,8 @@ class Lowering:
     def fixed_field(self, ref, where: str):
         field = self.prog.field(ref)
         if field.varbit:
-            raise Unsupported(f"varbit field {field.header}.{field.name} read in {where}")
+            raise Unsupported(f"varbit field {field.header}.{field.name} written or used as a "
+                              f"select key (in {where})")
         return field
 
     def last_field(self, stack, name: str) -> ir.Expr:
@@ -59,21 +60,29 @@ class Lowering:
                           ir.FieldRef(field), out)
         return out
 
-    def extract_next(self, name: str, headers: list, next_field) -> list:
+    def extract_next(self, name: str, headers: list, next_field,
+                     nbits: ir.Expr | None = None) -> list:
         """``extract(stack.next)`` (of a union stack: ``stack.next.member``, ``headers``
         that member of each element): StackOutOfBounds when full, else element next,
-        next + 1."""
+        next + 1 (with ``nbits``, the extract_VL of a stack of varbit headers)."""
         if "StackOutOfBounds" not in self.prog.errors:
             raise Unsupported(f"extract to header stack {name} without the "
                               "StackOutOfBounds error")
         nxt = ir.FieldRef(next_field)
         out = [ir.Verify(ir.Binary("<", nxt, ir.Const(len(headers))),
                          ir.Const(self.prog.errors["StackOutOfBounds"]))]
-        chain: list = [ir.Extract(headers[-1])] + self.union_rest(headers[-1])
+        chain: list = self.extract(headers[-1], nbits) + self.union_rest(headers[-1])
         for i in range(len(headers) - 2, -1, -1):
             chain = [ir.If(ir.Binary("==", nxt, ir.Const(i)),
-                           [ir.Extract(headers[i])] + self.union_rest(headers[i]), chain)]
+                           self.extract(headers[i], nbits) + self.union_rest(headers[i]), chain)]
         return out + chain + [ir.Assign(next_field, ir.Binary("+", nxt, ir.Const(1)))]
+
+    def extract(self, header: Header, nbits: ir.Expr | None) -> list:
+        """One header's extract, with a length for a varbit one (``nbits``)."""
+        if nbits is None:
+            return [ir.Extract(header)]
+        return [ir.ExtractVL(header, nbits, self.prog.errors["ParserInvalidArgument"],
+                             self.prog.errors["HeaderTooShort"])]
 
     @staticmethod
     def shift(elements: list, next_field, count: int, push: bool, invalidate: bool) -> list:
@@ -227,6 +236,8 @@ class Lowering:
                               op == "push", invalidate=False)
         if op in ("push", "pop"):
             stack = prog.stack(args[0]["value"])
+            if stack.headers[0].length is not None:
+                raise Unsupported(f"push_front/pop_front of stack {stack.name} of varbit headers")
             return self.shift([[h] for h in stack.headers], stack.next,
                               hexstr(args[1]["value"]), op == "push", invalidate=True)
         if op == "assign_header_stack":
@@ -238,11 +249,22 @@ class Lowering:
             return self.assign_stack(dst.unions, src.unions, dst.next, src.next, params, where)
         if op == "exit":
             return [ir.Exit()]
+        if op == "modify_field_with_hash_based_offset":
+            return [self.hash_offset(args, params, where)]
         if op in ("no_op", "log_msg"):
             return []
         if op in ("assert", "assume"):
             return [ir.Assert(self.expr(args[0], params, where))]
         raise Unsupported(f"primitive {op!r:.40} (in {where})")
+
+    def hash_offset(self, args, params, where: str) -> ir.HashOffset:
+        base, size = self.expr(args[1], params, where), self.expr(args[3], params, where)
+        for what, value in (("base", base), ("size", size)):
+            if not value.known or value.lo < 0 or value.hi >> 64:
+                raise Unsupported(f"hash-based offset with a {what} that may not fit in "
+                                  f"64 bits ({where})")
+        return ir.HashOffset(self.fixed_field(args[0]["value"], where), base,
+                             self.calculation(self.prog.calculations[args[2]["value"]]), size)
 
     def copy_header(self, dst: Header, src, params, where: str) -> list:
         """``dst = src``; a (cond, then, else) source (p4c's ``?:`` of headers) picks at run time."""
@@ -339,8 +361,12 @@ class Lowering:
                     code = ir.Binary("&", code, ir.Const(mask(width)))
             elif part.get("type") == "stack_field":
                 code = self.last_field(self.prog.stack(part["value"][0]), part["value"][1])
-                width = next(f.width for f in self.prog.stack(part["value"][0]).headers[0].fields
+                field = next(f for f in self.prog.stack(part["value"][0]).headers[0].fields
                              if f.name == part["value"][1])
+                if field.varbit:
+                    raise Unsupported(f"varbit field {part['value'][0]}.last.{field.name} used "
+                                      f"as a select key (in {where})")
+                width = field.width
                 if code.lo < 0:
                     code = ir.Binary("&", code, ir.Const(mask(width)))
             elif part.get("type") == "lookahead":
@@ -387,15 +413,17 @@ class Lowering:
             stack = prog.union_stack(params[0]["value"][0])
             return self.extract_next(stack.name, stack.member(params[0]["value"][1]), stack.next)
         if kind == "extract_VL":
-            header = prog.header(params[0]["value"])
             for name in ("ParserInvalidArgument", "HeaderTooShort"):
                 if name not in prog.errors:
                     raise Unsupported(f"extract with a length without the {name} error")
             nbits = self.expr(params[1], None, where)
             if not nbits.known or nbits.lo < 0 or nbits.hi >= 1 << 32:
                 raise Unsupported(f"extract with a length that may not fit in 32 bits ({where})")
-            return [ir.ExtractVL(header, nbits, prog.errors["ParserInvalidArgument"],
-                                 prog.errors["HeaderTooShort"])] + self.union_rest(header)
+            if params[0]["type"] == "stack":
+                stack = prog.stack(params[0]["value"])
+                return self.extract_next(stack.name, stack.headers, stack.next, nbits)
+            header = prog.header(params[0]["value"])
+            return self.extract(header, nbits) + self.union_rest(header)
         if kind == "extract":
             if params[0].get("type") != "regular":
                 raise Unsupported(f"extract to a {params[0].get('type')!r:.30} ({where})")
@@ -428,16 +456,20 @@ class Lowering:
             calc = self.prog.calculations[checksum["calculation"]]
             out.append(ir.Checksum(self.fixed_field(checksum["target"], "a checksum"),
                                    None if cond is None else self.expr(cond, None, "a checksum"),
-                                   self.inputs(calc)))
+                                   self.calculation(calc)))
         return out
 
-    def inputs(self, calc: dict) -> list:
-        """A calculation's inputs as [(header or None, [fields] or (value, width))]."""
+    def calculation(self, calc: dict) -> ir.Calculation:
+        """A calculation's inputs grouped by header; BMv2 appends the payload last
+        wherever the JSON lists it."""
         groups: list = []
+        payload = False
         for item in calc["input"]:
             kind = item["type"]
-            if kind == "field":
-                field = self.fixed_field(item["value"], "a checksum")
+            if kind == "payload":
+                payload = True
+            elif kind == "field":
+                field = self.prog.field(item["value"])
                 header = self.prog.header(field.header)
                 if groups and groups[-1][0] is header:
                     groups[-1][1].append(field)
@@ -445,13 +477,11 @@ class Lowering:
                     groups.append((header, [field]))
             elif kind == "header":
                 header = self.prog.header(item["value"])
-                if header.varbit is not None:
-                    raise Unsupported(f"varbit field of {header.name} in a checksum")
                 groups.append((header, list(header.fields)))
             else:
                 width = item["bitwidth"]
                 groups.append((None, (hexstr(item["value"]) & mask(width), width)))
-        return groups
+        return ir.Calculation(calc["algo"], groups, payload)
 
     # ------------------------------------------------------------------ controls
     def control(self, name: str) -> list:

@@ -48,7 +48,8 @@ BINARY = ("+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^", "==", "!=", ">", "
 CASTS = ("two_comp_mod", "sat_cast", "usat_cast")
 # A primitive's parameters: F a field, E an expression, H a header, R a register array,
 # C a counter array, J a jump offset, S a header stack, U a header union, V a header union
-# stack, X a header stack or a union stack, K a constant count; log_msg's are not read.
+# stack, X a header stack or a union stack, K a constant count, N a calculation; log_msg's
+# are not read.
 PRIMITIVES = {
     "assign": "FE", "modify_field": "FE", "assign_header": "HE", "copy_header": "HE",
     "add_header": "H", "add_header_fast": "H", "remove_header": "H",
@@ -57,7 +58,15 @@ PRIMITIVES = {
     "assert": "E", "assume": "E", "_jump": "J", "_jump_if_zero": "EJ",
     "push": "XK", "pop": "XK", "assign_union": "UU",
     "assign_header_stack": "SS", "assign_union_stack": "VV",
+    "modify_field_with_hash_based_offset": "FENE",
 }
+# BMv2's hash algorithms both backends compute (the custom CRCs with BMv2's default
+# parameters, which only BMv2's runtime CLI changes); xxh64, toeplitz and the round
+# robins are refused.
+HASH_ALGORITHMS = {   # name -> bits of its value (the printers' order is this one)
+    "csum16": 16, "cksum16": 16, "crc16": 16, "crc16_custom": 16, "crc32": 32,
+    "crc32_custom": 32, "crcCCITT": 16, "crc8_custom": 8, "crc64_custom": 64, "identity": 64,
+    "xor16": 16, "xor32": 32}
 
 
 def _unwrap(node: dict) -> dict:
@@ -355,8 +364,6 @@ class _Checker:
                     raise ValueError(f"{epath}: unknown header id {hid}")
                 if htypes[header] != htype or self.headers[header][0]:
                     raise ValueError(f"{epath}: header {header!r} is no {htype} packet header")
-                if header in self.varbit_headers:
-                    raise Unsupported(f"{epath}: a header stack of headers with a varbit field")
                 _unique(taken, header, epath, "stack element")
                 elements.append(header)
             self.stacks[name] = htype
@@ -553,6 +560,8 @@ class _Checker:
                     _hex(part["value"], f"{ipath}.value")
                     bits += width
                     inputs.append({"type": kind, "value": part["value"], "bitwidth": width})
+                elif kind == "payload":
+                    inputs.append({"type": kind})
                 else:
                     raise Unsupported(f"{ipath}.type: calculation input of type {kind!r}")
             if bits > MAX_CHECKSUM_BITS:
@@ -562,6 +571,13 @@ class _Checker:
             self.calculation_paths[name] = path
             out.append(clean)
         return out
+
+    def algorithm(self, calc: str, path: str) -> None:
+        """A calculation used by a checksum or a hash: its algorithm must be one we compute."""
+        algo = self.calculations[calc]["algo"]
+        if algo not in HASH_ALGORITHMS:
+            raise Unsupported(f"{path}: hash algorithm {algo!r} "
+                              f"({self.calculation_paths[calc]}.algo)")
 
     # ------------------------------------------------------------------ references
     def header(self, value, path: str) -> str:
@@ -797,6 +813,12 @@ class _Checker:
                 count = _hex(self.typed(arg, apath, "hexstr"), f"{apath}.value")
                 out.append({"type": "hexstr", "value": hex(_int(count, f"{apath}.value", 0,
                                                                MAX_ID))})
+            elif kind == "N":
+                name = _name(self.typed(arg, apath, "calculation"), f"{apath}.value")
+                if name not in self.calculations:
+                    raise ValueError(f"{apath}.value: unknown calculation {name!r}")
+                self.algorithm(name, f"{apath}.value")
+                out.append({"type": "calculation", "value": name})
             elif kind == "J":
                 offset = _hex(self.typed(arg, apath, "hexstr"), f"{apath}.value")
                 if not 0 <= offset <= nprims:
@@ -864,23 +886,31 @@ class _Checker:
         apath = f"{path}.parameters"
         if kind == "extract_VL":
             arg = _obj(args[0], f"{apath}[0]", "type", "value")
-            if arg["type"] != "regular":
+            if arg["type"] == "stack":
+                name = self.stack(arg["value"], f"{apath}[0].value")
+                target, varbit = {"type": "stack", "value": name}, \
+                    self.stacks[name] in self.varbit_types
+            elif arg["type"] == "regular":
+                name = self.header(arg["value"], f"{apath}[0].value")
+                target, varbit = {"type": "regular", "value": name}, name in self.varbit_headers
+            else:
                 raise Unsupported(f"{apath}[0].type: extract_VL to a {_short(arg['type'])}")
-            header = self.header(arg["value"], f"{apath}[0].value")
-            if header not in self.varbit_headers:
-                raise ValueError(f"{apath}[0].value: extract_VL to {header!r}, which has no "
+            if not varbit:
+                raise ValueError(f"{apath}[0].value: extract_VL to {name!r}, which has no "
                                  "varbit field")
             length, lpath = _obj(args[1], f"{apath}[1]", "type", "value"), f"{apath}[1]"
             if length["type"] == "expression" and type(length["value"]) is dict \
                     and length["value"].get("type") not in (None, "expression"):
                 length, lpath = length["value"], f"{lpath}.value"   # p4c wraps an operand
-            return {"op": kind, "parameters": [{"type": "regular", "value": header},
-                                               self.expr(length, lpath, None)]}
+            return {"op": kind, "parameters": [target, self.expr(length, lpath, None)]}
         if kind == "extract":
             arg = _obj(args[0], f"{apath}[0]", "type", "value")
             if arg["type"] == "stack":
-                return {"op": kind, "parameters": [
-                    {"type": "stack", "value": self.stack(arg["value"], f"{apath}[0].value")}]}
+                name = self.stack(arg["value"], f"{apath}[0].value")
+                if self.stacks[name] in self.varbit_types:
+                    raise Unsupported(f"{apath}[0].value: extract of stack {name!r} (a varbit "
+                                      "field) without a length")
+                return {"op": kind, "parameters": [{"type": "stack", "value": name}]}
             if arg["type"] == "union_stack":
                 return {"op": kind, "parameters": [self.union_stack_member(arg["value"],
                                                                            f"{apath}[0].value")]}
@@ -1198,10 +1228,7 @@ class _Checker:
             calc = _name(item["calculation"], f"{path}.calculation")
             if calc not in self.calculations:
                 raise ValueError(f"{path}.calculation: unknown calculation {calc!r}")
-            if self.calculations[calc]["algo"] != "csum16":
-                raise Unsupported(f"{path}.calculation: hash algorithm "
-                                  f"{self.calculations[calc]['algo']!r} "
-                                  f"({self.calculation_paths[calc]}.algo)")
+            self.algorithm(calc, f"{path}.calculation")
             cond = item["if_cond"]
             out.append({"name": _name(item["name"], f"{path}.name"),
                         "target": self.real_field(item["target"], f"{path}.target"),

@@ -18,13 +18,14 @@ from __future__ import annotations
 from innet_aggregation.softswitch.frontend import ir
 from innet_aggregation.softswitch.frontend.lower import walk
 from innet_aggregation.softswitch.frontend.program import Header, Program, Unsupported, mask
-from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_CHECKSUM_BITS, MAX_HEADER_BITS, MAX_ID, \
-    MAX_LOOKAHEAD, num, u64
+from innet_aggregation.softswitch.frontend.validate import HASH_ALGORITHMS, MAX_CELLS, MAX_CHECKSUM_BITS, \
+    MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num, u64
 
 U64 = (1 << 64) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 _lit = u64
 MAX_BYTES = MAX_HEADER_BITS // 8 + 1     # bounds of a header's size and bit positions
+HASH_CODES = {algo: i for i, algo in enumerate(HASH_ALGORITHMS)}   # runtime.c's ss_calc
 
 
 class NativeUnsupported(Unsupported):
@@ -465,12 +466,14 @@ class CPrinter:
         self.add("break;")
 
     # ------------------------------------------------------------------ checksums
-    def checksum(self, cs: ir.Checksum, verify: bool) -> None:
+    def calculation(self, calc: ir.Calculation) -> str:
+        """Prints the lines that gather ``calc``'s input into ``_cb`` (``_cn`` bits);
+        returns the C expression of its value."""
         nbits = sum(sum(f.width for f in fields) if header is not None else fields[1]
-                    for header, fields in cs.inputs)
+                    for header, fields in calc.inputs)
         self.add(f"uint8_t _cb[{num((nbits + 7) // 8 + 16, 16, MAX_CHECKSUM_BITS // 8 + 17)}] "
                  "= {0}; uint32_t _cn = 0;")
-        for header, fields in cs.inputs:
+        for header, fields in calc.inputs:
             if header is None:
                 value, width = fields
                 if width > 64:
@@ -478,19 +481,40 @@ class CPrinter:
                 self.add(f"ss_put(_cb, _cn, {_w(width)}, {_lit(value)}); _cn += {_w(width)};")
                 continue
             test = "" if header.metadata else f"if (S->v[{self.hid(header)}]) "
-            puts = " ".join(f"ss_put(_cb, _cn, {_w(f.width)}, {self.fref(f)}); "
-                            f"_cn += {_w(f.width)};" for f in fields)
+            puts = " ".join(self.calc_put(header, f) for f in fields)
             self.add(f"{test}{{ {puts} }}")
-        self.add("uint64_t _csum = ss_csum16(_cb, (_cn + 7) >> 3);")
+        payload = ("S->pkt + S->off, S->plen - S->off" if calc.payload else "0, 0")
+        return (f"ss_calc({num(HASH_CODES[calc.algo], 0, len(HASH_CODES))}, _cb, "
+                f"(_cn + 7) >> 3, {payload})")
+
+    def calc_put(self, header: Header, f) -> str:
+        """One field into ``_cb``: a varbit one as many bits as it holds now."""
+        width = f"(int){self.fref(header.length)}" if f.varbit else _w(f.width)
+        return f"ss_put(_cb, _cn, {width}, {self.fref(f)}); _cn += {width};"
+
+    def checksum(self, cs: ir.Checksum, verify: bool) -> None:
+        self.add(f"uint64_t _csum = {self.calculation(cs.calc)};")
         target = cs.target
         if verify:
             err = self.prog.std("checksum_error")
             if err is not None:
                 self.add(f"if (_csum != {self.fref(target)}) {self.fref(err)} = 1;")
         else:
-            value = ir.Const(0).bounded(0, 0xFFFF)
+            value = ir.Const(0).bounded(0, mask(HASH_ALGORITHMS[cs.calc.algo]))
             self.add(f"{self.fref(target)} = "
                      f"{self.store(value, '_csum', target.width, target.signed)};")
+
+    def s_HashOffset(self, s: ir.HashOffset) -> None:
+        self.add("{")
+        self.depth += 1
+        self.add(f"uint64_t _hb = {self.expr(s.base)}, _hs = {self.expr(s.size)};")
+        value = self.calculation(s.calc)
+        f = s.field
+        code = f"({value} % (_hs ? _hs : 1) + _hb)"       # uint64_t, as BMv2
+        self.add(f"{self.fref(f)} = "
+                 f"{self.store(ir.Const(0).bounded(0, U64), code, f.width, f.signed)};")
+        self.depth -= 1
+        self.add("}")
 
     def checksums(self, checksums: list, verify: bool) -> None:
         for cs in checksums:

@@ -138,13 +138,60 @@ static inline void ss_st16(uint8_t *p, uint64_t v) { uint16_t x = __builtin_bswa
 static inline void ss_st32(uint8_t *p, uint64_t v) { uint32_t x = __builtin_bswap32((uint32_t)v); memcpy(p, &x, 4); }
 static inline void ss_st64(uint8_t *p, uint64_t v) { uint64_t x = __builtin_bswap64(v); memcpy(p, &x, 8); }
 
-static uint16_t ss_csum16(const uint8_t *d, uint32_t n) {
-    uint64_t sum = 0;
-    for (uint32_t i = 0; i + 1 < n; i += 2) sum += ((uint32_t)d[i] << 8) | d[i + 1];
-    if (n & 1) sum += (uint32_t)d[n - 1] << 8;
-    while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
-    return (uint16_t)~sum;
+/* ss_calc: BMv2's hash algorithms over a then b (a calculation's fields, then the payload), in
+ * validate.HASH_ALGORITHMS' order: csum16, cksum16, crc16, crc16_custom, crc32,
+ * crc32_custom, crcCCITT, crc8_custom, crc64_custom, identity, xor16, xor32 (the custom
+ * CRCs with BMv2's default parameters). */
+#define SS_BYTE(i) ((i) < na ? a[i] : b[(i) - na])
+
+static uint64_t ss_crc(const uint8_t *a, uint32_t na, const uint8_t *b, uint32_t nb, int width,
+                       uint64_t poly, uint64_t init, uint64_t xorout, int reflected) {
+    uint64_t m = width == 64 ? ~0ULL : (1ULL << width) - 1, reg = init;
+    if (reflected) {                  /* the reflected register: poly and bits reversed */
+        uint64_t rpoly = 0;
+        for (int i = 0; i < width; i++) if (poly >> i & 1) rpoly |= 1ULL << (width - 1 - i);
+        for (uint32_t i = 0; i < na + nb; i++) {
+            reg ^= SS_BYTE(i);
+            for (int k = 0; k < 8; k++) reg = reg & 1 ? (reg >> 1) ^ rpoly : reg >> 1;
+        }
+    } else {
+        for (uint32_t i = 0; i < na + nb; i++) {
+            reg ^= (uint64_t)SS_BYTE(i) << (width - 8);
+            for (int k = 0; k < 8; k++)
+                reg = (reg >> (width - 1) & 1) ? ((reg << 1) ^ poly) & m : (reg << 1) & m;
+        }
+    }
+    return (reg ^ xorout) & m;
 }
+
+static uint64_t ss_calc(int algo, const uint8_t *a, uint32_t na, const uint8_t *b, uint32_t nb) {
+    uint32_t n = na + nb;
+    uint64_t out = 0;
+    switch (algo) {
+    case 0: case 1: {
+        uint64_t sum = 0;
+        uint32_t i = 0;
+        for (; i + 1 < na; i += 2) sum += (uint32_t)a[i] << 8 | a[i + 1];
+        for (; i < n; i++) sum += (uint64_t)SS_BYTE(i) << (i & 1 ? 0 : 8);
+        while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+        return (uint16_t)~sum;
+    }
+    case 2: case 3: return ss_crc(a, na, b, nb, 16, 0x8005, 0, 0, 1);
+    case 4: case 5: return ss_crc(a, na, b, nb, 32, 0x04c11db7, 0xffffffff, 0xffffffff, 1);
+    case 6: return ss_crc(a, na, b, nb, 16, 0x1021, 0xffff, 0, 0);
+    case 7: return ss_crc(a, na, b, nb, 8, 0x07, 0, 0, 0);
+    case 8: return ss_crc(a, na, b, nb, 64, 0x1b, 0, 0, 1);
+    case 9:
+        for (uint32_t i = 0; i < n && i < 8; i++) out = out << 8 | SS_BYTE(i);
+        return out;
+    default: {                        /* xor16, xor32: words, the last one padded with zeros */
+        int w = algo == 10 ? 2 : 4;
+        for (uint32_t i = 0; i < n; i++) out ^= (uint64_t)SS_BYTE(i) << (8 * (w - 1 - i % w));
+        return out;
+    }
+    }
+}
+#undef SS_BYTE
 
 static inline uint64_t ss_random(ss_ctx *c, uint64_t lo, uint64_t hi) {
     uint64_t x = c->rng;              /* xorshift64* */

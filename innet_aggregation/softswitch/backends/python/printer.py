@@ -23,11 +23,13 @@ from innet_aggregation.softswitch.backends.python import runtime
 from innet_aggregation.softswitch.frontend import ir
 from innet_aggregation.softswitch.frontend.lower import walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, Unsupported, mask
-from innet_aggregation.softswitch.frontend.validate import MAX_BITS, MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num
+from innet_aggregation.softswitch.frontend.validate import HASH_ALGORITHMS, MAX_BITS, MAX_HEADER_BITS, MAX_ID, \
+    MAX_LOOKAHEAD, num
 
 _STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _BIG = 1 << (MAX_BITS + 1)               # bounds every constant and mask of a program
 MAX_BYTES = MAX_HEADER_BITS // 8 + 1
+HASH_CODES = {algo: i for i, algo in enumerate(HASH_ALGORITHMS)}   # runtime.hash_value's
 
 
 def _lit(value: int) -> str:
@@ -82,6 +84,7 @@ class PyPrinter:
         self.out = Compiled(program)
         self.ns: dict = {"ParserError": runtime.ParserError, "_Exit": runtime.Exit,
                          "_Return": runtime.Return, "csum16": runtime.csum16,
+                         "_hash": runtime.hash_value,
                          "_lookahead": runtime.lookahead,
                          "_stack_index": runtime.stack_index, "_log_assert": runtime.log_assert,
                          "_NOTCACHED": runtime.NOT_CACHED, "_randint": random.Random().randint}
@@ -479,40 +482,75 @@ class PyPrinter:
             if cs.cond is not None:
                 self.add(f"if {self.expr(cs.cond)}:")
                 self.src.depth += 1
-            self.add("_cbits = 0")
-            self.add("_cn = 0")
-            for header, fields in cs.inputs:
-                self.checksum_input(header, fields)
-            self.add("_cbits <<= (-_cn) & 7")
-            self.add("_csum = csum16(_cbits.to_bytes((_cn + 7) >> 3, 'big'))")
+            self.add(f"_csum = {self.calculation(cs.calc)}")
             target = cs.target
             if verify:
                 err = self.std("checksum_error")
                 self.add(f"if _csum != {self.v(target)}:")
                 self.add(f"    {self.v(err)} = 1" if err is not None else "    pass")
             else:
-                value = ir.Const(0).bounded(0, 0xFFFF)
+                value = ir.Const(0).bounded(0, mask(HASH_ALGORITHMS[cs.calc.algo]))
                 self.add(f"{self.v(target)} = "
                          f"{self.store(value, '_csum', target.width, target.signed)}")
             if cs.cond is not None:
                 self.src.depth -= 1
 
+    def s_HashOffset(self, s: ir.HashOffset) -> None:
+        base, size = self.temp("hb"), self.temp("hs")
+        self.add(f"{base} = {self.expr(s.base)}")
+        self.add(f"{size} = {self.expr(s.size)}")
+        value = self.calculation(s.calc)
+        code = f"(({value}) % ({size} or 1) + {base}) & {_lit(mask(64))}"   # uint64_t, as BMv2
+        f = s.field
+        self.add(f"{self.v(f)} = "
+                 f"{self.store(ir.Const(0).bounded(0, mask(64)), code, f.width, f.signed)}")
+
+    def calculation(self, calc: ir.Calculation) -> str:
+        """Prints the lines that gather ``calc``'s input bits into ``_cbits`` (``_cn`` of
+        them); returns the code of its value."""
+        self.add("_cbits = 0")
+        self.add("_cn = 0")
+        for header, fields in calc.inputs:
+            self.checksum_input(header, fields)
+        self.add("_cbits <<= (-_cn) & 7")
+        data = "_cbits.to_bytes((_cn + 7) >> 3, 'big')"
+        if calc.payload:
+            data += " + bytes(pkt[off:])"
+        if calc.algo == "csum16":
+            return f"csum16({data})"
+        return f"_hash({_lit(HASH_CODES[calc.algo])}, {data})"
+
     def checksum_input(self, header, fields) -> None:
-        """Append one input to _cbits; the fields of an invalid header are skipped."""
+        """Append one input to _cbits; the fields of an invalid header are skipped, a
+        varbit field is as long as it is now."""
         if header is None:
             value, width = fields
             self.add(f"_cbits = (_cbits << {num(width, 1, MAX_BITS + 1)}) | {_lit(value)}")
             self.add(f"_cn += {num(width, 1, MAX_BITS + 1)}")
             return
-        width = num(sum(f.width for f in fields), 0, MAX_HEADER_BITS + 1)
-        parts = " | ".join(f"({self.bits(f)} << {num(s, 0, MAX_HEADER_BITS)})" if s
-                           else self.bits(f) for f, s in _shifts(fields))
         prefix = ""
         if not header.metadata:
             self.add(f"if {self.vv(header)}:")
             prefix = "    "
-        self.add(f"{prefix}_cbits = (_cbits << {width}) | {parts}")
-        self.add(f"{prefix}_cn += {width}")
+        runs: list = [[]]                 # fixed-width runs, split at the varbit field
+        for f in fields:
+            if f.varbit:
+                runs += [f, []]
+            else:
+                runs[-1].append(f)
+        for run in runs:
+            if isinstance(run, Field):
+                n = self.v(header.length)
+                self.add(f"{prefix}_cbits = (_cbits << {n}) | {self.v(run)}")
+                self.add(f"{prefix}_cn += {n}")
+            elif run:
+                width = num(sum(f.width for f in run), 0, MAX_HEADER_BITS + 1)
+                parts = " | ".join(f"({self.bits(f)} << {num(s, 0, MAX_HEADER_BITS)})" if s
+                                   else self.bits(f) for f, s in _shifts(run))
+                self.add(f"{prefix}_cbits = (_cbits << {width}) | {parts}")
+                self.add(f"{prefix}_cn += {width}")
+        if prefix and not any(runs):
+            self.add(f"{prefix}pass")
 
     # ------------------------------------------------------------------ controls
     def control(self, nodes: list) -> None:
