@@ -170,9 +170,14 @@ class Pipeline:
             sent = self._egress(state, port, rid, instance)
         except Dropped:
             sent = None
-        clones, recirculate = self._spe[:], self._spr[:]
-        self._spe.clear()
-        self._spr.clear()
+        spe, spr = self._spe, self._spr
+        if not (spe or spr):             # neither asked for: the usual case, kept cheap
+            if sent is not None:
+                out.append((port, sent))
+            return
+        clones, recirculate = spe[:], spr[:]
+        spe.clear()
+        spr.clear()
         if sent is not None:
             if recirculate:
                 if self._another_pass():
