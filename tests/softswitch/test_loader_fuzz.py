@@ -55,6 +55,7 @@ from tests.softswitch.test_varbit import frames as varbit_frames
 from tests.softswitch.test_range_optional import frames as range_frames
 from tests.softswitch.test_stack_assign import frames as stack_assign_frames
 from tests.softswitch.test_union_stacks import frames as union_stack_frames
+from tests.softswitch.test_special_ops import frames as special_frames, setup as setup_special_ops
 
 INJECTED = "0; INJECTED_C_CODE(); //"
 HOSTILE = 'x"; INJECTED_C_CODE(); //\n#error'
@@ -160,6 +161,8 @@ PROGRAMS = {
                      + hostile(13, stack_assign_frames()[3])),
     "union_stacks": (lambda pipe: None, lambda: [(data, 1) for data in union_stack_frames()]
                      + hostile(14, union_stack_frames()[6])),
+    "special_ops": (setup_special_ops, lambda: [(data, 1) for data in special_frames()]
+                    + hostile(15, special_frames()[8])),
     "range_optional": (setup_range_optional, lambda: [(data, 1) for data in range_frames()]
                        + hostile(12, range_frames()[30])),
     "primitives": (setup_primitives, primitives_frames),

@@ -182,6 +182,22 @@ BMV2_FRAMES = [frame(1, 5), frame(1, 9), frame(6), frame(2, 7), frame(2, 7, 0xde
                frame(3, 0), frame(3, 3), frame(4, 0), frame(4, 3), frame(8, 5), frame(0)]
 
 
+def frames() -> list[bytes]:
+    """Every operation once (the loader fuzzer's too), the endless ones included."""
+    return BMV2_FRAMES + [frame(5), frame(9), frame(10, 5)]
+
+
+def setup(pipe) -> None:
+    """SESSIONS and the plain clone's entry, written straight into a pipeline."""
+    from innet_aggregation.softswitch.backends.tables import Entry
+
+    for sid, replicas in SESSIONS.items():
+        pipe.sessions[sid] = replicas
+    table = pipe.tables["I.clone_table"]
+    aid = next(a for a in table.spec.action_ids if pipe.actions[a].name == "I.i2e_plain")
+    table.insert(Entry((6,), (0xFF,), 0, (aid, (7,))))
+
+
 @pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
                     reason="needs simple_switch_grpc and root")
 def test_bmv2_agrees_frame_by_frame(shell):

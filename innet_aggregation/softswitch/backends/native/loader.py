@@ -317,7 +317,7 @@ class NativePipeline:
         self.groups = _Groups(c)
         self.group_replicas: dict[int, list] = {}
         self.sessions = _Groups(c, "ss_session_set")     # clone sessions, as the Python backend's
-        self.session_entries: dict[int, object] = {}
+        self.session_entries: dict[int, list] = {}
 
     def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
         """Ingress, PRE, egress, deparser: the frames to send, as (port, bytes)."""

@@ -118,7 +118,7 @@ class Pipeline:
         # Clone sessions: id -> [(port, rid)] in sending order (as a multicast group, as
         # PI programs BMv2), and as written over P4Runtime, for read-back.
         self.sessions: dict[int, list[tuple[int, int]]] = {}
-        self.session_entries: dict[int, object] = {}
+        self.session_entries: dict[int, list] = {}
         ns = self.compiled.namespace
         self._spi, self._spe, self._spr = ns["_SPI"], ns["_SPE"], ns["_SPR"]
         # Packets are processed under this lock, control-plane writes take it too.
