@@ -23,6 +23,7 @@ class Lowering:
     def __init__(self, program: Program):
         self.prog = program
         self.actions: dict[int, ir.Action] = {}
+        self.special_ops = False        # a clone, resubmit or recirculate was lowered
 
     # ------------------------------------------------------------------ expressions
     def expr(self, node, params, where: str) -> ir.Expr:
@@ -254,6 +255,7 @@ class Lowering:
         """clone, resubmit, recirculate: what the packet does after its pipeline."""
         if params is None:
             raise Unsupported(f"{op} in a parser ({where})")
+        self.special_ops = True
         fl = hexstr(args[-1]["value"])
         if op == "resubmit":
             return [ir.Resubmit(fl)]
@@ -538,7 +540,7 @@ class Lowering:
                          self.control("ingress"), self.control("egress"),
                          self.prog.deparse_order)
         out.actions = self.actions
-        out.special = self.check_special(out)
+        out.special = self.special_ops and self.check_special(out)
         return out
 
     @staticmethod
