@@ -57,6 +57,7 @@ from tests.softswitch.test_hash_offset import frames as hash_frames
 from tests.softswitch.test_range_optional import frames as range_frames
 from tests.softswitch.test_stack_assign import frames as stack_assign_frames
 from tests.softswitch.test_union_stacks import frames as union_stack_frames
+from tests.softswitch.test_special_ops import frames as special_frames, setup as setup_special_ops
 
 INJECTED = "0; INJECTED_C_CODE(); //"
 HOSTILE = 'x"; INJECTED_C_CODE(); //\n#error'
@@ -166,6 +167,8 @@ PROGRAMS = {
                     + hostile(15, varbit_read_frames()[5])),
     "hash_offset": (lambda pipe: None, lambda: [(data, 1) for data in hash_frames()]
                     + hostile(16, hash_frames()[1])),
+    "special_ops": (setup_special_ops, lambda: [(data, 1) for data in special_frames()]
+                    + hostile(17, special_frames()[8])),
     "range_optional": (setup_range_optional, lambda: [(data, 1) for data in range_frames()]
                        + hostile(12, range_frames()[30])),
     "primitives": (setup_primitives, primitives_frames),

@@ -1,6 +1,6 @@
 """The native backend's C unit under AddressSanitizer and UndefinedBehaviorSanitizer.
 
-The aggregation program (with a job installed) and three test programs are compiled
+The aggregation program (with a job installed) and four test programs are compiled
 with ``-fsanitize=address,undefined`` and run in a process of their own (libasan
 preloaded into Python) over valid frames, every truncation of them, corrupted and
 random frames, frames of 0 bytes to 64 KiB, and control-plane calls naming tables,
@@ -39,7 +39,8 @@ from innet_aggregation.softswitch.backends.tables import Entry
 
 jobs_file, work, cut = sys.argv[1], Path(sys.argv[2]), pickle.loads(bytes.fromhex(sys.argv[3]))
 
-def build(json_text, source):
+def build(json_text, drop_port, print_unit):
+    source = print_unit()
     if cut:
         assert cut[0] in source
         source = source.replace(cut[0], cut[1])
@@ -62,6 +63,8 @@ for job in pickle.loads(Path(jobs_file).read_bytes()):
         pipe.tables[name].set_default(action)
     for gid, replicas in job["groups"].items():
         pipe.groups[gid] = replicas
+    for sid, replicas in job["sessions"].items():
+        pipe.sessions[sid] = replicas
     out = [sorted(pipe.process(data, port)) for data, port in job["frames"]]
     registers = {n: list(r.cells) for n, r in pipe.registers.items()}
     lib, ctx = pipe.c.lib, pipe.c.ctx
@@ -97,6 +100,7 @@ def job(name: str, text: bytes, frames: list) -> dict:
     pipe = NativePipeline(text)
     PROGRAMS[name][0](pipe)
     return {"name": name, "json": text, "frames": frames, "groups": dict(pipe.groups),
+            "sessions": dict(pipe.sessions),
             "entries": {n: [(e.values, e.masks, e.priority, e.action)
                             for e in t.entries.values() if not e.const]
                         for n, t in pipe.tables.items()},
@@ -128,6 +132,7 @@ def test_the_c_unit_runs_clean_under_address_and_undefined_behavior_sanitizers(t
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     forwarding = PROGRAMS["forwarding"][1]()
     ranges = PROGRAMS["range_optional"][1]()
+    special = PROGRAMS["special_ops"][1]()
     jobs = [job("aggregation", protocol.PROGRAM_JSON.read_bytes(),
                 aggregation_frames() + hostile(aggregation_frames())),
             job("primitives", program_files("primitives")[0].read_bytes(),
@@ -135,7 +140,9 @@ def test_the_c_unit_runs_clean_under_address_and_undefined_behavior_sanitizers(t
             job("forwarding", program_files("forwarding")[0].read_bytes(),
                 forwarding + hostile(forwarding)),
             job("range_optional", program_files("range_optional")[0].read_bytes(),
-                ranges + hostile(ranges))]
+                ranges + hostile(ranges)),
+            job("special_ops", program_files("special_ops")[0].read_bytes(),
+                special + hostile(special))]
     proc = run_child(tmp_path, jobs)
     report = proc.stderr[-6000:]
     assert proc.returncode == 0, report

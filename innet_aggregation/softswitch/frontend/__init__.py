@@ -3,12 +3,15 @@
 backend only prints."""
 
 from innet_aggregation.softswitch.frontend import validate
-from innet_aggregation.softswitch.frontend.program import (DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION,
+from innet_aggregation.softswitch.frontend.program import (DROP_PORT, INSTANCE_E2E_CLONE, INSTANCE_I2E_CLONE,
+                                                           INSTANCE_NORMAL, INSTANCE_RECIRC,
+                                                           INSTANCE_REPLICATION, INSTANCE_RESUBMIT,
                                                            ActionSpec, CounterSpec, Field, Header, Program,
                                                            RegisterSpec, TableSpec, hexstr, mask)
 from innet_aggregation.softswitch.frontend.loader import load
 from innet_aggregation.softswitch.frontend.validate import Unsupported
 
-__all__ = ["validate", "DROP_PORT", "INSTANCE_NORMAL", "INSTANCE_REPLICATION", "ActionSpec",
+__all__ = ["validate", "DROP_PORT", "INSTANCE_E2E_CLONE", "INSTANCE_I2E_CLONE", "INSTANCE_NORMAL",
+           "INSTANCE_RECIRC", "INSTANCE_REPLICATION", "INSTANCE_RESUBMIT", "ActionSpec",
            "CounterSpec", "Field", "Header", "Program", "RegisterSpec", "TableSpec", "Unsupported",
            "hexstr", "load", "mask"]

@@ -274,6 +274,29 @@ class Assert:
 
 
 @dataclass(eq=False)
+class Clone:
+    """clone_{ingress,egress}_pkt_to_egress: after this pipeline, a copy to session
+    ``session`` & 0x7FFF (simple_switch keeps 15 bits) keeping field list
+    ``field_list``; the last call wins. Ingress or egress: where it is applied."""
+    session: Expr
+    field_list: int
+
+
+@dataclass(eq=False)
+class Resubmit:
+    """After ingress, ingress again on the original packet, keeping field list
+    ``field_list`` (0: simple_switch's flag cleared, no resubmit)."""
+    field_list: int
+
+
+@dataclass(eq=False)
+class Recirculate:
+    """After egress, the deparsed packet to the parser again, keeping ``field_list``
+    (0: no recirculation)."""
+    field_list: int
+
+
+@dataclass(eq=False)
 class If:
     cond: Expr
     then: list
@@ -381,3 +404,4 @@ class Lowered:
     egress: list
     deparse: list        # [Header]
     actions: dict = _field(default_factory=dict)   # id -> Action
+    special: bool = False    # clone, resubmit or recirculate anywhere: the re-entry paths

@@ -15,10 +15,15 @@ from innet_aggregation.softswitch.frontend.program import Header, Program, hexst
 from innet_aggregation.softswitch.frontend.validate import Unsupported
 
 
+SPECIAL_OPS = ("clone_ingress_pkt_to_egress", "clone_egress_pkt_to_egress", "resubmit",
+               "recirculate")
+
+
 class Lowering:
     def __init__(self, program: Program):
         self.prog = program
         self.actions: dict[int, ir.Action] = {}
+        self.special_ops = False        # a clone, resubmit or recirculate was lowered
 
     # ------------------------------------------------------------------ expressions
     def expr(self, node, params, where: str) -> ir.Expr:
@@ -255,6 +260,8 @@ class Lowering:
             return []
         if op in ("assert", "assume"):
             return [ir.Assert(self.expr(args[0], params, where))]
+        if op in SPECIAL_OPS:
+            return self.special(op, args, params, where)
         raise Unsupported(f"primitive {op!r:.40} (in {where})")
 
     def hash_offset(self, args, params, where: str) -> ir.HashOffset:
@@ -265,6 +272,18 @@ class Lowering:
                                   f"64 bits ({where})")
         return ir.HashOffset(self.fixed_field(args[0]["value"], where), base,
                              self.calculation(self.prog.calculations[args[2]["value"]]), size)
+
+    def special(self, op: str, args: list, params, where: str) -> list:
+        """clone, resubmit, recirculate: what the packet does after its pipeline."""
+        if params is None:
+            raise Unsupported(f"{op} in a parser ({where})")
+        self.special_ops = True
+        fl = hexstr(args[-1]["value"])
+        if op == "resubmit":
+            return [ir.Resubmit(fl)]
+        if op == "recirculate":
+            return [ir.Recirculate(fl)]
+        return [ir.Clone(self.expr(args[0], params, where), fl)]
 
     def copy_header(self, dst: Header, src, params, where: str) -> list:
         """``dst = src``; a (cond, then, else) source (p4c's ``?:`` of headers) picks at run time."""
@@ -551,7 +570,23 @@ class Lowering:
                          self.control("ingress"), self.control("egress"),
                          self.prog.deparse_order)
         out.actions = self.actions
+        out.special = self.special_ops and self.check_special(out)
         return out
+
+    @staticmethod
+    def check_special(out: ir.Lowered) -> bool:
+        """Whether the program clones, resubmits or recirculates. simple_switch reads
+        the resubmit flag only after ingress and the recirculate flag only after egress
+        (one set in ingress rides along to egress unless the packet is copied): both
+        of those are refused, naming them."""
+        found = False
+        for pipe, nodes, wrong, name in (("ingress", out.ingress, ir.Recirculate, "recirculate"),
+                                         ("egress", out.egress, ir.Resubmit, "resubmit")):
+            for node in walk_actions(nodes):
+                if isinstance(node, wrong):
+                    raise Unsupported(f"{name} in {pipe}")
+                found |= isinstance(node, (ir.Clone, ir.Resubmit, ir.Recirculate))
+        return found
 
 
 def lower(program: Program) -> ir.Lowered:
@@ -568,6 +603,15 @@ def walk(nodes):
         elif isinstance(node, ir.Apply):
             for _, body in node.branches:
                 yield from walk(body)
+
+
+def walk_actions(nodes):
+    """Every statement in ``nodes``, those of the actions an Apply runs included."""
+    for node in walk(nodes):
+        yield node
+        if isinstance(node, ir.Apply):
+            for action in node.actions:
+                yield from walk(action.body)
 
 
 def _topological(states, ids) -> list[int]:

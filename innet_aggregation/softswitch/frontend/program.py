@@ -15,7 +15,11 @@ from innet_aggregation.softswitch.frontend.validate import Unsupported
 
 DROP_PORT = 511          # simple_switch's default --drop-port
 INSTANCE_NORMAL = 0
+INSTANCE_I2E_CLONE = 1       # simple_switch's instance_type values
+INSTANCE_E2E_CLONE = 2
+INSTANCE_RECIRC = 4
 INSTANCE_REPLICATION = 5
+INSTANCE_RESUBMIT = 6
 
 
 def hexstr(value: str) -> int:
@@ -211,8 +215,17 @@ class Program:
             self.actions[action["id"]] = ActionSpec(action["name"], action["id"], params,
                                                     action["primitives"])
         self.calculations = {c["name"]: c for c in doc["calculations"]}
+        self.field_lists = {fl["id"]: [self.field(ref) for ref in fl["elements"]]
+                            for fl in doc["field_lists"]}
         self.too_short = self.errors.get("PacketTooShort", 1)
         self.no_error = self.errors.get("NoError", 0)
+
+    @property
+    def metadata_fields(self) -> list[Field]:
+        """What simple_switch's reset_metadata zeroes: the fields of metadata instances
+        (not a stack's next index or a varbit's length, which BMv2 keeps in the header)."""
+        return [f for h in self.headers.values() if h.metadata
+                and h.name not in (STACKS_HEADER, VARBIT_HEADER) for f in h.fields]
 
     def std(self, name: str) -> Field | None:
         """A standard_metadata field (or its intrinsic_metadata alias), if the program has it."""

@@ -48,8 +48,8 @@ BINARY = ("+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^", "==", "!=", ">", "
 CASTS = ("two_comp_mod", "sat_cast", "usat_cast")
 # A primitive's parameters: F a field, E an expression, H a header, R a register array,
 # C a counter array, J a jump offset, S a header stack, U a header union, V a header union
-# stack, X a header stack or a union stack, K a constant count, N a calculation; log_msg's
-# are not read.
+# stack, X a header stack or a union stack, K a constant count, N a calculation, L a field
+# list's id; log_msg's are not read.
 PRIMITIVES = {
     "assign": "FE", "modify_field": "FE", "assign_header": "HE", "copy_header": "HE",
     "add_header": "H", "add_header_fast": "H", "remove_header": "H",
@@ -59,7 +59,10 @@ PRIMITIVES = {
     "push": "XK", "pop": "XK", "assign_union": "UU",
     "assign_header_stack": "SS", "assign_union_stack": "VV",
     "modify_field_with_hash_based_offset": "FENE",
+    "clone_ingress_pkt_to_egress": "EL", "clone_egress_pkt_to_egress": "EL",
+    "resubmit": "L", "recirculate": "L",
 }
+MAX_FIELD_LIST = 1 << 16     # simple_switch keeps a field list's id in 16 bits
 # BMv2's hash algorithms both backends compute (the custom CRCs with BMv2's default
 # parameters, which only BMv2's runtime CLI changes); xxh64, toeplitz and the round
 # robins are refused.
@@ -209,6 +212,7 @@ class _Checker:
         self.calculations: dict[str, dict] = {}
         self.calculation_paths: dict[str, str] = {}
         self.tables: dict[str, dict] = {}       # every table, by name (its JSON)
+        self.field_list_ids: set[int] = set()
 
     def top(self, key: str, required: bool = True) -> list:
         """A top-level list; one of unsupported things may be left out (none of them)."""
@@ -238,6 +242,7 @@ class _Checker:
         out["header_unions"] = self.header_unions(taken)
         out["header_union_stacks"] = self.header_union_stacks(out["headers"])
         out["field_aliases"] = self.field_aliases()
+        out["field_lists"] = self.field_lists()
         out["errors"] = self.errors()
         out["register_arrays"], out["counter_arrays"] = self.arrays()
         actions = self.action_declarations()
@@ -457,6 +462,33 @@ class _Checker:
             target = self.real_field(item[1], f"{path}[1]")
             self.aliases[alias] = tuple(target)
             out.append([alias, target])
+        return out
+
+    def field_lists(self) -> list:
+        """What clone, resubmit and recirculate keep of a packet's metadata (p4c writes
+        one per ``@field_list`` index): metadata fields only."""
+        out = []
+        seen: dict = {}
+        for i, item in enumerate(self.top("field_lists", required=False)):
+            path = f"field_lists[{i}]"
+            item = _obj(item, path, "id", "name", "elements")
+            fl_id = _int(item["id"], f"{path}.id", 0, MAX_FIELD_LIST)
+            _unique(seen, fl_id, f"{path}.id", "field list id")
+            fields = []
+            for j, element in enumerate(_list(item["elements"], f"{path}.elements")):
+                epath = f"{path}.elements[{j}]"
+                if type(element) is dict and element.get("type") == "hexstr":
+                    _hex(element.get("value"), f"{epath}.value")   # BMv2 copies nothing for it
+                    continue
+                ref = self.real_field(self.typed(element, epath, "field"), f"{epath}.value")
+                header = self.aliases.get(".".join(ref), ref)[0]
+                if not self.headers[header][0]:
+                    raise Unsupported(f"{epath}: field list element {'.'.join(ref)} is a "
+                                      "header field (only metadata is kept)")
+                fields.append(ref)
+            self.field_list_ids.add(fl_id)
+            out.append({"id": fl_id, "name": _name(item["name"], f"{path}.name"),
+                        "elements": fields})
         return out
 
     def errors(self) -> list:
@@ -819,6 +851,11 @@ class _Checker:
                     raise ValueError(f"{apath}.value: unknown calculation {name!r}")
                 self.algorithm(name, f"{apath}.value")
                 out.append({"type": "calculation", "value": name})
+            elif kind == "L":
+                fl_id = _hex(self.typed(arg, apath, "hexstr"), f"{apath}.value")
+                if fl_id not in self.field_list_ids:
+                    raise ValueError(f"{apath}.value: no field list with id {fl_id}")
+                out.append({"type": "hexstr", "value": hex(fl_id)})
             elif kind == "J":
                 offset = _hex(self.typed(arg, apath, "hexstr"), f"{apath}.value")
                 if not 0 <= offset <= nprims:

@@ -1,5 +1,6 @@
 """P4Runtime entities to and from the running pipeline: table entries (default and
-const ones included), multicast groups, counters, direct counters and registers.
+const ones included), multicast groups, clone sessions, counters, direct counters and
+registers.
 Each function takes the committed ``PipelineConfig``; the caller holds the
 pipeline's lock."""
 
@@ -216,9 +217,14 @@ def write_direct_counter(config: PipelineConfig, utype, entry) -> None:
     found.counter[:] = [entry.data.packet_count, entry.data.byte_count]
 
 def write_pre(config: PipelineConfig, utype, pre) -> None:
+    which = pre.WhichOneof("type")
+    if which == "clone_session_entry":
+        write_clone_session(config, utype, pre.clone_session_entry)
+        return
+    if which != "multicast_group_entry":
+        raise TableError("INVALID_ARGUMENT", "a PacketReplicationEngineEntry without a "
+                         "multicast group or clone session")
     U = p4runtime_pb2.Update
-    if pre.WhichOneof("type") != "multicast_group_entry":
-        raise TableError("UNIMPLEMENTED", "clone sessions are not supported")
     group = pre.multicast_group_entry
     gid = group.multicast_group_id
     groups = config.pipeline.groups
@@ -232,31 +238,75 @@ def write_pre(config: PipelineConfig, utype, pre) -> None:
         del groups[gid]
         del config.pipeline.group_replicas[gid]
         return
-    replicas = []
-    kinds = []
-    for r in group.replicas:
+    replicas, kinds = _replicas(group.replicas, f"group {gid}")
+    if utype == U.INSERT and gid in groups:
+        raise TableError("ALREADY_EXISTS", f"multicast group {gid} already exists")
+    if utype == U.MODIFY and gid not in groups:
+        raise TableError("NOT_FOUND", f"multicast group {gid} does not exist")
+    groups[gid] = _sending_order(replicas)
+    config.pipeline.group_replicas[gid] = list(zip(replicas, kinds))
+
+def _replicas(entries, what: str, checked: bool = False) -> tuple[list, list]:
+    """[(port, instance)] and how each port was written ("port" bytes or "egress_port")."""
+    replicas, kinds = [], []
+    for r in entries:
         if r.WhichOneof("port_kind") == "port":
             port = int.from_bytes(r.port, "big")
             kinds.append("port")
         else:
             port = r.egress_port
             kinds.append("egress_port")
+        if checked and (port >> 16 or r.instance >> 16):
+            raise TableError("INVALID_ARGUMENT", f"{what}: replica (port {port}, instance "
+                             f"{r.instance}) does not fit in 16 bits")
         if (port, r.instance) in replicas:
             raise TableError("INVALID_ARGUMENT",
-                             f"group {gid}: replica (port {port}, instance {r.instance}) "
+                             f"{what}: replica (port {port}, instance {r.instance}) "
                              "given twice")
         replicas.append((port, r.instance))
-    if utype == U.INSERT and gid in groups:
-        raise TableError("ALREADY_EXISTS", f"multicast group {gid} already exists")
-    if utype == U.MODIFY and gid not in groups:
-        raise TableError("NOT_FOUND", f"multicast group {gid} does not exist")
-    # BMv2's PRE (as PI programs it) has one node per replica id, in order of first
-    # appearance, and sends a node's copies in ascending port order.
-    rid_order = {}
+    return replicas, kinds
+
+def _sending_order(replicas: list) -> list:
+    """BMv2's PRE (as PI programs it) has one node per replica id, in order of first
+    appearance, and sends a node's copies in ascending port order."""
+    rid_order: dict = {}
     for _, rid in replicas:
         rid_order.setdefault(rid, len(rid_order))
-    groups[gid] = sorted(replicas, key=lambda r: (rid_order[r[1]], r[0]))
-    config.pipeline.group_replicas[gid] = list(zip(replicas, kinds))
+    return sorted(replicas, key=lambda r: (rid_order[r[1]], r[0]))
+
+CLONE_SESSIONS = 1 << 15      # PI's ids: 1 to 32767 (simple_switch keeps 15 bits)
+
+def write_clone_session(config: PipelineConfig, utype, entry) -> None:
+    """A clone session is a multicast group the clones go to, as PI programs BMv2 (its
+    replicas' instance is the copies' egress_rid). Truncation and a class of service
+    are refused: BMv2 runs neither."""
+    U = p4runtime_pb2.Update
+    sid = entry.session_id
+    sessions = config.pipeline.sessions
+    if not 1 <= sid < CLONE_SESSIONS:
+        raise TableError("INVALID_ARGUMENT", f"clone session id {sid} is out of range "
+                         f"(1 to {CLONE_SESSIONS - 1})")
+    if utype == U.DELETE:
+        if sid not in sessions:
+            raise TableError("NOT_FOUND", f"clone session {sid} does not exist")
+        del sessions[sid]
+        del config.pipeline.session_entries[sid]
+        return
+    if entry.packet_length_bytes:
+        raise TableError("INVALID_ARGUMENT", f"clone session {sid}: packet_length_bytes "
+                         f"{entry.packet_length_bytes} (truncation) is not supported; "
+                         "0 sends whole packets")
+    if entry.class_of_service:
+        raise TableError("INVALID_ARGUMENT", f"clone session {sid}: class_of_service "
+                         f"{entry.class_of_service} is not supported (no egress queues); "
+                         "use 0")
+    replicas, kinds = _replicas(entry.replicas, f"clone session {sid}", checked=True)
+    if utype == U.INSERT and sid in sessions:
+        raise TableError("ALREADY_EXISTS", f"clone session {sid} already exists")
+    if utype == U.MODIFY and sid not in sessions:
+        raise TableError("NOT_FOUND", f"clone session {sid} does not exist")
+    sessions[sid] = _sending_order(replicas)
+    config.pipeline.session_entries[sid] = list(zip(replicas, kinds))
 
 def counter(config: PipelineConfig, counter_id: int):
     if counter_id not in config.counters:
@@ -396,8 +446,12 @@ def read_direct_counters(config: PipelineConfig, query) -> list:
     return out
 
 def read_pre(config: PipelineConfig, query) -> list:
-    if query.WhichOneof("type") != "multicast_group_entry":
-        raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "clone sessions are not supported")
+    which = query.WhichOneof("type")
+    if which == "clone_session_entry":
+        return read_clone_sessions(config, query.clone_session_entry.session_id)
+    if which != "multicast_group_entry":
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "a PacketReplicationEngineEntry "
+                       "without a multicast group or clone session")
     gid = query.multicast_group_entry.multicast_group_id
     groups = config.pipeline.groups
     out = []
@@ -407,15 +461,32 @@ def read_pre(config: PipelineConfig, query) -> list:
         ent = p4runtime_pb2.Entity()
         mg = ent.packet_replication_engine_entry.multicast_group_entry
         mg.multicast_group_id = g
-        for (port, rid), kind in config.pipeline.group_replicas[g]:
-            r = mg.replicas.add()
-            if kind == "port":
-                r.port = to_bytes(port, 32).lstrip(b"\0") or b"\0"
-            else:
-                r.egress_port = port
-            r.instance = rid
+        _add_replicas(mg.replicas, config.pipeline.group_replicas[g])
         out.append(ent)
     return out
+
+def read_clone_sessions(config: PipelineConfig, sid: int) -> list:
+    """Session ``sid`` (0: every one) as written; none if it does not exist."""
+    entries = config.pipeline.session_entries
+    out = []
+    for s in ([sid] if sid else sorted(entries)):
+        if s not in entries:
+            continue
+        ent = p4runtime_pb2.Entity()
+        cs = ent.packet_replication_engine_entry.clone_session_entry
+        cs.session_id = s
+        _add_replicas(cs.replicas, entries[s])
+        out.append(ent)
+    return out
+
+def _add_replicas(field, replicas: list) -> None:
+    for (port, rid), kind in replicas:
+        r = field.add()
+        if kind == "port":
+            r.port = to_bytes(port, 32).lstrip(b"\0") or b"\0"
+        else:
+            r.egress_port = port
+        r.instance = rid
 
 def read_counters(config: PipelineConfig, query) -> list:
     ids = [query.counter_id] if query.counter_id else sorted(config.counters)

@@ -103,6 +103,8 @@ def _load(so: Path) -> ctypes.CDLL:
         "ss_ctr_get": (U64, [P, I, U32, I]), "ss_ctr_set": (None, [P, I, U32, I, U64]),
         "ss_group_set": (None, [P, U32, I, ctypes.POINTER(ctypes.c_uint16),
                                 ctypes.POINTER(ctypes.c_uint16)]),
+        "ss_session_set": (None, [P, U32, I, ctypes.POINTER(ctypes.c_uint16),
+                                  ctypes.POINTER(ctypes.c_uint16)]),
         "ss_process": (I, [P, ctypes.c_char_p, U32, U32]),
         "ss_output": (ctypes.POINTER(ctypes.c_uint8), [P, I, ctypes.POINTER(U32),
                                                        ctypes.POINTER(U32)]),
@@ -258,21 +260,23 @@ class NativeTable(TableEntries):
 
 
 class _Groups(dict):
-    """mgid -> [(port, rid)], every change also made in C."""
+    """mgid -> [(port, rid)], every change also made in C (``setter``: multicast groups
+    or clone sessions)."""
 
-    def __init__(self, c: _Context):
+    def __init__(self, c: _Context, setter: str = "ss_group_set"):
         super().__init__()
         self.c = c
+        self.setter = getattr(c.lib, setter)
 
     def __setitem__(self, gid, replicas):
         super().__setitem__(gid, replicas)
         ports = (ctypes.c_uint16 * max(len(replicas), 1))(*[p & 0xFFFF for p, _ in replicas])
         rids = (ctypes.c_uint16 * max(len(replicas), 1))(*[r & 0xFFFF for _, r in replicas])
-        self.c.lib.ss_group_set(self.c.ctx, gid, len(replicas), ports, rids)
+        self.setter(self.c.ctx, gid, len(replicas), ports, rids)
 
     def __delitem__(self, gid):
         super().__delitem__(gid)
-        self.c.lib.ss_group_set(self.c.ctx, gid, -1, None, None)
+        self.setter(self.c.ctx, gid, -1, None, None)
 
 
 class NativePipeline:
@@ -312,6 +316,8 @@ class NativePipeline:
                              lambda j, v, i=i: lib.ss_ctr_set(c.ctx, i, j, 1, v)))
         self.groups = _Groups(c)
         self.group_replicas: dict[int, list] = {}
+        self.sessions = _Groups(c, "ss_session_set")     # clone sessions, as the Python backend's
+        self.session_entries: dict[int, list] = {}
 
     def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
         """Ingress, PRE, egress, deparser: the frames to send, as (port, bytes)."""

@@ -19,7 +19,7 @@ from innet_aggregation.softswitch.frontend import ir
 from innet_aggregation.softswitch.frontend.lower import walk
 from innet_aggregation.softswitch.frontend.program import Header, Program, Unsupported, mask
 from innet_aggregation.softswitch.frontend.validate import HASH_ALGORITHMS, MAX_CELLS, MAX_CHECKSUM_BITS, \
-    MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num, u64
+    MAX_FIELD_LIST, MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num, u64
 
 U64 = (1 << 64) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -328,6 +328,45 @@ class CPrinter:
     def s_Assert(self, s: ir.Assert) -> None:
         self.add(f"if (!({self.expr(s.cond)})) c->stat_asserts++;")
 
+    def s_Clone(self, s: ir.Clone) -> None:
+        session = self.store(s.session, self.expr(s.session), 15, False)
+        self.add(f"S->clone = (uint32_t){session} | 0x8000u; "
+                 f"S->clone_fl = {num(s.field_list, 0, MAX_FIELD_LIST)};")
+
+    def s_Resubmit(self, s: ir.Resubmit) -> None:
+        self.add(f"S->resub_fl = {num(s.field_list, 0, MAX_FIELD_LIST)};")
+
+    def s_Recirculate(self, s: ir.Recirculate) -> None:
+        self.add(f"S->recirc_fl = {num(s.field_list, 0, MAX_FIELD_LIST)};")
+
+    def special_functions(self, instance_type) -> None:
+        """ss_keep (a field list's fields copied), ss_reset_meta (simple_switch's
+        reset_metadata) and ss_set_instance, which the runtime's re-entry paths call."""
+        prog = self.prog
+        self.add("static void ss_keep(ss_state *D, const ss_state *S, uint32_t field_list) {")
+        self.add("    switch (field_list) {")
+        for fl, fields in sorted(prog.field_lists.items()):
+            copies = " ".join(f"D->f[{self.fid(f)}] = {self.fref(f)};" for f in fields)
+            self.add(f"    case {num(fl, 0, MAX_FIELD_LIST)}: {copies} break;")
+        self.add("    default: (void)D; (void)S; break;")
+        self.add("    }")
+        self.add("}")
+        meta = [self.fid(f) for f in prog.metadata_fields] if self.ir.special else []
+        self.add("static void ss_reset_meta(ss_state *S) {")
+        if meta:
+            self.add(f"    static const uint32_t m[] = {{{', '.join(meta)}}};")
+            self.add(f"    for (uint32_t i = 0; i < {num(len(meta), 1, MAX_ID)}; i++) S->f[m[i]] = 0;")
+        else:
+            self.add("    (void)S;")
+        self.add("}")
+        self.add("static void ss_set_instance(ss_state *S, uint64_t instance) {")
+        self.add(f"    {self.fref(instance_type)} = instance;" if instance_type is not None
+                 else "    (void)S; (void)instance;")
+        self.add("}")
+
+    def fid(self, field) -> str:
+        return num(field.id, 0, len(self.prog.field_list))
+
     def s_If(self, s: ir.If) -> None:
         self.nested(f"if ({self.expr(s.cond)}) {{", self.block, s.then, tail="")
         self.nested("} else {", self.block, s.orelse)
@@ -578,6 +617,8 @@ class CPrinter:
         ]
         self.setup()
         self.add("")
+        self.special_functions(std["instance_type"])
+        self.add("")
         self.add("static void ss_ingress(ss_ctx *c, ss_state *S) {")
         self.depth = 1
         self.add(f"uint64_t perr = {num(prog.no_error, 0, MAX_ID)}; (void)perr;")
@@ -586,15 +627,17 @@ class CPrinter:
         self.parser()
         if std["parser_error"] is not None:
             self.add(f"{self.fref(std['parser_error'])} = perr;")
+        if self.ir.special:
+            self.add("if (S->parse_only) return;")
         self.checksums(self.ir.verify, True)
         self.control(self.ir.ingress, "ingress")
         self.depth = 0
         self.add("}")
         self.add("")
         self.add("static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, "
-                 "uint32_t rid, uint32_t instance, uint8_t *out, uint32_t cap) {")
+                 "uint32_t rid, uint32_t instance, uint8_t *out, uint32_t cap, ss_state *e2e) {")
         self.depth = 1
-        self.add("(void)rid; (void)has_rid; (void)instance;")
+        self.add("(void)rid; (void)has_rid; (void)instance; (void)e2e;")
         self.add(f"{self.fref(std['egress_port'])} = port;")
         self.add(f"{self.fref(std['egress_spec'])} = {num(prog.drop_port + 1, 1, MAX_ID + 1)};")
         if std["instance_type"] is not None:
@@ -604,6 +647,10 @@ class CPrinter:
         if std["packet_length"] is not None:
             self.add(f"{self.fref(std['packet_length'])} = S->plen_reg;")
         self.control(self.ir.egress, "egress")
+        if self.ir.special:
+            # The E2E clone: this state now, its metadata reset but for the field list.
+            self.add("if (S->clone && !S->abort) { memcpy(e2e, S, sizeof *S); ss_reset_meta(e2e); "
+                     "ss_keep(e2e, S, S->clone_fl); }")
         self.add(f"if ({self.fref(std['egress_spec'])} == {num(prog.drop_port, 0, MAX_ID)} "
                  "|| S->abort) "
                  "return -1;")

@@ -3,7 +3,8 @@
  * Not compiled on its own: the C emitter writes one translation unit per program
  * that defines SS_NFIELDS, SS_NHEADERS, SS_NTABLES, SS_NREGS, SS_NCTRS, SS_MAXHDR
  * and SS_MAXCELLS, includes this file, then defines ss_setup(), ss_ingress() and
- * ss_egress(). One unit lets the compiler inline table lookups into the pipeline.
+ * ss_egress() (and ss_keep(), ss_reset_meta(), ss_set_instance() for clone, resubmit
+ * and recirculate). One unit lets the compiler inline table lookups into the pipeline.
  *
  * Every array access is bounds-checked: the generated code checks its indices
  * against the sizes it was built with, ss_setup's sizes are checked here (1 to
@@ -33,6 +34,8 @@
 #define SS_TXMAX 512             /* frames staged for sending per batch */
 #define SS_MAXPORTS 512
 #define SS_OUTMAX 64             /* outputs kept by ss_process (control-plane tests) */
+#define SS_SESSIONS 32768        /* clone session ids (PI's: 1 to 32767) */
+#define SS_PASSES 32             /* clones, resubmits and recirculations per received frame */
 
 typedef struct {
     int nk, nd, scan;            /* scan: ternary/LPM/range (priority order), else exact hash */
@@ -58,6 +61,9 @@ typedef struct {
 typedef struct {
     uint64_t f[SS_NFIELDS + 1];
     uint8_t v[SS_NHEADERS + 1];
+    uint32_t clone;              /* session | 0x8000 once a clone was asked for, else 0 */
+    uint32_t clone_fl, resub_fl, recirc_fl;   /* field list ids (0: none) */
+    int parse_only;              /* an I2E clone's parse of the original packet */
     const uint8_t *pkt;
     uint64_t plen, off, plen_reg, in_len;
     int abort;                   /* a division by zero or a stack index past the stack: the packet is dropped */
@@ -76,6 +82,8 @@ typedef struct ss_ctx {
     uint64_t *cpk[SS_NCTRS + 1], *cby[SS_NCTRS + 1];
     uint32_t ctr_size[SS_NCTRS + 1];
     ss_group *groups[65536];
+    ss_group *sessions[SS_SESSIONS];
+    int passes;                  /* left for the frame being processed */
     uint64_t rng;
     uint64_t drop_port;
     /* ss_process: the outputs of the last call */
@@ -97,7 +105,10 @@ static void ss_setup(ss_ctx *c);
 SS_EXPORT void ss_free(ss_ctx *c);
 static void ss_ingress(ss_ctx *c, ss_state *S);
 static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, uint32_t rid,
-                         uint32_t instance, uint8_t *out, uint32_t cap);
+                         uint32_t instance, uint8_t *out, uint32_t cap, ss_state *e2e);
+static void ss_keep(ss_state *dst, const ss_state *src, uint32_t field_list);
+static void ss_reset_meta(ss_state *S);
+static void ss_set_instance(ss_state *S, uint64_t instance);
 static uint64_t ss_spec(const ss_state *S);
 static uint64_t ss_mcast(const ss_state *S);
 
@@ -482,13 +493,79 @@ SS_EXPORT void ss_group_set(ss_ctx *c, uint32_t gid, int n, const uint16_t *port
     if (old) { free(old->port); free(old->rid); free(old); }
 }
 
+/* A clone session's replicas in sending order; n < 0 deletes the session. */
+SS_EXPORT void ss_session_set(ss_ctx *c, uint32_t sid, int n, const uint16_t *ports,
+                              const uint16_t *rids) {
+    if (sid >= SS_SESSIONS) return;
+    ss_group *g = NULL;
+    if (n >= 0) {
+        g = malloc(sizeof *g);
+        if (!g) abort();
+        g->n = n;
+        g->port = ss_grow(NULL, (size_t)n + 1, 2);
+        g->rid = ss_grow(NULL, (size_t)n + 1, 2);
+        memcpy(g->port, ports, (size_t)n * 2);
+        memcpy(g->rid, rids, (size_t)n * 2);
+    }
+    pthread_mutex_lock(&c->mu);
+    ss_group *old = c->sessions[sid];
+    c->sessions[sid] = g;
+    pthread_mutex_unlock(&c->mu);
+    if (old) { free(old->port); free(old->rid); free(old); }
+}
+
 /* ------------------------------------------------------------------ packet path */
 
 typedef void (*ss_emit_fn)(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len);
 
-/* Ingress, PRE, egress for one frame; ``slot`` gives the buffer for each output. */
-static void ss_run(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
-                   uint8_t *(*slot)(ss_ctx *c, uint32_t *cap), ss_emit_fn emit) {
+typedef uint8_t *(*ss_slot_fn)(ss_ctx *c, uint32_t *cap);
+
+/* Another pass for a copy of the frame (clone, resubmit, recirculate), or none left:
+ * simple_switch would loop for ever, here the copy is dropped. */
+static int ss_another(ss_ctx *c) {
+    if (c->passes <= 0) { c->stat_drop++; return 0; }
+    c->passes--;
+    return 1;
+}
+
+static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
+                    uint32_t instance, const ss_state *from, uint32_t field_list,
+                    ss_slot_fn slot, ss_emit_fn emit);
+
+/* Egress on S, then (simple_switch's order) the frame sent or recirculated, then the
+ * E2E clone egress made of S before its drop check. */
+static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, uint32_t rid,
+                          uint32_t instance, ss_slot_fn slot, ss_emit_fn emit) {
+    uint32_t cap;
+    uint8_t *out = slot(c, &cap);
+    if (!out) return;
+    ss_state K;
+    S->clone = S->resub_fl = S->recirc_fl = 0;
+    int64_t n = ss_egress(c, S, port, has_rid, rid, instance, out, cap, &K);
+    if (n >= 0 && !S->recirc_fl) {
+        emit(c, port, out, (uint32_t)n);
+    } else if (n >= 0 && n <= SS_SLOT && ss_another(c)) {
+        uint8_t *frame = malloc((size_t)n + 1);    /* the slot is the next output's */
+        if (frame) {
+            memcpy(frame, out, (size_t)n);
+            ss_pass(c, frame, (uint32_t)n, 0, 4, S, S->recirc_fl, slot, emit);
+            free(frame);
+        }
+    }
+    ss_group *g = S->clone ? c->sessions[S->clone & 0x7FFF] : NULL;
+    for (int i = 0; g && i < g->n && ss_another(c); i++) {
+        ss_state E;
+        memcpy(&E, &K, sizeof K);
+        ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 2, slot, emit);
+    }
+}
+
+/* One pass through ingress, then simple_switch's order: the I2E clone (the original
+ * packet parsed again, its metadata reset but for the field list), a resubmit
+ * (instead of forwarding), multicast, unicast. */
+static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
+                    uint32_t instance, const ss_state *from, uint32_t field_list,
+                    ss_slot_fn slot, ss_emit_fn emit) {
     ss_state S, E;
     memset(&S, 0, offsetof(ss_state, pkt));
     S.pkt = pkt;
@@ -496,27 +573,52 @@ static void ss_run(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
     S.off = 0;
     S.abort = 0;
     S.f[SS_INGRESS_PORT] = port;
+    if (from) ss_keep(&S, from, field_list);
+    ss_set_instance(&S, instance);
     ss_ingress(c, &S);
     if (S.abort) { c->stat_drop++; return; }
+    ss_group *g = S.clone ? c->sessions[S.clone & 0x7FFF] : NULL;
+    if (g) {
+        ss_state K;
+        memset(&K, 0, offsetof(ss_state, pkt));
+        K.pkt = pkt;
+        K.plen = K.plen_reg = K.in_len = len;
+        K.off = 0;
+        K.abort = 0;
+        K.f[SS_INGRESS_PORT] = port;
+        K.parse_only = 1;
+        ss_ingress(c, &K);
+        K.parse_only = 0;
+        ss_reset_meta(&K);
+        ss_keep(&K, &S, S.clone_fl);
+        for (int i = 0; !K.abort && i < g->n && ss_another(c); i++) {
+            memcpy(&E, &K, sizeof K);
+            ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 1, slot, emit);
+        }
+    }
+    if (S.resub_fl) {
+        if (ss_another(c)) ss_pass(c, pkt, len, 0, 6, &S, S.resub_fl, slot, emit);
+        return;
+    }
     uint64_t grp = ss_mcast(&S), spec = ss_spec(&S);
-    uint32_t cap;
     if (grp) {
-        ss_group *g = c->groups[grp & 0xFFFF];
+        g = c->groups[grp & 0xFFFF];
         if (!g || grp > 0xFFFF) return;
         for (int i = 0; i < g->n; i++) {
-            uint8_t *out = slot(c, &cap);
-            if (!out) return;
             memcpy(&E, &S, sizeof S);
-            int64_t n = ss_egress(c, &E, g->port[i], 1, g->rid[i], 5, out, cap);
-            if (n >= 0) emit(c, g->port[i], out, (uint32_t)n);
+            ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 5, slot, emit);
         }
         return;
     }
     if (spec == c->drop_port) return;
-    uint8_t *out = slot(c, &cap);
-    if (!out) return;
-    int64_t n = ss_egress(c, &S, (uint32_t)spec, 0, 0, 0, out, cap);
-    if (n >= 0) emit(c, (uint32_t)spec, out, (uint32_t)n);
+    ss_egress_out(c, &S, (uint32_t)spec, 0, 0, 0, slot, emit);
+}
+
+/* Ingress, PRE, egress for one frame; ``slot`` gives the buffer for each output. */
+static void ss_run(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
+                   ss_slot_fn slot, ss_emit_fn emit) {
+    c->passes = SS_PASSES;
+    ss_pass(c, pkt, len, port, 0, NULL, 0, slot, emit);
 }
 
 static uint8_t *ss_out_slot(ss_ctx *c, uint32_t *cap) {
@@ -718,6 +820,8 @@ SS_EXPORT void ss_free(ss_ctx *c) {
     for (int i = 0; i < SS_NCTRS; i++) { free(c->cpk[i]); free(c->cby[i]); }
     for (int g = 0; g < 65536; g++)
         if (c->groups[g]) { free(c->groups[g]->port); free(c->groups[g]->rid); free(c->groups[g]); }
+    for (int g = 0; g < SS_SESSIONS; g++)
+        if (c->sessions[g]) { free(c->sessions[g]->port); free(c->sessions[g]->rid); free(c->sessions[g]); }
     for (int i = 0; i < SS_TXMAX; i++) free(c->tx[i].buf);
     free(c->rxbuf);
     free(c->outbuf);

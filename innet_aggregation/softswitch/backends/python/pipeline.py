@@ -7,11 +7,14 @@ import threading
 from innet_aggregation.softswitch import frontend
 from innet_aggregation.softswitch.backends.python.printer import compile_program
 from innet_aggregation.softswitch.backends.python.runtime import Dropped
-from innet_aggregation.softswitch.frontend import DROP_PORT, INSTANCE_NORMAL, INSTANCE_REPLICATION, TableSpec
+from innet_aggregation.softswitch.frontend import (DROP_PORT, INSTANCE_E2E_CLONE, INSTANCE_I2E_CLONE,
+                                                  INSTANCE_NORMAL, INSTANCE_RECIRC, INSTANCE_REPLICATION,
+                                                  INSTANCE_RESUBMIT, TableSpec)
 from innet_aggregation.softswitch.frontend.validate import MAX_ID, num
 from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
 
 CACHE_LIMIT = 4096
+REENTRY_LIMIT = 32       # clones, resubmits and recirculations per received frame
 
 
 class Table(TableEntries):
@@ -112,6 +115,12 @@ class Pipeline:
         self.groups: dict[int, list[tuple[int, int]]] = {}   # mgid -> [(port, rid)]
         # As written over P4Runtime, for read-back: [((port, rid), "port"|"egress_port")]
         self.group_replicas: dict[int, list] = {}
+        # Clone sessions: id -> [(port, rid)] in sending order (as a multicast group, as
+        # PI programs BMv2), and as written over P4Runtime, for read-back.
+        self.sessions: dict[int, list[tuple[int, int]]] = {}
+        self.session_entries: dict[int, list] = {}
+        ns = self.compiled.namespace
+        self._spi, self._spe, self._spr = ns["_SPI"], ns["_SPE"], ns["_SPR"]
         # Packets are processed under this lock, control-plane writes take it too.
         self.lock = threading.Lock()
         self._ingress = self.compiled.ingress
@@ -119,24 +128,69 @@ class Pipeline:
 
     def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
         """Ingress, PRE, egress, deparser: the frames to send, as (port, bytes)."""
-        try:
-            spec, mgid, state = self._ingress(frame, port)
-        except Dropped:
-            return []
-        if mgid:
-            out = []
-            for eport, rid in self.groups.get(mgid, ()):
-                sent = self._egress_or_drop(state, eport, rid, INSTANCE_REPLICATION)
-                if sent is not None:
-                    out.append((eport, sent))
-            return out
-        if spec == self.drop_port:
-            return []
-        sent = self._egress_or_drop(state, spec, None, INSTANCE_NORMAL)
-        return [] if sent is None else [(spec, sent)]
+        out: list = []
+        self._passes = REENTRY_LIMIT
+        self._run(frame, port, INSTANCE_NORMAL, None, out)
+        return out
 
-    def _egress_or_drop(self, state, port, rid, instance):
+    def _run(self, frame: bytes, port: int, instance: int, kept, out: list) -> None:
+        """One pass through ingress, then what simple_switch does after it, in its
+        order: the I2E clone, a resubmit (instead of forwarding), multicast, unicast."""
         try:
-            return self._egress(state, port, rid, instance)
+            spec, mgid, state = self._ingress(frame, port, instance, kept)
         except Dropped:
-            return None
+            self._spi.clear()
+            return
+        if self._spi:
+            clone, clone_kept, resubmit = self._spi.pop()
+            if clone is not None and clone in self.sessions:
+                try:
+                    copy = self._ingress(frame, port, 0, clone_kept, True)[2]
+                except Dropped:
+                    copy = None
+                for eport, rid in self.sessions[clone] if copy is not None else ():
+                    if self._another_pass():
+                        self._egress_out(copy, eport, rid, INSTANCE_I2E_CLONE, out)
+            if resubmit is not None:
+                if self._another_pass():
+                    self._run(frame, 0, INSTANCE_RESUBMIT, resubmit, out)
+                return
+        if mgid:
+            for eport, rid in self.groups.get(mgid, ()):
+                self._egress_out(state, eport, rid, INSTANCE_REPLICATION, out)
+            return
+        if spec == self.drop_port:
+            return
+        self._egress_out(state, spec, None, INSTANCE_NORMAL, out)
+
+    def _egress_out(self, state, port, rid, instance, out: list) -> None:
+        """Egress, then the frame sent or recirculated, then the E2E clone (made before
+        the drop check, as simple_switch does)."""
+        try:
+            sent = self._egress(state, port, rid, instance)
+        except Dropped:
+            sent = None
+        spe, spr = self._spe, self._spr
+        if not (spe or spr):             # neither asked for: the usual case, kept cheap
+            if sent is not None:
+                out.append((port, sent))
+            return
+        clones, recirculate = spe[:], spr[:]
+        spe.clear()
+        spr.clear()
+        if sent is not None:
+            if recirculate:
+                if self._another_pass():
+                    self._run(sent, 0, INSTANCE_RECIRC, recirculate[0], out)
+            else:
+                out.append((port, sent))
+        for session, copy in clones:
+            for eport, erid in self.sessions.get(session, ()):
+                if self._another_pass():
+                    self._egress_out(copy, eport, erid, INSTANCE_E2E_CLONE, out)
+
+    def _another_pass(self) -> bool:
+        """Clones, resubmits and recirculations of one received frame are bounded:
+        simple_switch would loop for ever; here the copy past the bound is dropped."""
+        self._passes -= 1
+        return self._passes >= 0

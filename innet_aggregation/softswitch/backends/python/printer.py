@@ -23,8 +23,8 @@ from innet_aggregation.softswitch.backends.python import runtime
 from innet_aggregation.softswitch.frontend import ir
 from innet_aggregation.softswitch.frontend.lower import walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, Unsupported, mask
-from innet_aggregation.softswitch.frontend.validate import HASH_ALGORITHMS, MAX_BITS, MAX_HEADER_BITS, MAX_ID, \
-    MAX_LOOKAHEAD, num
+from innet_aggregation.softswitch.frontend.validate import HASH_ALGORITHMS, MAX_BITS, MAX_FIELD_LIST, \
+    MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num
 
 _STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _BIG = 1 << (MAX_BITS + 1)               # bounds every constant and mask of a program
@@ -87,7 +87,8 @@ class PyPrinter:
                          "_hash": runtime.hash_value,
                          "_lookahead": runtime.lookahead,
                          "_stack_index": runtime.stack_index, "_log_assert": runtime.log_assert,
-                         "_NOTCACHED": runtime.NOT_CACHED, "_randint": random.Random().randint}
+                         "_NOTCACHED": runtime.NOT_CACHED, "_randint": random.Random().randint,
+                         "_SPI": [], "_SPE": [], "_SPR": []}
         self.std = program.std
         self.structs: dict[str, tuple] = {}
         self.src = Source()
@@ -383,6 +384,68 @@ class PyPrinter:
             self.add("pass")
             self.block(action.body)
 
+    # ------------------------------------------------------------------ special operations
+    # clone, resubmit and recirculate set locals (``_clone``/``_clone_fl``, ``_resub``,
+    # ``_recirc``) that the end of ingress or egress hands the pipeline in ``_SPI``,
+    # ``_SPE`` and ``_SPR`` (what the pipeline runs again, with the kept fields), read
+    # and cleared under the pipeline's lock after each call.
+    def s_Clone(self, s: ir.Clone) -> None:
+        self.add(f"_clone = ({self.expr(s.session)}) & 32767")
+        self.add(f"_clone_fl = {num(s.field_list, 0, MAX_FIELD_LIST)}")
+
+    def s_Resubmit(self, s: ir.Resubmit) -> None:
+        self.add(f"_resub = {num(s.field_list, 0, MAX_FIELD_LIST)}")
+
+    def s_Recirculate(self, s: ir.Recirculate) -> None:
+        self.add(f"_recirc = {num(s.field_list, 0, MAX_FIELD_LIST)}")
+
+    def kept(self, var: str) -> str:
+        """(field list id, the values of its fields now) for the id in ``var``."""
+        parts = "".join(
+            f"({', '.join(self.v(f) for f in fields)},) if {var} == {num(fl, 0, MAX_FIELD_LIST)} else "
+            for fl, fields in sorted(self.prog.field_lists.items()) if fields)
+        return f"({var}, {parts}())"
+
+    def apply_kept(self, var: str) -> list[str]:
+        """Lines storing a ``kept`` tuple's values into its fields."""
+        lines = [f"if {var} is not None:", f"    _kfl, _kv = {var}"]
+        branches = [(fl, fields) for fl, fields in sorted(self.prog.field_lists.items()) if fields]
+        for i, (fl, fields) in enumerate(branches):
+            lines.append(f"    {'elif' if i else 'if'} _kfl == {num(fl, 0, MAX_FIELD_LIST)}: "
+                         f"{', '.join(self.v(f) for f in fields)}, = _kv")
+        return lines
+
+    def special_entry(self, instance_type) -> None:
+        """A re-entry (resubmit, recirculate) starts with simple_switch's reset metadata,
+        the kept fields, then its instance type (ingress_port is 0 unless kept)."""
+        self.add("_clone, _clone_fl, _resub = None, 0, 0")
+        for line in self.apply_kept("kept"):
+            self.add(line)
+        if instance_type is not None:
+            self.add(f"{self.v(instance_type)} = instance_type")
+
+    def special_exits(self, ingress: Source, egress: Source, state: list) -> None:
+        """The I2E clone's return after the parser (metadata reset, then the kept fields,
+        as simple_switch does to its copy) and the E2E clone's copy of the state after
+        the egress control (metadata reset but for its field list)."""
+        meta = {self.v(f) for f in self.prog.metadata_fields}
+        state_code = ", ".join(state)
+        i = ingress.lines.index("    " + _CLONE_MARK)
+        block = ["if clone:"] + [f"    {v} = 0" for v in state if v in meta]
+        block += ["    " + line for line in self.apply_kept("kept")]
+        block += [f"    return 0, 0, ({state_code},)"]
+        ingress.lines[i:i + 1] = ["    " + line for line in block]
+        i = egress.lines.index("    " + _E2E_MARK)
+        block = ["if _clone is not None:"]
+        lists = [(fl, {self.v(f) for f in fields})
+                 for fl, fields in sorted(self.prog.field_lists.items())]
+        for n, (fl, keep) in enumerate(lists + [(None, set())]):
+            values = ", ".join(v if v not in meta or v in keep else "0" for v in state)
+            head = "else:" if fl is None else \
+                f"{'elif' if n else 'if'} _clone_fl == {num(fl, 0, MAX_FIELD_LIST)}:"
+            block += [f"    {head}", f"        _SPE.append((_clone, ({values},)))"]
+        egress.lines[i:i + 1] = ["    " + line for line in block]
+
     # ------------------------------------------------------------------ parser
     def s_Require(self, s: ir.Require) -> None:
         self.add(f"if plen - off < {num(s.nbytes, 0, MAX_LOOKAHEAD + MAX_BYTES)}:")
@@ -665,18 +728,27 @@ class PyPrinter:
                                          "parser_error", "egress_spec", "egress_port",
                                          "mcast_grp", "egress_rid")}
 
+        special = self.ir.special
         ingress = self.src = Source(1)
         self.add("plen = in_len = plen_reg = len(pkt)")
         self.add("off = 0")
         self.add(f"perr = {_id(self.prog.no_error)}")
         self.add(f"{self.v(std['ingress_port'])} = ingress_port")
+        if special:
+            self.special_entry(std["instance_type"])
         if std["packet_length"] is not None:
             self.add(f"{self.v(std['packet_length'])} = plen")
         self.parser()
         if std["parser_error"] is not None:
             self.add(f"{self.v(std['parser_error'])} = perr")
+        if special:
+            self.add(_CLONE_MARK)
         self.checksums(self.ir.verify, True)
         self.control(self.ir.ingress)
+        if special:
+            self.add("if _clone is not None or _resub:")
+            self.add(f"    _SPI.append((_clone, {self.kept('_clone_fl')}, "
+                     f"{self.kept('_resub')} if _resub else None))")
         grp = self.v(std["mcast_grp"]) if std["mcast_grp"] is not None else "0"
 
         egress = self.src = Source(1)
@@ -689,7 +761,11 @@ class PyPrinter:
             self.add(f"    {self.v(std['egress_rid'])} = rid")
         if std["packet_length"] is not None:
             self.add(f"{self.v(std['packet_length'])} = plen_reg")
+        if special:
+            self.add("_clone, _clone_fl, _recirc = None, 0, 0")
         self.control(self.ir.egress)
+        if special:
+            self.add(_E2E_MARK)
         self.add(f"if {self.v(std['egress_spec'])} == {_id(self.drop_port)}:")
         self.add("    return None")
         self.checksums(self.ir.update, False)
@@ -706,6 +782,9 @@ class PyPrinter:
                 self.add(f"if {self.vv(header)}:")
                 self.add(f"    {line}")
         self.add("_out.append(pkt[off:])")
+        if special:
+            self.add("if _recirc:")
+            self.add(f"    _SPR.append({self.kept('_recirc')})")
         self.add("return b''.join(_out)")
 
         # Only what egress uses crosses over, and ingress zeroes only what is read
@@ -721,10 +800,13 @@ class PyPrinter:
         init += [(self.vv(h), False) for h in self.prog.headers.values() if not h.metadata]
         init = [(var, value) for var, value in init if var in needed]
         self.ns["_INIT"] = tuple(value for _, value in init)
+        if special:
+            self.special_exits(ingress, egress, state)
 
         src = Source()
-        src.add("def ingress(pkt, ingress_port):")
-        src.add('    """Parse and run ingress: (egress_spec, mcast_grp, state)."""')
+        src.add("def ingress(pkt, ingress_port, instance_type=0, kept=None, clone=False):")
+        src.add('    """Parse and run ingress: (egress_spec, mcast_grp, state); a re-entry\'s '
+                'kept fields, or (clone) only parse, as an I2E clone."""')
         if init:
             src.add("    " + ", ".join(var for var, _ in init) + ", = _INIT")
         src.lines += ingress.lines
@@ -740,6 +822,8 @@ class PyPrinter:
 
 
 
+_CLONE_MARK = "#<I2E clone returns here>"
+_E2E_MARK = "#<E2E clone copies here>"
 _TARGETS = re.compile(r"\s*+(?:\w+,\s*)*\w+,?\s=(?!=)")   # "a, b = ": no backtracking
 _NAME = re.compile(r"\b\w+\b")
 
