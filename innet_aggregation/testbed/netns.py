@@ -150,6 +150,8 @@ class Namespaces:
         _run(*ns, "ip", "link", "set", host.ifname, "up")
         # A user-space switch forwards what the kernel hands it; with TX checksum
         # offload the checksum is never filled in and the receiver drops the packet.
+        # Off, it takes UDP segmentation with it: a worker's GSO messages are cut
+        # into datagrams here, one frame each to the switch.
         _run(*ns, "ethtool", "-K", host.ifname, "tx", "off")
         _switch_side_up(host.switch_ifname)
         if self.management:

@@ -6,17 +6,32 @@ per second. Here the message vectors are numpy arrays laid out as ``struct mmsgh
 and ``struct iovec``, built once; a batch only rewrites the iovec base pointers
 (vectorized) and makes one ctypes call, which releases the GIL. Where libc has no
 sendmmsg/recvmmsg (not Linux), the same methods loop over ``send``/``recv_into``.
+
+**UDP GSO.** The kernel's cost per datagram (the UDP and IP send path, the route, the
+neighbour, the qdisc), not the bytes, is most of a worker's CPU. With UDP_SEGMENT set
+to the packet's size, a run of consecutive rows goes out as one message that the
+kernel cuts into one datagram per row only at the device (in software where the
+device cannot, checksums included), so the path is walked once per run. The datagrams
+on the wire are the same. Where the kernel refuses it (no UDP_SEGMENT, or a route
+that cannot segment), one message per row, as said in a log line.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import socket
 
 import numpy as np
 
 MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
+SOL_UDP = getattr(socket, "SOL_UDP", 17)
+UDP_SEGMENT = 103             # linux/udp.h
+GSO_SEGMENTS = 64             # UDP_MAX_SEGMENTS of kernels before 6.10
+GSO_BYTES = 65535 - 60 - 8    # an IPv4 datagram, its longest header, UDP's header
+
+log = logging.getLogger("worker")
 
 
 class _IoVec(ctypes.Structure):
@@ -58,6 +73,7 @@ else:
     _sendmmsg.restype = _recvmmsg.restype = ctypes.c_int
 
 BATCHED = _sendmmsg is not None
+_FIRST = np.zeros(1, dtype=np.intp)
 
 
 def _vectors(count: int, base: int, stride: int, length: int):
@@ -91,28 +107,76 @@ class BatchSocket:
                                                rx.strides[0])
         self._tx_ptr = self._tx_msgs.ctypes.data
         self._rx_ptr = self._rx_msgs.ctypes.data
+        self.gso = 1              # rows per message at most; more than 1 once UDP_SEGMENT is set
+        if _sendmmsg is not None:
+            try:
+                sock.setsockopt(SOL_UDP, UDP_SEGMENT, self.tx_size)
+            except OSError as exc:
+                log.info("UDP GSO unavailable (%s): one system call's datagrams go through "
+                         "the kernel one by one", exc.strerror)
+            else:
+                self.gso = max(1, min(GSO_SEGMENTS, GSO_BYTES // self.tx_size))
 
     def send(self, rows: np.ndarray) -> tuple[int, int]:
         """Send ``tx[rows]`` in order; returns (packets sent, errno of the first
         failure or 0). Packets after a failure are not sent."""
+        if _sendmmsg is None:
+            return self._send_each(rows)
+        rows = np.asarray(rows, dtype=np.intp)
         count = len(rows)
-        sent = 0
-        while sent < count:
-            chunk = min(count - sent, len(self._tx_iov))
-            if _sendmmsg is None:
-                done, err = self._send_each(rows[sent:sent + chunk])
-            else:
-                self._tx_iov["base"][:chunk] = (self.tx.ctypes.data
-                                                + self.tx_size * rows[sent:sent + chunk])
-                done = _sendmmsg(self.fd, self._tx_ptr, chunk, 0)
-                err = ctypes.get_errno() if done < 0 else 0
-                done = max(done, 0)
-            sent += done
-            if err or done == 0:
+        firsts, lengths = self._runs(rows)
+        ends = np.cumsum(lengths)
+        done_msgs = 0
+        while done_msgs < len(firsts):
+            chunk = min(len(firsts) - done_msgs, len(self._tx_iov))
+            batch = slice(done_msgs, done_msgs + chunk)
+            self._tx_iov["base"][:chunk] = (self.tx.ctypes.data
+                                            + self.tx_size * rows[firsts[batch]])
+            self._tx_iov["len"][:chunk] = self.tx_size * lengths[batch]
+            done = _sendmmsg(self.fd, self._tx_ptr, chunk, 0)
+            err = ctypes.get_errno() if done < 0 else 0
+            done_msgs += max(done, 0)
+            if err or done <= 0:
+                sent = int(ends[done_msgs - 1]) if done_msgs else 0
+                if err in (errno.EIO, errno.EINVAL) and self.gso > 1 and lengths[done_msgs] > 1:
+                    self._no_gso(err)
+                    more, err = self.send(rows[sent:])
+                    return sent + more, err
                 return sent, err or errno.EAGAIN
-        return sent, 0
+        return count, 0
+
+    def _runs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The messages: where each starts in ``rows`` and how many rows it sends, one
+        run of consecutive rows each, at most ``gso`` long."""
+        count = len(rows)
+        if self.gso == 1 or count < 2:
+            return np.arange(count), np.ones(count, dtype=np.intp)
+        firsts = np.flatnonzero(rows[1:] - rows[:-1] != 1) + 1
+        if not firsts.size:               # the common case: one run
+            firsts = np.arange(0, count, self.gso)
+            return firsts, np.minimum(count - firsts, self.gso)
+        firsts = np.concatenate((_FIRST, firsts))
+        lengths = np.diff(firsts, append=count)
+        if lengths.max() > self.gso:      # a long run: cut it every ``gso`` rows
+            run_start = np.repeat(firsts, lengths)
+            firsts = np.flatnonzero((np.arange(count) - run_start) % self.gso == 0)
+            lengths = np.diff(firsts, append=count)
+        return firsts, lengths
+
+    def _no_gso(self, err: int) -> None:
+        """The route refused a segmented message (a device or tunnel that cannot cut
+        it): one datagram per message from now on, on this socket."""
+        self.gso = 1
+        self._tx_iov["len"] = self.tx_size
+        try:
+            self.sock.setsockopt(SOL_UDP, UDP_SEGMENT, 0)
+        except OSError:
+            pass
+        log.warning("UDP GSO refused on this route (%s): one system call's datagrams go "
+                    "through the kernel one by one", errno.errorcode.get(err, err))
 
     def _send_each(self, rows) -> tuple[int, int]:
+        """Without sendmmsg: one ``send`` per packet."""
         view = memoryview(self.tx.view(np.uint8).reshape(-1))
         for i, row in enumerate(rows):
             try:

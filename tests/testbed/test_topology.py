@@ -71,6 +71,8 @@ def test_tx_checksum_offload_is_off(testbed):
     for host in testbed.hosts:
         features = host.cmd(f"ethtool -k {host.defaultIntf().name}")
         assert "tx-checksumming: off" in features, features
+        # a worker's UDP GSO messages are cut here, not handed to the switch whole
+        assert "tx-udp-segmentation: off" in features, features
     for ifname in testbed.interfaces():
         features = subprocess.run(["ethtool", "-k", ifname], capture_output=True, text=True).stdout
         assert "tx-checksumming: off" in features, features

@@ -41,14 +41,18 @@ def test_a_rank_that_pauses_longer_than_before_is_waited_for(fabric, tmp_path):
     for run in (runs[0], runs[2]):
         waited = run.reports[1]
         assert waited["seconds"] >= PAUSE
-        # While waiting, a line every progress_interval (10 s) names the paused rank.
+        # While waiting, a line every progress_interval (10 s) names the paused rank
+        # (before the call's first result a timeout resends one slot's packet a
+        # period, so the first lines may count slots not asked about yet).
         lines = re.findall(rf"job {job.id}, worker {run.worker}, call 2 \(6000 elements\): no "
                            r"result for \d+ slot\(s\) for \d+ s; the switch waits for "
-                           r"worker\(s\) 1\n", run.stderr)
+                           r"worker\(s\) 1( \(\d+ slot\(s\) without a reply yet\))?\n",
+                           run.stderr)
         assert len(lines) >= 3, run.stderr
-        # The timers backed off (to max_rto, 2 s): a few dozen retransmissions per slot,
-        # not a storm, and the WAITING replies they asked for did not speed them up.
+        # The timers backed off (to max_rto, 2 s), and with no result yet in the call
+        # each timeout resent one packet, not the window's eight: a few dozen in all,
+        # and the WAITING replies they asked for did not speed them up.
         counters = waited["counters"]
         assert 0 < counters["waiting_replies"] <= counters["retransmissions"]
-        assert counters["retransmissions"] <= job.num_slots * (PAUSE / 2.0 + 20)
+        assert counters["retransmissions"] <= PAUSE / 2.0 + 20
     fabric.remove(job)
