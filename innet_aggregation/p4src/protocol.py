@@ -222,12 +222,17 @@ class PacketFormat:
                 acc = np.where(acc > word.layout[0][2] >> 1, acc - (1 << word.width), acc)
             packets[word.name][rows] = acc
 
+    def word(self, name: str) -> str:
+        """The field of ``dtype`` (one big-endian word) that holds header field ``name``."""
+        return self._word_of[name].name
+
     def unpack(self, packets: np.ndarray, names=None) -> dict[str, np.ndarray]:
         """Header fields of a packet array (all, or the words holding ``names``), as
         int64 arrays (signed fields signed)."""
         out = {}
+        wanted = None if names is None else {w.name for n in names if (w := self._word_of.get(n))}
         for word in self._words:
-            if names is not None and not any(f.name in names for f in word.fields):
+            if wanted is not None and word.name not in wanted:
                 continue
             if word.signed:
                 out[word.fields[0].name] = packets[word.name].astype(np.int64)

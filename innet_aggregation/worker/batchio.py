@@ -73,7 +73,6 @@ else:
     _sendmmsg.restype = _recvmmsg.restype = ctypes.c_int
 
 BATCHED = _sendmmsg is not None
-_FIRST = np.zeros(1, dtype=np.intp)
 
 
 def _vectors(count: int, base: int, stride: int, length: int):
@@ -84,6 +83,13 @@ def _vectors(count: int, base: int, stride: int, length: int):
     msgs["iov"] = iov.ctypes.data + _IOV.itemsize * np.arange(count, dtype=np.uintp)
     msgs["iovlen"] = 1
     return iov, msgs
+
+
+def _spans(starts: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of a split of ``count`` rows begins (0, then ``starts``) and how long it is."""
+    bounds = np.empty(len(starts) + 2, dtype=np.intp)
+    bounds[0], bounds[1:-1], bounds[-1] = 0, starts, count
+    return bounds[:-1], bounds[1:] - bounds[:-1]
 
 
 class BatchSocket:
@@ -107,6 +113,10 @@ class BatchSocket:
                                                rx.strides[0])
         self._tx_ptr = self._tx_msgs.ctypes.data
         self._rx_ptr = self._rx_msgs.ctypes.data
+        # Field views made once: a batch's few numpy calls are its cost, not the bytes.
+        self._tx_base, self._tx_len = self._tx_iov["base"], self._tx_iov["len"]
+        self._rx_len = self._rx_msgs["len"]
+        self._tx_data = tx.ctypes.data
         self.gso = 1              # rows per message at most; more than 1 once UDP_SEGMENT is set
         if _sendmmsg is not None:
             try:
@@ -125,19 +135,17 @@ class BatchSocket:
         rows = np.asarray(rows, dtype=np.intp)
         count = len(rows)
         firsts, lengths = self._runs(rows)
-        ends = np.cumsum(lengths)
         done_msgs = 0
         while done_msgs < len(firsts):
             chunk = min(len(firsts) - done_msgs, len(self._tx_iov))
             batch = slice(done_msgs, done_msgs + chunk)
-            self._tx_iov["base"][:chunk] = (self.tx.ctypes.data
-                                            + self.tx_size * rows[firsts[batch]])
-            self._tx_iov["len"][:chunk] = self.tx_size * lengths[batch]
+            self._tx_base[:chunk] = self._tx_data + self.tx_size * rows[firsts[batch]]
+            self._tx_len[:chunk] = self.tx_size * lengths[batch]
             done = _sendmmsg(self.fd, self._tx_ptr, chunk, 0)
             err = ctypes.get_errno() if done < 0 else 0
             done_msgs += max(done, 0)
             if err or done <= 0:
-                sent = int(ends[done_msgs - 1]) if done_msgs else 0
+                sent = int(lengths[:done_msgs].sum())
                 if err in (errno.EIO, errno.EINVAL) and self.gso > 1 and lengths[done_msgs] > 1:
                     self._no_gso(err)
                     more, err = self.send(rows[sent:])
@@ -151,16 +159,15 @@ class BatchSocket:
         count = len(rows)
         if self.gso == 1 or count < 2:
             return np.arange(count), np.ones(count, dtype=np.intp)
-        firsts = np.flatnonzero(rows[1:] - rows[:-1] != 1) + 1
-        if not firsts.size:               # the common case: one run
+        starts = (rows[1:] - rows[:-1] != 1).nonzero()[0]
+        if not starts.size:               # the common case: one run
             firsts = np.arange(0, count, self.gso)
             return firsts, np.minimum(count - firsts, self.gso)
-        firsts = np.concatenate((_FIRST, firsts))
-        lengths = np.diff(firsts, append=count)
+        firsts, lengths = _spans(starts + 1, count)
         if lengths.max() > self.gso:      # a long run: cut it every ``gso`` rows
             run_start = np.repeat(firsts, lengths)
-            firsts = np.flatnonzero((np.arange(count) - run_start) % self.gso == 0)
-            lengths = np.diff(firsts, append=count)
+            firsts, lengths = _spans(
+                ((np.arange(1, count) - run_start[1:]) % self.gso == 0).nonzero()[0] + 1, count)
         return firsts, lengths
 
     def _no_gso(self, err: int) -> None:
@@ -187,7 +194,8 @@ class BatchSocket:
 
     def receive(self) -> tuple[np.ndarray, int]:
         """Whatever is queued, without waiting: the datagram lengths of rows
-        ``rx[:k]``, and errno of a failure (0 if none)."""
+        ``rx[:k]`` (valid, as the rows, until the next receive), and errno of a
+        failure (0 if none)."""
         if _recvmmsg is None:
             return self._receive_each()
         got = _recvmmsg(self.fd, self._rx_ptr, len(self._rx_iov), MSG_DONTWAIT, None)
@@ -195,7 +203,7 @@ class BatchSocket:
             err = ctypes.get_errno()
             return np.zeros(0, dtype=np.int64), (0 if err in (errno.EAGAIN, errno.EWOULDBLOCK)
                                                  else err)
-        return self._rx_msgs["len"][:got].astype(np.int64), 0
+        return self._rx_len[:got], 0
 
     def _receive_each(self) -> tuple[np.ndarray, int]:
         lengths = []

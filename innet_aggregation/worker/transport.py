@@ -107,6 +107,7 @@ START = "session start"       # the two rounds of ``Transport.start``, in messag
 RECOVER = ("reset the job's slots (python -m innet_aggregation.switch_ctl reset <job.toml>) and open new "
            "sessions on every worker")
 NONCE_BITS = 26               # |nonce| < 2**26: 32 workers' sum cannot saturate
+IDLE_SEQ = np.iinfo(np.int64).max   # a slot without a packet in flight: sent after every other
 
 log = logging.getLogger("worker")
 
@@ -143,14 +144,14 @@ def history_key(name: str | None, elements: int, place: int) -> tuple:
 
 
 def _leading_bytes(records: np.ndarray, count: int) -> np.ndarray:
-    """The first ``count`` bytes of every record, as a (records, count) uint8 view,
-    whatever the records' stride."""
+    """The first ``count`` bytes of every record, as one opaque (void) value each, a
+    view whatever the records' stride: compared with one call per batch."""
     return records.view(_prefix(records.dtype.itemsize, count))["b"]
 
 
 @functools.cache
 def _prefix(itemsize: int, count: int) -> np.dtype:
-    return np.dtype({"names": ["b"], "formats": [(np.uint8, (count,))], "offsets": [0],
+    return np.dtype({"names": ["b"], "formats": [f"V{count}"], "offsets": [0],
                      "itemsize": itemsize})
 
 
@@ -284,10 +285,21 @@ class Transport:
         # One packet per slot, rewritten when the slot takes its next chunk; a
         # retransmission resends the row as it is.
         self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
-        self.tx_bytes = self.tx.view(np.uint8).reshape(num_slots, -1)
+        # The fields a send rewrites, as views made once (a field lookup costs a call).
+        self.set_slot_word = fmt.word("set")
+        self.tx_set_slot, self.tx_pkt_id, self.tx_exponent, self.tx_fingerprint, \
+            self.tx_contributions, self.tx_values = (
+                self.tx[f] for f in (self.set_slot_word, "pkt_id", "exponent", "fingerprint",
+                                     "contributions", "values"))
+        # Per set (rows) and slot (columns), the word holding both, as sent.
+        words = np.zeros(2 * num_slots, dtype=fmt.header_dtype)
+        fmt.write_header(words, set=np.repeat([0, 1], num_slots),
+                         slot=first_slot + np.tile(np.arange(num_slots), 2))
+        self.set_slot_words = words[self.set_slot_word].reshape(2, num_slots)
         # A result echoes its packet's header up to the packet id (the type aside).
         self.type_offset = fmt.dtype.fields["msg_type"][1]
         self.identity_bytes = fmt.dtype.fields["pkt_id"][1] + fmt.dtype["pkt_id"].itemsize
+        self.tx_identity = _leading_bytes(self.tx, self.identity_bytes)
         # Received datagrams, one a row, rows 64-byte aligned and longer than a packet
         # (a longer datagram shows as the wrong length); results are read in place.
         row = (fmt.payload_bytes // 64 + 1) * 64
@@ -431,11 +443,12 @@ class Transport:
             self.stats.socket_errors += 1
         fmt = self.fmt
         whole = lengths == fmt.payload_bytes
+        packets = self.rx_packets[:len(lengths)]
+        if np.count_nonzero(whole) == len(lengths):        # the common case: results only
+            return packets, self.no_headers, len(lengths)
         short = lengths == fmt.header_bytes
         self.stats.malformed_ignored += int(len(lengths) - whole.sum() - short.sum())
-        packets = self.rx_packets[:len(lengths)]
-        if not whole.all():
-            packets = packets[whole]
+        packets = packets[whole]
         headers = (np.ascontiguousarray(self.rx[:len(lengths)][short, :fmt.header_bytes])
                    .view(fmt.header_dtype).reshape(-1) if short.any() else self.no_headers)
         return packets, headers, len(lengths)
@@ -479,8 +492,11 @@ class _Call:
         else:
             self.step = n                    # one chunk per slot, nothing after it
             self.chunk[slots] = np.arange(n)
-        self.sent_at = np.zeros(w)
-        self.first_sent_at = np.zeros(w)
+        # A slot without a packet in flight was sent at +inf (IDLE_SEQ): it is never
+        # due, nor behind an answered one, with no mask of the waiting slots.
+        self.in_flight = int(np.count_nonzero(self.chunk >= 0))
+        self.sent_at = np.full(w, np.inf)
+        self.first_sent_at = np.full(w, np.inf)
         self.retries = np.zeros(w, dtype=np.int64)     # timer expiries, for the error message
         self.resent = np.zeros(w, dtype=bool)          # Karn: no RTT sample
         self.started = time.monotonic()
@@ -490,9 +506,11 @@ class _Call:
         self.told = np.zeros(w, dtype=bool)
         self.contributors = np.zeros(w, dtype=np.int64)
         self.expect = np.zeros((w, t.identity_bytes), dtype=np.uint8)   # see _on_results
+        self.expect_id = self.expect.view(f"V{t.identity_bytes}")[:, 0]  # as one value each
         # RACK orders packets by when they were sent; a batch goes out in order, so
         # a send sequence number, not a timestamp, tells its packets apart.
-        self.sent_seq = np.zeros(w, dtype=np.int64)
+        self.sent_seq = np.full(w, IDLE_SEQ, dtype=np.int64)
+        self.ramp = np.arange(w)
         self.next_seq = 0
         self.rack_seq = -1              # the newest packet answered
         self.rack_rtt = 0.0
@@ -500,9 +518,13 @@ class _Call:
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         """Aggregate every chunk; returns per chunk its scale and the agreed maximum."""
         t = self.t
-        self._load(np.flatnonzero(self.chunk >= 0), time.monotonic())
-        while (self.chunk >= 0).any():
-            wait = self._next_wakeup() - time.monotonic()
+        loaded = np.flatnonzero(self.chunk >= 0)
+        self._load(loaded, self.chunk[loaded], time.monotonic())
+        # The earliest timer or RACK deadline; recomputed only when the state changed,
+        # and nothing to recover before it (most wake-ups: results, no loss).
+        wake = self._next_wakeup()
+        while self.in_flight:
+            wait = wake - time.monotonic()
             if wait <= 0 or t._poll.poll(max(wait * 1000.0, 0.0)):
                 # Drain the socket first: after a stall, answers queued behind the
                 # first batch must not look lost.
@@ -516,47 +538,51 @@ class _Call:
                         self._on_waiting(headers)
                     if datagrams < RECV_BATCH:
                         break
-                if 0 < drained < COALESCE_BATCH:
-                    self._coalesce()
+                if drained:
+                    wake = self._next_wakeup()
+                    if drained < COALESCE_BATCH and self.in_flight:
+                        self._coalesce(wake)
             now = time.monotonic()
-            self._recover(now)
+            if now >= wake:
+                self._recover(now)
+                wake = self._next_wakeup()
             if now - max(self.progress_at, self.logged_at) >= t.policy.progress_interval:
                 self.logged_at = now
                 log.warning("%s", self._waiting_line(now))
         return self.scale, self.agreed
 
-    def _coalesce(self) -> None:
+    def _coalesce(self, wake: float) -> None:
         """Results trickling in at the links' pace would wake this thread once each,
         at a cost in Python that, on a host shared by several workers and a
         software switch, outweighs the wait: let a few gather first (as a NIC's
-        interrupt moderation does), never past a timer."""
-        if (self.chunk >= 0).any():
-            pause = min(self.t.policy.coalesce, self._next_wakeup() - time.monotonic())
-            if pause > 0:
-                time.sleep(pause)
+        interrupt moderation does), never past a timer (``wake``)."""
+        pause = min(self.t.policy.coalesce, wake - time.monotonic())
+        if pause > 0:
+            time.sleep(pause)
 
-    def _load(self, slots: np.ndarray, now: float) -> None:
-        """Put each slot's chunk in its packet, quantized (in a scratch that stays in
-        the cache, then once into the packets), and send them all."""
+    def _load(self, slots: np.ndarray, chunks: np.ndarray, now: float) -> None:
+        """Put each slot's chunk (``chunks``) in its packet, quantized (in a scratch
+        that stays in the cache, then once into the packets), and send them all."""
         if not slots.size:
             return
         t = self.t
-        chunks = self.chunk[slots]
         sets = t.next_set[slots]
         ids = t.next_pkt_id[slots]
-        t.next_set[slots] ^= 1
+        own = self.own[chunks]
+        t.next_set[slots] = sets ^ 1
         t.next_pkt_id[slots] = (ids + 1) & PKT_ID_MASK
-        t.fmt.write_header(t.tx, slots, set=sets, slot=t.first_slot + slots, pkt_id=ids,
-                           exponent=self.own[chunks])
-        t.tx["fingerprint"][slots] = self.fingerprints[chunks]
-        t.tx["contributions"][slots] = 0          # asks for nothing (see _recover)
-        self.expect[slots] = t.tx_bytes[slots, :t.identity_bytes]
+        t.tx_set_slot[slots] = t.set_slot_words[sets, slots]
+        t.tx_pkt_id[slots] = ids
+        t.tx_exponent[slots] = own
+        t.tx_fingerprint[slots] = self.fingerprints[chunks]
+        t.tx_contributions[slots] = 0             # asks for nothing (see _recover)
+        self.expect_id[slots] = t.tx_identity[slots]
         self.expect[slots, t.type_offset] = int(MsgType.RESULT)
         blocks = self.blocks.rows(chunks)
         if self.quantized:
-            blocks = quantize.quantize(blocks, self.own[chunks], self.scale[chunks],
-                                       t.num_workers, out=t.work[:len(slots)])
-        t.tx["values"][slots] = blocks
+            blocks = quantize.quantize(blocks, own, self.scale[chunks], t.num_workers,
+                                       out=t.work[:len(slots)])
+        t.tx_values[slots] = blocks
         self.first_sent_at[slots] = now
         self.retries[slots] = 0
         self.resent[slots] = False
@@ -568,9 +594,17 @@ class _Call:
         lost, and the timers repair it."""
         sent = self.t.send(slots)
         self.sent_at[slots] = now
-        self.sent_seq[slots] = self.next_seq + np.arange(len(slots))
+        self.sent_seq[slots] = self.next_seq + self.ramp[:len(slots)]
         self.next_seq += len(slots)
         return sent
+
+    def _idle(self, slots: np.ndarray) -> None:
+        """The slots' last chunk is final: nothing in flight there any more."""
+        self.chunk[slots] = -1
+        self.sent_at[slots] = np.inf
+        self.first_sent_at[slots] = np.inf
+        self.sent_seq[slots] = IDLE_SEQ
+        self.in_flight -= len(slots)
 
     def _due(self) -> np.ndarray:
         """When each slot's timer expires: the timeout (backed off by ``timed_out``) after
@@ -584,69 +618,80 @@ class _Call:
                           self.first_sent_at + t.policy.peer_timeout)
 
     def _next_wakeup(self) -> float:
-        waiting = self.chunk >= 0
-        wake = self._due()[waiting].min()
-        behind = waiting & (self.sent_seq < self.rack_seq)
-        if behind.any():
+        """The earliest ``_due`` (the same sum on the earliest times: rounding is
+        monotonic) or RACK deadline: before it, ``_recover`` has nothing to do."""
+        t = self.t
+        wake = min(max(self.sent_at.min(), self.progress_at) + t.rto.rto,
+                   self.first_sent_at.min() + t.policy.peer_timeout)
+        if self.sent_seq.min() < self.rack_seq:       # a packet behind an answered one
+            behind = self.sent_seq < self.rack_seq
             wake = min(wake, self.sent_at[behind].min() + self.rack_rtt
-                       + self.t.rto.reorder_window)
+                       + t.rto.reorder_window)
         return wake
 
-    def _answers(self, records: np.ndarray, slot_field: np.ndarray,
-                 kind: MsgType) -> tuple[np.ndarray, np.ndarray]:
+    def _answers(self, records: np.ndarray, kind: MsgType) -> tuple[np.ndarray, np.ndarray]:
         """Which of the datagrams answer a slot's packet in flight (type ``kind``,
-        and the packet's identity bytes: job, set and slot, packet id, in the job's
-        slot range), and the window slot each names."""
+        and the packet's identity bytes: job, set and slot, packet id), and the
+        window slot each names (clipped into the window: a slot outside it has
+        other identity bytes than the one it is clipped to)."""
         t = self.t
-        slot = np.clip(slot_field - t.first_slot, 0, t.num_slots - 1)
-        raw = _leading_bytes(records, t.identity_bytes)
-        ok = (self.chunk[slot] >= 0) & (slot_field - t.first_slot == slot)
+        slot = t.fmt.unpack(records, ("slot",))["slot"] - t.first_slot
+        ident = _leading_bytes(records, t.identity_bytes)
+        ok = self.chunk.take(slot, mode="clip") >= 0
         if kind != MsgType.RESULT:        # ``expect`` holds a result's type byte
+            raw = np.ascontiguousarray(ident).view(np.uint8).reshape(len(records), -1)
             ok &= raw[:, t.type_offset] == int(kind)
-            raw = raw.copy()
             raw[:, t.type_offset] = int(MsgType.RESULT)
-        return ok & (raw == self.expect[slot]).all(axis=1), slot
+            ident = raw.view(ident.dtype)[:, 0]
+        return ok & (ident == self.expect_id.take(slot, mode="clip")), slot
 
     def _on_results(self, packets: np.ndarray) -> None:
         t = self.t
         now = time.monotonic()
-        h = t.fmt.unpack(packets, ("slot", "exponent", "contributions"))
-        match, slot = self._answers(packets, h["slot"], MsgType.RESULT)
-        match &= h["contributions"] == t.num_workers
-        index = np.flatnonzero(match)
+        match, slot = self._answers(packets, MsgType.RESULT)
+        match &= packets["contributions"] == t.num_workers
+        index = match.nonzero()[0]
         s = slot[index]
-        # A result twice in one batch (resent by the switch) counts once; arrival
-        # order is kept, so every worker sends its next packets in the same order.
-        first = np.sort(np.unique(s, return_index=True)[1])
-        index, s = index[first], s[first]
+        if len(s) > 1 and np.bincount(s).max() > 1:
+            # A result twice in one batch (resent by the switch) counts once; arrival
+            # order is kept, so every worker sends its next packets in the same order.
+            first = np.sort(np.unique(s, return_index=True)[1])
+            index, s = index[first], s[first]
         t.stats.duplicates_ignored += len(packets) - len(index)
         if not len(index):
             return
+        # Ascending: as many as the datagrams is all of them, read without a gather.
+        rows = slice(None) if len(index) == len(packets) else index
         chunks = self.chunk[s]
-        got = packets["fingerprint"][index]
+        got = packets["fingerprint"][rows]
         wrong = got != self.expected[chunks]
         if wrong.any():
             first = int(np.argmax(wrong))
             self._mismatch(int(chunks[first]), int(got[first]))
         t.stats.results_received += len(index)
         self._measure(s, now)
-        agreed = h["exponent"][index]
+        agreed = packets["exponent"][rows]
         self.agreed[chunks] = agreed
+        keep = None
         if self.quantized:
             keep, self.scale[chunks] = quantize.settle(self.scale[chunks], agreed)
+            if keep.all():
+                keep = None
+        if keep is None:                  # every result final: the common case
+            self._store(chunks, packets["values"][rows])
+            following = chunks + self.step
         else:
-            keep = np.ones(len(chunks), dtype=bool)
-        done, redo = chunks[keep], chunks[~keep]
-        if len(done):
-            rows = index[keep]        # ascending: as many as the datagrams is all of them
-            self._store(done, packets["values"][:len(rows)] if len(rows) == len(packets)
-                        else packets["values"][rows])
-        t.stats.redone += len(redo)
-        following = np.where(keep, chunks + self.step, chunks)
-        following[following >= self.n] = -1
-        self.chunk[s] = following
+            if keep.any():
+                self._store(chunks[keep], packets["values"][index[keep]])
+            t.stats.redone += len(keep) - int(np.count_nonzero(keep))
+            following = np.where(keep, chunks + self.step, chunks)
         self.progress_at = now
-        self._load(s[following >= 0], now)
+        if following.max() >= self.n:     # the call's last chunks are final
+            going = following < self.n
+            self._idle(s[~going])
+            s, following = s[going], following[going]
+        self.chunk[s] = following
+        self._load(s, following, now)
 
     def _store(self, chunks: np.ndarray, sums: np.ndarray) -> None:
         """Final results (the switch's sums, as the packets hold them) into the
@@ -668,8 +713,8 @@ class _Call:
         timer: a reply comes only for a retransmission, and answering it with a
         sooner one would turn a long wait into a storm."""
         t = self.t
-        h = t.fmt.unpack(headers, ("slot", "contributions", "fingerprint"))
-        match, slot = self._answers(headers, h["slot"], MsgType.WAITING)
+        h = t.fmt.unpack(headers, ("contributions", "fingerprint"))
+        match, slot = self._answers(headers, MsgType.WAITING)
         t.stats.waiting_replies += int(match.sum())
         t.stats.duplicates_ignored += int((~match).sum())
         self.told[slot[match]] = True
@@ -688,25 +733,27 @@ class _Call:
         """One RTT sample per batch, and RACK's newest answered send time, both from
         packets sent once only (Karn: an answer to a resent packet may belong to
         either copy, and taking the later one would call packets in flight lost)."""
-        clean = slots[~self.resent[slots]]
+        resent = self.resent[slots]
+        clean = slots[~resent] if resent.any() else slots
         if not clean.size:
             return
-        self.t.rto.sample(float(now - self.sent_at[clean].mean()))
-        newest = clean[np.argmax(self.sent_seq[clean])]
-        if self.sent_seq[newest] > self.rack_seq:
-            self.rack_seq, self.rack_rtt = int(self.sent_seq[newest]), now - self.sent_at[newest]
+        sent = self.sent_at[clean]
+        self.t.rto.sample(float(now - sent.sum() / len(sent)))    # the mean, as numpy's
+        seq = self.sent_seq[clean]
+        newest = int(seq.argmax())
+        if seq[newest] > self.rack_seq:
+            self.rack_seq, self.rack_rtt = int(seq[newest]), now - sent[newest]
 
     def _recover(self, now: float) -> None:
         """Resend what is lost: packets sent before an answered one, once a round
         trip and the reordering window have passed (RACK), and packets whose timer
         expired. A packet waiting ``peer_timeout`` ends the call."""
         t = self.t
-        waiting = self.chunk >= 0
-        dead = waiting & (now - self.first_sent_at >= t.policy.peer_timeout)
+        dead = now - self.first_sent_at >= t.policy.peer_timeout
         if dead.any():
             self._give_up(now)
-        expired = waiting & (self._due() <= now)
-        lost = (waiting & ~expired & (self.sent_seq < self.rack_seq)
+        expired = self._due() <= now
+        lost = (~expired & (self.sent_seq < self.rack_seq)
                 & (self.sent_at + self.rack_rtt + t.rto.reorder_window <= now))
         if expired.any() and self.progress_at == -np.inf:
             expired = self._probe(expired, now)
