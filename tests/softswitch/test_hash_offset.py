@@ -9,16 +9,15 @@ installed."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import zlib
 
 import pytest
 
 from innet_aggregation.softswitch.backends.python.runtime import csum16
-from innet_aggregation.testbed.targets import bmv2_path
 from innet_aggregation.softswitch.frontend import Unsupported
-from tests.softswitch.conftest import connect, load, pipeline, program_files
+from tests.softswitch.conftest import load, pipeline, program_files
+from tests.softswitch.test_vs_bmv2 import NEEDS_BMV2, agrees_with_bmv2
 from tests.softswitch.test_varbit_read import bits_to_bytes, crc16_arc
 
 ETH = bytes.fromhex("020000000001" "020000000002") + b"\x88\xb6"
@@ -107,16 +106,6 @@ def test_what_neither_backend_computes_is_refused_by_name(backend, change, refus
         pipeline(json.dumps(doc).encode(), backend)
 
 
-@pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
-                    reason="needs simple_switch_grpc and root")
+@NEEDS_BMV2
 def test_bmv2_agrees_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Namespaces
-    from innet_aggregation.testbed.targets import SwitchProcess
-    from tests.softswitch.test_vs_bmv2 import compare
-
-    soft = load("hash_offset", backend)
-    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        connect(bmv2.grpc_addr, "hash_offset").close()
-        mismatches, forwarded = compare(topo, frames(), lambda data: soft.process(data, 1))
-    assert not mismatches, mismatches[:3]
-    assert forwarded == len(frames())
+    agrees_with_bmv2("hash_offset", backend, frames())

@@ -6,12 +6,11 @@ BMv2's where it is installed."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from innet_aggregation.testbed.targets import bmv2_path
-from tests.softswitch.conftest import connect, load
+from tests.softswitch.conftest import load
+from tests.softswitch.test_vs_bmv2 import NEEDS_BMV2, agrees_with_bmv2
 
 BODIES = {0x88b5: bytes.fromhex("a111") + b"\xbe\xef",
           0x88b6: bytes.fromhex("b1" "01020304" "05") + b"\xbe\xef",
@@ -52,16 +51,6 @@ def test_both_backends_give_the_same_frames_and_members_exclude_each_other():
     assert by_frame[frames()[-2]][0][0] == 3
 
 
-@pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
-                    reason="needs simple_switch_grpc and root")
+@NEEDS_BMV2
 def test_bmv2_agrees_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Namespaces
-    from innet_aggregation.testbed.targets import SwitchProcess
-    from tests.softswitch.test_vs_bmv2 import compare
-
-    soft = load("header_unions", backend)
-    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        connect(bmv2.grpc_addr, "header_unions").close()
-        mismatches, forwarded = compare(topo, frames(), lambda data: soft.process(data, 1))
-    assert not mismatches, mismatches[:3]
-    assert forwarded == len(frames())
+    agrees_with_bmv2("header_unions", backend, frames())

@@ -6,12 +6,11 @@ Both backends give the same frames, and BMv2's where it is installed."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from innet_aggregation.testbed.targets import bmv2_path
-from tests.softswitch.conftest import connect, load
+from tests.softswitch.conftest import load
+from tests.softswitch.test_vs_bmv2 import NEEDS_BMV2, agrees_with_bmv2
 
 TAGS = ([], [(0, 1, 5)], [(1, 1, 5), (0, 2, 6)], [(1, 1, 5), (2, 2, 6), (0, 3, 7)],
         [(2, 1, 5), (0, 9, 0x1234)], [(1, 1, 5), (1, 2, 6), (2, 3, 7), (0, 4, 8)],
@@ -61,16 +60,6 @@ def test_both_backends_give_the_same_frames_and_copy_stacks_whole():
     assert invalid[0][1][14:] == tag_bytes(TAGS[3][1:2]) * 2 + b"payload"
 
 
-@pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
-                    reason="needs simple_switch_grpc and root")
+@NEEDS_BMV2
 def test_bmv2_agrees_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Namespaces
-    from innet_aggregation.testbed.targets import SwitchProcess
-    from tests.softswitch.test_vs_bmv2 import compare
-
-    soft = load("stack_assign", backend)
-    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        connect(bmv2.grpc_addr, "stack_assign").close()
-        mismatches, forwarded = compare(topo, frames(), lambda data: soft.process(data, 1))
-    assert not mismatches, mismatches[:3]
-    assert forwarded == len(frames())
+    agrees_with_bmv2("stack_assign", backend, frames())

@@ -5,12 +5,11 @@ Both backends give the same frames, and BMv2's for indices inside the stack."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from innet_aggregation.testbed.targets import bmv2_path
-from tests.softswitch.conftest import connect, load
+from tests.softswitch.conftest import load
+from tests.softswitch.test_vs_bmv2 import NEEDS_BMV2, agrees_with_bmv2
 
 ELEMENTS = bytes.fromhex("0af01111" "0b812222" "0c7f3333")
 
@@ -45,16 +44,6 @@ def test_an_index_past_the_stack_drops_the_packet(op, i):
         assert soft.process(frame(op, 2, 0, 0), 1) != []      # the next one goes on
 
 
-@pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
-                    reason="needs simple_switch_grpc and root")
+@NEEDS_BMV2
 def test_bmv2_agrees_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Namespaces
-    from innet_aggregation.testbed.targets import SwitchProcess
-    from tests.softswitch.test_vs_bmv2 import compare
-
-    soft = load("stack_index", backend)
-    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        connect(bmv2.grpc_addr, "stack_index").close()
-        mismatches, forwarded = compare(topo, inside(), lambda data: soft.process(data, 1))
-    assert not mismatches, mismatches[:3]
-    assert forwarded == len(inside())
+    agrees_with_bmv2("stack_index", backend, inside())

@@ -7,12 +7,11 @@ same frames, and BMv2's where it is installed."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from innet_aggregation.testbed.targets import bmv2_path
-from tests.softswitch.conftest import connect, load
+from tests.softswitch.conftest import load
+from tests.softswitch.test_vs_bmv2 import NEEDS_BMV2, agrees_with_bmv2
 
 A, B = 0x0A, 0x0B
 GO, COPY = 0x10, 0x30
@@ -75,16 +74,6 @@ def test_both_backends_give_the_same_frames_and_run_union_stacks_as_bmv2():
         "11" "222222" "11" "b0b0b0") + b"payload"
 
 
-@pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
-                    reason="needs simple_switch_grpc and root")
+@NEEDS_BMV2
 def test_bmv2_agrees_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Namespaces
-    from innet_aggregation.testbed.targets import SwitchProcess
-    from tests.softswitch.test_vs_bmv2 import compare
-
-    soft = load("union_stacks", backend)
-    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        connect(bmv2.grpc_addr, "union_stacks").close()
-        mismatches, forwarded = compare(topo, frames(), lambda data: soft.process(data, 1))
-    assert not mismatches, mismatches[:3]
-    assert forwarded == len(frames())
+    agrees_with_bmv2("union_stacks", backend, frames())

@@ -6,12 +6,11 @@ installed."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from innet_aggregation.testbed.targets import bmv2_path
-from tests.softswitch.conftest import connect, load
+from tests.softswitch.conftest import load
+from tests.softswitch.test_vs_bmv2 import NEEDS_BMV2, agrees_with_bmv2
 
 
 def frames() -> list[bytes]:
@@ -41,16 +40,6 @@ def test_both_backends_give_the_same_frames():
     assert by_frame[frames()[-2]][0][0] == 3
 
 
-@pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
-                    reason="needs simple_switch_grpc and root")
+@NEEDS_BMV2
 def test_bmv2_agrees_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Namespaces
-    from innet_aggregation.testbed.targets import SwitchProcess
-    from tests.softswitch.test_vs_bmv2 import compare
-
-    soft = load("varbit", backend)
-    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        connect(bmv2.grpc_addr, "varbit").close()
-        mismatches, forwarded = compare(topo, frames(), lambda data: soft.process(data, 1))
-    assert not mismatches, mismatches[:3]
-    assert forwarded == len(frames())
+    agrees_with_bmv2("varbit", backend, frames())

@@ -7,14 +7,13 @@ installed."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from innet_aggregation.softswitch.backends.python.runtime import csum16
 from innet_aggregation.softswitch.frontend import Unsupported
-from innet_aggregation.testbed.targets import bmv2_path
-from tests.softswitch.conftest import connect, load, pipeline, program_files
+from tests.softswitch.conftest import load, pipeline, program_files
+from tests.softswitch.test_vs_bmv2 import NEEDS_BMV2, agrees_with_bmv2
 
 ETH = bytes.fromhex("020000000001" "020000000002") + b"\x88\xb5"
 
@@ -123,16 +122,6 @@ def test_what_neither_backend_runs_is_refused_by_name(backend, change, refusal):
         pipeline(json.dumps(doc).encode(), backend)
 
 
-@pytest.mark.skipif(bmv2_path() is None or os.geteuid() != 0,
-                    reason="needs simple_switch_grpc and root")
+@NEEDS_BMV2
 def test_bmv2_agrees_frame_by_frame(backend):
-    from innet_aggregation.testbed.netns import Namespaces
-    from innet_aggregation.testbed.targets import SwitchProcess
-    from tests.softswitch.test_vs_bmv2 import compare
-
-    soft = load("varbit_read", backend)
-    with Namespaces(4) as topo, SwitchProcess("bmv2", topo.switch_ports) as bmv2:
-        connect(bmv2.grpc_addr, "varbit_read").close()
-        mismatches, forwarded = compare(topo, frames(), lambda data: soft.process(data, 1))
-    assert not mismatches, mismatches[:3]
-    assert forwarded == len(frames())
+    agrees_with_bmv2("varbit_read", backend, frames())

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gc
 import json
-from contextlib import contextmanager
 
 from innet_aggregation.softswitch.frontend import validate
 from innet_aggregation.softswitch.frontend.lower import lower
@@ -12,29 +10,11 @@ from innet_aggregation.softswitch.frontend.program import DROP_PORT, Program
 from innet_aggregation.softswitch.frontend.validate import Unsupported
 
 
-@contextmanager
-def _no_cyclic_gc():
-    """Loading allocates a few hundred thousand small objects that live on; the cyclic
-    collector's passes over them were a fifth of the aggregation program's load time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def load(text: str | bytes, drop_port: int = DROP_PORT) -> Program:
     """Parse and check a BMv2 JSON document; raises Unsupported or ValueError, each
     one line naming what was wrong (and where in the JSON, for the document)."""
     if type(drop_port) is not int or not 0 <= drop_port < validate.MAX_ID:
         raise ValueError(f"drop port {drop_port!r} is not an int in [0, 2^31)")
-    with _no_cyclic_gc():
-        return _load(text, drop_port)
-
-
-def _load(text: str | bytes, drop_port: int) -> Program:
     try:
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:

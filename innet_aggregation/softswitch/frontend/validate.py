@@ -72,6 +72,14 @@ HASH_ALGORITHMS = {   # name -> bits of its value (the printers' order is this o
     "xor16": 16, "xor32": 32}
 
 
+def _declared(value, path: str, declared, what: str) -> str:
+    """A name the document declared (a key of ``declared``), else one line saying which."""
+    name = _name(value, path)
+    if name not in declared:
+        raise ValueError(f"{path}: unknown {what} {name!r}")
+    return name
+
+
 def _unwrap(node: dict) -> dict:
     """The operation inside a checked expression's {"type": "expression"} wrappers."""
     while node.get("type") == "expression":
@@ -613,10 +621,7 @@ class _Checker:
 
     # ------------------------------------------------------------------ references
     def header(self, value, path: str) -> str:
-        name = _name(value, path)
-        if name not in self.headers:
-            raise ValueError(f"{path}: unknown header {name!r}")
-        return name
+        return _declared(value, path, self.headers, "header")
 
     def real_field(self, value, path: str) -> list:
         """[header, field] naming a declared field (or an alias of one), not $valid$."""
@@ -636,22 +641,13 @@ class _Checker:
         raise ValueError(f"{path}: unknown field {header}.{fname}")
 
     def stack(self, value, path: str) -> str:
-        name = _name(value, path)
-        if name not in self.stacks:
-            raise ValueError(f"{path}: unknown header stack {name!r}")
-        return name
+        return _declared(value, path, self.stacks, "header stack")
 
     def union(self, value, path: str) -> str:
-        name = _name(value, path)
-        if name not in self.unions:
-            raise ValueError(f"{path}: unknown header union {name!r}")
-        return name
+        return _declared(value, path, self.unions, "header union")
 
     def union_stack(self, value, path: str) -> str:
-        name = _name(value, path)
-        if name not in self.union_stacks:
-            raise ValueError(f"{path}: unknown header union stack {name!r}")
-        return name
+        return _declared(value, path, self.union_stacks, "header union stack")
 
     def stack_field(self, value, path: str) -> list:
         """[stack, field]: the field of the stack's last element."""
@@ -819,15 +815,11 @@ class _Checker:
                             "value": self.header(self.typed(arg, apath, "header"),
                                                  f"{apath}.value")})
             elif kind == "R":
-                name = _name(self.typed(arg, apath, "register_array"), f"{apath}.value")
-                if name not in self.registers:
-                    raise ValueError(f"{apath}.value: unknown register {name!r}")
-                out.append({"type": "register_array", "value": name})
+                out.append({"type": "register_array", "value": _declared(
+                    self.typed(arg, apath, "register_array"), f"{apath}.value", self.registers, "register")})
             elif kind == "C":
-                name = _name(self.typed(arg, apath, "counter_array"), f"{apath}.value")
-                if name not in self.counters:
-                    raise ValueError(f"{apath}.value: unknown counter {name!r}")
-                out.append({"type": "counter_array", "value": name})
+                out.append({"type": "counter_array", "value": _declared(
+                    self.typed(arg, apath, "counter_array"), f"{apath}.value", self.counters, "counter")})
             elif kind == "V" or (kind == "X" and type(arg) is dict
                                  and arg.get("type") == "header_union_stack"):
                 out.append({"type": "header_union_stack",
@@ -846,9 +838,8 @@ class _Checker:
                 out.append({"type": "hexstr", "value": hex(_int(count, f"{apath}.value", 0,
                                                                MAX_ID))})
             elif kind == "N":
-                name = _name(self.typed(arg, apath, "calculation"), f"{apath}.value")
-                if name not in self.calculations:
-                    raise ValueError(f"{apath}.value: unknown calculation {name!r}")
+                name = _declared(self.typed(arg, apath, "calculation"), f"{apath}.value",
+                                 self.calculations, "calculation")
                 self.algorithm(name, f"{apath}.value")
                 out.append({"type": "calculation", "value": name})
             elif kind == "L":

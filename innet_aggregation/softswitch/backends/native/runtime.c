@@ -473,8 +473,13 @@ SS_EXPORT void ss_ctr_set(ss_ctx *c, int n, uint32_t i, int bytes, uint64_t v) {
     pthread_mutex_unlock(&c->mu);
 }
 
-/* A multicast group's replicas in sending order; n < 0 deletes the group. */
-SS_EXPORT void ss_group_set(ss_ctx *c, uint32_t gid, int n, const uint16_t *ports,
+static void ss_group_free(ss_group *g) {
+    if (g) { free(g->port); free(g->rid); free(g); }
+}
+
+/* Puts replicas (in sending order; none for n < 0) in ``*slot``: built before the
+   lock, what was there freed after it. Multicast groups and clone sessions alike. */
+static void ss_replicas_set(ss_ctx *c, ss_group **slot, int n, const uint16_t *ports,
                             const uint16_t *rids) {
     ss_group *g = NULL;
     if (n >= 0) {
@@ -487,31 +492,22 @@ SS_EXPORT void ss_group_set(ss_ctx *c, uint32_t gid, int n, const uint16_t *port
         memcpy(g->rid, rids, (size_t)n * 2);
     }
     pthread_mutex_lock(&c->mu);
-    ss_group *old = c->groups[gid & 0xFFFF];
-    c->groups[gid & 0xFFFF] = g;
+    ss_group *old = *slot;
+    *slot = g;
     pthread_mutex_unlock(&c->mu);
-    if (old) { free(old->port); free(old->rid); free(old); }
+    ss_group_free(old);
+}
+
+/* A multicast group's replicas in sending order; n < 0 deletes the group. */
+SS_EXPORT void ss_group_set(ss_ctx *c, uint32_t gid, int n, const uint16_t *ports,
+                            const uint16_t *rids) {
+    ss_replicas_set(c, &c->groups[gid & 0xFFFF], n, ports, rids);
 }
 
 /* A clone session's replicas in sending order; n < 0 deletes the session. */
 SS_EXPORT void ss_session_set(ss_ctx *c, uint32_t sid, int n, const uint16_t *ports,
                               const uint16_t *rids) {
-    if (sid >= SS_SESSIONS) return;
-    ss_group *g = NULL;
-    if (n >= 0) {
-        g = malloc(sizeof *g);
-        if (!g) abort();
-        g->n = n;
-        g->port = ss_grow(NULL, (size_t)n + 1, 2);
-        g->rid = ss_grow(NULL, (size_t)n + 1, 2);
-        memcpy(g->port, ports, (size_t)n * 2);
-        memcpy(g->rid, rids, (size_t)n * 2);
-    }
-    pthread_mutex_lock(&c->mu);
-    ss_group *old = c->sessions[sid];
-    c->sessions[sid] = g;
-    pthread_mutex_unlock(&c->mu);
-    if (old) { free(old->port); free(old->rid); free(old); }
+    if (sid < SS_SESSIONS) ss_replicas_set(c, &c->sessions[sid], n, ports, rids);
 }
 
 /* ------------------------------------------------------------------ packet path */
@@ -819,9 +815,9 @@ SS_EXPORT void ss_free(ss_ctx *c) {
     for (int i = 0; i < SS_NREGS; i++) free(c->reg[i]);
     for (int i = 0; i < SS_NCTRS; i++) { free(c->cpk[i]); free(c->cby[i]); }
     for (int g = 0; g < 65536; g++)
-        if (c->groups[g]) { free(c->groups[g]->port); free(c->groups[g]->rid); free(c->groups[g]); }
+        ss_group_free(c->groups[g]);
     for (int g = 0; g < SS_SESSIONS; g++)
-        if (c->sessions[g]) { free(c->sessions[g]->port); free(c->sessions[g]->rid); free(c->sessions[g]); }
+        ss_group_free(c->sessions[g]);
     for (int i = 0; i < SS_TXMAX; i++) free(c->tx[i].buf);
     free(c->rxbuf);
     free(c->outbuf);
