@@ -29,6 +29,7 @@ from innet_aggregation.p4src import protocol
 from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO
 from innet_aggregation.worker import quantize
 from innet_aggregation.worker.quantize import Blocks
+from innet_aggregation.worker.transport import history_key, same_name
 
 MODELS = {   # hidden widths, optimizer, learning rate, DDP bucket cap (MB), as trained
     "large": ((1024, 1024), "adam", 0.001, None),          # the demo's --model large
@@ -101,14 +102,20 @@ def record(model: str, workers: int, steps: int) -> list[tuple[int, int, int, np
 
 def replay(records, speculate=quantize.speculate, usable=quantize.usable,
            remember=quantize.remember):
-    """Per record: the scales speculated, and which blocks would be kept; keyed by
-    (bucket index, size) as the DDP hook's named calls are."""
+    """Per record: the scales speculated, and which blocks would be kept; keyed as
+    the transport keys the DDP hook's named calls (``transport.history_key``, and
+    ``same_name`` for a bucket of a new size)."""
     history: dict = {}
     out = []
     for step, index, elements, agreed in records:
-        key = (index, elements)
-        scale = speculate(history.get(key), len(agreed))
+        name = f"bucket {index}"
+        key = history_key(name, elements, 0)
+        previous = history.get(key)
+        if previous is None:
+            previous = same_name(history, name, len(agreed))
+        scale = speculate(previous, len(agreed))
         out.append((scale, usable(scale, agreed)))
+        history.pop(key, None)
         history[key] = remember(agreed)
     return out
 
@@ -117,8 +124,7 @@ def report(records) -> None:
     replayed = replay(records)
     total = sum(len(r[3]) for r in records)
     redone = sum(int((~keep).sum()) for _, keep in replayed)
-    probed = sum(len(r[3]) for r, (s, _) in zip(records, replayed)
-                 if (s == quantize.PROBE_EXPONENT).all())
+    probed = sum(int(((s == quantize.PROBE_EXPONENT) & ~keep).sum()) for s, keep in replayed)
     rose = fell = 0
     by_step: Counter = Counter()
     by_bucket: Counter = Counter()
@@ -131,21 +137,22 @@ def report(records) -> None:
         blocks_of_bucket[(index, elements)] += len(agreed)
         prev = last.get((index, elements))
         last[(index, elements)] = agreed
+        missed = ~keep & (scale != quantize.PROBE_EXPONENT)
+        a = agreed.astype(int)
+        rose += int((missed & (a > scale)).sum())
+        fell += int((missed & (a < scale - quantize.SLACK)).sum())
+        by_step[step] += int(missed.sum())
+        by_bucket[(index, elements)] += int(missed.sum())
         if prev is None:
             continue
         live = (agreed != EXPONENT_OF_ZERO) & (prev != EXPONENT_OF_ZERO)
         deltas.update((agreed[live].astype(int) - prev[live]).tolist())
-        a = agreed.astype(int)
-        rose += int(((a > scale) & ~keep).sum())
-        fell += int(((a < scale - quantize.SLACK) & ~keep).sum())
-        by_step[step] += int((~keep).sum())
-        by_bucket[(index, elements)] += int((~keep).sum())
         # How far below the bucket's largest block: small blocks drift more?
         rel = np.minimum((a.max() - a) // 4 * 4, 24)
         rel_all.update(rel[live].tolist())
-        rel_missed.update(rel[live & ~keep].tolist())
+        rel_missed.update(rel[live & missed].tolist())
     print(f"{len(records)} calls, {total} blocks; redone {redone} ({redone / total:.1%}), of "
-          f"which {probed} probes of calls without history; after those: rose above the "
+          f"which {probed} probes (blocks without history); the others: rose above the "
           f"scale {rose}, fell more than SLACK below the scale {fell}")
     n = sum(deltas.values())
     print("change of the agreed exponent from a bucket's last call (non-zero blocks): "

@@ -288,6 +288,15 @@ def speculate(previous: np.ndarray | None, num_blocks: int) -> np.ndarray:
     return np.minimum(np.asarray(previous, dtype=np.int64) + HEADROOM, MAX_EXPONENT)
 
 
+def resized(previous: np.ndarray, num_blocks: int) -> np.ndarray:
+    """A call's remembered maxima for a call of ``num_blocks`` blocks: cut, or with the
+    blocks beyond them probed."""
+    out = np.full(num_blocks, PROBE_EXPONENT - HEADROOM, dtype=np.int8)
+    kept = min(num_blocks, len(previous))
+    out[:kept] = previous[:kept]
+    return out
+
+
 def usable(scale: np.ndarray, agreed: np.ndarray) -> np.ndarray:
     """Per block: may the sum quantized with ``scale`` be kept, given the switch's
     maximum ``agreed``? Not if some worker's values were clipped (``agreed > scale``),

@@ -349,3 +349,18 @@ def test_quantize_into_big_endian_packet_field_or_float32_scratch():
     work = np.empty((20, K), dtype=np.float32)
     assert q.quantize(x, e, scale, 3, out=work) is work
     np.testing.assert_array_equal(work.astype(np.int64), expected)
+
+
+def test_a_bucket_rebuilt_to_another_size_predicts_from_its_names_last_exponents():
+    """DDP rebuilds its buckets after the first step: bucket 0 of 10 blocks becomes 2
+    blocks (its first parameters) and a new bucket 1. Bucket 0 predicts from its
+    first blocks of last time instead of probing; a new name, and blocks beyond the
+    old ones, probe."""
+    from innet_aggregation.worker.transport import history_key, same_name
+    old = np.arange(-20, -10, dtype=np.int64)
+    history = {history_key("bucket 0", 2410, 0): q.remember(old),
+               history_key("other", 330, 0): q.remember(old + 5)}
+    assert list(q.speculate(same_name(history, "bucket 0", 2), 2)) == list(old[:2] + q.HEADROOM)
+    longer = q.speculate(same_name(history, "bucket 0", 12), 12)
+    assert list(longer) == list(old + q.HEADROOM) + [q.PROBE_EXPONENT] * 2
+    assert same_name(history, "bucket 1", 9) is None
