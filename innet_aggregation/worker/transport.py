@@ -8,8 +8,9 @@ results are handled as arrays, one pass per batch.
 **Exponents without a bootstrap round.** A packet carries its own block exponent,
 and its values are quantized with a scale exponent ``S`` that every worker derives
 identically from the maxima the same call agreed on last time (``history_key``:
-its place in the step; ``quantize.speculate``; a call with no history probes). The result returns the
-switch's maximum; where it shows the scale was too small (some worker's values
+its place in the step; ``quantize.speculate``; a named call of a new size starts
+from its name's last, ``same_name``; a call with no history probes). The result
+returns the switch's maximum; where it shows the scale was too small (some worker's values
 were clipped) or wasted precision (``quantize.usable``), every worker redoes that
 block with the now known maximum, as the slot's next packet. So a steady training
 loop sends N packets per call, not N + W.
