@@ -8,8 +8,9 @@ results are handled as arrays, one pass per batch.
 **Exponents without a bootstrap round.** A packet carries its own block exponent,
 and its values are quantized with a scale exponent ``S`` that every worker derives
 identically from the maxima the same call agreed on last time (``history_key``:
-its place in the step; ``quantize.speculate``; a call with no history probes). The result returns the
-switch's maximum; where it shows the scale was too small (some worker's values
+its place in the step; ``quantize.speculate``; a named call of a new size starts
+from its name's last, ``same_name``; a call with no history probes). The result
+returns the switch's maximum; where it shows the scale was too small (some worker's values
 were clipped) or wasted precision (``quantize.usable``), every worker redoes that
 block with the now known maximum, as the slot's next packet. So a steady training
 loop sends N packets per call, not N + W.
@@ -141,6 +142,19 @@ def history_key(name: str | None, elements: int, place: int) -> tuple:
     consecutive calls of that size (capped at ``RUN_PLACES - 1``), so that
     equal-sized calls of one step, such as repeated layers' buckets, keep apart."""
     return ("named", name, elements) if name is not None else ("unnamed", elements, place)
+
+
+def same_name(history: dict, name: str, num_blocks: int) -> np.ndarray | None:
+    """For a named call of a size new to its name: the maxima the name last agreed on
+    at another size, block by block from the start (``quantize.resized``); None for a
+    new name. DDP rebuilds its buckets after the first step, and a rebuilt bucket
+    mostly starts with the parameters its index's first one did (the demo's large
+    model: bucket 0, 4,401 blocks, became 4,141 and a bucket 1 of 260; so predicted,
+    720 of the 4,141 were redone in the second step instead of every non-zero one)."""
+    for key in reversed(history):
+        if key[0] == "named" and key[1] == name:
+            return quantize.resized(history[key], num_blocks)
+    return None
 
 
 def _leading_bytes(records: np.ndarray, count: int) -> np.ndarray:
@@ -413,6 +427,8 @@ class Transport:
         if previous is None and name is None and place:
             # A place of a run seen for the first time: the call before it, the same size.
             previous = self.history.get(history_key(None, elements, place - 1))
+        if previous is None and name is not None:
+            previous = same_name(self.history, name, n)
         label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
         fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n)
         scale, agreed = self._run(_Call(self, blocks, out, own, quantize.speculate(previous, n),

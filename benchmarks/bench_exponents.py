@@ -1,0 +1,193 @@
+"""How well speculated block exponents predict DDP's gradients: the redone blocks.
+
+    python -m benchmarks.bench_exponents [--model large|tests] [--workers 4] [--steps 40]
+                                         [--save FILE.npz] [--load FILE.npz]
+
+Trains the demo's large MLP (or the DDP tests' 64-32-10 one) with DDP on gloo
+over loopback, no switch, and records per step and bucket the workers' agreed
+block exponents (each block's maximum over the workers, as the switch returns
+it). Then replays ``quantize.speculate``/``usable``/``remember`` on that sequence,
+keyed by bucket as the DDP hook's calls are, and prints how many blocks would be
+redone, which side missed (the maximum rose above the scale, or fell more than
+``SLACK`` below it), the step-to-step changes of the exponents, and where the
+misses are (first steps, buckets, small blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections import Counter
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from innet_aggregation.p4src import protocol
+from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO
+from innet_aggregation.worker import quantize
+from innet_aggregation.worker.quantize import Blocks
+from innet_aggregation.worker.transport import history_key, same_name
+
+MODELS = {   # hidden widths, optimizer, learning rate, DDP bucket cap (MB), as trained
+    "large": ((1024, 1024), "adam", 0.001, None),          # the demo's --model large
+    "tests": ((32,), "sgd", 0.1, 0.001),                   # tests/worker/ddp_train.py
+}
+
+
+def _rank(rank: int, world: int, port: int, model_name: str, steps: int, queue) -> None:
+    from sklearn.datasets import load_digits
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from innet_aggregation.testbed.train import mlp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    hidden, optimizer_name, lr, cap = MODELS[model_name]
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(x))
+    x = torch.tensor(x[order] / 16.0, dtype=torch.float32)[len(x) // 5:][rank::world]
+    y = torch.tensor(y[order], dtype=torch.long)[len(y) // 5:][rank::world]
+    torch.manual_seed(0)
+    model = mlp(list(hidden))
+    ddp = DDP(model) if cap is None else DDP(model, bucket_cap_mb=cap)
+    k = protocol.packet_format().values_per_packet
+    records = []
+
+    def hook(_, bucket):
+        flat = bucket.buffer().detach().reshape(-1).numpy()
+        exponents = torch.from_numpy(quantize.block_exponents(np.vstack(
+            Blocks(flat.copy(), k).parts)).astype(np.int32))
+        dist.all_reduce(exponents, op=dist.ReduceOp.MAX)
+        records.append((step, bucket.index(), flat.size, exponents.numpy().astype(np.int8)))
+        bucket.buffer().div_(world)
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+            lambda f: f.value()[0])
+
+    ddp.register_comm_hook(None, hook)
+    optimizer = (torch.optim.Adam(ddp.parameters(), lr=lr) if optimizer_name == "adam"
+                 else torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9))
+    batch, per_epoch = 32, len(x) // 32
+    step = 0
+    while step < steps:
+        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(step // per_epoch))
+        for i in range(per_epoch):
+            if step == steps:
+                break
+            idx = perm[i * batch:(i + 1) * batch]
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx]).backward()
+            optimizer.step()
+            step += 1
+    if rank == 0:
+        queue.put(records)
+    dist.destroy_process_group()
+
+
+def record(model: str, workers: int, steps: int) -> list[tuple[int, int, int, np.ndarray]]:
+    """(step, bucket index, elements, agreed exponents) of every bucket DDP reduced."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    queue = mp.get_context("spawn").SimpleQueue()
+    ctx = mp.start_processes(_rank, args=(workers, port, model, steps, queue), nprocs=workers,
+                             join=False, start_method="spawn")
+    records = queue.get()
+    ctx.join()
+    return records
+
+
+def replay(records, speculate=quantize.speculate, usable=quantize.usable,
+           remember=quantize.remember):
+    """Per record: the scales speculated, and which blocks would be kept; keyed as
+    the transport keys the DDP hook's named calls (``transport.history_key``, and
+    ``same_name`` for a bucket of a new size)."""
+    history: dict = {}
+    out = []
+    for step, index, elements, agreed in records:
+        name = f"bucket {index}"
+        key = history_key(name, elements, 0)
+        previous = history.get(key)
+        if previous is None:
+            previous = same_name(history, name, len(agreed))
+        scale = speculate(previous, len(agreed))
+        out.append((scale, usable(scale, agreed)))
+        history.pop(key, None)
+        history[key] = remember(agreed)
+    return out
+
+
+def report(records) -> None:
+    replayed = replay(records)
+    total = sum(len(r[3]) for r in records)
+    redone = sum(int((~keep).sum()) for _, keep in replayed)
+    probed = sum(int(((s == quantize.PROBE_EXPONENT) & ~keep).sum()) for s, keep in replayed)
+    rose = fell = 0
+    by_step: Counter = Counter()
+    by_bucket: Counter = Counter()
+    blocks_of_bucket: Counter = Counter()
+    deltas: Counter = Counter()
+    rel_missed: Counter = Counter()
+    rel_all: Counter = Counter()
+    last: dict = {}
+    for (step, index, elements, agreed), (scale, keep) in zip(records, replayed):
+        blocks_of_bucket[(index, elements)] += len(agreed)
+        prev = last.get((index, elements))
+        last[(index, elements)] = agreed
+        missed = ~keep & (scale != quantize.PROBE_EXPONENT)
+        a = agreed.astype(int)
+        rose += int((missed & (a > scale)).sum())
+        fell += int((missed & (a < scale - quantize.SLACK)).sum())
+        by_step[step] += int(missed.sum())
+        by_bucket[(index, elements)] += int(missed.sum())
+        if prev is None:
+            continue
+        live = (agreed != EXPONENT_OF_ZERO) & (prev != EXPONENT_OF_ZERO)
+        deltas.update((agreed[live].astype(int) - prev[live]).tolist())
+        # How far below the bucket's largest block: small blocks drift more?
+        rel = np.minimum((a.max() - a) // 4 * 4, 24)
+        rel_all.update(rel[live].tolist())
+        rel_missed.update(rel[live & missed].tolist())
+    print(f"{len(records)} calls, {total} blocks; redone {redone} ({redone / total:.1%}), of "
+          f"which {probed} probes (blocks without history); the others: rose above the "
+          f"scale {rose}, fell more than SLACK below the scale {fell}")
+    n = sum(deltas.values())
+    print("change of the agreed exponent from a bucket's last call (non-zero blocks): "
+          + ", ".join(f"{d:+d}: {c / n:.1%}" for d, c in sorted(deltas.items()) if c / n >= 0.001))
+    print("misses by step: " + ", ".join(f"{s}: {c}" for s, c in sorted(by_step.items())))
+    print("misses by bucket (index, elements): " + ", ".join(
+        f"{b}: {c}/{blocks_of_bucket[b]}" for b, c in sorted(by_bucket.items())))
+    print("miss rate by distance below the call's largest exponent: " + ", ".join(
+        f"{d}-{d + 3}: {rel_missed[d] / rel_all[d]:.1%} of {rel_all[d]}"
+        for d in sorted(rel_all)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODELS, default="large")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--save", help="write the recorded exponents here (.npz)")
+    parser.add_argument("--load", help="replay exponents recorded before instead of training")
+    args = parser.parse_args()
+    if args.load:
+        data = np.load(args.load)
+        records = [(int(s), int(i), int(e), a) for s, i, e, a in
+                   zip(data["step"], data["index"], data["elements"],
+                       np.split(data["agreed"], np.cumsum(data["blocks"])[:-1]))]
+    else:
+        records = record(args.model, args.workers, args.steps)
+    if args.save:
+        np.savez_compressed(args.save, step=[r[0] for r in records],
+                            index=[r[1] for r in records], elements=[r[2] for r in records],
+                            blocks=[len(r[3]) for r in records],
+                            agreed=np.concatenate([r[3] for r in records]))
+    report(records)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    main()
