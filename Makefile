@@ -32,7 +32,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
-        bench-worker bench-backend bench-allreduce demo testbed loss-experiment fuzz clean \
+        bench-worker bench-backend bench-allreduce bench-exponents demo testbed loss-experiment fuzz clean \
         p4c-samples
 
 setup: apt-deps $(VENV)/.installed
@@ -113,7 +113,7 @@ p4c-samples: setup
 fuzz: setup
 	$(PY) -m tests.worker.fuzz --frames 120000
 
-bench: bench-switch bench-worker bench-backend bench-allreduce
+bench: bench-switch bench-worker bench-backend bench-allreduce bench-exponents
 
 bench-switch: setup
 	$(PY) benchmarks/bench_switch.py
@@ -123,6 +123,9 @@ bench-worker: setup
 
 bench-backend: setup
 	$(PY) benchmarks/bench_backend.py
+
+bench-exponents: setup
+	$(PY) -m benchmarks.bench_exponents
 
 bench-allreduce: setup
 	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY) $(if $(INA),--ina)
