@@ -94,6 +94,7 @@ from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO, MsgType, PacketFo
 
 from . import quantize
 from .batchio import BatchSocket
+from .fastpath import FastCall
 
 PKT_ID_MASK = 0xFFFFFFFF
 FINGERPRINT_MASK = 0xFFFFFFFF
@@ -259,7 +260,7 @@ class Transport:
     def __init__(self, fmt: PacketFormat, *, job_id: int, worker_id: int, num_workers: int,
                  switch_ip: str, job_udp_port: int, local_ip: str, local_port: int,
                  first_slot: int, num_slots: int, local_workers=None,
-                 policy: RetransmitPolicy = RetransmitPolicy()):
+                 policy: RetransmitPolicy = RetransmitPolicy(), fast_path: bool = True):
         if not 1 <= num_slots <= fmt.pool_size or not 0 <= first_slot <= fmt.pool_size - num_slots:
             raise ValueError(f"slots [{first_slot}, {first_slot + num_slots}) are not within the "
                              f"pool of {fmt.pool_size}")
@@ -273,6 +274,7 @@ class Transport:
         self.first_slot = first_slot
         self.num_slots = num_slots
         self.policy = policy
+        self.fast_path = fast_path      # False: every result through Python (fastpath.py)
         self.rto = RtoEstimator(policy)
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
@@ -514,6 +516,7 @@ class _Call:
         self.next_seq = 0
         self.rack_seq = -1              # the newest packet answered
         self.rack_rtt = 0.0
+        self.fast = FastCall.bind(self)  # the common results in C, if it handles this call
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         """Aggregate every chunk; returns per chunk its scale and the agreed maximum."""
@@ -648,6 +651,11 @@ class _Call:
     def _on_results(self, packets: np.ndarray) -> None:
         t = self.t
         now = time.monotonic()
+        if self.fast is not None:         # the common results at the batch's head
+            handled = self.fast.results(packets, now)
+            if handled == len(packets):
+                return
+            packets = packets[handled:]
         match, slot = self._answers(packets, MsgType.RESULT)
         match &= packets["contributions"] == t.num_workers
         index = match.nonzero()[0]
