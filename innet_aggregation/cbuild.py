@@ -33,7 +33,7 @@ def no_compiler() -> str:
 
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "innet-softswitch"
+    return Path(base) / "innet-softswitch"   # where the softswitch first put it; the worker's too
 
 
 @functools.cache

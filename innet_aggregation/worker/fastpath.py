@@ -164,6 +164,7 @@ class FastCall:
         if not handled:
             return 0
         t.stats.results_received += s.results
+        t.stats.fast_results += s.results
         if s.rtt_count:
             t.rto.sample(now - s.rtt_sum / s.rtt_count)
         if s.rack_seq != call.rack_seq:

@@ -194,6 +194,7 @@ class Stats:
     fast_retransmissions: int = 0     # of which by loss detection (before the timer)
     redone: int = 0                   # blocks sent again with the agreed exponent
     results_received: int = 0
+    fast_results: int = 0             # of which handled by the compiled fast path
     waiting_replies: int = 0          # the switch's WAITING answers: who has contributed
     duplicates_ignored: int = 0       # answering no packet in flight: duplicate, stale, foreign
     malformed_ignored: int = 0        # datagrams of the wrong length

@@ -13,8 +13,8 @@ from innet_aggregation.worker import fastpath
 from innet_aggregation.worker import quantize as q
 
 lib = fastpath.library()
-pytestmark = [pytest.mark.skipif(lib is None, reason="no C compiler: the fast path is off"),
-              pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]  # both give Inf
+needs_lib = pytest.mark.skipif(lib is None, reason="no C compiler: the fast path is off")
+pytestmark = pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # both give Inf
 K = 256
 
 
@@ -49,6 +49,7 @@ def scales(own: np.ndarray, rng) -> np.ndarray:
     return scale
 
 
+@needs_lib
 @pytest.mark.parametrize("n", [3, 4, 8, 1, 32])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_quantize_is_numpys_bit_for_bit(n, seed):
@@ -67,6 +68,7 @@ def test_quantize_is_numpys_bit_for_bit(n, seed):
                                       expected[i])
 
 
+@needs_lib
 @pytest.mark.parametrize("n", [3, 4, 8, 1, 32])
 @pytest.mark.parametrize("average", [False, True])
 def test_dequantize_is_numpys_bit_for_bit(n, average):
@@ -88,3 +90,17 @@ def test_dequantize_is_numpys_bit_for_bit(n, average):
         lib.fp_dequantize(fastpath.ctypes.byref(s), sums[i].ctypes.data, int(scale[i]),
                           got[i].ctypes.data)
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+def test_without_a_compiler_the_python_path_runs_and_says_so(monkeypatch, caplog, tmp_path):
+    monkeypatch.setenv("CC", "no-such-cc-here")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))    # nothing cached to fall back on
+    fastpath.library.cache_clear()
+    try:
+        with caplog.at_level("INFO", logger="worker"):
+            assert fastpath.library() is None
+            assert fastpath.library() is None
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "no-such-cc-here" in lines[0], lines
+    finally:
+        fastpath.library.cache_clear()
