@@ -112,7 +112,7 @@ class BatchSocket:
         self._rx_iov, self._rx_msgs = _vectors(len(rx), rx.ctypes.data, rx.strides[0],
                                                rx.strides[0])
         self._tx_ptr = self._tx_msgs.ctypes.data
-        self._rx_ptr = self._rx_msgs.ctypes.data
+        self._rx_ptr = self.rx_vectors = self._rx_msgs.ctypes.data   # struct mmsghdr[len(rx)]
         # Field views made once: a batch's few numpy calls are its cost, not the bytes.
         self._tx_base, self._tx_len = self._tx_iov["base"], self._tx_iov["len"]
         self._rx_len = self._rx_msgs["len"]
@@ -211,6 +211,11 @@ class BatchSocket:
             return np.zeros(0, dtype=np.int64), (0 if err in (errno.EAGAIN, errno.EWOULDBLOCK)
                                                  else err)
         return self._rx_len[:got], 0
+
+    def lengths(self, count: int) -> np.ndarray:
+        """The lengths of the last ``recvmmsg``'s first ``count`` datagrams (one made
+        outside, through ``rx_vectors``)."""
+        return self._rx_len[:count]
 
     def _receive_each(self) -> tuple[np.ndarray, int]:
         lengths = []

@@ -48,12 +48,13 @@ struct fp_call {
     int64_t *sent_seq, *retries;
     uint8_t *resent, *told;           /* numpy bools */
     int64_t *queue;                   /* the slots loaded, in order */
+    const uint8_t *rx;                /* the receive rows, rx_stride bytes apart */
     /* kept across batches; Python reads and writes them */
     int64_t next_seq, rack_seq;
     /* one batch's outcome */
-    int64_t results, idle, queued, sent, failed_rows, rtt_count;
+    int64_t results, idle, queued, sent, failed_rows, rtt_count, datagrams, rx_stride;
     double rtt_sum, rack_sent_at;
-    int32_t err, pad;
+    int32_t err, recv_err;
 };
 
 static inline uint32_t be32(const uint8_t *p) {
@@ -170,16 +171,19 @@ static void transmit(struct fp_call *c, int fd, int gso, double now) {
     }
 }
 
-/* The results in ``count`` packets from ``base`` (``stride`` bytes apart), in order,
- * up to the first that is not the common case; returns how many were handled. */
-EXPORT int64_t fp_results(struct fp_call *c, const uint8_t *base, int64_t stride,
-                          int64_t count, double now, int fd, int gso) {
+/* The results in ``count`` packets from ``base`` (``stride`` bytes apart; of
+ * ``lengths``, where given, in bytes), in order, up to the first that is not the
+ * common case; returns how many were handled. */
+static int64_t handle(struct fp_call *c, const uint8_t *base, int64_t stride, int64_t count,
+                      const struct mmsghdr *lengths, double now, int fd, int gso) {
     c->results = c->idle = c->queued = c->sent = c->failed_rows = c->rtt_count = 0;
     c->rtt_sum = 0.0;
     c->err = 0;
     int64_t i;
     for (i = 0; i < count; i++) {
         const uint8_t *p = base + i * stride;
+        if (lengths && lengths[i].msg_len != (unsigned)c->packet_bytes)
+            break;
         uint16_t word = (uint16_t)(p[c->off_set_slot] << 8 | p[c->off_set_slot + 1]);
         int64_t s = (int64_t)((word >> c->slot_shift) & c->slot_mask) - c->first_slot;
         if (s < 0 || s >= c->num_slots)
@@ -221,6 +225,46 @@ EXPORT int64_t fp_results(struct fp_call *c, const uint8_t *base, int64_t stride
     if (c->queued)
         transmit(c, fd, gso, now);
     return i;
+}
+
+EXPORT int64_t fp_results(struct fp_call *c, const uint8_t *base, int64_t stride,
+                          int64_t count, double now, int fd, int gso) {
+    return handle(c, base, stride, count, NULL, now, fd, gso);
+}
+
+/* What is queued on the socket, into the receive rows through ``msgs`` (batchio's
+ * recvmmsg vectors, ``rows`` of them), then its common results as fp_results. */
+EXPORT int64_t fp_receive(struct fp_call *c, struct mmsghdr *msgs, int rows, double now,
+                          int fd, int gso) {
+    int got = recvmmsg(fd, msgs, rows, MSG_DONTWAIT, NULL);
+    c->recv_err = got < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
+    c->datagrams = got > 0 ? got : 0;
+    return handle(c, c->rx, c->rx_stride, c->datagrams, msgs, now, fd, gso);
+}
+
+/* _Call._next_wakeup: the earliest timer (the timeout after the later of a slot's
+ * send and the call's last answer, capped by peer_timeout) or RACK deadline. */
+EXPORT double fp_next_wakeup(struct fp_call *c, double rto, double peer_timeout,
+                             double progress_at, int64_t rack_seq, double rack_rtt,
+                             double reorder_window) {
+    double sent = INFINITY, first = INFINITY, behind = INFINITY;
+    for (int64_t s = 0; s < c->num_slots; s++) {
+        if (c->sent_at[s] < sent)
+            sent = c->sent_at[s];
+        if (c->first_sent_at[s] < first)
+            first = c->first_sent_at[s];
+        if (c->sent_seq[s] < rack_seq && c->sent_at[s] < behind)
+            behind = c->sent_at[s];
+    }
+    double timer = (sent > progress_at ? sent : progress_at) + rto;
+    double cap = first + peer_timeout;
+    double wake = timer < cap ? timer : cap;
+    if (behind < INFINITY) {
+        double rack = behind + rack_rtt + reorder_window;
+        if (rack < wake)
+            wake = rack;
+    }
+    return wake;
 }
 
 /* quantize_row and dequantize_row alone, for the tests against numpy. */

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ _I32 = ("off_type", "off_set_slot", "off_pkt_id", "off_exponent", "off_contribut
 _I64 = ("n", "step", "whole_in", "whole_out", "num_slots", "first_slot")
 _PTRS = ("tx", "set_slot_words", "expect", "in_whole", "in_tail", "out_whole", "chunk",
          "scale", "agreed", "own", "next_set", "next_pkt_id", "fingerprints", "expected",
-         "sent_at", "first_sent_at", "sent_seq", "retries", "resent", "told", "queue")
+         "sent_at", "first_sent_at", "sent_seq", "retries", "resent", "told", "queue", "rx")
 
 
 class CallState(ctypes.Structure):
@@ -41,9 +42,10 @@ class CallState(ctypes.Structure):
     _fields_ = ([(f, ctypes.c_int32) for f in _I32] + [(f, ctypes.c_int64) for f in _I64]
                 + [(f, ctypes.c_void_p) for f in _PTRS]
                 + [(f, ctypes.c_int64) for f in ("next_seq", "rack_seq", "results", "idle",
-                                                 "queued", "sent", "failed_rows", "rtt_count")]
+                                                 "queued", "sent", "failed_rows", "rtt_count",
+                                                 "datagrams", "rx_stride")]
                 + [("rtt_sum", ctypes.c_double), ("rack_sent_at", ctypes.c_double),
-                   ("err", ctypes.c_int32), ("pad", ctypes.c_int32)])
+                   ("err", ctypes.c_int32), ("recv_err", ctypes.c_int32)])
 
 
 @functools.cache
@@ -62,6 +64,11 @@ def library() -> ctypes.CDLL | None:
     P, I64 = ctypes.c_void_p, ctypes.c_int64
     lib.fp_results.argtypes = [P, P, I64, I64, ctypes.c_double, ctypes.c_int, ctypes.c_int]
     lib.fp_results.restype = I64
+    lib.fp_receive.argtypes = [P, P, ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.c_int]
+    lib.fp_receive.restype = I64
+    D = ctypes.c_double
+    lib.fp_next_wakeup.argtypes = [P, D, D, D, I64, D, D]
+    lib.fp_next_wakeup.restype = D
     lib.fp_quantize.argtypes = [P, P, I64, I64, P]
     lib.fp_dequantize.argtypes = [P, P, I64, P]
     lib.fp_quantize.restype = lib.fp_dequantize.restype = None
@@ -132,12 +139,12 @@ class FastCall:
                             ("sent_at", call.sent_at), ("first_sent_at", call.first_sent_at),
                             ("sent_seq", call.sent_seq), ("retries", call.retries),
                             ("resent", call.resent), ("told", call.told),
-                            ("queue", self.queue)):
+                            ("queue", self.queue), ("rx", t.rx)):
             setattr(s, name, _ptr(array))
         self.ref = ctypes.byref(s)
-        self.rx_base = t.rx.ctypes.data
-        self.rx_stride = t.rx.strides[0]
+        s.rx_stride = t.rx.strides[0]
         self.fd = t.sock.fileno()
+        self.no_packets = t.rx_packets[:0]
 
     @classmethod
     def bind(cls, call) -> "FastCall | None":
@@ -151,18 +158,46 @@ class FastCall:
             return None
         return cls(lib, call)
 
+    def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """``Transport.receive`` with the common results at the batch's head handled
+        in C: the rest of the batch (results, WAITING headers) and how many datagrams
+        were read."""
+        call, t = self.call, self.call.t
+        s = self.state
+        s.next_seq, s.rack_seq = call.next_seq, call.rack_seq
+        now = time.monotonic()
+        handled = self.lib.fp_receive(self.ref, t.io.rx_vectors, len(t.rx), now, self.fd,
+                                      t.io.gso)
+        datagrams = s.datagrams
+        if s.recv_err:
+            t.stats.socket_errors += 1
+        if handled:
+            self._account(now)
+        if handled == datagrams:
+            return self.no_packets, t.no_headers, datagrams
+        packets, headers = t.sort(t.io.lengths(datagrams)[handled:], handled)
+        return packets, headers, datagrams
+
+    def next_wakeup(self) -> float:
+        """``_Call._next_wakeup``, one loop over the slots."""
+        call, t = self.call, self.call.t
+        return self.lib.fp_next_wakeup(self.ref, t.rto.rto, t.policy.peer_timeout,
+                                       call.progress_at, call.rack_seq, call.rack_rtt,
+                                       t.rto.reorder_window)
+
     def results(self, packets: np.ndarray, now: float) -> int:
         """Handle the common results at the head of ``packets``; how many it handled."""
         s, call, t = self.state, self.call, self.call.t
-        if packets.strides[0] == self.rx_stride:        # a view of the receive rows
-            base = self.rx_base
-        else:
-            base = packets.ctypes.data
         s.next_seq, s.rack_seq = call.next_seq, call.rack_seq
-        handled = self.lib.fp_results(self.ref, base, packets.strides[0], len(packets), now,
-                                      self.fd, t.io.gso)
-        if not handled:
-            return 0
+        handled = self.lib.fp_results(self.ref, packets.ctypes.data, packets.strides[0],
+                                      len(packets), now, self.fd, t.io.gso)
+        if handled:
+            self._account(now)
+        return handled
+
+    def _account(self, now: float) -> None:
+        """What C did, into the Python state: counters, RTT, RACK, progress, sends."""
+        s, call, t = self.state, self.call, self.call.t
         t.stats.results_received += s.results
         t.stats.fast_results += s.results
         if s.rtt_count:
@@ -174,7 +209,6 @@ class FastCall:
         call.next_seq = s.next_seq
         if s.queued:
             self._sent(s)
-        return handled
 
     def _sent(self, s: CallState) -> None:
         """Count what went out, as Transport.send does; a route that refuses GSO gets

@@ -444,17 +444,23 @@ class Transport:
         lengths, err = self.io.receive()
         if err:
             self.stats.socket_errors += 1
+        return (*self.sort(lengths), len(lengths))
+
+    def sort(self, lengths: np.ndarray, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The received rows from ``first`` on (``lengths`` long): the well-formed
+        results and the WAITING headers; anything else counted as malformed."""
         fmt = self.fmt
+        rows = slice(first, first + len(lengths))
         whole = lengths == fmt.payload_bytes
-        packets = self.rx_packets[:len(lengths)]
+        packets = self.rx_packets[rows]
         if np.count_nonzero(whole) == len(lengths):        # the common case: results only
-            return packets, self.no_headers, len(lengths)
+            return packets, self.no_headers
         short = lengths == fmt.header_bytes
         self.stats.malformed_ignored += int(len(lengths) - whole.sum() - short.sum())
         packets = packets[whole]
-        headers = (np.ascontiguousarray(self.rx[:len(lengths)][short, :fmt.header_bytes])
+        headers = (np.ascontiguousarray(self.rx[rows][short, :fmt.header_bytes])
                    .view(fmt.header_dtype).reshape(-1) if short.any() else self.no_headers)
-        return packets, headers, len(lengths)
+        return packets, headers
 
 
 class _Call:
@@ -534,7 +540,8 @@ class _Call:
                 # first batch must not look lost.
                 drained = 0
                 while True:
-                    packets, headers, datagrams = t.receive()
+                    packets, headers, datagrams = (t.receive() if self.fast is None
+                                                   else self.fast.receive())
                     drained += datagrams
                     if len(packets):
                         self._on_results(packets)
@@ -624,6 +631,8 @@ class _Call:
     def _next_wakeup(self) -> float:
         """The earliest ``_due`` (the same sum on the earliest times: rounding is
         monotonic) or RACK deadline: before it, ``_recover`` has nothing to do."""
+        if self.fast is not None:
+            return self.fast.next_wakeup()
         t = self.t
         wake = min(max(self.sent_at.min(), self.progress_at) + t.rto.rto,
                    self.first_sent_at.min() + t.policy.peer_timeout)
