@@ -128,7 +128,7 @@ class FastCall:
         self.queue = np.zeros(t.num_slots, dtype=np.int64)
         self.set_slot_words = np.ascontiguousarray(t.set_slot_words)
         tail = call.blocks.tail if len(call.blocks.tail) else np.zeros((1, s.values), np.float32)
-        self.keep = (tail,)
+        self._tail = tail                # the C unit reads it: kept alive with the call
         for name, array in (("tx", t.tx), ("set_slot_words", self.set_slot_words),
                             ("expect", call.expect), ("in_whole", call.blocks.whole),
                             ("in_tail", tail), ("out_whole", call.out.whole),
@@ -149,7 +149,7 @@ class FastCall:
     @classmethod
     def bind(cls, call) -> "FastCall | None":
         lib = library()
-        if lib is None or not call.quantized or call.t.fast_path is False:
+        if lib is None or not call.quantized or not call.t.fast_path:
             return None
         for blocks in (call.blocks, call.out):
             if blocks.whole.dtype != np.float32 or not blocks.whole.flags.c_contiguous:

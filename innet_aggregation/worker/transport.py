@@ -3,7 +3,8 @@
 One call aggregates N blocks through the job's W slots (W = num_slots). Chunk c
 uses slot c mod W; a slot holds one packet in flight, and its result frees it for
 chunk c + W. Sends and receives are batched (sendmmsg/recvmmsg, ``batchio``), and
-results are handled as arrays, one pass per batch.
+results are handled as arrays, one pass per batch; the common ones (final, whole
+float32 blocks) in C where it can be compiled (``fastpath``), the rest here.
 
 **Exponents without a bootstrap round.** A packet carries its own block exponent,
 and its values are quantized with a scale exponent ``S`` that every worker derives
