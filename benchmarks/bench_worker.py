@@ -20,7 +20,7 @@
    allreduce (torch.distributed, CPU; its TCP frames cross the same switch, as
    plain L2 traffic), call by call in turns, in the same worker processes
    (benchmarks/allreduce_worker.py). Printed: MB/s per worker of each and their
-   ratio; CPU seconds per MB of the tensor, for a worker process and for the
+   ratio; CPU milliseconds per MB of the tensor, for a worker process and for the
    switch process, for each. Needs root; skipped otherwise.
 
 Every figure is the median over repeated runs, with the min-max beside it.
@@ -246,8 +246,8 @@ def summarize(label: str, reports: list[dict], elements: int) -> dict:
     for backend in ("switch", "gloo"):
         mine = [r for r in reports if r["backend"] == backend]
         out[backend] = {"mbps": [mb / r["seconds"] for r in mine],
-                        "worker_cpu": [r["cpu"] / mb for r in mine],
-                        "switch_cpu": [r["switch_cpu"] / mb for r in mine if "switch_cpu" in r]}
+                        "worker_cpu": [1e3 * r["cpu"] / mb for r in mine],
+                        "switch_cpu": [1e3 * r["switch_cpu"] / mb for r in mine if "switch_cpu" in r]}
     reps = sorted({r["rep"] for r in reports})
     out["ratio"] = [
         statistics.median(mb / r["seconds"] for r in reports
@@ -291,17 +291,17 @@ def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, 
         print(f"  {r['label']:30s} {r['elements'] * 4 / 1e6:5.2f} "
               f"{spread(r['switch']['mbps'], '.2f'):>24} {spread(r['gloo']['mbps'], '.2f'):>24} "
               f"{spread(r['ratio'], '.2f'):>18}")
-    print(f"\n  CPU seconds per MB of the tensor: a worker process's (time.process_time, all "
+    print(f"\n  CPU milliseconds per MB of the tensor: a worker process's (time.process_time, all "
           f"threads), and the switch process's (utime + stime of all its threads, from its "
           f"CPU-time clock), during the switch's calls and during gloo's (whose TCP frames "
           f"the switch forwards):")
     print(f"  {'target, values per packet':30s} {'worker, switch':>20} {'worker, gloo':>20} "
           f"{'switch proc, switch':>20} {'switch proc, gloo':>20}")
     for r in results:
-        print(f"  {r['label']:30s} {spread(r['switch']['worker_cpu'], '.3f'):>20} "
-              f"{spread(r['gloo']['worker_cpu'], '.3f'):>20} "
-              f"{spread(r['switch']['switch_cpu'], '.3f'):>20} "
-              f"{spread(r['gloo']['switch_cpu'], '.3f'):>20}")
+        print(f"  {r['label']:30s} {spread(r['switch']['worker_cpu'], '.1f'):>20} "
+              f"{spread(r['gloo']['worker_cpu'], '.1f'):>20} "
+              f"{spread(r['switch']['switch_cpu'], '.1f'):>20} "
+              f"{spread(r['gloo']['switch_cpu'], '.1f'):>20}")
     print()
     for r in results:
         c = r["counts"]

@@ -1,6 +1,6 @@
 """`pip install .` into a fresh venv installs one top-level name, ours, with the P4
-programs the workers read: nothing named ``worker`` or ``testbed`` lands in
-site-packages to collide with other projects."""
+programs the workers read and the C source of their fast path: nothing named
+``worker`` or ``testbed`` lands in site-packages to collide with other projects."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ for name in {OURS!r}:
     sys.exit(f"'import {{name}}' works: it must not be a top-level package")
 import innet_aggregation
 from innet_aggregation.p4src import protocol
-from innet_aggregation.worker import AggregationSession
+from innet_aggregation.worker import AggregationSession, fastpath
+assert fastpath.SOURCE.is_file(), "the worker's fast path source is not installed"
 print(innet_aggregation.__file__)
 print(protocol.packet_format().values_per_packet, protocol.packet_format(64).values_per_packet)
 """

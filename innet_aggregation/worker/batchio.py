@@ -112,7 +112,7 @@ class BatchSocket:
         self._rx_iov, self._rx_msgs = _vectors(len(rx), rx.ctypes.data, rx.strides[0],
                                                rx.strides[0])
         self._tx_ptr = self._tx_msgs.ctypes.data
-        self._rx_ptr = self._rx_msgs.ctypes.data
+        self._rx_ptr = self.rx_vectors = self._rx_msgs.ctypes.data   # struct mmsghdr[len(rx)]
         # Field views made once: a batch's few numpy calls are its cost, not the bytes.
         self._tx_base, self._tx_len = self._tx_iov["base"], self._tx_iov["len"]
         self._rx_len = self._rx_msgs["len"]
@@ -146,8 +146,7 @@ class BatchSocket:
             done_msgs += max(done, 0)
             if err or done <= 0:
                 sent = int(lengths[:done_msgs].sum())
-                if err in (errno.EIO, errno.EINVAL) and self.gso > 1 and lengths[done_msgs] > 1:
-                    self._no_gso(err)
+                if self.refuses_gso(err, int(lengths[done_msgs]) if err else 0):
                     more, err = self.send(rows[sent:])
                     return sent + more, err
                 return sent, err or errno.EAGAIN
@@ -169,6 +168,14 @@ class BatchSocket:
             firsts, lengths = _spans(
                 ((np.arange(1, count) - run_start[1:]) % self.gso == 0).nonzero()[0] + 1, count)
         return firsts, lengths
+
+    def refuses_gso(self, err: int, rows: int) -> bool:
+        """Whether a message of ``rows`` rows that failed with ``err`` was the route
+        refusing a segmented message; if so, GSO is off for this socket from now on."""
+        if err in (errno.EIO, errno.EINVAL) and self.gso > 1 and rows > 1:
+            self._no_gso(err)
+            return True
+        return False
 
     def _no_gso(self, err: int) -> None:
         """The route refused a segmented message (a device or tunnel that cannot cut
@@ -204,6 +211,11 @@ class BatchSocket:
             return np.zeros(0, dtype=np.int64), (0 if err in (errno.EAGAIN, errno.EWOULDBLOCK)
                                                  else err)
         return self._rx_len[:got], 0
+
+    def lengths(self, count: int) -> np.ndarray:
+        """The lengths of the last ``recvmmsg``'s first ``count`` datagrams (one made
+        outside, through ``rx_vectors``)."""
+        return self._rx_len[:count]
 
     def _receive_each(self) -> tuple[np.ndarray, int]:
         lengths = []

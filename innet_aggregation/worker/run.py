@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", type=Path, help="write result_<worker>_<rep>.npy here")
     parser.add_argument("--nonfinite-at", type=int, metavar="INDEX",
                         help="put Inf at INDEX of the first call's input (shows the NaN/Inf policy)")
+    parser.add_argument("--python-path", action="store_true",
+                        help="handle every result in Python, without the compiled fast path")
     defaults = RetransmitPolicy()
     timers = ("initial_rto", "min_rto", "max_rto", "peer_timeout", "progress_interval")
     for name in timers:
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.die_after is not None:
         threading.Timer(args.die_after, os._exit, (137,)).start()
 
-    with AggregationSession.from_config(args.config, args.worker_id, policy=policy) as session:
+    with AggregationSession.from_config(args.config, args.worker_id, policy=policy,
+                                       fast_path=not args.python_path) as session:
         for rep, (size, name) in enumerate(calls):
             time.sleep(pauses.get(rep, 0.0))
             tensor = make_inputs(size, args.seed, rep, args.worker_id, args.dtype,

@@ -51,7 +51,7 @@ class AggregationSession:
                  job_udp_port: int, first_slot: int, num_slots: int, local_ip: str,
                  local_port: int, *, local_workers=None,
                  policy: RetransmitPolicy = RetransmitPolicy(),
-                 packet_format: protocol.PacketFormat | None = None):
+                 packet_format: protocol.PacketFormat | None = None, fast_path: bool = True):
         if not 0 <= worker_id < protocol.MAX_WORKERS or not 1 <= num_workers <= protocol.MAX_WORKERS:
             raise ValueError(f"worker_id {worker_id} / num_workers {num_workers} out of range "
                              f"(at most {protocol.MAX_WORKERS} workers)")
@@ -63,7 +63,7 @@ class AggregationSession:
                                    job_udp_port=job_udp_port, local_ip=local_ip,
                                    local_port=local_port, first_slot=first_slot,
                                    num_slots=num_slots, local_workers=local_workers,
-                                   policy=policy)
+                                   policy=policy, fast_path=fast_path)
         self._executor = ThreadPoolExecutor(max_workers=1,
                                             thread_name_prefix=f"aggregation-{worker_id}")
         self._lock = threading.Lock()

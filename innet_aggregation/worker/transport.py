@@ -3,7 +3,8 @@
 One call aggregates N blocks through the job's W slots (W = num_slots). Chunk c
 uses slot c mod W; a slot holds one packet in flight, and its result frees it for
 chunk c + W. Sends and receives are batched (sendmmsg/recvmmsg, ``batchio``), and
-results are handled as arrays, one pass per batch.
+results are handled as arrays, one pass per batch; the common ones (final, whole
+float32 blocks) in C where it can be compiled (``fastpath``), the rest here.
 
 **Exponents without a bootstrap round.** A packet carries its own block exponent,
 and its values are quantized with a scale exponent ``S`` that every worker derives
@@ -95,6 +96,7 @@ from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO, MsgType, PacketFo
 
 from . import quantize
 from .batchio import BatchSocket
+from .fastpath import FastCall
 
 PKT_ID_MASK = 0xFFFFFFFF
 FINGERPRINT_MASK = 0xFFFFFFFF
@@ -207,6 +209,7 @@ class Stats:
     fast_retransmissions: int = 0     # of which by loss detection (before the timer)
     redone: int = 0                   # blocks sent again with the agreed exponent
     results_received: int = 0
+    fast_results: int = 0             # of which handled by the compiled fast path
     waiting_replies: int = 0          # the switch's WAITING answers: who has contributed
     duplicates_ignored: int = 0       # answering no packet in flight: duplicate, stale, foreign
     malformed_ignored: int = 0        # datagrams of the wrong length
@@ -273,7 +276,7 @@ class Transport:
     def __init__(self, fmt: PacketFormat, *, job_id: int, worker_id: int, num_workers: int,
                  switch_ip: str, job_udp_port: int, local_ip: str, local_port: int,
                  first_slot: int, num_slots: int, local_workers=None,
-                 policy: RetransmitPolicy = RetransmitPolicy()):
+                 policy: RetransmitPolicy = RetransmitPolicy(), fast_path: bool = True):
         if not 1 <= num_slots <= fmt.pool_size or not 0 <= first_slot <= fmt.pool_size - num_slots:
             raise ValueError(f"slots [{first_slot}, {first_slot + num_slots}) are not within the "
                              f"pool of {fmt.pool_size}")
@@ -287,6 +290,7 @@ class Transport:
         self.first_slot = first_slot
         self.num_slots = num_slots
         self.policy = policy
+        self.fast_path = fast_path      # False: every result through Python (fastpath.py)
         self.rto = RtoEstimator(policy)
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
@@ -457,17 +461,23 @@ class Transport:
         lengths, err = self.io.receive()
         if err:
             self.stats.socket_errors += 1
+        return (*self.sort(lengths), len(lengths))
+
+    def sort(self, lengths: np.ndarray, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The received rows from ``first`` on (``lengths`` long): the well-formed
+        results and the WAITING headers; anything else counted as malformed."""
         fmt = self.fmt
+        rows = slice(first, first + len(lengths))
         whole = lengths == fmt.payload_bytes
-        packets = self.rx_packets[:len(lengths)]
+        packets = self.rx_packets[rows]
         if np.count_nonzero(whole) == len(lengths):        # the common case: results only
-            return packets, self.no_headers, len(lengths)
+            return packets, self.no_headers
         short = lengths == fmt.header_bytes
         self.stats.malformed_ignored += int(len(lengths) - whole.sum() - short.sum())
         packets = packets[whole]
-        headers = (np.ascontiguousarray(self.rx[:len(lengths)][short, :fmt.header_bytes])
+        headers = (np.ascontiguousarray(self.rx[rows][short, :fmt.header_bytes])
                    .view(fmt.header_dtype).reshape(-1) if short.any() else self.no_headers)
-        return packets, headers, len(lengths)
+        return packets, headers
 
 
 class _Call:
@@ -530,6 +540,7 @@ class _Call:
         self.next_seq = 0
         self.rack_seq = -1              # the newest packet answered
         self.rack_rtt = 0.0
+        self.fast = FastCall.bind(self)  # the common results in C, if it handles this call
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         """Aggregate every chunk; returns per chunk its scale and the agreed maximum."""
@@ -546,7 +557,8 @@ class _Call:
                 # first batch must not look lost.
                 drained = 0
                 while True:
-                    packets, headers, datagrams = t.receive()
+                    packets, headers, datagrams = (t.receive() if self.fast is None
+                                                   else self.fast.receive())
                     drained += datagrams
                     if len(packets):
                         self._on_results(packets)
@@ -636,6 +648,8 @@ class _Call:
     def _next_wakeup(self) -> float:
         """The earliest ``_due`` (the same sum on the earliest times: rounding is
         monotonic) or RACK deadline: before it, ``_recover`` has nothing to do."""
+        if self.fast is not None:
+            return self.fast.next_wakeup()
         t = self.t
         wake = min(max(self.sent_at.min(), self.progress_at) + t.rto.rto,
                    self.first_sent_at.min() + t.policy.peer_timeout)
@@ -664,6 +678,11 @@ class _Call:
     def _on_results(self, packets: np.ndarray) -> None:
         t = self.t
         now = time.monotonic()
+        if self.fast is not None:         # the common results at the batch's head
+            handled = self.fast.results(packets, now)
+            if handled == len(packets):
+                return
+            packets = packets[handled:]
         match, slot = self._answers(packets, MsgType.RESULT)
         match &= packets["contributions"] == t.num_workers
         index = match.nonzero()[0]

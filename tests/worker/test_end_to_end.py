@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from innet_aggregation.p4src import protocol
+from innet_aggregation.worker import fastpath
 from innet_aggregation.worker.run import as_float32, make_inputs
 
 # The error bound of innet_aggregation/worker/README.md, written out: n workers quantize to b = 31 -
@@ -89,13 +90,30 @@ def check_within_bound(result, *, size, seed, rep, n, average, dtype, steady=Fal
                                 f"sum {exact[worst]!r}, beyond the bound {bound[worst]:.3g}")
 
 
+@pytest.fixture(params=["compiled", "python"])
+def result_path(request):
+    """The worker's arguments for each way of handling results: the compiled fast path
+    where it can be built (``worker.fastpath``), and the Python code alone."""
+    if request.param == "compiled" and fastpath.library() is None:
+        pytest.skip("no C compiler: the fast path is off")
+    return [] if request.param == "compiled" else ["--python-path"]
+
+
+def check_path(runs, path_args) -> None:
+    """The fast path handled results where it was on, none where it was off."""
+    fast = sum(r["counters"]["fast_results"] for run in runs for r in run.reports
+               if "counters" in r)
+    assert (fast == 0) if path_args else (fast > 0), f"{fast} results in the fast path"
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_workers_get_identical_results_within_the_bound(fabric, tmp_path, n):
+def test_workers_get_identical_results_within_the_bound(fabric, tmp_path, n, result_path):
     job = fabric.job(n, num_slots=32)
     size, reps = 12_000, 2
     runs = fabric.run(job, ["--size", str(size), "--reps", str(reps), "--seed", str(n),
-                            "--save", str(tmp_path)])
+                            "--save", str(tmp_path), *result_path])
     check_run(runs, job, tmp_path, size=size, seed=n, reps=reps)
+    check_path(runs, result_path)
     fabric.remove(job)
 
 
@@ -108,13 +126,13 @@ def test_half_precision_averages(fabric, tmp_path, dtype):
     fabric.remove(job)
 
 
-def test_loss_in_both_directions_changes_no_bit(fabric, tmp_path):
+def test_loss_in_both_directions_changes_no_bit(fabric, tmp_path, result_path):
     """The same job serves one session per loss rate: each session parks its slots
     at close, so the next one starts cleanly."""
     job = fabric.job(3, num_slots=16)
     size, reps = 6000, 2
     args = ["--size", str(size), "--reps", str(reps), "--seed", "11",
-            "--initial-rto", "0.1", "--peer-timeout", "60"]
+            "--initial-rto", "0.1", "--peer-timeout", "60", *result_path]
     digests = {}
     try:
         for loss in (0.0, 0.01, 0.10):
@@ -122,6 +140,7 @@ def test_loss_in_both_directions_changes_no_bit(fabric, tmp_path):
             outdir = tmp_path / f"loss{loss}"
             runs = fabric.run(job, args + ["--save", str(outdir)])
             check_run(runs, job, outdir, size=size, seed=11, reps=reps)
+            check_path(runs, result_path)
             digests[loss] = [[r["digest"] for r in run.reports] for run in runs]
             retransmissions = sum(r["counters"]["retransmissions"] for run in runs
                                   for r in run.reports)
@@ -136,7 +155,8 @@ def test_loss_in_both_directions_changes_no_bit(fabric, tmp_path):
     fabric.remove(job)
 
 
-def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp_path):
+def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp_path,
+                                                                     result_path):
     """A timeout capped below the switch's round trip retransmits packets still
     waiting for slower workers (the switch drops those) and packets whose result is
     on its way (the switch resends it by unicast, so it arrives twice, out of order
@@ -157,8 +177,10 @@ def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp
         outdir = tmp_path / f"seed{seed}"
         runs = fabric.run(job, ["--size", "6000", "--reps", "3", "--seed", str(seed),
                                 "--initial-rto", cap, "--min-rto", cap,
-                                "--max-rto", cap, "--save", str(outdir)], late={3: straggler})
+                                "--max-rto", cap, "--save", str(outdir), *result_path],
+                          late={3: straggler})
         check_run(runs, job, outdir, size=6000, seed=seed, reps=3)
+        check_path(runs, result_path)
         waited = [run.reports[0]["counters"]["retransmissions"] for run in runs[:3]]
         assert all(waited), (f"workers 0-2 waited {straggler} s for worker 3 and "
                              f"retransmitted {waited} times")
@@ -212,7 +234,8 @@ def test_nonfinite_values_fail_the_call_on_every_worker_and_the_session_goes_on(
     fabric.remove(job)
 
 
-def test_mispredicted_exponents_are_redone_and_a_steady_shape_is_not(fabric, tmp_path):
+def test_mispredicted_exponents_are_redone_and_a_steady_shape_is_not(fabric, tmp_path,
+                                                                     result_path):
     """The transport's own redo policy, through the switch. Each call's block scales
     drawn afresh (2**-20 to 2**12): most of the previous call's maxima mispredict,
     both ways, and are redone; every result is within the bound. Scales kept from
@@ -223,7 +246,7 @@ def test_mispredicted_exponents_are_redone_and_a_steady_shape_is_not(fabric, tmp
     for steady in (False, True):
         outdir = tmp_path / f"steady{steady}"
         runs = fabric.run(job, ["--size", str(size), "--reps", str(reps), "--seed", "21",
-                                "--save", str(outdir)] + ["--steady"] * steady)
+                                "--save", str(outdir), *result_path] + ["--steady"] * steady)
         for run in runs:
             redone = [r["counters"]["redone"] for r in run.reports]
             assert redone[0] == blocks                 # the first call probes every block
@@ -232,6 +255,7 @@ def test_mispredicted_exponents_are_redone_and_a_steady_shape_is_not(fabric, tmp
             else:
                 assert all(0 < r < blocks for r in redone[1:]), redone
         check_run(runs, job, outdir, size=size, seed=21, reps=reps, steady=steady)
+        check_path(runs, result_path)
     fabric.remove(job)
 
 

@@ -11,14 +11,11 @@ once per machine.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import random
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
+from innet_aggregation import cbuild
+from innet_aggregation.cbuild import cache_dir, compiler  # noqa: F401 (the tests' names)
 from innet_aggregation.softswitch import frontend
 from innet_aggregation.softswitch.backends.native import printer as emit_c
 from innet_aggregation.softswitch.frontend import DROP_PORT
@@ -33,23 +30,6 @@ class NativeUnavailable(Exception):
     """The native backend cannot run this program here; the message says why."""
 
 
-def compiler() -> str | None:
-    """The C compiler to use ($CC, else cc), or None if there is none."""
-    return shutil.which(os.environ.get("CC") or "cc")
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "innet-softswitch"
-
-
-def _compiler_identity(cc: str) -> bytes:
-    try:
-        return subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return b""
-
-
 def _generator_sources() -> list[Path]:
     """Every file the C unit is a function of, besides the JSON and the drop port."""
     return sorted(Path(frontend.__file__).parent.glob("*.py")) + [
@@ -59,32 +39,12 @@ def _generator_sources() -> list[Path]:
 def build(json_text: bytes, drop_port: int, print_unit) -> Path:
     """The shared object for the program, taken from the cache or printed and compiled
     now. The key is the printer's inputs, so a program met before is not printed again."""
-    cc = compiler()
-    if cc is None:
-        raise NativeUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'} is not on PATH)")
-    digest = hashlib.sha256()
-    for part in (json_text, str(drop_port).encode(),
-                 *(path.read_bytes() for path in _generator_sources()),
-                 cc.encode(), _compiler_identity(cc)):
-        digest.update(hashlib.sha256(part).digest())
-    out_dir = cache_dir()
-    so = out_dir / f"pipeline-{digest.hexdigest()[:32]}.so"
-    if so.exists():
-        return so
-    source = print_unit()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        c_file = Path(tmp) / "pipeline.c"
-        c_file.write_text(source)
-        tmp_so = Path(tmp) / "pipeline.so"
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(tmp_so),
-               str(c_file), "-lpthread"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise NativeUnavailable("the C compiler failed on the generated code: "
-                                    + (result.stderr.strip().splitlines() or ["?"])[-1])
-        os.replace(tmp_so, so)    # atomic: a concurrent build of the same program is harmless
-    return so
+    key = (json_text, str(drop_port).encode(),
+           *(path.read_bytes() for path in _generator_sources()))
+    try:
+        return cbuild.shared_object("pipeline", key, print_unit, libs=("-lpthread",))
+    except cbuild.BuildUnavailable as exc:
+        raise NativeUnavailable(str(exc)) from None
 
 
 def _load(so: Path) -> ctypes.CDLL:
@@ -292,7 +252,7 @@ class NativePipeline:
         self.drop_port = drop_port
         program = program or frontend.load(json_text, drop_port)
         if compiler() is None:
-            raise NativeUnavailable(f"no C compiler ({os.environ.get('CC') or 'cc'} is not on PATH)")
+            raise NativeUnavailable(cbuild.no_compiler())
         self.so_path = build(json_text, drop_port, lambda: emit_c.emit(program, str(RUNTIME)))
         self.c = c = _Context(_load(self.so_path), drop_port)
         lib = c.lib

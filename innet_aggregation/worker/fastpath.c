@@ -1,0 +1,278 @@
+/* The worker's fast path: a batch of received results, in C, for the common case.
+ *
+ * Python (transport.py) owns every array of a call; this unit gets pointers to them
+ * (struct fp_call, filled once per call by fastpath.py) and, for the results of a
+ * batch in arrival order, does what _Call._on_results, _store, _load and _transmit
+ * do, as long as a result is the common case: it answers the slot's packet in
+ * flight (identity bytes), every worker contributed, its fingerprint sum is the
+ * call's, and its scale is kept (not redone, not poisoned), for a whole block of a
+ * float32 output. It stops at the first result that is anything else and returns
+ * how many it handled; Python handles the rest of the batch unchanged. The next
+ * packets of the slots handled go out in one sendmmsg (UDP GSO runs of consecutive
+ * slots, as batchio.py cuts them).
+ *
+ * The numerics are quantize.quantize's and quantize.dequantize's, element by
+ * element: numpy chooses its path per batch, but each path gives the same bits
+ * wherever it is taken (tests/worker/test_fastpath.py compares them).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define SEND_BATCH 64
+
+struct fp_call {
+    /* the packet's layout: byte offsets, from the program */
+    int32_t off_type, off_set_slot, off_pkt_id, off_exponent, off_contributions,
+        off_fingerprint, off_values;
+    int32_t identity_bytes, values, packet_bytes, result_type, slot_shift, slot_mask;
+    int32_t exponent_of_zero, poison, slack, num_workers, bits, dequantize_shift;
+    int32_t average, power_of_two;
+    int64_t n, step, whole_in, whole_out, num_slots, first_slot;
+    /* the call's arrays (numpy's memory) */
+    uint8_t *tx;                      /* the window's packets, one a slot */
+    const uint8_t *set_slot_words;    /* 2 x slots, big-endian 16 bits, as sent */
+    uint8_t *expect;                  /* slots x identity_bytes */
+    const float *in_whole, *in_tail;
+    float *out_whole;
+    int64_t *chunk, *scale, *agreed;
+    const int64_t *own;
+    int64_t *next_set, *next_pkt_id;
+    const uint8_t *fingerprints, *expected;   /* per chunk, big-endian 32 bits */
+    double *sent_at, *first_sent_at;
+    int64_t *sent_seq, *retries;
+    uint8_t *resent, *told;           /* numpy bools */
+    int64_t *queue;                   /* the slots loaded, in order */
+    const uint8_t *rx;                /* the receive rows, rx_stride bytes apart */
+    /* kept across batches; Python reads and writes them */
+    int64_t next_seq, rack_seq;
+    /* one batch's outcome */
+    int64_t results, idle, queued, sent, failed_rows, rtt_count, datagrams, rx_stride;
+    double rtt_sum, rack_sent_at;
+    int32_t err, recv_err;
+};
+
+static inline uint32_t be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+/* quantize.quantize for one block: rint(x * 2**shift), clipped below 2**bits where
+ * the block's own exponent exceeds its scale, zeros where either is the poison. */
+static void quantize_row(const struct fp_call *c, const float *x, int64_t own, int64_t scale,
+                         uint8_t *dst) {
+    int k = c->values;
+    if (scale == c->poison || own == c->poison) {
+        memset(dst, 0, 4 * (size_t)k);
+        return;
+    }
+    int64_t floor_ = scale > c->exponent_of_zero + 1 ? scale : c->exponent_of_zero + 1;
+    int shift = (int)(c->bits - floor_);
+    float limit = nextafterf(ldexpf(1.0f, c->bits), 0.0f);
+    int over = own > scale;
+    float factor = ldexpf(1.0f, shift <= 127 ? shift : 0);
+    for (int i = 0; i < k; i++) {
+        float v = shift <= 127 ? x[i] * factor : ldexpf(x[i], shift);
+        if (over)
+            v = v < -limit ? -limit : (v > limit ? limit : v);
+        put_be32(dst + 4 * i, (uint32_t)(int32_t)rintf(v));
+    }
+}
+
+/* quantize.dequantize for one block: sum * 2**(S - shift) (/ n), rounded once to
+ * float32; through float32 where that gives the same bits, else through float64. */
+static void dequantize_row(const struct fp_call *c, const uint8_t *src, int64_t scale,
+                           float *out) {
+    int k = c->values;
+    int e = (int)(scale - c->dequantize_shift);
+    if ((!c->average || c->power_of_two) && e >= -126 && e <= 127 - 32) {
+        float factor = ldexpf(1.0f, e);
+        for (int i = 0; i < k; i++)
+            out[i] = (float)(int32_t)be32(src + 4 * i) * factor;
+    } else {
+        double factor = ldexp(1.0, e);
+        int divide = c->average && !c->power_of_two;
+        for (int i = 0; i < k; i++) {
+            double v = (double)(int32_t)be32(src + 4 * i) * factor;
+            if (divide)
+                v /= c->num_workers;
+            out[i] = (float)v;
+        }
+    }
+}
+
+/* _Call._load for one slot: its next chunk into its packet, its expected result. */
+static void load(struct fp_call *c, int64_t s, int64_t chunk, double now) {
+    uint8_t *row = c->tx + s * c->packet_bytes;
+    int64_t set = c->next_set[s], id = c->next_pkt_id[s];
+    c->next_set[s] = set ^ 1;
+    c->next_pkt_id[s] = (id + 1) & 0xFFFFFFFF;
+    memcpy(row + c->off_set_slot, c->set_slot_words + 2 * (set * c->num_slots + s), 2);
+    put_be32(row + c->off_pkt_id, (uint32_t)id);
+    row[c->off_exponent] = (uint8_t)(int8_t)c->own[chunk];
+    memcpy(row + c->off_fingerprint, c->fingerprints + 4 * chunk, 4);
+    row[c->off_contributions] = 0;
+    uint8_t *expect = c->expect + s * c->identity_bytes;
+    memcpy(expect, row, c->identity_bytes);
+    expect[c->off_type] = (uint8_t)c->result_type;
+    const float *x = chunk < c->whole_in ? c->in_whole + chunk * c->values : c->in_tail;
+    quantize_row(c, x, c->own[chunk], c->scale[chunk], row + c->off_values);
+    c->first_sent_at[s] = now;
+    c->retries[s] = 0;
+    c->resent[s] = 0;
+    c->told[s] = 0;
+    c->queue[c->queued++] = s;
+}
+
+/* The queued slots' packets, runs of consecutive slots one GSO message each. */
+static void transmit(struct fp_call *c, int fd, int gso, double now) {
+    struct mmsghdr msgs[SEND_BATCH];
+    struct iovec iov[SEND_BATCH];
+    int64_t i = 0;
+    for (int64_t q = 0; q < c->queued; q++) {
+        int64_t s = c->queue[q];
+        c->sent_at[s] = now;
+        c->sent_seq[s] = c->next_seq++;
+    }
+    while (i < c->queued) {
+        int m = 0;
+        int64_t rows[SEND_BATCH];
+        int64_t j = i;
+        while (j < c->queued && m < SEND_BATCH) {
+            int64_t first = c->queue[j], len = 1;
+            while (j + len < c->queued && len < gso && c->queue[j + len] == first + len)
+                len++;
+            iov[m].iov_base = c->tx + first * c->packet_bytes;
+            iov[m].iov_len = (size_t)(len * c->packet_bytes);
+            memset(&msgs[m].msg_hdr, 0, sizeof msgs[m].msg_hdr);
+            msgs[m].msg_hdr.msg_iov = &iov[m];
+            msgs[m].msg_hdr.msg_iovlen = 1;
+            rows[m++] = len;
+            j += len;
+        }
+        int done = sendmmsg(fd, msgs, m, 0);
+        int err = done < 0 ? errno : 0;
+        for (int d = 0; d < (done > 0 ? done : 0); d++)
+            c->sent += rows[d];
+        if (err || done < m) {
+            c->err = err ? err : EAGAIN;
+            c->failed_rows = rows[done > 0 ? done : 0];
+            return;
+        }
+        i = j;
+    }
+}
+
+/* The results in ``count`` packets from ``base`` (``stride`` bytes apart; of
+ * ``lengths``, where given, in bytes), in order, up to the first that is not the
+ * common case; returns how many were handled. */
+static int64_t handle(struct fp_call *c, const uint8_t *base, int64_t stride, int64_t count,
+                      const struct mmsghdr *lengths, double now, int fd, int gso) {
+    c->results = c->idle = c->queued = c->sent = c->failed_rows = c->rtt_count = 0;
+    c->rtt_sum = 0.0;
+    c->err = 0;
+    int64_t i;
+    for (i = 0; i < count; i++) {
+        const uint8_t *p = base + i * stride;
+        if (lengths && lengths[i].msg_len != (unsigned)c->packet_bytes)
+            break;
+        uint16_t word = (uint16_t)(p[c->off_set_slot] << 8 | p[c->off_set_slot + 1]);
+        int64_t s = (int64_t)((word >> c->slot_shift) & c->slot_mask) - c->first_slot;
+        if (s < 0 || s >= c->num_slots)
+            break;
+        int64_t chunk = c->chunk[s];
+        if (chunk < 0 || chunk >= c->whole_out
+            || memcmp(p, c->expect + s * c->identity_bytes, c->identity_bytes)
+            || p[c->off_contributions] != c->num_workers
+            || memcmp(p + c->off_fingerprint, c->expected + 4 * chunk, 4))
+            break;
+        int64_t agreed = (int8_t)p[c->off_exponent], scale = c->scale[chunk];
+        if (agreed == c->poison
+            || !(agreed == c->exponent_of_zero
+                 || (agreed <= scale && scale - agreed <= c->slack)))
+            break;
+        c->agreed[chunk] = agreed;
+        c->results++;
+        if (!c->resent[s]) {          /* Karn: RTT and RACK from packets sent once */
+            c->rtt_sum += c->sent_at[s];
+            c->rtt_count++;
+            if (c->sent_seq[s] > c->rack_seq) {
+                c->rack_seq = c->sent_seq[s];
+                c->rack_sent_at = c->sent_at[s];
+            }
+        }
+        dequantize_row(c, p + c->off_values, scale, c->out_whole + chunk * c->values);
+        int64_t following = chunk + c->step;
+        if (following >= c->n) {
+            c->chunk[s] = -1;
+            c->sent_at[s] = INFINITY;
+            c->first_sent_at[s] = INFINITY;
+            c->sent_seq[s] = INT64_MAX;
+            c->idle++;
+        } else {
+            c->chunk[s] = following;
+            load(c, s, following, now);
+        }
+    }
+    if (c->queued)
+        transmit(c, fd, gso, now);
+    return i;
+}
+
+EXPORT int64_t fp_results(struct fp_call *c, const uint8_t *base, int64_t stride,
+                          int64_t count, double now, int fd, int gso) {
+    return handle(c, base, stride, count, NULL, now, fd, gso);
+}
+
+/* What is queued on the socket, into the receive rows through ``msgs`` (batchio's
+ * recvmmsg vectors, ``rows`` of them), then its common results as fp_results. */
+EXPORT int64_t fp_receive(struct fp_call *c, struct mmsghdr *msgs, int rows, double now,
+                          int fd, int gso) {
+    int got = recvmmsg(fd, msgs, rows, MSG_DONTWAIT, NULL);
+    c->recv_err = got < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
+    c->datagrams = got > 0 ? got : 0;
+    return handle(c, c->rx, c->rx_stride, c->datagrams, msgs, now, fd, gso);
+}
+
+/* _Call._next_wakeup: the earliest timer (the timeout after the later of a slot's
+ * send and the call's last answer, capped by peer_timeout) or RACK deadline. */
+EXPORT double fp_next_wakeup(struct fp_call *c, double rto, double peer_timeout,
+                             double progress_at, int64_t rack_seq, double rack_rtt,
+                             double reorder_window) {
+    double sent = INFINITY, first = INFINITY, behind = INFINITY;
+    for (int64_t s = 0; s < c->num_slots; s++) {
+        if (c->sent_at[s] < sent)
+            sent = c->sent_at[s];
+        if (c->first_sent_at[s] < first)
+            first = c->first_sent_at[s];
+        if (c->sent_seq[s] < rack_seq && c->sent_at[s] < behind)
+            behind = c->sent_at[s];
+    }
+    double timer = (sent > progress_at ? sent : progress_at) + rto;
+    double cap = first + peer_timeout;
+    double wake = timer < cap ? timer : cap;
+    if (behind < INFINITY) {
+        double rack = behind + rack_rtt + reorder_window;
+        if (rack < wake)
+            wake = rack;
+    }
+    return wake;
+}
+
+/* quantize_row and dequantize_row alone, for the tests against numpy. */
+EXPORT void fp_quantize(struct fp_call *c, const float *x, int64_t own, int64_t scale,
+                        uint8_t *dst) {
+    quantize_row(c, x, own, scale, dst);
+}
+
+EXPORT void fp_dequantize(struct fp_call *c, const uint8_t *src, int64_t scale, float *out) {
+    dequantize_row(c, src, scale, out);
+}

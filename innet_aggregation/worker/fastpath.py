@@ -1,0 +1,223 @@
+"""The worker's fast path: ``fastpath.c`` compiled on first use, bound to one call.
+
+Each wake-up of a call used to cost about 160 Python and numpy calls, whatever the
+number of results, and a worker shares two cores with the others and the switch. The
+common case (a result that is final, for a whole float32 block) is handled in C, on
+the call's own numpy arrays, with the next packets sent from there: a wake-up is a
+handful of Python calls. Anything else goes to the Python code, unchanged. Without
+a C compiler the transport runs the Python path (one info line says so).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from innet_aggregation import cbuild
+from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO, MsgType
+
+from . import quantize
+from .batchio import BATCHED
+
+SOURCE = Path(__file__).resolve().parent / "fastpath.c"
+log = logging.getLogger("worker")
+
+_I32 = ("off_type", "off_set_slot", "off_pkt_id", "off_exponent", "off_contributions",
+        "off_fingerprint", "off_values", "identity_bytes", "values", "packet_bytes",
+        "result_type", "slot_shift", "slot_mask", "exponent_of_zero", "poison", "slack",
+        "num_workers", "bits", "dequantize_shift", "average", "power_of_two")
+_I64 = ("n", "step", "whole_in", "whole_out", "num_slots", "first_slot")
+_PTRS = ("tx", "set_slot_words", "expect", "in_whole", "in_tail", "out_whole", "chunk",
+         "scale", "agreed", "own", "next_set", "next_pkt_id", "fingerprints", "expected",
+         "sent_at", "first_sent_at", "sent_seq", "retries", "resent", "told", "queue", "rx")
+
+
+class CallState(ctypes.Structure):
+    """``struct fp_call``, field for field."""
+    _fields_ = ([(f, ctypes.c_int32) for f in _I32] + [(f, ctypes.c_int64) for f in _I64]
+                + [(f, ctypes.c_void_p) for f in _PTRS]
+                + [(f, ctypes.c_int64) for f in ("next_seq", "rack_seq", "results", "idle",
+                                                 "queued", "sent", "failed_rows", "rtt_count",
+                                                 "datagrams", "rx_stride")]
+                + [("rtt_sum", ctypes.c_double), ("rack_sent_at", ctypes.c_double),
+                   ("err", ctypes.c_int32), ("recv_err", ctypes.c_int32)])
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled fast path, or None (logged once) where it cannot be built."""
+    if not BATCHED:
+        log.info("worker fast path off: no sendmmsg/recvmmsg here")
+        return None
+    try:
+        so = cbuild.shared_object("worker-fastpath", (SOURCE.read_bytes(),),
+                                  SOURCE.read_text, what=SOURCE.name)
+    except cbuild.BuildUnavailable as exc:
+        log.info("worker fast path off (%s): results are handled in Python", exc)
+        return None
+    lib = ctypes.CDLL(str(so))
+    P, I64 = ctypes.c_void_p, ctypes.c_int64
+    lib.fp_results.argtypes = [P, P, I64, I64, ctypes.c_double, ctypes.c_int, ctypes.c_int]
+    lib.fp_results.restype = I64
+    lib.fp_receive.argtypes = [P, P, ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.c_int]
+    lib.fp_receive.restype = I64
+    D = ctypes.c_double
+    lib.fp_next_wakeup.argtypes = [P, D, D, D, I64, D, D]
+    lib.fp_next_wakeup.restype = D
+    lib.fp_quantize.argtypes = [P, P, I64, I64, P]
+    lib.fp_dequantize.argtypes = [P, P, I64, P]
+    lib.fp_quantize.restype = lib.fp_dequantize.restype = None
+    return lib
+
+
+def layout(state: CallState, fmt, num_workers: int, average: bool) -> None:
+    """The packet's layout and the numbers' constants, from the program and the job."""
+    fields = fmt.dtype.fields
+    word = fmt.word("slot")
+    _, shift, mask = next(x for x in fmt._word_of["slot"].layout if x[0].name == "slot")
+    if fmt.dtype[word] != np.dtype(">u2"):
+        raise ValueError("the fast path expects the slot in a 16-bit word")
+    state.off_type = fields["msg_type"][1]
+    state.off_set_slot = fields[word][1]
+    state.off_pkt_id = fields["pkt_id"][1]
+    state.off_exponent = fields["exponent"][1]
+    state.off_contributions = fields["contributions"][1]
+    state.off_fingerprint = fields["fingerprint"][1]
+    state.off_values = fields["values"][1]
+    state.identity_bytes = state.off_pkt_id + 4
+    state.values = fmt.values_per_packet
+    state.packet_bytes = fmt.payload_bytes
+    state.result_type = int(MsgType.RESULT)
+    state.slot_shift, state.slot_mask = shift, mask
+    state.exponent_of_zero = EXPONENT_OF_ZERO
+    state.poison = quantize.POISON_EXPONENT
+    state.slack = quantize.SLACK
+    state.num_workers = num_workers
+    state.bits = quantize.scale_bits(num_workers)
+    power_of_two = num_workers & (num_workers - 1) == 0
+    state.power_of_two = power_of_two
+    state.average = average
+    state.dequantize_shift = state.bits + (num_workers.bit_length() - 1
+                                           if average and power_of_two else 0)
+
+
+def _ptr(array: np.ndarray) -> int:
+    if not array.flags.c_contiguous:
+        raise ValueError("the fast path needs contiguous arrays")
+    return array.ctypes.data
+
+
+class FastCall:
+    """One call's arrays as the C unit sees them. ``None`` from ``bind`` where the
+    call is not one it handles (not quantized, another output dtype, strided blocks)."""
+
+    def __init__(self, lib, call):
+        t = call.t
+        self.lib = lib
+        self.call = call
+        s = self.state = CallState()
+        layout(s, t.fmt, t.num_workers, call.average)
+        s.n, s.step = call.n, call.step
+        s.whole_in, s.whole_out = len(call.blocks.whole), len(call.out.whole)
+        s.num_slots, s.first_slot = t.num_slots, t.first_slot
+        self.queue = np.zeros(t.num_slots, dtype=np.int64)
+        self.set_slot_words = np.ascontiguousarray(t.set_slot_words)
+        tail = call.blocks.tail if len(call.blocks.tail) else np.zeros((1, s.values), np.float32)
+        self._tail = tail                # the C unit reads it: kept alive with the call
+        for name, array in (("tx", t.tx), ("set_slot_words", self.set_slot_words),
+                            ("expect", call.expect), ("in_whole", call.blocks.whole),
+                            ("in_tail", tail), ("out_whole", call.out.whole),
+                            ("chunk", call.chunk), ("scale", call.scale),
+                            ("agreed", call.agreed), ("own", call.own),
+                            ("next_set", t.next_set), ("next_pkt_id", t.next_pkt_id),
+                            ("fingerprints", call.fingerprints), ("expected", call.expected),
+                            ("sent_at", call.sent_at), ("first_sent_at", call.first_sent_at),
+                            ("sent_seq", call.sent_seq), ("retries", call.retries),
+                            ("resent", call.resent), ("told", call.told),
+                            ("queue", self.queue), ("rx", t.rx)):
+            setattr(s, name, _ptr(array))
+        self.ref = ctypes.byref(s)
+        s.rx_stride = t.rx.strides[0]
+        self.fd = t.sock.fileno()
+        self.no_packets = t.rx_packets[:0]
+
+    @classmethod
+    def bind(cls, call) -> "FastCall | None":
+        lib = library()
+        if lib is None or not call.quantized or not call.t.fast_path:
+            return None
+        for blocks in (call.blocks, call.out):
+            if blocks.whole.dtype != np.float32 or not blocks.whole.flags.c_contiguous:
+                return None
+        if call.own.dtype != np.int64 or call.scale.dtype != np.int64:
+            return None
+        return cls(lib, call)
+
+    def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """``Transport.receive`` with the common results at the batch's head handled
+        in C: the rest of the batch (results, WAITING headers) and how many datagrams
+        were read."""
+        call, t = self.call, self.call.t
+        s = self.state
+        s.next_seq, s.rack_seq = call.next_seq, call.rack_seq
+        now = time.monotonic()
+        handled = self.lib.fp_receive(self.ref, t.io.rx_vectors, len(t.rx), now, self.fd,
+                                      t.io.gso)
+        datagrams = s.datagrams
+        if s.recv_err:
+            t.stats.socket_errors += 1
+        if handled:
+            self._account(now)
+        if handled == datagrams:
+            return self.no_packets, t.no_headers, datagrams
+        packets, headers = t.sort(t.io.lengths(datagrams)[handled:], handled)
+        return packets, headers, datagrams
+
+    def next_wakeup(self) -> float:
+        """``_Call._next_wakeup``, one loop over the slots."""
+        call, t = self.call, self.call.t
+        return self.lib.fp_next_wakeup(self.ref, t.rto.rto, t.policy.peer_timeout,
+                                       call.progress_at, call.rack_seq, call.rack_rtt,
+                                       t.rto.reorder_window)
+
+    def results(self, packets: np.ndarray, now: float) -> int:
+        """Handle the common results at the head of ``packets``; how many it handled."""
+        s, call, t = self.state, self.call, self.call.t
+        s.next_seq, s.rack_seq = call.next_seq, call.rack_seq
+        handled = self.lib.fp_results(self.ref, packets.ctypes.data, packets.strides[0],
+                                      len(packets), now, self.fd, t.io.gso)
+        if handled:
+            self._account(now)
+        return handled
+
+    def _account(self, now: float) -> None:
+        """What C did, into the Python state: counters, RTT, RACK, progress, sends."""
+        s, call, t = self.state, self.call, self.call.t
+        t.stats.results_received += s.results
+        t.stats.fast_results += s.results
+        if s.rtt_count:
+            t.rto.sample(now - s.rtt_sum / s.rtt_count)
+        if s.rack_seq != call.rack_seq:
+            call.rack_seq, call.rack_rtt = s.rack_seq, now - s.rack_sent_at
+        call.progress_at = now
+        call.in_flight -= s.idle
+        call.next_seq = s.next_seq
+        if s.queued:
+            self._sent(s)
+
+    def _sent(self, s: CallState) -> None:
+        """Count what went out, as Transport.send does; a route that refuses GSO gets
+        it turned off, and the rest resent one datagram per message (batchio)."""
+        t = self.call.t
+        sent = s.sent
+        t.stats.packets_sent += sent
+        t.stats.bytes_sent += sent * t.fmt.payload_bytes
+        if s.err:
+            t.stats.socket_errors += 1
+            if t.io.refuses_gso(s.err, s.failed_rows):
+                t.send(self.queue[sent:s.queued])
