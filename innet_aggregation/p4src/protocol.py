@@ -226,6 +226,11 @@ class PacketFormat:
         """The field of ``dtype`` (one big-endian word) that holds header field ``name``."""
         return self._word_of[name].name
 
+    def bits(self, name: str) -> tuple[int, int]:
+        """Where header field ``name`` sits in its word (``word``): (shift, mask)."""
+        return next((shift, mask) for field, shift, mask in self._word_of[name].layout
+                    if field.name == name)
+
     def unpack(self, packets: np.ndarray, names=None) -> dict[str, np.ndarray]:
         """Header fields of a packet array (all, or the words holding ``names``), as
         int64 arrays (signed fields signed)."""

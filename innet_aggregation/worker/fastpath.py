@@ -79,7 +79,7 @@ def layout(state: CallState, fmt, num_workers: int, average: bool) -> None:
     """The packet's layout and the numbers' constants, from the program and the job."""
     fields = fmt.dtype.fields
     word = fmt.word("slot")
-    _, shift, mask = next(x for x in fmt._word_of["slot"].layout if x[0].name == "slot")
+    shift, mask = fmt.bits("slot")
     if fmt.dtype[word] != np.dtype(">u2"):
         raise ValueError("the fast path expects the slot in a 16-bit word")
     state.off_type = fields["msg_type"][1]
