@@ -2,8 +2,9 @@
  *
  * Not compiled on its own: the C emitter writes one translation unit per program
  * that defines SS_NFIELDS, SS_NHEADERS, SS_NTABLES, SS_NREGS, SS_NCTRS, SS_MAXHDR
- * and SS_MAXCELLS, includes this file, then defines ss_setup(), ss_ingress() and
- * ss_egress() (and ss_keep(), ss_reset_meta(), ss_set_instance() for clone, resubmit
+ * and SS_MAXCELLS, includes this file, then defines ss_setup(), ss_ingress(),
+ * ss_egress() and ss_replica() (a multicast or clone copy's state: only the fields
+ * egress names) (and ss_keep(), ss_reset_meta(), ss_set_instance() for clone, resubmit
  * and recirculate). One unit lets the compiler inline table lookups into the pipeline.
  *
  * Every array access is bounds-checked: the generated code checks its indices
@@ -107,6 +108,7 @@ static void ss_ingress(ss_ctx *c, ss_state *S);
 static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, uint32_t rid,
                          uint32_t instance, uint8_t *out, uint32_t cap, ss_state *e2e);
 static void ss_keep(ss_state *dst, const ss_state *src, uint32_t field_list);
+static void ss_replica(ss_state *dst, const ss_state *src);
 static void ss_reset_meta(ss_state *S);
 static void ss_set_instance(ss_state *S, uint64_t instance);
 static uint64_t ss_spec(const ss_state *S);
@@ -249,7 +251,7 @@ static void ss_table_range(ss_ctx *c, ss_table *t, int f) {
     t->ranged[f] = 1;
 }
 
-static uint64_t ss_hash(const uint64_t *k, int nk) {
+static inline uint64_t ss_hash(const uint64_t *k, int nk) {
     uint64_t h = 0x9E3779B97F4A7C15ULL;
     for (int i = 0; i < nk; i++) { h ^= k[i]; h *= 0xFF51AFD7ED558CCDULL; h ^= h >> 33; }
     return h;
@@ -286,32 +288,40 @@ static void ss_table_reindex(ss_table *t) {
     }
 }
 
-static inline int32_t ss_lookup(const ss_table *t, const uint64_t *k) {
+/* A ternary/LPM/range table: the first entry in priority order that matches. */
+static int32_t ss_lookup_scan(const ss_table *t, const uint64_t *k) {
     int nk = t->nk;
-    if (t->scan) {
-        for (uint32_t j = 0; j < t->icap; j++) {
-            int32_t i = t->index[j];
-            const uint64_t *ek = t->key + (size_t)i * nk, *em = t->mask + (size_t)i * nk;
-            int ok = 1;
-            if (t->ranged) {
-                for (int f = 0; f < nk; f++)
-                    if (t->ranged[f] ? k[f] < ek[f] || k[f] > em[f] : (k[f] & em[f]) != ek[f]) {
-                        ok = 0;
-                        break;
-                    }
-            } else {
-                for (int f = 0; f < nk; f++) if ((k[f] & em[f]) != ek[f]) { ok = 0; break; }
-            }
-            if (ok) return i;
+    for (uint32_t j = 0; j < t->icap; j++) {
+        int32_t i = t->index[j];
+        const uint64_t *ek = t->key + (size_t)i * nk, *em = t->mask + (size_t)i * nk;
+        int ok = 1;
+        if (t->ranged) {
+            for (int f = 0; f < nk; f++)
+                if (t->ranged[f] ? k[f] < ek[f] || k[f] > em[f] : (k[f] & em[f]) != ek[f]) {
+                    ok = 0;
+                    break;
+                }
+        } else {
+            for (int f = 0; f < nk; f++) if ((k[f] & em[f]) != ek[f]) { ok = 0; break; }
         }
-        return -1;
+        if (ok) return i;
     }
+    return -1;
+}
+
+/* An exact table. The printer passes the table's key count as a constant, so each
+ * call site is inlined with its hash and key compare unrolled (no memcmp call). */
+static inline __attribute__((always_inline)) int32_t ss_lookup_exact(const ss_table *t,
+                                                                     const uint64_t *k, int nk) {
     if (!t->icap) return -1;
     uint32_t h = (uint32_t)ss_hash(k, nk) & (t->icap - 1);
     for (;;) {
         int32_t i = t->index[h];
         if (i < 0) return -1;
-        if (!memcmp(t->key + (size_t)i * nk, k, nk * sizeof(uint64_t))) return i;
+        const uint64_t *ek = t->key + (size_t)i * nk;
+        int f = 0;
+        while (f < nk && ek[f] == k[f]) f++;
+        if (f == nk) return i;
         h = (h + 1) & (t->icap - 1);
     }
 }
@@ -551,7 +561,7 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
     ss_group *g = S->clone ? c->sessions[S->clone & 0x7FFF] : NULL;
     for (int i = 0; g && i < g->n && ss_another(c); i++) {
         ss_state E;
-        memcpy(&E, &K, sizeof K);
+        ss_replica(&E, &K);
         ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 2, slot, emit);
     }
 }
@@ -588,7 +598,7 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
         ss_reset_meta(&K);
         ss_keep(&K, &S, S.clone_fl);
         for (int i = 0; !K.abort && i < g->n && ss_another(c); i++) {
-            memcpy(&E, &K, sizeof K);
+            ss_replica(&E, &K);
             ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 1, slot, emit);
         }
     }
@@ -601,8 +611,9 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
         g = c->groups[grp & 0xFFFF];
         if (!g || grp > 0xFFFF) return;
         for (int i = 0; i < g->n; i++) {
-            memcpy(&E, &S, sizeof S);
-            ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 5, slot, emit);
+            ss_state *R = &S;        /* the last replica is S itself: it is not read again */
+            if (i + 1 < g->n) ss_replica(R = &E, &S);
+            ss_egress_out(c, R, g->port[i], 1, g->rid[i], 5, slot, emit);
         }
         return;
     }
