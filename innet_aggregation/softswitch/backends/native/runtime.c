@@ -37,6 +37,9 @@
 #define SS_OUTMAX 64             /* outputs kept by ss_process (control-plane tests) */
 #define SS_SESSIONS 32768        /* clone session ids (PI's: 1 to 32767) */
 #define SS_PASSES 32             /* clones, resubmits and recirculations per received frame */
+#ifndef PACKET_IGNORE_OUTGOING
+#define PACKET_IGNORE_OUTGOING 23
+#endif
 
 typedef struct {
     int nk, nd, scan;            /* scan: ternary/LPM/range (priority order), else exact hash */
@@ -95,6 +98,7 @@ typedef struct ss_ctx {
     volatile int stop, running;
     int nports, port_no[SS_MAXPORTS], rxfd[SS_MAXPORTS], txfd[SS_MAXPORTS];
     int port_index[SS_MAXPORTS];
+    uint8_t sees_outgoing[SS_MAXPORTS];  /* no PACKET_IGNORE_OUTGOING (kernels before 4.20) */
     uint8_t *rxbuf;
     ss_txslot tx[SS_TXMAX];
     uint32_t ntx;
@@ -743,8 +747,10 @@ static void ss_receive(ss_ctx *c, int k) {
         memset(&msgs[i], 0, sizeof msgs[i]);
         msgs[i].msg_hdr.msg_iov = &iov[i];
         msgs[i].msg_hdr.msg_iovlen = 1;
-        msgs[i].msg_hdr.msg_name = &addr[i];
-        msgs[i].msg_hdr.msg_namelen = sizeof addr[i];
+        if (c->sees_outgoing[k]) {   /* only then is the packet type needed */
+            msgs[i].msg_hdr.msg_name = &addr[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof addr[i];
+        }
         msgs[i].msg_hdr.msg_control = control[i].buf;
         msgs[i].msg_hdr.msg_controllen = sizeof control[i].buf;
     }
@@ -752,7 +758,7 @@ static void ss_receive(ss_ctx *c, int k) {
     if (n <= 0) return;
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < n; i++) {
-        if (addr[i].sll_pkttype == PACKET_OUTGOING) continue;
+        if (c->sees_outgoing[k] && addr[i].sll_pkttype == PACKET_OUTGOING) continue;
         c->stat_rx++;
         if (msgs[i].msg_len > SS_SLOT - 4 || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
             c->stat_drop++;           /* larger than a slot: dropped, never cut short */
@@ -767,7 +773,6 @@ static void ss_receive(ss_ctx *c, int k) {
         ss_run(c, iov[i].iov_base, len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
     }
     pthread_mutex_unlock(&c->mu);
-    ss_flush(c);
 }
 
 static void *ss_loop(void *arg) {
@@ -780,7 +785,10 @@ static void *ss_loop(void *arg) {
     struct epoll_event evs[64];
     while (!c->stop) {
         int n = epoll_wait(ep, evs, 64, 50);
+        /* What every ready port brought is sent together: a multicast's copies of
+         * several ports' batches go out in one sendmmsg per port, not one each. */
         for (int i = 0; i < n; i++) ss_receive(c, (int)evs[i].data.u32);
+        if (c->ntx) ss_flush(c);
     }
     close(ep);
     return NULL;
@@ -797,6 +805,10 @@ SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, 
         c->rxfd[k] = rxfds[k];
         c->txfd[k] = txfds[k];
         c->port_index[ports[k]] = k;
+        int ignores = 0;
+        socklen_t len = sizeof ignores;
+        c->sees_outgoing[k] = getsockopt(rxfds[k], SOL_PACKET, PACKET_IGNORE_OUTGOING,
+                                         &ignores, &len) != 0 || !ignores;
     }
     if (!c->rxbuf && !(c->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT))) return -1;
     for (int i = 0; i < SS_TXMAX; i++)
