@@ -26,6 +26,8 @@ from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE / "runtime.c"
+# The unit is compiled on the machine that runs it, so it may use all of its CPU.
+CFLAGS = ("-O3", "-march=native")
 c_u64p = ctypes.POINTER(ctypes.c_uint64)
 
 
@@ -65,7 +67,7 @@ def build(json_text: bytes, drop_port: int, print_unit) -> Path:
     digest = hashlib.sha256()
     for part in (json_text, str(drop_port).encode(),
                  *(path.read_bytes() for path in _generator_sources()),
-                 cc.encode(), _compiler_identity(cc)):
+                 cc.encode(), _compiler_identity(cc), " ".join(CFLAGS).encode()):
         digest.update(hashlib.sha256(part).digest())
     out_dir = cache_dir()
     so = out_dir / f"pipeline-{digest.hexdigest()[:32]}.so"
@@ -77,7 +79,7 @@ def build(json_text: bytes, drop_port: int, print_unit) -> Path:
         c_file = Path(tmp) / "pipeline.c"
         c_file.write_text(source)
         tmp_so = Path(tmp) / "pipeline.so"
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(tmp_so),
+        cmd = [cc, *CFLAGS, "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(tmp_so),
                str(c_file), "-lpthread"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
