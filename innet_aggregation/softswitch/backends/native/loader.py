@@ -52,6 +52,17 @@ def _compiler_identity(cc: str) -> bytes:
         return b""
 
 
+def _cpu_identity() -> bytes:
+    """The CPU's model and flags: -march=native code from a cache shared with another
+    machine could stop on an instruction this one lacks."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return b"".join(sorted({line for line in f
+                                    if line.startswith((b"model name", b"flags"))}))
+    except OSError:
+        return b""
+
+
 def _generator_sources() -> list[Path]:
     """Every file the C unit is a function of, besides the JSON and the drop port."""
     return sorted(Path(frontend.__file__).parent.glob("*.py")) + [
@@ -67,7 +78,8 @@ def build(json_text: bytes, drop_port: int, print_unit) -> Path:
     digest = hashlib.sha256()
     for part in (json_text, str(drop_port).encode(),
                  *(path.read_bytes() for path in _generator_sources()),
-                 cc.encode(), _compiler_identity(cc), " ".join(CFLAGS).encode()):
+                 cc.encode(), _compiler_identity(cc), " ".join(CFLAGS).encode(),
+                 _cpu_identity()):
         digest.update(hashlib.sha256(part).digest())
     out_dir = cache_dir()
     so = out_dir / f"pipeline-{digest.hexdigest()[:32]}.so"
