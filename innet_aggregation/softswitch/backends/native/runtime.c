@@ -562,7 +562,8 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
             free(frame);
         }
     }
-    ss_group *g = S->clone ? c->sessions[S->clone & 0x7FFF] : NULL;
+    /* An egress that aborted made no E2E state (K): its clones are dropped with it. */
+    ss_group *g = S->clone && !S->abort ? c->sessions[S->clone & 0x7FFF] : NULL;
     for (int i = 0; g && i < g->n && ss_another(c); i++) {
         ss_state E;
         ss_replica(&E, &K);
