@@ -2,8 +2,10 @@
 
 Shared by the softswitch's native backend and the worker's fast path, so that both
 find the compiler, key the cache and build the same way. A shared object is keyed
-by a hash of everything it is a function of (its sources, the compiler and its
-version), so it is compiled once per machine and never reused stale.
+by a hash of everything it is a function of (its sources, the compiler, its
+version and flags, the CPU), so it is compiled once per machine and never reused
+stale. A unit is compiled on the machine that runs it, so it may use all of that
+machine's CPU (``-march=native``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
+
+
+CFLAGS = ("-O3", "-march=native")
 
 
 class BuildUnavailable(Exception):
@@ -44,6 +49,18 @@ def _compiler_identity(cc: str) -> bytes:
         return b""
 
 
+@functools.cache
+def _cpu_identity() -> bytes:
+    """The CPU's model and flags: -march=native code from a cache shared with another
+    machine could stop on an instruction this one lacks."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return b"".join(sorted({line for line in f
+                                    if line.startswith((b"model name", b"flags"))}))
+    except OSError:
+        return b""
+
+
 def shared_object(name: str, key: Iterable[bytes], source: Callable[[], str], *,
                   what: str = "the generated code", libs: tuple[str, ...] = ()) -> Path:
     """The shared object ``name-<hash>.so`` for the inputs ``key``, from the cache, or
@@ -52,7 +69,8 @@ def shared_object(name: str, key: Iterable[bytes], source: Callable[[], str], *,
     if cc is None:
         raise BuildUnavailable(no_compiler())
     digest = hashlib.sha256()
-    for part in (*key, Path(__file__).read_bytes(), cc.encode(), _compiler_identity(cc)):
+    for part in (*key, Path(__file__).read_bytes(), cc.encode(), _compiler_identity(cc),
+                 " ".join(CFLAGS).encode(), _cpu_identity()):
         digest.update(hashlib.sha256(part).digest())
     out_dir = cache_dir()
     so = out_dir / f"{name}-{digest.hexdigest()[:32]}.so"
@@ -64,7 +82,7 @@ def shared_object(name: str, key: Iterable[bytes], source: Callable[[], str], *,
         c_file = Path(tmp) / f"{name}.c"
         c_file.write_text(text)
         tmp_so = Path(tmp) / f"{name}.so"
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(tmp_so),
+        cmd = [cc, *CFLAGS, "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(tmp_so),
                str(c_file), *libs]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:

@@ -70,6 +70,7 @@ class CPrinter:
         self.lines: list[str] = []
         self.depth = 0
         self.labels = 0
+        self.touched: set[int] | None = None     # while printing egress: the fields it names
         self.table_index = {name: i for i, name in enumerate(program.tables)}
         self.reg_index = {name: i for i, name in enumerate(program.registers)}
         self.ctr_index = {name: i for i, name in enumerate(program.counters)}
@@ -103,6 +104,8 @@ class CPrinter:
             self.add(tail)
 
     def fref(self, field) -> str:
+        if self.touched is not None:
+            self.touched.add(field.id)
         return f"S->f[{num(field.id, 0, len(self.prog.field_list))}]"
 
     def hid(self, header: Header) -> str:
@@ -143,6 +146,8 @@ class CPrinter:
     def stack_slot(self, fields: list, index: ir.Expr) -> str:
         """The field of element ``index`` (ss_index drops the packet past the stack)."""
         _exact(index, "a header stack index")      # negative: past the stack as a uint64_t
+        if self.touched is not None:
+            self.touched.update(f.id for f in fields)
         ids = ", ".join(num(f.id, 0, len(self.prog.field_list)) for f in fields)
         code, n = self.expr(index), num(len(fields), 1, MAX_ID)
         if index.lo < 0 or index.hi >= len(fields):
@@ -383,7 +388,10 @@ class CPrinter:
                     raise NativeUnsupported(f"a {width}-bit key in table {spec.name}")
             keys = ", ".join(self.expr(k) for k in node.keys)
             self.add(f"uint64_t _k[{num(len(node.keys), 1, MAX_ID)}] = {{{keys}}};")
-            self.add("int32_t _e = ss_lookup(_t, _k);")
+            if spec.match_type == "exact":
+                self.add(f"int32_t _e = ss_lookup_exact(_t, _k, {num(len(node.keys), 1, MAX_ID)});")
+            else:
+                self.add("int32_t _e = ss_lookup_scan(_t, _k);")
             self.add("if (_e >= 0) {")
             self.add("    _hit = 1; _a = _t->action[_e]; ad = _t->data + (size_t)_e * (_t->nd + 1);")
             if spec.direct_counter:
@@ -637,6 +645,7 @@ class CPrinter:
         self.add("static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, "
                  "uint32_t rid, uint32_t instance, uint8_t *out, uint32_t cap, ss_state *e2e) {")
         self.depth = 1
+        self.touched = set()
         self.add("(void)rid; (void)has_rid; (void)instance; (void)e2e;")
         self.add(f"{self.fref(std['egress_port'])} = port;")
         self.add(f"{self.fref(std['egress_spec'])} = {num(prog.drop_port + 1, 1, MAX_ID + 1)};")
@@ -681,8 +690,31 @@ class CPrinter:
         self.add("return o + (S->plen - S->off);")
         self.depth = 0
         self.add("}")
+        self.replica()
         return "\n".join(head + self.lines) + "\n"
 
+
+    def replica(self) -> None:
+        """ss_replica: the state a copy's egress starts from. Only the fields egress
+        names (and field lists, which a recirculation or E2E clone keeps) are copied;
+        the rest, ingress's temporaries mostly, are never read again."""
+        touched = self.touched | {f.id for fields in self.prog.field_lists.values()
+                                  for f in fields}
+        self.touched = None
+        self.add("static void ss_replica(ss_state *D, const ss_state *S) {")
+        ids = sorted(touched)
+        runs = []
+        for i in ids:
+            if runs and runs[-1][1] == i:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+        for lo, hi in runs:
+            n = len(self.prog.field_list)
+            self.add(f"    memcpy(D->f + {num(lo, 0, n)}, S->f + {num(lo, 0, n)}, "
+                     f"{num(hi - lo, 1, n)} * sizeof(uint64_t));")
+        self.add("    memcpy(D->v, S->v, sizeof *S - offsetof(ss_state, v));")
+        self.add("}")
 
     def deparse_varbit(self, header: Header) -> None:
         self.add(f"if (S->v[{self.hid(header)}]) {{")

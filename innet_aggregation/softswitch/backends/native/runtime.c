@@ -2,8 +2,9 @@
  *
  * Not compiled on its own: the C emitter writes one translation unit per program
  * that defines SS_NFIELDS, SS_NHEADERS, SS_NTABLES, SS_NREGS, SS_NCTRS, SS_MAXHDR
- * and SS_MAXCELLS, includes this file, then defines ss_setup(), ss_ingress() and
- * ss_egress() (and ss_keep(), ss_reset_meta(), ss_set_instance() for clone, resubmit
+ * and SS_MAXCELLS, includes this file, then defines ss_setup(), ss_ingress(),
+ * ss_egress() and ss_replica() (a multicast or clone copy's state: only the fields
+ * egress names) (and ss_keep(), ss_reset_meta(), ss_set_instance() for clone, resubmit
  * and recirculate). One unit lets the compiler inline table lookups into the pipeline.
  *
  * Every array access is bounds-checked: the generated code checks its indices
@@ -36,6 +37,9 @@
 #define SS_OUTMAX 64             /* outputs kept by ss_process (control-plane tests) */
 #define SS_SESSIONS 32768        /* clone session ids (PI's: 1 to 32767) */
 #define SS_PASSES 32             /* clones, resubmits and recirculations per received frame */
+#ifndef PACKET_IGNORE_OUTGOING
+#define PACKET_IGNORE_OUTGOING 23
+#endif
 
 typedef struct {
     int nk, nd, scan;            /* scan: ternary/LPM/range (priority order), else exact hash */
@@ -94,6 +98,7 @@ typedef struct ss_ctx {
     volatile int stop, running;
     int nports, port_no[SS_MAXPORTS], rxfd[SS_MAXPORTS], txfd[SS_MAXPORTS];
     int port_index[SS_MAXPORTS];
+    uint8_t sees_outgoing[SS_MAXPORTS];  /* no PACKET_IGNORE_OUTGOING (kernels before 4.20) */
     uint8_t *rxbuf;
     ss_txslot tx[SS_TXMAX];
     uint32_t ntx;
@@ -107,6 +112,7 @@ static void ss_ingress(ss_ctx *c, ss_state *S);
 static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, uint32_t rid,
                          uint32_t instance, uint8_t *out, uint32_t cap, ss_state *e2e);
 static void ss_keep(ss_state *dst, const ss_state *src, uint32_t field_list);
+static void ss_replica(ss_state *dst, const ss_state *src);
 static void ss_reset_meta(ss_state *S);
 static void ss_set_instance(ss_state *S, uint64_t instance);
 static uint64_t ss_spec(const ss_state *S);
@@ -249,7 +255,7 @@ static void ss_table_range(ss_ctx *c, ss_table *t, int f) {
     t->ranged[f] = 1;
 }
 
-static uint64_t ss_hash(const uint64_t *k, int nk) {
+static inline uint64_t ss_hash(const uint64_t *k, int nk) {
     uint64_t h = 0x9E3779B97F4A7C15ULL;
     for (int i = 0; i < nk; i++) { h ^= k[i]; h *= 0xFF51AFD7ED558CCDULL; h ^= h >> 33; }
     return h;
@@ -286,32 +292,40 @@ static void ss_table_reindex(ss_table *t) {
     }
 }
 
-static inline int32_t ss_lookup(const ss_table *t, const uint64_t *k) {
+/* A ternary/LPM/range table: the first entry in priority order that matches. */
+static int32_t ss_lookup_scan(const ss_table *t, const uint64_t *k) {
     int nk = t->nk;
-    if (t->scan) {
-        for (uint32_t j = 0; j < t->icap; j++) {
-            int32_t i = t->index[j];
-            const uint64_t *ek = t->key + (size_t)i * nk, *em = t->mask + (size_t)i * nk;
-            int ok = 1;
-            if (t->ranged) {
-                for (int f = 0; f < nk; f++)
-                    if (t->ranged[f] ? k[f] < ek[f] || k[f] > em[f] : (k[f] & em[f]) != ek[f]) {
-                        ok = 0;
-                        break;
-                    }
-            } else {
-                for (int f = 0; f < nk; f++) if ((k[f] & em[f]) != ek[f]) { ok = 0; break; }
-            }
-            if (ok) return i;
+    for (uint32_t j = 0; j < t->icap; j++) {
+        int32_t i = t->index[j];
+        const uint64_t *ek = t->key + (size_t)i * nk, *em = t->mask + (size_t)i * nk;
+        int ok = 1;
+        if (t->ranged) {
+            for (int f = 0; f < nk; f++)
+                if (t->ranged[f] ? k[f] < ek[f] || k[f] > em[f] : (k[f] & em[f]) != ek[f]) {
+                    ok = 0;
+                    break;
+                }
+        } else {
+            for (int f = 0; f < nk; f++) if ((k[f] & em[f]) != ek[f]) { ok = 0; break; }
         }
-        return -1;
+        if (ok) return i;
     }
+    return -1;
+}
+
+/* An exact table. The printer passes the table's key count as a constant, so each
+ * call site is inlined with its hash and key compare unrolled (no memcmp call). */
+static inline __attribute__((always_inline)) int32_t ss_lookup_exact(const ss_table *t,
+                                                                     const uint64_t *k, int nk) {
     if (!t->icap) return -1;
     uint32_t h = (uint32_t)ss_hash(k, nk) & (t->icap - 1);
     for (;;) {
         int32_t i = t->index[h];
         if (i < 0) return -1;
-        if (!memcmp(t->key + (size_t)i * nk, k, nk * sizeof(uint64_t))) return i;
+        const uint64_t *ek = t->key + (size_t)i * nk;
+        int f = 0;
+        while (f < nk && ek[f] == k[f]) f++;
+        if (f == nk) return i;
         h = (h + 1) & (t->icap - 1);
     }
 }
@@ -548,10 +562,11 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
             free(frame);
         }
     }
-    ss_group *g = S->clone ? c->sessions[S->clone & 0x7FFF] : NULL;
+    /* An egress that aborted made no E2E state (K): its clones are dropped with it. */
+    ss_group *g = S->clone && !S->abort ? c->sessions[S->clone & 0x7FFF] : NULL;
     for (int i = 0; g && i < g->n && ss_another(c); i++) {
         ss_state E;
-        memcpy(&E, &K, sizeof K);
+        ss_replica(&E, &K);
         ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 2, slot, emit);
     }
 }
@@ -588,7 +603,7 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
         ss_reset_meta(&K);
         ss_keep(&K, &S, S.clone_fl);
         for (int i = 0; !K.abort && i < g->n && ss_another(c); i++) {
-            memcpy(&E, &K, sizeof K);
+            ss_replica(&E, &K);
             ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 1, slot, emit);
         }
     }
@@ -601,8 +616,9 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
         g = c->groups[grp & 0xFFFF];
         if (!g || grp > 0xFFFF) return;
         for (int i = 0; i < g->n; i++) {
-            memcpy(&E, &S, sizeof S);
-            ss_egress_out(c, &E, g->port[i], 1, g->rid[i], 5, slot, emit);
+            ss_state *R = &S;        /* the last replica is S itself: it is not read again */
+            if (i + 1 < g->n) ss_replica(R = &E, &S);
+            ss_egress_out(c, R, g->port[i], 1, g->rid[i], 5, slot, emit);
         }
         return;
     }
@@ -732,8 +748,10 @@ static void ss_receive(ss_ctx *c, int k) {
         memset(&msgs[i], 0, sizeof msgs[i]);
         msgs[i].msg_hdr.msg_iov = &iov[i];
         msgs[i].msg_hdr.msg_iovlen = 1;
-        msgs[i].msg_hdr.msg_name = &addr[i];
-        msgs[i].msg_hdr.msg_namelen = sizeof addr[i];
+        if (c->sees_outgoing[k]) {   /* only then is the packet type needed */
+            msgs[i].msg_hdr.msg_name = &addr[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof addr[i];
+        }
         msgs[i].msg_hdr.msg_control = control[i].buf;
         msgs[i].msg_hdr.msg_controllen = sizeof control[i].buf;
     }
@@ -741,7 +759,7 @@ static void ss_receive(ss_ctx *c, int k) {
     if (n <= 0) return;
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < n; i++) {
-        if (addr[i].sll_pkttype == PACKET_OUTGOING) continue;
+        if (c->sees_outgoing[k] && addr[i].sll_pkttype == PACKET_OUTGOING) continue;
         c->stat_rx++;
         if (msgs[i].msg_len > SS_SLOT - 4 || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
             c->stat_drop++;           /* larger than a slot: dropped, never cut short */
@@ -756,7 +774,6 @@ static void ss_receive(ss_ctx *c, int k) {
         ss_run(c, iov[i].iov_base, len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
     }
     pthread_mutex_unlock(&c->mu);
-    ss_flush(c);
 }
 
 static void *ss_loop(void *arg) {
@@ -769,7 +786,10 @@ static void *ss_loop(void *arg) {
     struct epoll_event evs[64];
     while (!c->stop) {
         int n = epoll_wait(ep, evs, 64, 50);
+        /* What every ready port brought is sent together: a multicast's copies of
+         * several ports' batches go out in one sendmmsg per port, not one each. */
         for (int i = 0; i < n; i++) ss_receive(c, (int)evs[i].data.u32);
+        if (c->ntx) ss_flush(c);
     }
     close(ep);
     return NULL;
@@ -786,6 +806,10 @@ SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, 
         c->rxfd[k] = rxfds[k];
         c->txfd[k] = txfds[k];
         c->port_index[ports[k]] = k;
+        int ignores = 0;
+        socklen_t len = sizeof ignores;
+        c->sees_outgoing[k] = getsockopt(rxfds[k], SOL_PACKET, PACKET_IGNORE_OUTGOING,
+                                         &ignores, &len) != 0 || !ignores;
     }
     if (!c->rxbuf && !(c->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT))) return -1;
     for (int i = 0; i < SS_TXMAX; i++)
