@@ -14,7 +14,10 @@ Prints one JSON line per check:
 - ``mismatch``: rank r all-reduces 100 * (r + 1) values (async): the error that
   ``Work.wait()`` raised.
 - ``cuda``: as ``dtypes`` (SUM, float32, float16, bfloat16) with CUDA tensors, and
-  the device the result is on.
+  the device the result is on; then one DDP step of a CUDA model with the switch's
+  comm hook (DDP over the gloo group: one GPU holds both ranks, which NCCL refuses):
+  the bucket's device, and its largest difference from the mean of every rank's
+  own gradient, each computed here in float64 without communication.
 """
 
 import argparse
@@ -31,6 +34,11 @@ import innet_aggregation.worker.backend  # noqa: F401  registers "ina"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
 SIZE = 3000
+# torch 2.13's names; before it (the package takes torch>=2.1) the same collectives
+# went by their older names.
+ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER_SINGLE = (getattr(dist, "reduce_scatter_single", None)
+                         or dist.reduce_scatter_tensor)
 
 
 def integers(rank: int, dtype) -> torch.Tensor:
@@ -71,6 +79,42 @@ def cuda(rank: int) -> None:
         emit(check="cuda", dtype=name, device=str(t.device), values=t.double().tolist())
 
 
+def cuda_ddp(rank: int, world: int, gloo) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from innet_aggregation.worker import SwitchHookState, switch_allreduce_hook
+    from innet_aggregation.worker.backend import session_of
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Tanh(),
+                                torch.nn.Linear(300, 10)).cuda()
+    batches = [(torch.randn(32, 64, generator=torch.Generator().manual_seed(r)).cuda(),
+                torch.arange(32).remainder(10).roll(r).cuda()) for r in range(world)]
+    loss = torch.nn.CrossEntropyLoss()
+    own = []
+    for x, y in batches:
+        model.zero_grad()
+        loss(model(x), y).backward()
+        own.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double().cpu())
+    want = sum(own) / world
+    model.zero_grad()
+    ddp = DistributedDataParallel(model, process_group=gloo)
+    devices = []
+    state = SwitchHookState(session_of())
+
+    def hook(state, bucket):
+        devices.append(str(bucket.buffer().device))
+        return switch_allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    x, y = batches[rank]
+    loss(ddp(x), y).backward()
+    got = torch.cat([p.grad.flatten() for p in model.parameters()]).double().cpu()
+    emit(check="cuda_ddp", buckets=state.buckets, devices=sorted(set(devices)),
+         grad_device=str(model[0].weight.grad.device),
+         max_error=float((got - want).abs().max()), gmax=float(want.abs().max()))
+
+
 def fallback(rank: int, world: int, gloo) -> None:
     for label, group in (("ina", None), ("gloo", gloo)):
         out = {}
@@ -81,8 +125,8 @@ def fallback(rank: int, world: int, gloo) -> None:
         dist.all_gather(gathered, torch.full((3,), float(rank)), group=group)
         out["all_gather"] = [g.tolist() for g in gathered]
         single = torch.zeros(2 * world)
-        dist.all_gather_single(single, torch.tensor([rank, -rank], dtype=torch.float32),
-                               group=group)
+        ALL_GATHER_SINGLE(single, torch.tensor([rank, -rank], dtype=torch.float32),
+                          group=group)
         out["all_gather_single"] = single.tolist()
         t = torch.tensor([float(rank), -float(rank), 2.5 * rank])
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
@@ -91,7 +135,7 @@ def fallback(rank: int, world: int, gloo) -> None:
         dist.all_reduce(t, group=group)
         out["int_sum"] = t.tolist()
         t = torch.zeros(2)
-        dist.reduce_scatter_single(t, torch.arange(2.0 * world) * (rank + 1), group=group)
+        REDUCE_SCATTER_SINGLE(t, torch.arange(2.0 * world) * (rank + 1), group=group)
         out["reduce_scatter"] = t.tolist()
         ints = [torch.tensor([rank, 1]), torch.tensor([7 * rank])]
         dist.all_reduce_coalesced(ints, group=group)
@@ -120,6 +164,7 @@ def main() -> None:
         dtypes(rank)
     elif args.case == "cuda":
         cuda(rank)
+        cuda_ddp(rank, world, dist.new_group(backend="gloo"))
     elif args.case == "fallback":
         fallback(rank, world, dist.new_group(backend="gloo"))
     else:

@@ -160,10 +160,16 @@ def test_work_wait_raises_the_transports_error(fabric):
 def test_cuda_tensors_go_through_the_switch(fabric):
     job, reports = run_calls(fabric, "cuda", port=30300)
     for rank, lines in enumerate(reports):
-        assert [line["dtype"] for line in lines] == ["float32", "float16", "bfloat16"]
-        for line in lines:
+        *sums, ddp = lines
+        assert [line["dtype"] for line in sums] == ["float32", "float16", "bfloat16"]
+        for line in sums:
             assert line["device"].startswith("cuda"), line
             assert line["values"] == expected_integers(3.0), f"rank {rank}: {line['dtype']}"
+        # The mean's bound for two workers (module docstring), with room for both
+        # sides' float32 roundings: 2**-20 of the largest gradient.
+        assert ddp["check"] == "cuda_ddp" and ddp["buckets"] >= 1, ddp
+        assert ddp["devices"] == ["cuda:0"] and ddp["grad_device"] == "cuda:0", ddp
+        assert ddp["max_error"] <= GRADIENT * ddp["gmax"], ddp
     fabric.remove(job)
 
 
