@@ -209,3 +209,28 @@ def test_the_native_switch_survives_garbage_on_the_wire():
         assert switch.process.poll() is None
         log = switch.log_tail(200)
         assert "(native backend)" in log and "Python backend" not in log, log
+
+
+def test_registers_touched_together_are_stored_side_by_side_and_read_apart():
+    """The aggregation program's value registers form one group (the same size and
+    width, the same three actions), stored cell by cell in one block; the others,
+    touched by other actions or of other widths, stay apart. A control-plane write
+    reaches that register's cell only (test_backends_agree compares every cell the
+    data plane wrote with the Python backend's)."""
+    program = frontend.load(protocol.PROGRAM_JSON.read_bytes())
+    k = protocol.packet_format().values_per_packet
+    (group,) = program.ir.register_groups
+    assert [spec.name.rsplit(".", 1)[1] for spec in group] == [f"value_{i}" for i in range(k)]
+    unit = emit_c.emit(program, "runtime.c")
+    assert f"ss_reg_init(c, 2, {group[0].size}U, {k}U);" in unit
+    assert f"ss_reg_lane(c, {k + 1}, 2, {k - 1}U);" in unit
+
+    pipe = NativePipeline(protocol.PROGRAM_JSON.read_bytes())
+    cells = {i: pipe.registers[group[i].name].cells for i in (0, 1, 2, k - 1)}
+    cells[1][5] = 0x11111111
+    cells[k - 1][0] = 0x22222222
+    cells[k - 1][group[0].size - 1] = 0x33333333
+    assert [cells[i][5] for i in (0, 1, 2, k - 1)] == [0, 0x11111111, 0, 0]
+    assert [cells[1][4], cells[1][6], cells[0][0], cells[k - 1][0]] == [0, 0, 0, 0x22222222]
+    assert cells[k - 1][group[0].size - 1] == 0x33333333 and cells[0][group[0].size - 1] == 0
+    assert sum(any(pipe.registers[spec.name].cells) for spec in group) == 2

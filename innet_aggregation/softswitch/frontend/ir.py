@@ -405,3 +405,8 @@ class Lowered:
     deparse: list        # [Header]
     actions: dict = _field(default_factory=dict)   # id -> Action
     special: bool = False    # clone, resubmit or recirculate anywhere: the re-entry paths
+    # Registers a backend may store side by side, cell by cell (each a list of
+    # RegisterSpec, in declaration order): the same size and width, touched by the
+    # same actions, so one packet reads a run of neighbouring words, not one word in
+    # each of many arrays (lower.register_groups).
+    register_groups: list = _field(default_factory=list)

@@ -571,6 +571,7 @@ class Lowering:
                          self.prog.deparse_order)
         out.actions = self.actions
         out.special = self.special_ops and self.check_special(out)
+        out.register_groups = register_groups(self.prog, self.actions.values())
         return out
 
     @staticmethod
@@ -591,6 +592,25 @@ class Lowering:
 
 def lower(program: Program) -> ir.Lowered:
     return Lowering(program).lower()
+
+
+def register_groups(program: Program, actions) -> list:
+    """Registers of one size and width that exactly the same actions touch, in
+    groups of two or more. P4 has no arrays of externs, so a program that keeps a
+    vector per index (the aggregation program's one register per value) declares a
+    register per element; an action then touches each of them at one index, and
+    stored apart that is one cache line (and, for large registers, one page) per
+    element. Any grouping computes the same: this only chooses memory layout."""
+    touched: dict[str, set] = {}
+    for action in actions:
+        for node in walk(action.body):
+            if isinstance(node, (ir.RegisterRead, ir.RegisterWrite)):
+                touched.setdefault(node.register.name, set()).add(action.id)
+    groups: dict[tuple, list] = {}
+    for name, spec in program.registers.items():
+        if name in touched:
+            groups.setdefault((spec.size, spec.width, frozenset(touched[name])), []).append(spec)
+    return [group for group in groups.values() if len(group) > 1]
 
 
 def walk(nodes):

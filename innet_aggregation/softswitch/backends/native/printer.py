@@ -73,6 +73,11 @@ class CPrinter:
         self.touched: set[int] | None = None     # while printing egress: the fields it names
         self.table_index = {name: i for i, name in enumerate(program.tables)}
         self.reg_index = {name: i for i, name in enumerate(program.registers)}
+        # name -> (the group's first register, lane, registers in the group): a
+        # group's cell i of lane k is word i * stride + k of one block.
+        self.reg_lane = {spec.name: (group[0].name, lane, len(group))
+                         for group in self.ir.register_groups
+                         for lane, spec in enumerate(group)}
         self.ctr_index = {name: i for i, name in enumerate(program.counters)}
         for field in program.field_list:
             if field.width > 64:
@@ -297,18 +302,23 @@ class CPrinter:
             test = f"(int64_t)_ix >= 0 && (int64_t)_ix < {num(size, 1, MAX_CELLS + 1)}LL"
         self.add(f"{{ uint64_t _ix = {self.expr(index)}; {prelude}if ({test}) {stmt} }}")
 
+    def cell(self, reg) -> str:
+        """The C lvalue of ``reg``'s cell ``_ix``."""
+        r = num(self.reg_index[reg.name], 0, len(self.reg_index))
+        if reg.name not in self.reg_lane:
+            return f"c->reg[{r}][_ix]"
+        return f"c->reg[{r}][_ix * {num(self.reg_lane[reg.name][2], 2, len(self.reg_index) + 1)}U]"
+
     def s_RegisterRead(self, s: ir.RegisterRead) -> None:
         reg, f = s.register, s.field
-        r = num(self.reg_index[reg.name], 0, len(self.reg_index))
         cell = ir.Const(0).bounded(0, mask(reg.width))
         self.guarded(s.index, reg.size,
-                     f"{self.fref(f)} = {self.store(cell, f'c->reg[{r}][_ix]', f.width, f.signed)};")
+                     f"{self.fref(f)} = {self.store(cell, self.cell(reg), f.width, f.signed)};")
 
     def s_RegisterWrite(self, s: ir.RegisterWrite) -> None:
         reg = s.register
-        r = num(self.reg_index[reg.name], 0, len(self.reg_index))
         value = self.store(s.value, self.expr(s.value), reg.width, False)
-        self.guarded(s.index, reg.size, f"c->reg[{r}][_ix] = _vx;", f"uint64_t _vx = {value}; ")
+        self.guarded(s.index, reg.size, f"{self.cell(reg)} = _vx;", f"uint64_t _vx = {value}; ")
 
     def s_Count(self, s: ir.Count) -> None:
         n = num(self.ctr_index[s.counter.name], 0, len(self.ctr_index))
@@ -592,9 +602,16 @@ class CPrinter:
                 if mt == "range":
                     self.add(f"    ss_table_range(c, &c->t[{num(ti, 0, len(prog.tables))}], "
                              f"{num(f, 0, MAX_ID)});")
+        nregs = len(prog.registers)
         for name, spec in prog.registers.items():
-            self.add(f"    ss_reg_init(c, {num(self.reg_index[name], 0, len(prog.registers))}, "
-                     f"{num(spec.size, 1, MAX_CELLS + 1)}U);")
+            r = num(self.reg_index[name], 0, nregs)
+            first, lane, stride = self.reg_lane.get(name, (name, 0, 1))
+            if lane == 0:
+                self.add(f"    ss_reg_init(c, {r}, {num(spec.size, 1, MAX_CELLS + 1)}U, "
+                         f"{num(stride, 1, nregs + 1)}U);")
+            else:
+                self.add(f"    ss_reg_lane(c, {r}, {num(self.reg_index[first], 0, nregs)}, "
+                         f"{num(lane, 1, nregs)}U);")
         for name, spec in prog.counters.items():
             self.add(f"    ss_ctr_init(c, {num(self.ctr_index[name], 0, len(prog.counters))}, "
                      f"{num(spec.size, 1, MAX_CELLS + 1)}U);")

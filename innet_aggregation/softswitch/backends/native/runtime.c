@@ -83,6 +83,8 @@ typedef struct ss_ctx {
     ss_table t[SS_NTABLES + 1];
     uint64_t *reg[SS_NREGS + 1];
     uint32_t reg_size[SS_NREGS + 1];
+    uint32_t reg_stride[SS_NREGS + 1];   /* registers stored side by side: cell i at [i * stride] */
+    uint8_t reg_lane[SS_NREGS + 1];      /* 1: reg points into another register's block */
     uint64_t *cpk[SS_NCTRS + 1], *cby[SS_NCTRS + 1];
     uint32_t ctr_size[SS_NCTRS + 1];
     ss_group *groups[65536];
@@ -352,11 +354,22 @@ SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     return c;
 }
 
-static void ss_reg_init(ss_ctx *c, int r, uint32_t size) {
-    if (size < 1 || size > SS_MAXCELLS) { c->failed = 1; return; }
-    c->reg[r] = calloc(size, sizeof(uint64_t));
+/* A register, or the first of `stride` registers stored side by side in its block. */
+static void ss_reg_init(ss_ctx *c, int r, uint32_t size, uint32_t stride) {
+    if (size < 1 || size > SS_MAXCELLS || stride < 1 || stride > SS_NREGS) { c->failed = 1; return; }
+    c->reg[r] = calloc((size_t)size * stride, sizeof(uint64_t));
     if (!c->reg[r]) { c->failed = 1; return; }
     c->reg_size[r] = size;
+    c->reg_stride[r] = stride;
+}
+
+/* Register r as lane `lane` of first's block. */
+static void ss_reg_lane(ss_ctx *c, int r, int first, uint32_t lane) {
+    if (!c->reg[first] || lane >= c->reg_stride[first]) { c->failed = 1; return; }
+    c->reg[r] = c->reg[first] + lane;
+    c->reg_size[r] = c->reg_size[first];
+    c->reg_stride[r] = c->reg_stride[first];
+    c->reg_lane[r] = 1;
 }
 
 static void ss_ctr_init(ss_ctx *c, int i, uint32_t size) {
@@ -463,14 +476,14 @@ SS_EXPORT void ss_tbl_counter(ss_ctx *c, int ti, int32_t i, uint64_t *pkts_bytes
 
 SS_EXPORT uint64_t ss_reg_get(ss_ctx *c, int r, uint32_t i) {
     pthread_mutex_lock(&c->mu);
-    uint64_t v = ss_reg_ok(c, r, i) ? c->reg[r][i] : 0;
+    uint64_t v = ss_reg_ok(c, r, i) ? c->reg[r][(size_t)i * c->reg_stride[r]] : 0;
     pthread_mutex_unlock(&c->mu);
     return v;
 }
 
 SS_EXPORT void ss_reg_set(ss_ctx *c, int r, uint32_t i, uint64_t v) {
     pthread_mutex_lock(&c->mu);
-    if (ss_reg_ok(c, r, i)) c->reg[r][i] = v;
+    if (ss_reg_ok(c, r, i)) c->reg[r][(size_t)i * c->reg_stride[r]] = v;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -836,7 +849,8 @@ SS_EXPORT void ss_free(ss_ctx *c) {
         free(t->freel); free(t->seq); free(t->live); free(t->pkts); free(t->bytes);
         free(t->index); free(t->def_data); free(t->ranged);
     }
-    for (int i = 0; i < SS_NREGS; i++) free(c->reg[i]);
+    for (int i = 0; i < SS_NREGS; i++)
+        if (!c->reg_lane[i]) free(c->reg[i]);
     for (int i = 0; i < SS_NCTRS; i++) { free(c->cpk[i]); free(c->cby[i]); }
     for (int g = 0; g < 65536; g++)
         ss_group_free(c->groups[g]);
