@@ -18,7 +18,9 @@ reflects frames over the same veth pairs with the same system calls as the nativ
 switch. Every target is timed ``--repeats`` times, in rounds over all of them (the
 order reversed every other round), so a change in the machine's load hits them
 alike; each figure is the median with its min-max, each ratio the median of the
-rounds' ratios with theirs.
+rounds' ratios with theirs. Beside the rate, the switch process's CPU time (all
+threads) per contribution: what the rate becomes where the switch shares the cores
+with the workers, and less moved by other load than the rate is.
 
     sudo .venv/bin/python benchmarks/bench_switch.py [--seconds 1] [--window 64]
         [--repeats 9] [--sizes 64 256] [--targets ceiling softswitch softswitch-python bmv2]
@@ -51,7 +53,8 @@ from innet_aggregation.switch_ctl import config as config_mod  # noqa: E402
 from innet_aggregation.switch_ctl.client import SwitchConnection  # noqa: E402
 from innet_aggregation.switch_ctl.controller import Controller  # noqa: E402
 from innet_aggregation.testbed.netns import Namespaces, in_netns  # noqa: E402
-from innet_aggregation.testbed.targets import SwitchProcess, available_targets, bmv2_path  # noqa: E402
+from innet_aggregation.testbed.targets import (SwitchProcess, available_targets, bmv2_path,  # noqa: E402
+                                               cpu_seconds)
 
 WORKERS = 4
 JOB_ID = 1
@@ -176,10 +179,11 @@ class Bench:
         self.cycle = 2 * pool        # slot n % pool, shadow set flipping on each reuse
         topo = stack.enter_context(Namespaces(WORKERS, tag=tag))
         if target == "ceiling":
-            stack.enter_context(Reflector(native, topo))
+            self.pid = stack.enter_context(Reflector(native, topo)).process.pid
             self.want = CONTRIBUTION
         else:
             switch = stack.enter_context(SwitchProcess(target, topo.switch_ports))
+            self.pid = switch.process.pid
             with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
                 controller = Controller(conn)
                 controller.push(program, p4info)
@@ -193,7 +197,7 @@ class Bench:
         self.blob = b"".join(f for per_worker in frames for f in per_worker)
         self.fds = (ctypes.c_int * WORKERS)(*[sock.fileno() for sock in self.socks])
         self.first = 0
-        self.rates, self.received, self.lost, self.naggs = [], 0, 0, 0
+        self.rates, self.cpu_us, self.received, self.lost, self.naggs = [], [], 0, 0, 0
 
     def settle(self, naggs: int) -> float:
         """Halve the window until a run loses nothing (saturated, not dropping): the rate."""
@@ -208,9 +212,11 @@ class Bench:
     def run(self, naggs: int) -> float:
         """Contributions per second over ``naggs`` aggregations."""
         elapsed = ctypes.c_double()
+        cpu = cpu_seconds(self.pid)
         got = self.native.lib.run(WORKERS, self.fds, self.blob, self.flen, self.cycle,
                                   self.first, naggs, self.window, self.want, 1.0,
                                   ctypes.byref(elapsed))
+        self.cpu_us.append((cpu_seconds(self.pid) - cpu) / max(got, 1) * 1e6)
         self.first += naggs
         self.received += got
         self.lost += naggs * WORKERS - got
@@ -229,14 +235,15 @@ def spread(values: list[float], fmt: str) -> str:
 
 def report(benches: list[Bench]) -> None:
     print(f"\n{'values':>6} {'target':>17} {'packets/s, median (min-max)':>34} "
-          f"{'payload Gbit/s':>22} {'/ ceiling':>18}")
+          f"{'payload Gbit/s':>22} {'/ ceiling':>18} {'CPU us per contribution':>24}")
     by = {(b.k, b.target): b for b in benches}
     for b in benches:
         ceiling = by.get((b.k, "ceiling"))
         share = ("" if ceiling is None or b is ceiling
                  else spread([r / c for r, c in zip(b.rates, ceiling.rates)], ".2f"))
         print(f"{b.k:>6} {b.target:>17} {spread(b.rates, ',.0f'):>34} "
-              f"{spread([b.gbits(r) for r in b.rates], '.3f'):>22} {share:>18}")
+              f"{spread([b.gbits(r) for r in b.rates], '.3f'):>22} {share:>18} "
+              f"{spread(b.cpu_us, '.2f'):>24}")
     for b in benches:
         print(f"  {b.k} values, {b.target}: {b.naggs * WORKERS} contributions per run, window "
               f"{b.window}, {b.received} received, {b.lost} lost")
@@ -250,6 +257,9 @@ def report(benches: list[Bench]) -> None:
             if (k, a) in by and (k, c) in by:
                 ratios = [x / y for x, y in zip(by[k, a].rates, by[k, c].rates)]
                 print(f"  {k:>4} values  {name:17s} {spread(ratios, '.2f')}{goal}")
+        if (k, "softswitch") in by and (k, "ceiling") in by:
+            ratios = [x / y for x, y in zip(by[k, "softswitch"].cpu_us, by[k, "ceiling"].cpu_us)]
+            print(f"  {k:>4} values  CPU per contribution, native / ceiling {spread(ratios, '.2f')}")
     if len(sizes) > 1:
         small, large = sizes[0], sizes[-1]
         for target in dict.fromkeys(b.target for b in benches):
