@@ -101,13 +101,30 @@ def test_a_negative_register_index_is_skipped(backend):
 
 def test_the_c_runtime_refuses_sizes_outside_1_to_2_24_whatever_the_source(tmp_path,
                                                                               monkeypatch):
+    """Sizes outside 1 to 2^24 cells, and side-by-side layouts of 0 registers or of
+    more than the program has (its one register here)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     text = program_files("primitives")[0].read_bytes()
     source = emit_c.emit(frontend.load(text), str(RUNTIME))
-    assert "ss_reg_init(c, 0, 16U);" in source
-    for bad in ("0U", "4294967295U", f"{2**24 + 1}U"):
-        bad_source = source.replace("ss_reg_init(c, 0, 16U)", f"ss_reg_init(c, 0, {bad})")
+    assert "ss_reg_init(c, 0, 16U, 1U);" in source
+    for bad in ("0U, 1U", "4294967295U, 1U", f"{2**24 + 1}U, 1U", "16U, 0U", "16U, 2U"):
+        bad_source = source.replace("ss_reg_init(c, 0, 16U, 1U)", f"ss_reg_init(c, 0, {bad})")
         so = native.build(text + bad.encode(), 511, lambda: bad_source)
+        with pytest.raises(NativeUnavailable, match="cannot allocate"):
+            native._Context(native._load(so), 511)
+
+
+def test_the_c_runtime_refuses_a_lane_outside_its_block_whatever_the_source(tmp_path,
+                                                                               monkeypatch):
+    """A register placed beside another at a lane past the block's stride, or in the
+    block of a register laid out alone: no pipeline, rather than cells that overlap."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    text = protocol.SMALL_PROGRAM_JSON.read_bytes()
+    source = emit_c.emit(frontend.load(text), str(RUNTIME))
+    assert "ss_reg_lane(c, 3, 2, 1U);" in source
+    for bad in ("ss_reg_lane(c, 3, 2, 64U);", "ss_reg_lane(c, 3, 0, 1U);"):
+        so = native.build(text + bad.encode(), 511,
+                          lambda: source.replace("ss_reg_lane(c, 3, 2, 1U);", bad))
         with pytest.raises(NativeUnavailable, match="cannot allocate"):
             native._Context(native._load(so), 511)
 
