@@ -99,6 +99,13 @@ def test_a_negative_register_index_is_skipped(backend):
     assert list(pipe.registers["Ing.reg"].cells) == [0] * 15 + [5]
 
 
+def no_pipeline(text: bytes, source: str) -> None:
+    """The C unit ``source`` (keyed as ``text``) builds but makes no pipeline."""
+    so = native.build(text, 511, lambda: source)
+    with pytest.raises(NativeUnavailable, match="cannot allocate"):
+        native._Context(native._load(so), 511)
+
+
 def test_the_c_runtime_refuses_sizes_outside_1_to_2_24_whatever_the_source(tmp_path,
                                                                               monkeypatch):
     """Sizes outside 1 to 2^24 cells, and side-by-side layouts of 0 registers or of
@@ -108,10 +115,8 @@ def test_the_c_runtime_refuses_sizes_outside_1_to_2_24_whatever_the_source(tmp_p
     source = emit_c.emit(frontend.load(text), str(RUNTIME))
     assert "ss_reg_init(c, 0, 16U, 1U);" in source
     for bad in ("0U, 1U", "4294967295U, 1U", f"{2**24 + 1}U, 1U", "16U, 0U", "16U, 2U"):
-        bad_source = source.replace("ss_reg_init(c, 0, 16U, 1U)", f"ss_reg_init(c, 0, {bad})")
-        so = native.build(text + bad.encode(), 511, lambda: bad_source)
-        with pytest.raises(NativeUnavailable, match="cannot allocate"):
-            native._Context(native._load(so), 511)
+        no_pipeline(text + bad.encode(),
+                source.replace("ss_reg_init(c, 0, 16U, 1U)", f"ss_reg_init(c, 0, {bad})"))
 
 
 def test_the_c_runtime_refuses_a_lane_outside_its_block_whatever_the_source(tmp_path,
@@ -123,10 +128,7 @@ def test_the_c_runtime_refuses_a_lane_outside_its_block_whatever_the_source(tmp_
     source = emit_c.emit(frontend.load(text), str(RUNTIME))
     assert "ss_reg_lane(c, 3, 2, 1U);" in source
     for bad in ("ss_reg_lane(c, 3, 2, 64U);", "ss_reg_lane(c, 3, 0, 1U);"):
-        so = native.build(text + bad.encode(), 511,
-                          lambda: source.replace("ss_reg_lane(c, 3, 2, 1U);", bad))
-        with pytest.raises(NativeUnavailable, match="cannot allocate"):
-            native._Context(native._load(so), 511)
+        no_pipeline(text + bad.encode(), source.replace("ss_reg_lane(c, 3, 2, 1U);", bad))
 
 
 def test_the_c_control_plane_calls_check_what_they_are_given():

@@ -85,6 +85,8 @@ def cuda_ddp(rank: int, world: int, gloo) -> None:
     from innet_aggregation.worker import SwitchHookState, switch_allreduce_hook
     from innet_aggregation.worker.backend import session_of
 
+    from .backend_train import flat
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Tanh(),
                                 torch.nn.Linear(300, 10)).cuda()
@@ -95,7 +97,7 @@ def cuda_ddp(rank: int, world: int, gloo) -> None:
     for x, y in batches:
         model.zero_grad()
         loss(model(x), y).backward()
-        own.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double().cpu())
+        own.append(flat(p.grad for p in model.parameters()).double().cpu())
     want = sum(own) / world
     model.zero_grad()
     ddp = DistributedDataParallel(model, process_group=gloo)
@@ -109,7 +111,7 @@ def cuda_ddp(rank: int, world: int, gloo) -> None:
     ddp.register_comm_hook(state, hook)
     x, y = batches[rank]
     loss(ddp(x), y).backward()
-    got = torch.cat([p.grad.flatten() for p in model.parameters()]).double().cpu()
+    got = flat(p.grad for p in model.parameters()).double().cpu()
     emit(check="cuda_ddp", buckets=state.buckets, devices=sorted(set(devices)),
          grad_device=str(model[0].weight.grad.device),
          max_error=float((got - want).abs().max()), gmax=float(want.abs().max()))
