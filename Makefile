@@ -79,14 +79,17 @@ test-bmv2: setup
 	AGG_SWITCH=bmv2 $(PYTEST) -q -rs -m bmv2 tests/dataplane
 
 # Compile the P4 program (needs p4c; see README). The output is committed: the software
-# targets' program, 256 values (1 KiB) per packet, in $(P4BUILD), and the 64-value one
-# (Tofino's size) in $(P4BUILD)/k64. innet_aggregation/p4src/README.md, "Packet size", says why.
+# targets' program, 256 values (1 KiB) per packet, in $(P4BUILD), the 64-value one
+# (Tofino's size) in $(P4BUILD)/k64, and the 1024-value one (4 KiB, a jumbo MTU) in
+# $(P4BUILD)/k1024. innet_aggregation/p4src/README.md, "Packet size", says why.
 V1MODEL_SOURCES := 'innet_aggregation/p4src/shared/*.p4' 'innet_aggregation/p4src/v1model/*.p4' 'innet_aggregation/p4src/v1model/control/*.p4'
 p4: setup
 	$(PY) tools/p4build.py innet_aggregation/p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD) \
 	    -D VALUES_PER_PACKET=256 --sources $(V1MODEL_SOURCES)
 	$(PY) tools/p4build.py innet_aggregation/p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD)/k64 \
 	    -D VALUES_PER_PACKET=64 --sources $(V1MODEL_SOURCES)
+	$(PY) tools/p4build.py innet_aggregation/p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD)/k1024 \
+	    -D VALUES_PER_PACKET=1024 --sources $(V1MODEL_SOURCES)
 
 # Compile the TNA program for Tofino 1 with bf-p4c. Committed: the P4Info, our resource
 # summary and the manifest; the compiler's output stays in innet_aggregation/p4src/tna/build/bf-p4c.

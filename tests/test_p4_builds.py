@@ -22,6 +22,7 @@ MANIFESTS = sorted(REPO.glob("innet_aggregation/p4src/build/**/*.manifest.json")
 def test_the_main_program_is_built():
     assert (REPO / "innet_aggregation/p4src/build/aggregation.manifest.json") in MANIFESTS
     assert (REPO / "innet_aggregation/p4src/build/k64/aggregation.manifest.json") in MANIFESTS
+    assert (REPO / "innet_aggregation/p4src/build/k1024/aggregation.manifest.json") in MANIFESTS
 
 
 @pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda p: str(p.relative_to(REPO)))

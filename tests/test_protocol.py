@@ -16,9 +16,10 @@ def program():
 
 
 @pytest.mark.parametrize("build, values", [(protocol.BUILD_DIR, 256),
-                                           (protocol.SMALL_BUILD_DIR, None)])
+                                           (protocol.SMALL_BUILD_DIR, None),
+                                           (protocol.JUMBO_BUILD_DIR, 1024)])
 def test_packet_format_matches_the_p4_definitions(build, values):
-    """The software build has the size make p4 asks for; the small one size.p4's own
+    """The software builds have the sizes make p4 asks for; the small one size.p4's own
     (Tofino's)."""
     fmt = protocol.PacketFormat.load(build / f"{protocol.PROGRAM_NAME}.json")
     sizes = protocol.parse_defines((protocol.P4SRC_DIR / "shared/size.p4").read_text())

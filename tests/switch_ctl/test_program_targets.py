@@ -90,6 +90,7 @@ def apply(p4info: Path, config) -> tuple[DryRun, object]:
 
 
 @pytest.mark.parametrize("p4info_path, size", [(protocol.P4INFO, 256), (protocol.SMALL_P4INFO, 64),
+                                              (protocol.JUMBO_BUILD_DIR / protocol.P4INFO.name, 1024),
                                               (protocol.TNA_P4INFO, 64)])
 def test_a_job_for_another_packet_size_is_refused_before_any_write(p4info_path, size):
     if not p4info_path.exists():

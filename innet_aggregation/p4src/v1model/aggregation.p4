@@ -16,6 +16,7 @@
 #include <core.p4>
 #include <v1model.p4>
 
+#include "unroll_wide.p4"     // before shared/header.p4: sizes past 256 values
 #include "../shared/header.p4"
 #include "parser.p4"
 #include "control/source_guard.p4"

@@ -24,7 +24,7 @@ import json
 import re
 
 MAX_BITS = 2048              # a field, action parameter, register cell, constant or cast
-MAX_HEADER_BITS = 1 << 16    # one header
+MAX_HEADER_BITS = 1 << 18    # one header (p4c's scalars of a 1024-value program: 132,664 bits)
 MAX_HEADERS = 1 << 12
 MAX_STACK = 1 << 8           # elements of a header stack
 MAX_FIELDS = 1 << 16

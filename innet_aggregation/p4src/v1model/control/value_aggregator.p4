@@ -9,13 +9,18 @@
 #define _VALUE_AGGREGATOR_P4_
 
 control ValueAggregator(inout headers_t hdr, in metadata_t meta) {
+    // Every register's index, set once per packet. Cast inside each access instead,
+    // p4c gives every access its own copy of the index: three extra scalars per value
+    // that a software target stores and loads on every packet.
+    bit<32> cell;
+
 #define VALUE_REGISTER(i) register<value_t>(NUM_CELLS) value_##i;
     FOR_EACH_VALUE(VALUE_REGISTER)
 #undef VALUE_REGISTER
 
     // The first contribution overwrites whatever an earlier round left.
     action write_values() {
-#define WRITE_VALUE(i) value_##i.write((bit<32>)meta.cell, hdr.values.v##i);
+#define WRITE_VALUE(i) value_##i.write(cell, hdr.values.v##i);
         FOR_EACH_VALUE(WRITE_VALUE)
 #undef WRITE_VALUE
     }
@@ -23,15 +28,15 @@ control ValueAggregator(inout headers_t hdr, in metadata_t meta) {
     action add_values() {
         value_t stored;
 #define ADD_VALUE(i)                                                             \
-        value_##i.read(stored, (bit<32>)meta.cell);                              \
+        value_##i.read(stored, cell);                              \
         hdr.values.v##i = (value_t)((int<32>)stored |+| (int<32>)hdr.values.v##i); \
-        value_##i.write((bit<32>)meta.cell, hdr.values.v##i);
+        value_##i.write(cell, hdr.values.v##i);
         FOR_EACH_VALUE(ADD_VALUE)
 #undef ADD_VALUE
     }
 
     action read_values() {
-#define READ_VALUE(i) value_##i.read(hdr.values.v##i, (bit<32>)meta.cell);
+#define READ_VALUE(i) value_##i.read(hdr.values.v##i, cell);
         FOR_EACH_VALUE(READ_VALUE)
 #undef READ_VALUE
     }
@@ -48,6 +53,7 @@ control ValueAggregator(inout headers_t hdr, in metadata_t meta) {
     }
 
     apply {
+        cell = (bit<32>)meta.cell;
         register_op.apply();
     }
 }
