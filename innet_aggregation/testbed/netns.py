@@ -96,6 +96,7 @@ class Namespaces:
     first_host: int = 0
     management: bool = False
     mgmt_prefix: str | None = None       # "198.18.N." once the management network exists
+    mtu: int = 1500                      # both ends of each host's link (layout.link_mtu)
 
     MGMT_IFNAME = "mgmt0"
 
@@ -104,6 +105,8 @@ class Namespaces:
             raise ValueError("num_hosts must be between 1 and 250")
         if len(self.tag) > 9:
             raise ValueError("tag must be at most 9 characters (interface names are 15)")
+        if not 68 <= self.mtu <= 65535:
+            raise ValueError(f"mtu must be 68..65535 (IPv4's least, veth's most), not {self.mtu}")
 
     @property
     def switch_ports(self) -> dict[int, str]:
@@ -139,7 +142,8 @@ class Namespaces:
         peer = f"{self.tag}p{i}"
         _run("ip", "netns", "add", host.netns)
         self.hosts.append(host)  # so destroy() removes it even if the rest fails
-        _run("ip", "link", "add", host.switch_ifname, "type", "veth", "peer", "name", peer)
+        _run("ip", "link", "add", host.switch_ifname, "mtu", str(self.mtu), "type", "veth",
+             "peer", "name", peer, "mtu", str(self.mtu))
         _run("ip", "link", "set", peer, "netns", host.netns)
         ns = ("ip", "netns", "exec", host.netns)
         _run(*ns, "ip", "link", "set", peer, "name", host.ifname)
@@ -210,7 +214,9 @@ def _switch_side_up(ifname: str) -> None:
     """A switch's interface: no TX checksum offload (see ``Namespaces._add_host``), no IPv6
     chatter."""
     _run("ethtool", "-K", ifname, "tx", "off")
-    Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
+    ipv6 = Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6")
+    if ipv6.exists():            # absent under IPv6's least MTU, 1280 B
+        ipv6.write_text("1")
     _run("ip", "link", "set", ifname, "up")
 
 

@@ -33,7 +33,7 @@ from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.tree import Tree
 
 from .agents import AgentError, HostAgents
-from .layout import (add_topology_arguments, check_mtu, check_topology, host_mac,
+from .layout import (add_topology_arguments, check_mtu, check_topology, host_mac, link_mtu,
                      job_config_dict, tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, cpu_seconds, default_target, free_tcp_port
@@ -85,12 +85,18 @@ class ShapedIntf(TCIntf):
     33 ms unshaped, for gloo's TCP as for aggregation packets; with a few hundred
     bytes (HTB's default) 20 Mbit/s delivered 308 B frames at half the rate. An
     artifact of the emulation, not a property of a link; the mean rate is the same
-    either way."""
+    either way. ``mtu`` (layout.link_mtu) is set before the shaping, whose quantum is
+    one frame of that size."""
+
+    def config(self, mtu: int = 1500, **params):
+        self.cmd(f"ip link set dev {self.name} mtu {mtu}")
+        self.quantum = mtu + 14
+        return super().config(**params)
 
     def bwCmds(self, bw=None, *args, **kwargs):
         cmds, parent = super().bwCmds(bw, *args, **kwargs)
         burst = max(15000, int((bw or 0) * 1e6 / 8 * HTB_BURST_S))
-        return [c.replace(" burst 15k", f" burst {burst} cburst {burst} quantum 1514")
+        return [c.replace(" burst 15k", f" burst {burst} cburst {burst} quantum {self.quantum}")
                 if " htb rate " in c else c for c in cmds], parent
 
 
@@ -191,7 +197,8 @@ class Testbed:
                                 waitConnected=False)
         # Interface names are <node>-eth<port>, at most 15 characters.
         node = f"s{os.getpid() % 10000}{next(_instances) % 10}"
-        link = {"bw": self.bw, "txo": False}  # no TX checksum offload: see netns.py
+        # no TX checksum offload: see netns.py
+        link = {"bw": self.bw, "txo": False, "mtu": link_mtu(self.program.format)}
         if self.delay:
             link["delay"] = self.delay
         if self.link_loss:

@@ -106,6 +106,7 @@ COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for mo
 HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its buckets)
 RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
+IP_MTU_DISCOVER, IP_PMTUDISC_DO, IP_MTU = 10, 2, 14   # linux/in.h; not in Python's socket
 START = "session start"       # the two rounds of ``Transport.start``, in messages
 RECOVER = ("reset the job's slots (python -m innet_aggregation.switch_ctl reset <job.toml>) and open new "
            "sessions on every worker")
@@ -333,7 +334,15 @@ class Transport:
             self.sock.bind((local_ip, local_port))
             # Connected: the kernel delivers only the switch's results for this job.
             self.sock.connect((switch_ip, job_udp_port))
-        except OSError:
+            # Never fragmented (the switch parses whole packets): a packet larger than
+            # the route's MTU is refused here, naming both sizes, not lost on the way.
+            self.sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+            mtu = self.sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
+            if mtu < 20 + 8 + fmt.payload_bytes:
+                raise ValueError(
+                    f"the program's packets ({fmt.values_per_packet} values) need an MTU of "
+                    f"{20 + 8 + fmt.payload_bytes} B; the route to {switch_ip} has {mtu} B")
+        except (OSError, ValueError):
             self.sock.close()
             raise
         self.io = BatchSocket(self.sock, self.tx, self.rx)

@@ -61,8 +61,15 @@ def test_the_job_names_its_program_size_and_another_size_is_a_clear_error():
     assert config_mod.parse(layout.job_config_dict({1: "s1-eth1"}, "127.0.0.1:9559", 0)
                             ).job.values_per_packet == protocol.packet_format().values_per_packet
     with pytest.raises(ValueError, match="no compiled program carries 100 values per packet "
-                                         r"\(the builds here carry 256, 64"):
+                                         r"\(the builds here carry 64, 256"):
         protocol.program(100)
     raw["job"]["values_per_packet"] = "64"
     with pytest.raises(config_mod.ConfigError, match="values_per_packet must be a positive"):
         config_mod.parse(raw)
+
+
+@pytest.mark.skipif(not protocol.JUMBO_PROGRAM_JSON.exists(), reason="the P4 program is not built")
+def test_links_get_the_mtu_the_programs_packets_need():
+    """Ethernet's 1500 B while the packets fit, else just enough: a jumbo MTU."""
+    assert layout.link_mtu(protocol.packet_format(256)) == 1500      # 1,066 B needed
+    assert layout.link_mtu(protocol.packet_format(1024)) == 20 + 8 + 14 + 4 * 1024

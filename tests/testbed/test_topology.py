@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -30,13 +31,16 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason(
 
 
 @pytest.fixture(scope="module", params=[
-    ("softswitch", "star"), ("softswitch", "tree"),
-    pytest.param(("bmv2", "star"), marks=pytest.mark.bmv2),
-    pytest.param(("bmv2", "tree"), marks=pytest.mark.bmv2)], ids="-".join)
+    ("softswitch", "star", 256), ("softswitch", "tree", 256), ("softswitch", "star", 1024),
+    pytest.param(("bmv2", "star", 256), marks=pytest.mark.bmv2),
+    pytest.param(("bmv2", "tree", 256), marks=pytest.mark.bmv2),
+    pytest.param(("bmv2", "star", 1024), marks=pytest.mark.bmv2)],
+    ids=lambda p: "-".join(map(str, p)))
 def testbed(request):
+    """256 values per packet on Ethernet's MTU; 1024 on a jumbo one."""
     from innet_aggregation.testbed.targets import bmv2_path
     from innet_aggregation.testbed.topology import Testbed
-    target, topo = request.param
+    target, topo, values = request.param
     wanted = os.environ.get("AGG_SWITCH")
     if wanted and wanted != target:
         pytest.skip(f"AGG_SWITCH={wanted} selects the other target")
@@ -44,7 +48,7 @@ def testbed(request):
         pytest.skip("simple_switch_grpc is not on PATH")
     # A tree of 2 leaves: h1, h2 on leaf0, h3, h4 on leaf1.
     hosts = NUM_HOSTS if topo == "star" else 4
-    bed = Testbed(hosts, bw=50.0, target=target, topo=topo).start()
+    bed = Testbed(hosts, bw=50.0, target=target, topo=topo, values_per_packet=values).start()
     yield bed
     bed.stop()
 
@@ -78,10 +82,24 @@ def test_tx_checksum_offload_is_off(testbed):
         assert "tx-checksumming: off" in features, features
 
 
+def test_every_link_has_the_mtu_of_the_programs_packets(testbed):
+    from innet_aggregation.testbed.layout import link_mtu
+    mtu = link_mtu(testbed.program.format)
+    assert mtu == (1500 if testbed.program.values_per_packet <= 256 else 4138)
+    for host in testbed.hosts:
+        assert host.cmd(f"cat /sys/class/net/{host.defaultIntf().name}/mtu").strip() == str(mtu)
+    for ifname in testbed.interfaces():
+        assert Path(f"/sys/class/net/{ifname}/mtu").read_text().strip() == str(mtu)
+    # A jumbo frame crosses the switch whole (ping refuses to fragment it).
+    h1, h2 = testbed.hosts[:2]
+    out = h1.cmd(f"ping -c 1 -W 3 -M do -s {mtu - 28} {h2.IP()}")
+    assert " 0% packet loss" in out, out
+
+
 def test_one_allreduce_through_the_switch(testbed):
     from innet_aggregation.testbed.agents import HostAgents
     with HostAgents(testbed, gloo=False) as agents:
-        answers = agents.call({"op": "allreduce", "backend": "switch", "size": 1000,
+        answers = agents.call({"op": "allreduce", "backend": "switch", "size": 5000,
                                "reps": 1, "seed": 1, "barrier": False}, timeout=120)
     assert all(a["exact"] == [True] for a in answers), answers
     assert len({a["digests"][0] for a in answers}) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -119,3 +120,21 @@ def test_a_worker_takes_the_job_programs_size_and_refuses_another():
     with pytest.raises(ValueError, match="job 1's switch program carries 64 values per packet, "
                                          "this worker's 256"):
         AggregationSession.from_config(config, 0, packet_format=protocol.packet_format(256))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating network namespaces needs root")
+def test_a_route_whose_mtu_cannot_carry_the_packets_is_refused_at_setup():
+    """Not IP fragments that the switch cannot parse: the worker's socket never fragments,
+    and a route too small for one packet stops the session before it sends."""
+    from innet_aggregation.testbed.netns import Namespaces, in_netns
+
+    fmt = protocol.packet_format(256)
+    needed = 20 + 8 + fmt.payload_bytes
+    with Namespaces(1, mtu=needed - 1) as topo, in_netns(topo.hosts[0].netns):
+        with pytest.raises(ValueError, match=rf"packets \(256 values\) need an MTU of {needed} B; "
+                                             rf"the route to 10\.0\.0\.100 has {needed - 1} B"):
+            AggregationSession(0, 2, "10.0.0.100", 1, protocol.AGG_UDP_PORT_BASE, 0, 16,
+                               topo.hosts[0].ip, 40000, packet_format=fmt)
+    with Namespaces(1, mtu=needed) as topo, in_netns(topo.hosts[0].netns):
+        AggregationSession(0, 2, "10.0.0.100", 1, protocol.AGG_UDP_PORT_BASE, 0, 16,
+                           topo.hosts[0].ip, 40000, packet_format=fmt).close()
