@@ -11,7 +11,8 @@ loadgen.c, batched sendmmsg/recvmmsg, called without the GIL), so the generator 
 not what is measured.
 
 For each build of the program (innet_aggregation/p4src/build: 256 values per packet, the software
-targets'; innet_aggregation/p4src/build/k64: 64, Tofino's): the softswitch's native and Python
+targets'; build/k64: 64, Tofino's; build/k1024: 1024, on links of a jumbo MTU, testbed.layout's
+link_mtu): the softswitch's native and Python
 backends, BMv2 where simple_switch_grpc is on PATH, and the machine's ceiling for
 frames of that size: benchmarks/native/reflector.c, compiled now, which only
 reflects frames over the same veth pairs with the same system calls as the native
@@ -52,6 +53,7 @@ from innet_aggregation.p4src import protocol  # noqa: E402
 from innet_aggregation.switch_ctl import config as config_mod  # noqa: E402
 from innet_aggregation.switch_ctl.client import SwitchConnection  # noqa: E402
 from innet_aggregation.switch_ctl.controller import Controller  # noqa: E402
+from innet_aggregation.testbed.layout import link_mtu  # noqa: E402
 from innet_aggregation.testbed.netns import Namespaces, in_netns  # noqa: E402
 from innet_aggregation.testbed.targets import (SwitchProcess, available_targets, bmv2_path,  # noqa: E402
                                                cpu_seconds)
@@ -66,9 +68,6 @@ RESULT = int(protocol.MsgType.RESULT)
 CONTRIBUTION = int(protocol.MsgType.CONTRIBUTION)
 NATIVE = Path(__file__).resolve().parent / "native"
 SOL_PACKET, PACKET_IGNORE_OUTGOING = 263, 23
-# The two builds of the program: (BMv2 JSON, P4Info); each says its own packet size.
-BUILDS = ((protocol.SMALL_PROGRAM_JSON, protocol.SMALL_P4INFO),
-          (protocol.PROGRAM_JSON, protocol.P4INFO))
 # What this machine's simple_switch_grpc is; p4lang's docs/performance.md gives the
 # optimized build's flags. Printed beside every BMv2 figure.
 BMV2_BUILD = ("BMv2's default build (this machine's simple_switch_grpc: not p4lang's optimized "
@@ -177,7 +176,7 @@ class Bench:
         pool = fmt.pool_size
         self.window = min(window, pool)
         self.cycle = 2 * pool        # slot n % pool, shadow set flipping on each reuse
-        topo = stack.enter_context(Namespaces(WORKERS, tag=tag))
+        topo = stack.enter_context(Namespaces(WORKERS, tag=tag, mtu=link_mtu(fmt)))
         if target == "ceiling":
             self.pid = stack.enter_context(Reflector(native, topo)).process.pid
             self.want = CONTRIBUTION
@@ -281,14 +280,12 @@ def main() -> int:
                         help="values per packet of the builds to run (default: every build)")
     parser.add_argument("--targets", nargs="*", default=["ceiling"] + available_targets())
     args = parser.parse_args()
-    builds = []
-    for program, p4info in BUILDS:
-        if not program.exists():
-            print(f"{program} is missing: compile the P4 program first (make p4)", file=sys.stderr)
-            return 1
-        k = protocol.PacketFormat.load(program).values_per_packet
-        if args.sizes is None or k in args.sizes:
-            builds.append((program, p4info))
+    if not protocol.PROGRAM_JSON.exists():
+        print(f"{protocol.PROGRAM_JSON} is missing: compile the P4 program first (make p4)",
+              file=sys.stderr)
+        return 1
+    builds = [(b.json, b.p4info) for b in protocol.builds()
+              if args.sizes is None or b.values_per_packet in args.sizes]
     if not builds:
         print(f"no build has {args.sizes} values per packet", file=sys.stderr)
         return 1

@@ -195,22 +195,13 @@ def _free_udp_port() -> int:
         return sock.getsockname()[1]
 
 
-def build_of(values: int) -> tuple[Path, Path]:
-    """The committed build with ``values`` per packet: (BMv2 JSON, P4Info)."""
-    for program, p4info in ((protocol.PROGRAM_JSON, protocol.P4INFO),
-                            (protocol.SMALL_PROGRAM_JSON, protocol.SMALL_P4INFO)):
-        if protocol.PacketFormat.load(program).values_per_packet == values:
-            return program, p4info
-    raise SystemExit(f"no committed build has {values} values per packet")
-
-
 def against_gloo(topo, target: str, values: int, elements: int, reps: int, slots: int,
                  port: int) -> list[dict] | None:
     """Switch and gloo calls in turns on one target: the workers' reports, or None."""
     from innet_aggregation.testbed.targets import SwitchProcess
 
-    program, p4info = build_of(values)
-    fmt = protocol.PacketFormat.load(program)
+    build = protocol.program(values)
+    program, p4info, fmt = build.json, build.p4info, build.format
     with tempfile.TemporaryDirectory() as tmp, \
             SwitchProcess(target, topo.switch_ports, log_path=Path(tmp) / "switch.log") as switch:
         path = install_job(switch, topo, slots, Path(tmp), program, p4info, fmt.pool_size)
@@ -262,6 +253,7 @@ def summarize(label: str, reports: list[dict], elements: int) -> dict:
 
 def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, reps: int,
               slots: int) -> None:
+    from innet_aggregation.testbed.layout import link_mtu
     from innet_aggregation.testbed.netns import Namespaces
 
     print(f"\nallreduce, {WORKERS} workers in network namespaces behind one switch, float32, "
@@ -273,9 +265,12 @@ def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, 
     if not blocks:
         print("  skipped: no switch target (softswitch package absent, BMv2 not installed)")
         return
-    print(f"  load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    # One set of links for every block: the MTU the largest packets need (gloo's too).
+    mtu = max(link_mtu(protocol.program(values).format) for _, values in blocks)
+    print(f"  load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
+          f"links' MTU {mtu} B")
     results = []
-    with Namespaces(WORKERS, tag=f"bw{os.getpid() % 100000}") as topo:
+    with Namespaces(WORKERS, tag=f"bw{os.getpid() % 100000}", mtu=mtu) as topo:
         for i, (target, values) in enumerate(blocks):
             size = bmv2_elements if target == "bmv2" else elements
             window = min(16, slots) if target == "bmv2" else slots

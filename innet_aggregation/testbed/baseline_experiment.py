@@ -1,6 +1,6 @@
 """In-network aggregation against gloo's ring allreduce, same topology, same link rate.
 
-    python -m innet_aggregation.testbed.baseline_experiment          # n = 4, 8; 20 Mbit/s to unshaped; 64 and 256 values
+    python -m innet_aggregation.testbed.baseline_experiment          # n = 4, 8; 20 Mbit/s to unshaped; 1024, 256 and 64 values
     python -m innet_aggregation.testbed.baseline_experiment --workers 4 --bw 100,0 --values 256 --sizes 65536,262144
     python -m innet_aggregation.testbed.baseline_experiment --topo tree --leaves 2   # + a spine and 2 leaves
 
@@ -10,11 +10,14 @@ both are limited by the links, t_switch / t_gloo -> n / (2(n-1)): 0.67 for n = 4
 0.57 for n = 8. The "with headers" limit adds each protocol's per-packet overhead
 (Ethernet, IPv4, UDP and the 14 B aggregation header: 1,080 B frames for 1 KiB of
 values at 256 values per packet, 312 B for 256 B at 64, against 1514 B TCP frames
-for 1448 B).
+for 1448 B; at 1024 values 4,152 B frames for 4 KiB, against TCP's on the same
+jumbo MTU, 4,152 B for 4,086 B).
 
 The sweep: for each worker count, link rate (0: unshaped) and packet size (a
-program of that many values per packet, make p4), one testbed. gloo is measured in
-the first packet size's testbed and is the baseline of every size at that rate.
+program of that many values per packet, make p4), one testbed, its links' MTU the
+one the program needs (layout.link_mtu: 1500 B, 4,138 B at 1024 values). gloo is
+measured in the first testbed of each MTU and is the baseline of every size with
+that MTU at that rate: the same links, so the same segments for its TCP.
 Each size starts with one unrecorded call per backend: the first switch call of a
 shape probes its block exponents, as only the first step of a training run does.
 
@@ -42,26 +45,32 @@ from pathlib import Path
 
 from innet_aggregation.p4src import protocol
 
-from .layout import add_topology_arguments, check_topology
+from .layout import add_topology_arguments, check_topology, link_mtu
 from .loss_experiment import csv_list
 from .targets import add_switch_arguments, default_target
 
 ETH_IP_UDP = 14 + 20 + 8
-TCP_FRAME, TCP_PAYLOAD = 1514, 1448
+IP_TCP = 20 + 32                # TCP with timestamps, as Linux sends it
 LINK_BOUND = 0.8        # first transmissions at this share of the link's packet rate
-CSV_FIELDS = ["topo", "workers", "values", "size", "bytes", "bw_mbit", "backend", "rep", "time_s",
-              "cpu_worker_s", "cpu_switch_s", "first_tx", "retransmissions"]
+CSV_FIELDS = ["topo", "workers", "values", "mtu", "size", "bytes", "bw_mbit", "backend", "rep",
+              "time_s", "cpu_worker_s", "cpu_switch_s", "first_tx", "retransmissions"]
 
 
 def agg_frame_bytes(values: int) -> int:
     return ETH_IP_UDP + protocol.packet_format(values).payload_bytes
 
 
+def mtu_for(values: int) -> int:
+    return link_mtu(protocol.packet_format(values))
+
+
 def limits(n: int, values: int) -> tuple[float, float]:
-    """(pure, with headers) limit of t_switch / t_gloo when both are link-bound."""
+    """(pure, with headers) limit of t_switch / t_gloo when both are link-bound, gloo's
+    TCP on links of the MTU that the packet size's testbed has."""
     pure = n / (2 * (n - 1))
     switch_overhead = agg_frame_bytes(values) / (4 * values)
-    return pure, pure * switch_overhead / (TCP_FRAME / TCP_PAYLOAD)
+    mtu = mtu_for(values)
+    return pure, pure * switch_overhead / ((mtu + 14) / (mtu - IP_TCP))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,9 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bw", type=csv_list(float), default=[20, 50, 100, 200, 500, 0],
                         help="link rates in Mbit/s, 0 for unshaped links "
                              "(default 20,50,100,200,500,0)")
-    parser.add_argument("--values", type=csv_list(int), default=[256, 64],
+    parser.add_argument("--values", type=csv_list(int), default=[1024, 256, 64],
                         help="packet sizes, values per packet: each a compiled program "
-                             "(default 256,64)")
+                             "(default 1024,256,64)")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
     parser.add_argument("--ina", action="store_true",
@@ -120,26 +129,28 @@ def run(args) -> list[dict]:
     target = args.target or default_target()
     # A tree is measured beside one switch, on the same n and link rate.
     topologies = ["star"] if args.topo == "star" else ["star", "tree"]
-    rows = []
-    for n, bw, (i, values), topo in itertools.product(args.workers, args.bw,
-                                                      enumerate(args.values), topologies):
+    rows, gloo_measured = [], set()
+    for n, bw, values, topo in itertools.product(args.workers, args.bw, args.values, topologies):
         shape = (f"one {target} switch" if topo == "star"
                  else f"a {target} spine and {args.leaves} leaves")
         link = f"{bw:g} Mbit/s links" if bw else "unshaped links"
-        print(f"[baseline] n = {n}: {n} hosts on {shape}, {link}, {values} values per packet",
-              flush=True)
+        mtu = mtu_for(values)
+        links = (n, bw, topo, mtu)
+        print(f"[baseline] n = {n}: {n} hosts on {shape}, {link} (MTU {mtu} B), {values} values "
+              f"per packet", flush=True)
         with Testbed(n, bw=bw or None, target=target, num_slots=args.slots, topo=topo,
                      leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
                      values_per_packet=values) as testbed, HostAgents(testbed) as agents:
             for size in args.sizes:
-                for backend in ("switch", "gloo") if i == 0 else ("switch",):
+                for backend in ("switch",) if links in gloo_measured else ("switch", "gloo"):
                     measured = measure(testbed, agents, backend, size, args.reps, args.ina)
-                    rows += [dict(r, topo=topo, workers=n, values=values, bw_mbit=bw)
+                    rows += [dict(r, topo=topo, workers=n, values=values, mtu=mtu, bw_mbit=bw)
                              for r in measured]
                     times = [r["time_s"] for r in measured]
                     print(f"  n={n} size={size:>8} {topo:<5} {backend:<6} median "
                           f"{1000 * statistics.median(times):9.1f} ms "
                           f"({1000 * min(times):.1f}-{1000 * max(times):.1f})", flush=True)
+        gloo_measured.add(links)
     return rows
 
 
@@ -157,13 +168,13 @@ def table(rows: list[dict], topo: str = "star") -> list[dict]:
         if r["topo"] == topo:
             groups.setdefault((r["workers"], r["values"], r["bw_mbit"], r["size"],
                                r["backend"]), []).append(r)
-    gloo = {(n, bw, size): g for (n, _, bw, size, backend), g in groups.items()
+    gloo = {(n, bw, size, g[0]["mtu"]): g for (n, _, bw, size, backend), g in groups.items()
             if backend == "gloo"}
     out = []
     for (n, values, bw, size, backend), sw in groups.items():
         if backend != "switch":
             continue
-        gl = gloo[(n, bw, size)]
+        gl = gloo[(n, bw, size, sw[0]["mtu"])]
         t_sw, t_gl = spread([r["time_s"] for r in sw], 1000), spread([r["time_s"] for r in gl], 1000)
         pure, with_headers = limits(n, values)
         mb = 4 * size / 1e6
@@ -289,10 +300,11 @@ def tree_table(rows: list[dict]) -> list[dict]:
     for (n, values, bw, size, backend), t in tree.items():
         if backend != "switch":
             continue
-        gloo = next(v for (n2, _, bw2, s2, b), v in star.items()
-                    if (n2, bw2, s2, b) == (n, bw, size, "gloo"))
-        gloo_tree = next(v for (n2, _, bw2, s2, b), v in tree.items()
-                         if (n2, bw2, s2, b) == (n, bw, size, "gloo"))
+        same_links = (n, bw, size, "gloo", mtu_for(values))
+        gloo = next(v for (n2, v2, bw2, s2, b), v in star.items()
+                    if (n2, bw2, s2, b, mtu_for(v2)) == same_links)
+        gloo_tree = next(v for (n2, v2, bw2, s2, b), v in tree.items()
+                         if (n2, bw2, s2, b, mtu_for(v2)) == same_links)
         out.append({"n": n, "values": values, "size": size, "bw_mbit": bw, "t_tree_ms": 1000 * t,
                     "t_star_ms": 1000 * star[(n, values, bw, size, "switch")],
                     "t_gloo_ms": 1000 * gloo, "t_gloo_tree_ms": 1000 * gloo_tree,
