@@ -28,7 +28,7 @@ from innet_aggregation.p4src import protocol
 from innet_aggregation.worker import AggregationSession, fastpath
 assert fastpath.SOURCE.is_file(), "the worker's fast path source is not installed"
 print(innet_aggregation.__file__)
-print(protocol.packet_format().values_per_packet, protocol.packet_format(64).values_per_packet)
+print(protocol.packet_format().values_per_packet, *(b.values_per_packet for b in protocol.builds()))
 """
 
 
@@ -70,5 +70,5 @@ def test_only_the_projects_namespace_is_installed(installed, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     path, sizes = done.stdout.splitlines()
     assert Path(path).is_relative_to(site), path
-    assert sizes.split() == ["256", "64"]
+    assert sizes.split() == ["256", "64", "256", "1024"]   # the default, then every build
     assert (Path(installed).parent / "switch-ctl").exists()
