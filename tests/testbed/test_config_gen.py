@@ -73,3 +73,15 @@ def test_links_get_the_mtu_the_programs_packets_need():
     """Ethernet's 1500 B while the packets fit, else just enough: a jumbo MTU."""
     assert layout.link_mtu(protocol.packet_format(256)) == 1500      # 1,066 B needed
     assert layout.link_mtu(protocol.packet_format(1024)) == 20 + 8 + 14 + 4 * 1024
+
+
+@pytest.mark.skipif(not protocol.JUMBO_PROGRAM_JSON.exists(), reason="the P4 program is not built")
+def test_the_limit_with_headers_takes_gloos_segments_on_the_same_links():
+    """bench-allreduce's limit: the aggregation frames per KiB of values against TCP's
+    frames per payload at the MTU the packet size's testbed gives its links."""
+    from innet_aggregation.testbed.baseline_experiment import limits
+    pure, with_headers = limits(4, 256)
+    assert pure == pytest.approx(2 / 3)
+    assert with_headers == pytest.approx(2 / 3 * (1080 / 1024) / (1514 / 1448))
+    pure, with_headers = limits(8, 1024)                 # a 4,138 B MTU for both
+    assert with_headers == pytest.approx(8 / 14 * (4152 / 4096) / (4152 / 4086))
