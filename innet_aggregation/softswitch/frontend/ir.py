@@ -303,6 +303,14 @@ class If:
     orelse: list
 
 
+@dataclass(eq=False)
+class Repeat:
+    """Statements run as they stand, in order: ``iterations`` (lists of the same length)
+    differ only in the fields and registers they name (lower.reroll). A printer may
+    print them as a loop over the fields' and registers' positions, or one by one."""
+    iterations: list
+
+
 # Parser statements: the first of them to fail sets the parser error and stops parsing.
 @dataclass(eq=False)
 class Require:

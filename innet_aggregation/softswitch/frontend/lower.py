@@ -11,7 +11,8 @@ naming the construct; what only one lacks is that printer's to refuse.
 from __future__ import annotations
 
 from innet_aggregation.softswitch.frontend import ir
-from innet_aggregation.softswitch.frontend.program import Header, Program, hexstr, mask
+from innet_aggregation.softswitch.frontend.program import (Field, Header, Program, RegisterSpec,
+                                                          hexstr, mask)
 from innet_aggregation.softswitch.frontend.validate import Unsupported
 
 
@@ -349,7 +350,7 @@ class Lowering:
             spec = self.prog.action(action_id)
             self.actions[action_id] = ir.Action(
                 spec.id, spec.name, spec.params,
-                self.statements(spec.primitives, spec.params, f"action {spec.name}"))
+                reroll(self.statements(spec.primitives, spec.params, f"action {spec.name}")))
         return self.actions[action_id]
 
     # ------------------------------------------------------------------ parser
@@ -613,6 +614,77 @@ def register_groups(program: Program, actions) -> list:
     return [group for group in groups.values() if len(group) > 1]
 
 
+REROLL_MIN = 8            # iterations; a shorter run stays as it is
+REROLL_PERIOD = 8         # statements in one iteration, at most
+REROLLABLE = (ir.Assign, ir.RegisterRead, ir.RegisterWrite)
+PLAIN_EXPRS = (ir.Const, ir.FieldRef, ir.Param, ir.Unary, ir.Binary, ir.Cond, ir.Cast)
+
+
+def reroll(body: list) -> list:
+    """``body`` with each run of like statements as one ir.Repeat. P4 has no loops and
+    no arrays of externs, so a register per element is spelled out: the aggregation
+    program's add is a read, an add and a write for each of its K values, 3 x K
+    statements that differ only in the field and the register they name. As one
+    Repeat a printer can print them as a loop (code that fits the instruction cache,
+    and that a C compiler may vectorize). Order and meaning are unchanged."""
+    shapes = [_shape(s) if isinstance(s, REROLLABLE) else None for s in body]
+    out, i = [], 0
+    while i < len(body):
+        best = (1, 1)                                   # (iterations, period)
+        for period in range(1, REROLL_PERIOD + 1):
+            head = shapes[i:i + period]
+            if len(head) < period or None in head:
+                break
+            n = 1
+            while shapes[i + n * period:i + (n + 1) * period] == head:
+                n += 1
+            if n >= REROLL_MIN and n * period > best[0] * best[1]:
+                best = (n, period)
+        n, period = best
+        if n > 1:
+            out.append(ir.Repeat([body[i + k * period:i + (k + 1) * period] for k in range(n)]))
+        else:
+            out.append(body[i])
+        i += n * period
+    return out
+
+
+def _shape(node):
+    """``node`` with its fields and registers reduced to what their use depends on
+    (width and sign; size and width): equal shapes print alike but for those names."""
+    if isinstance(node, Field):
+        return ("field", node.width, node.signed, node.varbit)
+    if isinstance(node, RegisterSpec):
+        return ("register", node.size, node.width)
+    if isinstance(node, (int, str, bool)) or node is None:
+        return node
+    if isinstance(node, list):
+        return tuple(_shape(x) for x in node)
+    if isinstance(node, PLAIN_EXPRS):
+        slots = [n for cls in type(node).__mro__ for n in getattr(cls, "__slots__", ())]
+        return (type(node).__name__,) + tuple(_shape(getattr(node, n)) for n in slots)
+    if isinstance(node, REROLLABLE):
+        return (type(node).__name__,) + tuple(_shape(v) for v in vars(node).values())
+    return ("object", id(node))                         # the same object, or unlike
+
+
+def named(node):
+    """The fields and registers ``node`` names, in the order ``_shape`` visits them:
+    position j of two like statements is the same use of each one's j-th name."""
+    if isinstance(node, (Field, RegisterSpec)):
+        yield node
+    elif isinstance(node, list):
+        for x in node:
+            yield from named(x)
+    elif isinstance(node, PLAIN_EXPRS):
+        for cls in type(node).__mro__:
+            for slot in getattr(cls, "__slots__", ()):
+                yield from named(getattr(node, slot))
+    elif isinstance(node, REROLLABLE):
+        for value in vars(node).values():
+            yield from named(value)
+
+
 def walk(nodes):
     """Every statement in ``nodes``, nested ones included."""
     for node in nodes:
@@ -620,6 +692,9 @@ def walk(nodes):
         if isinstance(node, ir.If):
             yield from walk(node.then)
             yield from walk(node.orelse)
+        elif isinstance(node, ir.Repeat):
+            for iteration in node.iterations:
+                yield from walk(iteration)
         elif isinstance(node, ir.Apply):
             for _, body in node.branches:
                 yield from walk(body)

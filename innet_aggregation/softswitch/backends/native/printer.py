@@ -16,8 +16,8 @@ Nothing from the JSON reaches the C text except numbers, each through
 from __future__ import annotations
 
 from innet_aggregation.softswitch.frontend import ir
-from innet_aggregation.softswitch.frontend.lower import walk
-from innet_aggregation.softswitch.frontend.program import Header, Program, Unsupported, mask
+from innet_aggregation.softswitch.frontend.lower import named, walk
+from innet_aggregation.softswitch.frontend.program import Field, Header, Program, Unsupported, mask
 from innet_aggregation.softswitch.frontend.validate import HASH_ALGORITHMS, MAX_CELLS, MAX_CHECKSUM_BITS, \
     MAX_FIELD_LIST, MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num, u64
 
@@ -71,6 +71,10 @@ class CPrinter:
         self.depth = 0
         self.labels = 0
         self.touched: set[int] | None = None     # while printing egress: the fields it names
+        # While printing a Repeat as a loop over _i: a field's id step, and a
+        # register's lane step (in its group) or index step (alone), per iteration.
+        self.field_step: dict = {}
+        self.reg_step: dict = {}
         self.table_index = {name: i for i, name in enumerate(program.tables)}
         self.reg_index = {name: i for i, name in enumerate(program.registers)}
         # name -> (the group's first register, lane, registers in the group): a
@@ -111,7 +115,10 @@ class CPrinter:
     def fref(self, field) -> str:
         if self.touched is not None:
             self.touched.add(field.id)
-        return f"S->f[{num(field.id, 0, len(self.prog.field_list))}]"
+        fid = num(field.id, 0, len(self.prog.field_list))
+        step = self.field_step.get(field)
+        return f"S->f[{fid} + _i * {num(step, 1, len(self.prog.field_list))}U]" if step else \
+            f"S->f[{fid}]"
 
     def hid(self, header: Header) -> str:
         return num(header.id, 0, len(self.prog.headers))
@@ -303,11 +310,53 @@ class CPrinter:
         self.add(f"{{ uint64_t _ix = {self.expr(index)}; {prelude}if ({test}) {stmt} }}")
 
     def cell(self, reg) -> str:
-        """The C lvalue of ``reg``'s cell ``_ix``."""
+        """The C lvalue of ``reg``'s cell ``_ix`` (in a loop, of the register _i steps on)."""
         r = num(self.reg_index[reg.name], 0, len(self.reg_index))
+        step = self.reg_step.get(reg, 0)
+        by = f"_i * {num(step, 1, len(self.reg_index))}U" if step else ""
         if reg.name not in self.reg_lane:
-            return f"c->reg[{r}][_ix]"
-        return f"c->reg[{r}][_ix * {num(self.reg_lane[reg.name][2], 2, len(self.reg_index) + 1)}U]"
+            return f"c->reg[{r} + {by}][_ix]" if step else f"c->reg[{r}][_ix]"
+        stride = num(self.reg_lane[reg.name][2], 2, len(self.reg_index) + 1)
+        return f"c->reg[{r}][_ix * {stride}U + {by}]" if step else f"c->reg[{r}][_ix * {stride}U]"
+
+    def loop_steps(self, iterations: list) -> tuple[dict, dict] | None:
+        """Each name of the first iteration and how it steps from one iteration to the
+        next, if every one steps by a constant: a field's id, a grouped register's lane
+        (within one group), an ungrouped register's index. None: print one by one."""
+        names = [list(named(it)) for it in iterations]
+        fields, regs = {}, {}
+        for j, first in enumerate(names[0]):
+            run = [it[j] for it in names]
+            if isinstance(first, Field):
+                ids = [f.id for f in run]
+                steps, into = {b - a for a, b in zip(ids, ids[1:])}, fields
+            else:
+                lanes = [self.reg_lane.get(r.name) for r in run]
+                if all(lane is None for lane in lanes):
+                    ids = [self.reg_index[r.name] for r in run]
+                elif len({lane and lane[0] for lane in lanes}) == 1 and None not in lanes:
+                    ids = [lane[1] for lane in lanes]
+                else:
+                    return None
+                steps, into = {b - a for a, b in zip(ids, ids[1:])}, regs
+            if len(steps) != 1 or min(steps) < 0 or into.get(first, min(steps)) != min(steps):
+                return None
+            into[first] = min(steps)
+        return fields, regs
+
+    def s_Repeat(self, s: ir.Repeat) -> None:
+        steps = self.loop_steps(s.iterations)
+        if steps is None:
+            for iteration in s.iterations:
+                self.block(iteration)
+            return
+        if self.touched is not None:
+            self.touched.update(f.id for it in s.iterations for f in named(it)
+                                if isinstance(f, Field))
+        self.field_step, self.reg_step = steps
+        self.nested(f"for (uint32_t _i = 0; _i < {num(len(s.iterations), 2, MAX_ID)}U; _i++) {{",
+                    self.block, s.iterations[0])
+        self.field_step, self.reg_step = {}, {}
 
     def s_RegisterRead(self, s: ir.RegisterRead) -> None:
         reg, f = s.register, s.field

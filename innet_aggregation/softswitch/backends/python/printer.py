@@ -227,6 +227,10 @@ class PyPrinter:
         f = s.field
         self.add(f"{self.v(f)} = {self.store(s.value, self.expr(s.value), f.width, f.signed)}")
 
+    def s_Repeat(self, s: ir.Repeat) -> None:
+        for iteration in s.iterations:       # fields are names here, not an array
+            self.block(iteration)
+
     def s_AssignStackField(self, s: ir.AssignStackField) -> None:
         i, f = self.temp("i"), s.fields[0]
         self.add(f"{i} = {self.index(s.fields, s.index)}")
