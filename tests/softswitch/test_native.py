@@ -234,3 +234,25 @@ def test_registers_touched_together_are_stored_side_by_side_and_read_apart():
     assert [cells[1][4], cells[1][6], cells[0][0], cells[k - 1][0]] == [0, 0, 0, 0x22222222]
     assert cells[k - 1][group[0].size - 1] == 0x33333333 and cells[0][group[0].size - 1] == 0
     assert sum(any(pipe.registers[spec.name].cells) for spec in group) == 2
+
+
+def test_a_read_add_write_per_value_is_one_repeat_printed_as_a_loop():
+    """The front half lowers the add action's 3 x K statements to one Repeat of K
+    iterations; the C printer prints it as a loop over the values' fields and lanes,
+    and one by one where they do not step evenly (test_backends_agree runs the loop
+    against the Python backend, which prints every iteration)."""
+    from innet_aggregation.softswitch.frontend import ir
+    program = frontend.load(protocol.PROGRAM_JSON.read_bytes())
+    k = protocol.packet_format().values_per_packet
+    add = next(a for a in program.ir.actions.values() if a.name.endswith(".add_values"))
+    (repeat,) = add.body
+    assert isinstance(repeat, ir.Repeat) and len(repeat.iterations) == k
+    assert [type(s) for s in repeat.iterations[0]] == [ir.RegisterRead, ir.Assign,
+                                                      ir.RegisterWrite]
+    assert repeat.iterations[5][2].register.name.endswith(".value_5")
+    c = emit_c.CPrinter(program)
+    fields, registers = c.loop_steps(repeat.iterations)
+    assert sorted(fields.values()) == [0, 0, 1] and list(registers.values()) == [1]   # cell, stored; v_i
+    assert emit_c.emit(program, "runtime.c").count(f"for (uint32_t _i = 0; _i < {k}U; _i++)") == 3
+    swapped = [repeat.iterations[1], repeat.iterations[0]] + repeat.iterations[2:]
+    assert c.loop_steps(swapped) is None
