@@ -177,6 +177,8 @@ class PacketFormat:
         self.dtype = np.dtype(self.header_dtype.descr
                               + [("values", ">i4", (self.values_per_packet,))])
         self.payload_bytes = self.dtype.itemsize
+        # IPv4 + UDP + one packet: the MTU a link or route must have to carry it whole.
+        self.ip_bytes = 20 + 8 + self.payload_bytes
 
     @classmethod
     def load(cls, path: Path = PROGRAM_JSON) -> "PacketFormat":

@@ -49,7 +49,7 @@ from .layout import add_topology_arguments, check_topology, link_mtu
 from .loss_experiment import csv_list
 from .targets import add_switch_arguments, default_target
 
-ETH_IP_UDP = 14 + 20 + 8
+ETH = 14
 IP_TCP = 20 + 32                # TCP with timestamps, as Linux sends it
 LINK_BOUND = 0.8        # first transmissions at this share of the link's packet rate
 CSV_FIELDS = ["topo", "workers", "values", "mtu", "size", "bytes", "bw_mbit", "backend", "rep",
@@ -57,7 +57,7 @@ CSV_FIELDS = ["topo", "workers", "values", "mtu", "size", "bytes", "bw_mbit", "b
 
 
 def agg_frame_bytes(values: int) -> int:
-    return ETH_IP_UDP + protocol.packet_format(values).payload_bytes
+    return ETH + protocol.packet_format(values).ip_bytes
 
 
 def mtu_for(values: int) -> int:

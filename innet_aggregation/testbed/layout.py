@@ -69,21 +69,17 @@ def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf
             "tree": {"root": "spine"}, "switches": tree}
 
 
-def needed_mtu(fmt: protocol.PacketFormat) -> int:
-    return 20 + 8 + fmt.payload_bytes           # IPv4 + UDP + the aggregation payload
-
-
 def link_mtu(fmt: protocol.PacketFormat) -> int:
     """The MTU the testbeds give their links: Ethernet's 1500 B, or a jumbo MTU just
     large enough where the program's packets need more (1024 values: 4,138 B). gloo's
     TCP, measured on the same links, has the same MTU."""
-    return max(1500, needed_mtu(fmt))
+    return max(1500, fmt.ip_bytes)
 
 
 def check_mtu(mtus: dict[str, str], fmt: protocol.PacketFormat) -> None:
     """Refuse links whose MTU cannot carry the program's packets: they would be dropped
     before the switch, silently."""
-    needed = needed_mtu(fmt)
+    needed = fmt.ip_bytes
     small = {name: int(mtu) for name, mtu in mtus.items() if int(mtu) < needed}
     if small:
         raise ValueError(f"the program's packets ({fmt.values_per_packet} values) need an MTU "

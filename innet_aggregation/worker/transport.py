@@ -338,10 +338,10 @@ class Transport:
             # the route's MTU is refused here, naming both sizes, not lost on the way.
             self.sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
             mtu = self.sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
-            if mtu < 20 + 8 + fmt.payload_bytes:
+            if mtu < fmt.ip_bytes:
                 raise ValueError(
                     f"the program's packets ({fmt.values_per_packet} values) need an MTU of "
-                    f"{20 + 8 + fmt.payload_bytes} B; the route to {switch_ip} has {mtu} B")
+                    f"{fmt.ip_bytes} B; the route to {switch_ip} has {mtu} B")
         except (OSError, ValueError):
             self.sock.close()
             raise

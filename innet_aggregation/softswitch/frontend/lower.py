@@ -649,40 +649,33 @@ def reroll(body: list) -> list:
     return out
 
 
-def _shape(node):
+def _shape(node, names: list | None = None):
     """``node`` with its fields and registers reduced to what their use depends on
-    (width and sign; size and width): equal shapes print alike but for those names."""
-    if isinstance(node, Field):
-        return ("field", node.width, node.signed, node.varbit)
-    if isinstance(node, RegisterSpec):
-        return ("register", node.size, node.width)
+    (width and sign; size and width): equal shapes print alike but for those names,
+    which go to ``names`` in the order visited."""
+    if isinstance(node, (Field, RegisterSpec)):
+        if names is not None:
+            names.append(node)
+        return (("field", node.width, node.signed, node.varbit) if isinstance(node, Field)
+                else ("register", node.size, node.width))
     if isinstance(node, (int, str, bool)) or node is None:
         return node
     if isinstance(node, list):
-        return tuple(_shape(x) for x in node)
+        return tuple(_shape(x, names) for x in node)
     if isinstance(node, PLAIN_EXPRS):
         slots = [n for cls in type(node).__mro__ for n in getattr(cls, "__slots__", ())]
-        return (type(node).__name__,) + tuple(_shape(getattr(node, n)) for n in slots)
+        return (type(node).__name__,) + tuple(_shape(getattr(node, n), names) for n in slots)
     if isinstance(node, REROLLABLE):
-        return (type(node).__name__,) + tuple(_shape(v) for v in vars(node).values())
+        return (type(node).__name__,) + tuple(_shape(v, names) for v in vars(node).values())
     return ("object", id(node))                         # the same object, or unlike
 
 
-def named(node):
+def named(node) -> list:
     """The fields and registers ``node`` names, in the order ``_shape`` visits them:
     position j of two like statements is the same use of each one's j-th name."""
-    if isinstance(node, (Field, RegisterSpec)):
-        yield node
-    elif isinstance(node, list):
-        for x in node:
-            yield from named(x)
-    elif isinstance(node, PLAIN_EXPRS):
-        for cls in type(node).__mro__:
-            for slot in getattr(cls, "__slots__", ()):
-                yield from named(getattr(node, slot))
-    elif isinstance(node, REROLLABLE):
-        for value in vars(node).values():
-            yield from named(value)
+    names: list = []
+    _shape(node, names)
+    return names
 
 
 def walk(nodes):

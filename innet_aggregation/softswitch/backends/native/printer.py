@@ -323,7 +323,7 @@ class CPrinter:
         """Each name of the first iteration and how it steps from one iteration to the
         next, if every one steps by a constant: a field's id, a grouped register's lane
         (within one group), an ungrouped register's index. None: print one by one."""
-        names = [list(named(it)) for it in iterations]
+        names = [named(it) for it in iterations]
         fields, regs = {}, {}
         for j, first in enumerate(names[0]):
             run = [it[j] for it in names]
@@ -339,9 +339,12 @@ class CPrinter:
                 else:
                     return None
                 steps, into = {b - a for a, b in zip(ids, ids[1:])}, regs
-            if len(steps) != 1 or min(steps) < 0 or into.get(first, min(steps)) != min(steps):
+            if len(steps) != 1:
                 return None
-            into[first] = min(steps)
+            (step,) = steps
+            if step < 0 or into.get(first, step) != step:
+                return None
+            into[first] = step
         return fields, regs
 
     def s_Repeat(self, s: ir.Repeat) -> None:
