@@ -18,10 +18,12 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define SEND_BATCH 64
@@ -55,6 +57,11 @@ struct fp_call {
     int64_t results, idle, queued, sent, failed_rows, rtt_count, datagrams, rx_stride;
     double rtt_sum, rack_sent_at;
     int32_t err, recv_err;
+    /* fp_run's: the call's timers and the transport's RTT estimator (RtoEstimator),
+     * copied in before and out after; what the run did, and where it stopped */
+    double progress_at, rack_rtt, srtt, rttvar, min_rtt, rto, min_rto, max_rto,
+        granularity, peer_timeout, wake;
+    int64_t in_flight, has_srtt, run_results, run_sent, handled;
 };
 
 static inline uint32_t be32(const uint8_t *p) {
@@ -234,7 +241,7 @@ EXPORT int64_t fp_results(struct fp_call *c, const uint8_t *base, int64_t stride
 
 /* What is queued on the socket, into the receive rows through ``msgs`` (batchio's
  * recvmmsg vectors, ``rows`` of them), then its common results as fp_results. */
-EXPORT int64_t fp_receive(struct fp_call *c, struct mmsghdr *msgs, int rows, double now,
+static int64_t fp_receive(struct fp_call *c, struct mmsghdr *msgs, int rows, double now,
                           int fd, int gso) {
     int got = recvmmsg(fd, msgs, rows, MSG_DONTWAIT, NULL);
     c->recv_err = got < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
@@ -265,6 +272,105 @@ EXPORT double fp_next_wakeup(struct fp_call *c, double rto, double peer_timeout,
             wake = rack;
     }
     return wake;
+}
+
+/* time.monotonic(), to the same double. */
+static double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return ns % 1000000000 == 0 ? (double)(ns / 1000000000) : (double)ns / 1e9;
+}
+
+static void pause_for(double seconds) {
+    struct timespec ts = {(time_t)seconds, (long)((seconds - floor(seconds)) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+}
+
+/* RtoEstimator.sample, operation for operation. */
+static void rto_sample(struct fp_call *c, double rtt) {
+    if (!c->has_srtt) {
+        c->srtt = rtt;
+        c->rttvar = rtt / 2;
+        c->has_srtt = 1;
+    } else {
+        c->rttvar = 0.75 * c->rttvar + 0.25 * fabs(c->srtt - rtt);
+        c->srtt = 0.875 * c->srtt + 0.125 * rtt;
+    }
+    if (rtt < c->min_rtt)
+        c->min_rtt = rtt;
+    double rto = c->srtt + fmax(c->granularity, 4 * c->rttvar);
+    double floor_ = fmax(c->min_rto, 2 * c->srtt);
+    c->rto = fmin(fmax(rto, floor_), c->max_rto);
+}
+
+/* FastCall._account for one batch received at ``now``, RACK's newest before it ``rack``. */
+static void account(struct fp_call *c, int64_t handled, double now, int64_t rack) {
+    if (!handled)
+        return;
+    c->run_results += c->results;
+    if (c->rtt_count)
+        rto_sample(c, now - c->rtt_sum / c->rtt_count);
+    if (c->rack_seq != rack)
+        c->rack_rtt = now - c->rack_sent_at;
+    c->progress_at = now;
+    c->in_flight -= c->idle;
+    c->run_sent += c->sent;
+}
+
+/* _Call.run's loop for as long as it meets only the common case, so that a wake-up
+ * costs no Python: wait for results (never past the next timer or progress log),
+ * drain the socket through handle, and where only a few came (fewer than
+ * ``coalesce_batch``) let more gather for up to ``coalesce`` seconds. Returns 1
+ * where a batch needs Python (from its datagram ``handled`` on, one that is not the
+ * common case, or a socket error), else 0: the call is done, a timer is due
+ * (``wake``), or the progress log is (``log_interval`` after the later of
+ * ``logged_at`` and the last answer). */
+EXPORT int fp_run(struct fp_call *c, struct mmsghdr *msgs, int rows, int fd, int gso,
+                  double wake, double logged_at, double log_interval, double coalesce,
+                  int64_t coalesce_batch) {
+    c->run_results = c->run_sent = 0;
+    c->err = c->recv_err = 0;
+    c->wake = wake;
+    while (c->in_flight > 0) {
+        double now = monotonic();
+        double log_at = fmax(c->progress_at, logged_at) + log_interval;
+        double until = c->wake < log_at ? c->wake : log_at;
+        int ready = 1;
+        if (c->wake > now) {
+            double wait = until - now > 0 ? until - now : 0;
+            struct timespec ts = {(time_t)wait, (long)((wait - floor(wait)) * 1e9)};
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            ready = ppoll(&p, 1, &ts, NULL) > 0;
+        }
+        int64_t drained = 0;
+        while (ready) {     /* the whole queue first: answers behind a stall are not lost */
+            int64_t rack = c->rack_seq;
+            now = monotonic();
+            int64_t handled = fp_receive(c, msgs, rows, now, fd, gso);
+            account(c, handled, now, rack);
+            drained += c->datagrams;
+            if (handled < c->datagrams || c->err || c->recv_err) {
+                c->handled = handled;
+                return 1;
+            }
+            if (c->datagrams < rows)
+                break;
+        }
+        if (drained) {
+            c->wake = fp_next_wakeup(c, c->rto, c->peer_timeout, c->progress_at, c->rack_seq,
+                                     c->rack_rtt, isinf(c->min_rtt) ? c->rto : c->min_rtt / 4);
+            if (drained < coalesce_batch && c->in_flight > 0) {
+                double pause = fmin(coalesce, c->wake - monotonic());
+                if (pause > 0)
+                    pause_for(pause);
+            }
+        }
+        now = monotonic();
+        if (now >= c->wake || now - fmax(c->progress_at, logged_at) >= log_interval)
+            return 0;
+    }
+    return 0;
 }
 
 /* quantize_row and dequantize_row alone, for the tests against numpy. */

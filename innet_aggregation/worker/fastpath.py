@@ -32,6 +32,8 @@ _I32 = ("off_type", "off_set_slot", "off_pkt_id", "off_exponent", "off_contribut
         "result_type", "slot_shift", "slot_mask", "exponent_of_zero", "poison", "slack",
         "num_workers", "bits", "dequantize_shift", "average", "power_of_two")
 _I64 = ("n", "step", "whole_in", "whole_out", "num_slots", "first_slot")
+_RUN_F64 = ("progress_at", "rack_rtt", "srtt", "rttvar", "min_rtt", "rto", "min_rto",
+            "max_rto", "granularity", "peer_timeout", "wake")
 _PTRS = ("tx", "set_slot_words", "expect", "in_whole", "in_tail", "out_whole", "chunk",
          "scale", "agreed", "own", "next_set", "next_pkt_id", "fingerprints", "expected",
          "sent_at", "first_sent_at", "sent_seq", "retries", "resent", "told", "queue", "rx")
@@ -45,7 +47,10 @@ class CallState(ctypes.Structure):
                                                  "queued", "sent", "failed_rows", "rtt_count",
                                                  "datagrams", "rx_stride")]
                 + [("rtt_sum", ctypes.c_double), ("rack_sent_at", ctypes.c_double),
-                   ("err", ctypes.c_int32), ("recv_err", ctypes.c_int32)])
+                   ("err", ctypes.c_int32), ("recv_err", ctypes.c_int32)]
+                + [(f, ctypes.c_double) for f in _RUN_F64]
+                + [(f, ctypes.c_int64) for f in ("in_flight", "has_srtt", "run_results",
+                                                 "run_sent", "handled")])
 
 
 @functools.cache
@@ -64,9 +69,9 @@ def library() -> ctypes.CDLL | None:
     P, I64 = ctypes.c_void_p, ctypes.c_int64
     lib.fp_results.argtypes = [P, P, I64, I64, ctypes.c_double, ctypes.c_int, ctypes.c_int]
     lib.fp_results.restype = I64
-    lib.fp_receive.argtypes = [P, P, ctypes.c_int, ctypes.c_double, ctypes.c_int, ctypes.c_int]
-    lib.fp_receive.restype = I64
     D = ctypes.c_double
+    lib.fp_run.argtypes = [P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, D, D, D, D, I64]
+    lib.fp_run.restype = ctypes.c_int
     lib.fp_next_wakeup.argtypes = [P, D, D, D, I64, D, D]
     lib.fp_next_wakeup.restype = D
     lib.fp_quantize.argtypes = [P, P, I64, I64, P]
@@ -158,25 +163,38 @@ class FastCall:
             return None
         return cls(lib, call)
 
-    def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """``Transport.receive`` with the common results at the batch's head handled
-        in C: the rest of the batch (results, WAITING headers) and how many datagrams
-        were read."""
-        call, t = self.call, self.call.t
-        s = self.state
-        s.next_seq, s.rack_seq = call.next_seq, call.rack_seq
-        now = time.monotonic()
-        handled = self.lib.fp_receive(self.ref, t.io.rx_vectors, len(t.rx), now, self.fd,
-                                      t.io.gso)
-        datagrams = s.datagrams
+    def run(self, wake: float, coalesce_batch: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """``_Call.run``'s waiting and receiving, in C until a timer or the progress log
+        is due, the call is done, or a batch needs Python: that batch's rest (results,
+        WAITING headers), and the next wake-up."""
+        call, t, s = self.call, self.call.t, self.state
+        rto = t.rto
+        s.next_seq, s.rack_seq, s.rack_rtt = call.next_seq, call.rack_seq, call.rack_rtt
+        s.progress_at, s.in_flight = call.progress_at, call.in_flight
+        s.has_srtt, s.srtt = rto.srtt is not None, rto.srtt or 0.0
+        s.rttvar, s.min_rtt, s.rto = rto.rttvar, rto.min_rtt, rto.rto
+        s.min_rto, s.max_rto, s.granularity = (t.policy.min_rto, t.policy.max_rto,
+                                               rto.GRANULARITY)
+        s.peer_timeout = t.policy.peer_timeout
+        needs_python = self.lib.fp_run(self.ref, t.io.rx_vectors, len(t.rx), self.fd, t.io.gso,
+                                 wake, call.logged_at, t.policy.progress_interval,
+                                 t.policy.coalesce, coalesce_batch)
+        if s.has_srtt:
+            rto.srtt, rto.rttvar, rto.min_rtt, rto.rto = s.srtt, s.rttvar, s.min_rtt, s.rto
+        call.next_seq, call.rack_seq, call.rack_rtt = s.next_seq, s.rack_seq, s.rack_rtt
+        call.progress_at, call.in_flight = s.progress_at, s.in_flight
+        t.stats.results_received += s.run_results
+        t.stats.fast_results += s.run_results
+        t.stats.packets_sent += s.run_sent
+        t.stats.bytes_sent += s.run_sent * t.fmt.payload_bytes
         if s.recv_err:
             t.stats.socket_errors += 1
-        if handled:
-            self._account(now)
-        if handled == datagrams:
-            return self.no_packets, t.no_headers, datagrams
-        packets, headers = t.sort(t.io.lengths(datagrams)[handled:], handled)
-        return packets, headers, datagrams
+        if s.err:
+            self._send_failed(s)
+        if not needs_python or s.handled == s.datagrams:
+            return self.no_packets, t.no_headers, s.wake
+        packets, headers = t.sort(t.io.lengths(s.datagrams)[s.handled:], s.handled)
+        return packets, headers, s.wake
 
     def next_wakeup(self) -> float:
         """``_Call._next_wakeup``, one loop over the slots."""
@@ -214,10 +232,13 @@ class FastCall:
         """Count what went out, as Transport.send does; a route that refuses GSO gets
         it turned off, and the rest resent one datagram per message (batchio)."""
         t = self.call.t
-        sent = s.sent
-        t.stats.packets_sent += sent
-        t.stats.bytes_sent += sent * t.fmt.payload_bytes
+        t.stats.packets_sent += s.sent
+        t.stats.bytes_sent += s.sent * t.fmt.payload_bytes
         if s.err:
-            t.stats.socket_errors += 1
-            if t.io.refuses_gso(s.err, s.failed_rows):
-                t.send(self.queue[sent:s.queued])
+            self._send_failed(s)
+
+    def _send_failed(self, s: CallState) -> None:
+        t = self.call.t
+        t.stats.socket_errors += 1
+        if t.io.refuses_gso(s.err, s.failed_rows):
+            t.send(self.queue[s.sent:s.queued])

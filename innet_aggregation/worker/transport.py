@@ -560,14 +560,21 @@ class _Call:
         # and nothing to recover before it (most wake-ups: results, no loss).
         wake = self._next_wakeup()
         while self.in_flight:
-            wait = wake - time.monotonic()
-            if wait <= 0 or t._poll.poll(max(wait * 1000.0, 0.0)):
+            if self.fast is not None:
+                packets, headers, wake = self.fast.run(wake, COALESCE_BATCH)
+                if len(packets):
+                    self._on_results(packets)
+                if len(headers):
+                    self._on_waiting(headers)
+                if len(packets) or len(headers):
+                    wake = self._next_wakeup()
+                    continue                # drain the rest before any timer
+            elif (wait := wake - time.monotonic()) <= 0 or t._poll.poll(max(wait * 1000.0, 0.0)):
                 # Drain the socket first: after a stall, answers queued behind the
                 # first batch must not look lost.
                 drained = 0
                 while True:
-                    packets, headers, datagrams = (t.receive() if self.fast is None
-                                                   else self.fast.receive())
+                    packets, headers, datagrams = t.receive()
                     drained += datagrams
                     if len(packets):
                         self._on_results(packets)
