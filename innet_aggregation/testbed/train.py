@@ -19,7 +19,10 @@ measure what the backend adds.
 Allreduce inputs are integer-valued float32 drawn from (seed, rep, rank), so every
 worker can compute the exact sum of all workers' inputs and check the result
 (``exact``) and report a digest of it (compared across runs for bit-identity).
-Bytes sent and TCP retransmissions are read from this host's own /proc/net, so both
+With ``barrier``, each timed call starts after a barrier, and the checks after it
+wait at a second one, so that no worker's checking runs beside another's call on
+the cores they share. Bytes sent and TCP retransmissions are read from this host's
+own /proc/net, so both
 backends are measured the same way, at the wire. Training with an ``accuracy`` also
 measures the time to reach it: every ``eval_every`` steps worker 0 scores the held-out
 digits and tells the others, while every worker's clock stops, so evaluation costs
@@ -142,6 +145,10 @@ class Host:
             out["times"].append(time.perf_counter() - start)
             out["cpu"].append(time.process_time() - cpu)      # all of the process's threads
             delta = counter_delta(before)
+            if cmd.get("barrier", True):
+                # The checks below and the next inputs wait for every worker's call: on
+                # the cores the workers share they would slow the calls still running.
+                self.barrier()
             result = torch.as_tensor(result)
             out["exact"].append(bool(torch.equal(result.double(), expected)))
             out["digests"].append(hashlib.sha256(result.numpy().tobytes()).hexdigest()[:16])
