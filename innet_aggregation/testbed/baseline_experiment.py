@@ -81,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="worker counts (default 4,8)")
     parser.add_argument("--sizes", type=csv_list(int), default=[262144],
                         help="tensor sizes in float32 values (default 262144: 1 MiB)")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
+    parser.add_argument("--reps", type=int, default=5,
+                        help="repetitions (default 5: gloo's time moves by up to a quarter "
+                             "from call to call here)")
     parser.add_argument("--bw", type=csv_list(float), default=[20, 50, 100, 200, 500, 0],
                         help="link rates in Mbit/s, 0 for unshaped links "
                              "(default 20,50,100,200,500,0)")

@@ -9,7 +9,8 @@
  * float32 output. It stops at the first result that is anything else and returns
  * how many it handled; Python handles the rest of the batch unchanged. The next
  * packets of the slots handled go out in one sendmmsg (UDP GSO runs of consecutive
- * slots, as batchio.py cuts them).
+ * slots, as batchio.py cuts them). fp_run does _Call.run's waiting and draining
+ * around that for as long as nothing else comes and no timer is due.
  *
  * The numerics are quantize.quantize's and quantize.dequantize's, element by
  * element: numpy chooses its path per batch, but each path gives the same bits

@@ -3,9 +3,10 @@
 Each wake-up of a call used to cost about 160 Python and numpy calls, whatever the
 number of results, and a worker shares two cores with the others and the switch. The
 common case (a result that is final, for a whole float32 block) is handled in C, on
-the call's own numpy arrays, with the next packets sent from there: a wake-up is a
-handful of Python calls. Anything else goes to the Python code, unchanged. Without
-a C compiler the transport runs the Python path (one info line says so).
+the call's own numpy arrays, with the next packets sent from there, and so is the
+waiting between batches (``FastCall.run``): a wake-up costs no Python. Anything
+else goes to the Python code, unchanged, and so do the timers' expiries. Without a
+C compiler the transport runs the Python path (one info line says so).
 """
 
 from __future__ import annotations
