@@ -71,7 +71,8 @@ def add_switch_arguments(parser) -> None:
     parser.add_argument("--target", choices=TARGETS, default=None,
                         help="switch target (default: $AGG_SWITCH, else softswitch)")
     parser.add_argument("--slots", type=int, default=None,
-                        help="the job's window, slots in flight per worker (default 128; "
+                        help="the job's window, slots in flight per worker (default 128, "
+                             "at most 128 KiB of values: 32 at 1024 values per packet; "
                              "max(8, 64/workers) on bmv2)")
     parser.add_argument("--tls", action="store_true",
                         help="P4Runtime over mutual TLS, with a CA and certificates made for "

@@ -33,8 +33,8 @@ from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.tree import Tree
 
 from .agents import AgentError, HostAgents
-from .layout import (add_topology_arguments, check_mtu, check_topology, host_mac, link_mtu,
-                     job_config_dict, tree_config_dict)
+from .layout import (add_topology_arguments, check_mtu, check_topology, default_window,
+                     host_mac, job_config_dict, link_mtu, tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, cpu_seconds, default_target, free_tcp_port
 from .tls import TLSBundle, make_bundle
@@ -52,18 +52,6 @@ _instances = itertools.count()
 # HTB's bucket in seconds at the link's rate (ShapedIntf): 1 MiB allreduces at
 # 500 Mbit/s took 37-40 ms with 2 ms, 33 ms with 8 ms, as fast as unshaped links.
 HTB_BURST_S = 0.008
-
-
-def default_window(workers: int, target: str) -> int:
-    """Slots per job (each worker's packets in flight).
-
-    The embedded switch keeps up with the links, and the workers' timers follow the
-    measured round trip, so a window of 128 covers a bandwidth-delay product of a
-    few milliseconds and a whole gradient bucket of 8,192 values in one round
-    (`make demo` with 16 slots needed 3 rounds per step). BMv2 forwards ~2 k
-    packets/s of this program and loses packets when far more queue in front of
-    it: about 64 packets in its queue."""
-    return max(8, 64 // workers) if target == "bmv2" else 128
 
 
 def netem_available() -> bool:
@@ -228,7 +216,8 @@ class Testbed:
         self.net.start()
 
     def _configure_job(self) -> None:
-        window = self.num_slots or default_window(self.workers, self.target)
+        window = self.num_slots or default_window(self.workers, self.target,
+                                                  self.program.values_per_packet)
         if self.topo == "star":
             switch = self.switches["switch"]
             raw = job_config_dict(switch.port_map(), switch.grpc_addr, switch.device_id,

@@ -75,6 +75,14 @@ def test_links_get_the_mtu_the_programs_packets_need():
     assert layout.link_mtu(protocol.packet_format(1024)) == 20 + 8 + 14 + 4 * 1024
 
 
+def test_the_default_window_holds_at_most_128_kib_of_values():
+    """128 slots, fewer where their packets would hold more than 128 KiB; BMv2's own."""
+    assert layout.default_window(8, "softswitch", 64) == 128
+    assert layout.default_window(8, "softswitch", 256) == 128
+    assert layout.default_window(8, "softswitch", 1024) == 32
+    assert layout.default_window(4, "bmv2", 1024) == 16
+
+
 @pytest.mark.skipif(not protocol.JUMBO_PROGRAM_JSON.exists(), reason="the P4 program is not built")
 def test_the_limit_with_headers_takes_gloos_segments_on_the_same_links():
     """bench-allreduce's limit: the aggregation frames per KiB of values against TCP's
