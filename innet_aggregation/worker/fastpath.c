@@ -235,9 +235,65 @@ static int64_t handle(struct fp_call *c, const uint8_t *base, int64_t stride, in
     return i;
 }
 
+/* time.monotonic(), to the same double. */
+static double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return ns % 1000000000 == 0 ? (double)(ns / 1000000000) : (double)ns / 1e9;
+}
+
+static struct timespec timespec_of(double seconds) {
+    return (struct timespec){(time_t)seconds, (long)((seconds - floor(seconds)) * 1e9)};
+}
+
+/* RtoEstimator.sample, operation for operation. */
+static void rto_sample(struct fp_call *c, double rtt) {
+    if (!c->has_srtt) {
+        c->srtt = rtt;
+        c->rttvar = rtt / 2;
+        c->has_srtt = 1;
+    } else {
+        c->rttvar = 0.75 * c->rttvar + 0.25 * fabs(c->srtt - rtt);
+        c->srtt = 0.875 * c->srtt + 0.125 * rtt;
+    }
+    if (rtt < c->min_rtt)
+        c->min_rtt = rtt;
+    double rto = c->srtt + fmax(c->granularity, 4 * c->rttvar);
+    double floor_ = fmax(c->min_rto, 2 * c->srtt);
+    c->rto = fmin(fmax(rto, floor_), c->max_rto);
+}
+
+/* What one batch received at ``now`` did (RACK's newest before it: ``rack``) into
+ * the state FastCall copies out: counters, RTT, RACK, progress, what was sent. */
+static void account(struct fp_call *c, int64_t handled, double now, int64_t rack) {
+    if (!handled)
+        return;
+    c->run_results += c->results;
+    if (c->rtt_count)
+        rto_sample(c, now - c->rtt_sum / c->rtt_count);
+    if (c->rack_seq != rack)
+        c->rack_rtt = now - c->rack_sent_at;
+    c->progress_at = now;
+    c->in_flight -= c->idle;
+    c->run_sent += c->sent;
+}
+
+/* One batch through handle, accounted. */
+static int64_t handle_batch(struct fp_call *c, const uint8_t *base, int64_t stride,
+                            int64_t count, const struct mmsghdr *lengths, double now, int fd,
+                            int gso) {
+    int64_t rack = c->rack_seq;
+    int64_t handled = handle(c, base, stride, count, lengths, now, fd, gso);
+    account(c, handled, now, rack);
+    return handled;
+}
+
 EXPORT int64_t fp_results(struct fp_call *c, const uint8_t *base, int64_t stride,
                           int64_t count, double now, int fd, int gso) {
-    return handle(c, base, stride, count, NULL, now, fd, gso);
+    c->run_results = c->run_sent = 0;
+    c->recv_err = 0;
+    return handle_batch(c, base, stride, count, NULL, now, fd, gso);
 }
 
 /* What is queued on the socket, into the receive rows through ``msgs`` (batchio's
@@ -247,7 +303,7 @@ static int64_t fp_receive(struct fp_call *c, struct mmsghdr *msgs, int rows, dou
     int got = recvmmsg(fd, msgs, rows, MSG_DONTWAIT, NULL);
     c->recv_err = got < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
     c->datagrams = got > 0 ? got : 0;
-    return handle(c, c->rx, c->rx_stride, c->datagrams, msgs, now, fd, gso);
+    return handle_batch(c, c->rx, c->rx_stride, c->datagrams, msgs, now, fd, gso);
 }
 
 /* _Call._next_wakeup: the earliest timer (the timeout after the later of a slot's
@@ -275,50 +331,6 @@ EXPORT double fp_next_wakeup(struct fp_call *c, double rto, double peer_timeout,
     return wake;
 }
 
-/* time.monotonic(), to the same double. */
-static double monotonic(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-    return ns % 1000000000 == 0 ? (double)(ns / 1000000000) : (double)ns / 1e9;
-}
-
-static void pause_for(double seconds) {
-    struct timespec ts = {(time_t)seconds, (long)((seconds - floor(seconds)) * 1e9)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
-}
-
-/* RtoEstimator.sample, operation for operation. */
-static void rto_sample(struct fp_call *c, double rtt) {
-    if (!c->has_srtt) {
-        c->srtt = rtt;
-        c->rttvar = rtt / 2;
-        c->has_srtt = 1;
-    } else {
-        c->rttvar = 0.75 * c->rttvar + 0.25 * fabs(c->srtt - rtt);
-        c->srtt = 0.875 * c->srtt + 0.125 * rtt;
-    }
-    if (rtt < c->min_rtt)
-        c->min_rtt = rtt;
-    double rto = c->srtt + fmax(c->granularity, 4 * c->rttvar);
-    double floor_ = fmax(c->min_rto, 2 * c->srtt);
-    c->rto = fmin(fmax(rto, floor_), c->max_rto);
-}
-
-/* FastCall._account for one batch received at ``now``, RACK's newest before it ``rack``. */
-static void account(struct fp_call *c, int64_t handled, double now, int64_t rack) {
-    if (!handled)
-        return;
-    c->run_results += c->results;
-    if (c->rtt_count)
-        rto_sample(c, now - c->rtt_sum / c->rtt_count);
-    if (c->rack_seq != rack)
-        c->rack_rtt = now - c->rack_sent_at;
-    c->progress_at = now;
-    c->in_flight -= c->idle;
-    c->run_sent += c->sent;
-}
-
 /* _Call.run's loop for as long as it meets only the common case, so that a wake-up
  * costs no Python: wait for results (never past the next timer or progress log),
  * drain the socket through handle, and where only a few came (fewer than
@@ -339,17 +351,13 @@ EXPORT int fp_run(struct fp_call *c, struct mmsghdr *msgs, int rows, int fd, int
         double until = c->wake < log_at ? c->wake : log_at;
         int ready = 1;
         if (c->wake > now) {
-            double wait = until - now > 0 ? until - now : 0;
-            struct timespec ts = {(time_t)wait, (long)((wait - floor(wait)) * 1e9)};
+            struct timespec ts = timespec_of(until - now > 0 ? until - now : 0);
             struct pollfd p = {.fd = fd, .events = POLLIN};
             ready = ppoll(&p, 1, &ts, NULL) > 0;
         }
         int64_t drained = 0;
         while (ready) {     /* the whole queue first: answers behind a stall are not lost */
-            int64_t rack = c->rack_seq;
-            now = monotonic();
-            int64_t handled = fp_receive(c, msgs, rows, now, fd, gso);
-            account(c, handled, now, rack);
+            int64_t handled = fp_receive(c, msgs, rows, monotonic(), fd, gso);
             drained += c->datagrams;
             if (handled < c->datagrams || c->err || c->recv_err) {
                 c->handled = handled;
@@ -363,8 +371,8 @@ EXPORT int fp_run(struct fp_call *c, struct mmsghdr *msgs, int rows, int fd, int
                                      c->rack_rtt, isinf(c->min_rtt) ? c->rto : c->min_rtt / 4);
             if (drained < coalesce_batch && c->in_flight > 0) {
                 double pause = fmin(coalesce, c->wake - monotonic());
-                if (pause > 0)
-                    pause_for(pause);
+                struct timespec ts = timespec_of(pause);
+                while (pause > 0 && nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
             }
         }
         now = monotonic();

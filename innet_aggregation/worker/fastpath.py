@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +146,8 @@ class FastCall:
                             ("resent", call.resent), ("told", call.told),
                             ("queue", self.queue), ("rx", t.rx)):
             setattr(s, name, _ptr(array))
+        s.min_rto, s.max_rto = t.policy.min_rto, t.policy.max_rto
+        s.granularity, s.peer_timeout = t.rto.GRANULARITY, t.policy.peer_timeout
         self.ref = ctypes.byref(s)
         s.rx_stride = t.rx.strides[0]
         self.fd = t.sock.fileno()
@@ -169,29 +170,11 @@ class FastCall:
         is due, the call is done, or a batch needs Python: that batch's rest (results,
         WAITING headers), and the next wake-up."""
         call, t, s = self.call, self.call.t, self.state
-        rto = t.rto
-        s.next_seq, s.rack_seq, s.rack_rtt = call.next_seq, call.rack_seq, call.rack_rtt
-        s.progress_at, s.in_flight = call.progress_at, call.in_flight
-        s.has_srtt, s.srtt = rto.srtt is not None, rto.srtt or 0.0
-        s.rttvar, s.min_rtt, s.rto = rto.rttvar, rto.min_rtt, rto.rto
-        s.min_rto, s.max_rto, s.granularity = (t.policy.min_rto, t.policy.max_rto,
-                                               rto.GRANULARITY)
-        s.peer_timeout = t.policy.peer_timeout
+        self._state_in()
         needs_python = self.lib.fp_run(self.ref, t.io.rx_vectors, len(t.rx), self.fd, t.io.gso,
-                                 wake, call.logged_at, t.policy.progress_interval,
-                                 t.policy.coalesce, coalesce_batch)
-        if s.has_srtt:
-            rto.srtt, rto.rttvar, rto.min_rtt, rto.rto = s.srtt, s.rttvar, s.min_rtt, s.rto
-        call.next_seq, call.rack_seq, call.rack_rtt = s.next_seq, s.rack_seq, s.rack_rtt
-        call.progress_at, call.in_flight = s.progress_at, s.in_flight
-        t.stats.results_received += s.run_results
-        t.stats.fast_results += s.run_results
-        t.stats.packets_sent += s.run_sent
-        t.stats.bytes_sent += s.run_sent * t.fmt.payload_bytes
-        if s.recv_err:
-            t.stats.socket_errors += 1
-        if s.err:
-            self._send_failed(s)
+                                       wake, call.logged_at, t.policy.progress_interval,
+                                       t.policy.coalesce, coalesce_batch)
+        self._state_out()
         if not needs_python or s.handled == s.datagrams:
             return self.no_packets, t.no_headers, s.wake
         packets, headers = t.sort(t.io.lengths(s.datagrams)[s.handled:], s.handled)
@@ -206,40 +189,36 @@ class FastCall:
 
     def results(self, packets: np.ndarray, now: float) -> int:
         """Handle the common results at the head of ``packets``; how many it handled."""
-        s, call, t = self.state, self.call, self.call.t
-        s.next_seq, s.rack_seq = call.next_seq, call.rack_seq
+        self._state_in()
         handled = self.lib.fp_results(self.ref, packets.ctypes.data, packets.strides[0],
-                                      len(packets), now, self.fd, t.io.gso)
-        if handled:
-            self._account(now)
+                                      len(packets), now, self.fd, self.call.t.io.gso)
+        self._state_out()
         return handled
 
-    def _account(self, now: float) -> None:
-        """What C did, into the Python state: counters, RTT, RACK, progress, sends."""
+    def _state_in(self) -> None:
+        """The call's and the RTT estimator's state, for C to go on from."""
+        s, call, rto = self.state, self.call, self.call.t.rto
+        s.next_seq, s.rack_seq, s.rack_rtt = call.next_seq, call.rack_seq, call.rack_rtt
+        s.progress_at, s.in_flight = call.progress_at, call.in_flight
+        s.has_srtt, s.srtt = rto.srtt is not None, rto.srtt or 0.0
+        s.rttvar, s.min_rtt, s.rto = rto.rttvar, rto.min_rtt, rto.rto
+
+    def _state_out(self) -> None:
+        """What C did, back into the Python state: counters, RTT, RACK, progress, sends;
+        a route that refuses GSO gets it turned off, and the rest of a failed send
+        resent one datagram per message (batchio)."""
         s, call, t = self.state, self.call, self.call.t
-        t.stats.results_received += s.results
-        t.stats.fast_results += s.results
-        if s.rtt_count:
-            t.rto.sample(now - s.rtt_sum / s.rtt_count)
-        if s.rack_seq != call.rack_seq:
-            call.rack_seq, call.rack_rtt = s.rack_seq, now - s.rack_sent_at
-        call.progress_at = now
-        call.in_flight -= s.idle
-        call.next_seq = s.next_seq
-        if s.queued:
-            self._sent(s)
-
-    def _sent(self, s: CallState) -> None:
-        """Count what went out, as Transport.send does; a route that refuses GSO gets
-        it turned off, and the rest resent one datagram per message (batchio)."""
-        t = self.call.t
-        t.stats.packets_sent += s.sent
-        t.stats.bytes_sent += s.sent * t.fmt.payload_bytes
+        if s.has_srtt:
+            t.rto.srtt, t.rto.rttvar, t.rto.min_rtt, t.rto.rto = s.srtt, s.rttvar, s.min_rtt, s.rto
+        call.next_seq, call.rack_seq, call.rack_rtt = s.next_seq, s.rack_seq, s.rack_rtt
+        call.progress_at, call.in_flight = s.progress_at, s.in_flight
+        t.stats.results_received += s.run_results
+        t.stats.fast_results += s.run_results
+        t.stats.packets_sent += s.run_sent
+        t.stats.bytes_sent += s.run_sent * t.fmt.payload_bytes
+        if s.recv_err:
+            t.stats.socket_errors += 1
         if s.err:
-            self._send_failed(s)
-
-    def _send_failed(self, s: CallState) -> None:
-        t = self.call.t
-        t.stats.socket_errors += 1
-        if t.io.refuses_gso(s.err, s.failed_rows):
-            t.send(self.queue[s.sent:s.queued])
+            t.stats.socket_errors += 1
+            if t.io.refuses_gso(s.err, s.failed_rows):
+                t.send(self.queue[s.sent:s.queued])
