@@ -300,7 +300,7 @@ def builds() -> list[Program]:
 
 def program(values_per_packet: int | None = None) -> Program:
     """The committed build that carries ``values_per_packet`` values per packet (None:
-    the software targets' default, ``PROGRAM_JSON``)."""
+    the library's default, ``PROGRAM_JSON``: 256 values, Ethernet's MTU)."""
     if values_per_packet is None:
         return _program(PROGRAM_JSON)
     for build in builds():

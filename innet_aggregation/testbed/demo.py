@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from innet_aggregation.p4src import protocol
 
 from .baseline_experiment import agg_frame_bytes
-from .layout import add_topology_arguments
+from .layout import add_program_argument, add_topology_arguments
 from .targets import add_switch_arguments, default_target
 
 
@@ -78,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                              "instead of the switch's DDP hook")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
+    add_program_argument(parser)
     return parser
 
 
@@ -107,7 +108,7 @@ def run(args) -> None:
           f"links {f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'}", flush=True)
     with Testbed(args.workers, bw=args.bw or None, target=target, num_slots=args.slots,
                  topo=args.topo, leaves=args.leaves, tls=args.tls,
-                 grpc_host=args.grpc_host) as testbed:
+                 grpc_host=args.grpc_host, values_per_packet=args.values) as testbed:
         print("[demo] job installed by the controller; starting one worker process per host "
               "(torch import, gloo rendezvous through the switch)", flush=True)
         with HostAgents(testbed) as agents:
@@ -122,11 +123,13 @@ def run(args) -> None:
                 print(f"[demo] training with {label}, {args.epochs} epochs", flush=True)
                 results[backend] = agents.call(dict(command, backend=wire), timeout=1800)
             counters = testbed.switch_counters()
-    report(results, counters, args, target)
+            fmt = testbed.program.format
+    report(results, counters, args, target, fmt)
     print(f"[demo] done in {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def report(results: dict[str, list[dict]], counters: dict, args, target: str) -> None:
+def report(results: dict[str, list[dict]], counters: dict, args, target: str,
+           fmt: protocol.PacketFormat) -> None:
     first = results["switch"][0]
     print(f"\nDDP on {args.workers} workers: {MODELS[args.model].name()} "
           f"({first['parameters']:,} parameters), "
@@ -159,7 +162,6 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str) ->
           f"sent by the {len(switch)} workers, {redone} of them ({redone / max(packets, 1):.1%}) "
           f"blocks redone because\nthe speculated exponent missed (the first step probes every "
           f"block).")
-    fmt = protocol.packet_format()
     print("\nms/step: median step time (forward, backward, allreduce, update) of the slowest "
           "worker.\nallreduce ms: median time from DDP's call of the comm hook to its result, "
           "slowest worker\n(it includes waiting for the slowest worker's gradients).\nCPU ms/step: "

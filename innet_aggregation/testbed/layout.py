@@ -9,6 +9,7 @@ SERVICE_IP = "10.0.0.254"
 SERVICE_MAC = "02:00:00:00:00:fe"
 WORKER_UDP_PORT = 40000
 WINDOW_BYTES = 128 << 10     # values in flight per worker at most (default_window)
+JUMBO_VALUES = 1024          # the embedded switch's build in a testbed (default_values_per_packet)
 
 
 def host_mac(i: int) -> str:
@@ -85,6 +86,25 @@ def default_window(workers: int, target: str, values_per_packet: int) -> int:
     if target == "bmv2":
         return max(8, 64 // workers)
     return max(1, min(128, WINDOW_BYTES // (4 * values_per_packet)))
+
+
+def default_values_per_packet(target: str) -> int:
+    """The program a testbed runs where none is named. A testbed sets its links' MTU, so
+    the embedded switch runs the jumbo build: its cost is per packet (the kernel's send
+    and delivery, most of its CPU), and with 256 values 8 workers and the switch on 2
+    cores fall behind 200 Mbit/s links, and 4 behind 500 (README, `make
+    bench-allreduce`). BMv2 sums as many values a second at either size, so it keeps
+    the library's default, which fits Ethernet's MTU."""
+    if target == "bmv2":
+        return protocol.program().values_per_packet
+    return JUMBO_VALUES
+
+
+def add_program_argument(parser) -> None:
+    parser.add_argument("--values", type=int, default=None,
+                        help="values per packet: the compiled program to run (default "
+                             f"{JUMBO_VALUES} on the softswitch, on links of a jumbo MTU; "
+                             f"{protocol.program().values_per_packet} on bmv2)")
 
 
 def link_mtu(fmt: protocol.PacketFormat) -> int:

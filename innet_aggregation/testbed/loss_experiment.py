@@ -35,13 +35,13 @@ import sys
 import time
 from pathlib import Path
 
-from .layout import add_topology_arguments
+from .layout import add_program_argument, add_topology_arguments
 from .targets import add_switch_arguments, default_target
 
 DIRECTIONS = {"ingress": (1, 0), "egress": (0, 1), "both": (1, 1)}
-CSV_FIELDS = ["workers", "size", "direction", "loss_pct", "rep", "time_s", "retransmissions",
-              "exact", "identical", "dropped_ingress", "dropped_egress", "resent_by_switch",
-              "duplicates_dropped"]
+CSV_FIELDS = ["workers", "values", "size", "direction", "loss_pct", "rep", "time_s",
+              "retransmissions", "exact", "identical", "dropped_ingress", "dropped_egress",
+              "resent_by_switch", "duplicates_dropped"]
 
 
 def csv_list(kind):
@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bw", type=float, default=50.0, help="link rate, Mbit/s (default 50)")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
+    add_program_argument(parser)
     parser.add_argument("--loss-at", default="all",
                         help="the switches whose ports drop, comma-separated: all (default), "
                              "or in a tree spine, leaf0, leaf1, ...")
@@ -108,8 +109,11 @@ def run(args) -> list[dict]:
           f"{len(todo)} points x {args.reps} repetitions", flush=True)
     rows, reference = [], {}
     with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots, topo=args.topo,
-                 leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host) as testbed, \
+                 leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
+                 values_per_packet=args.values) as testbed, \
             HostAgents(testbed, gloo=False) as agents:
+        values = testbed.program.values_per_packet
+        print(f"[loss] {values} values per packet", flush=True)
         lossy = None if args.loss_at == "all" else args.loss_at.split(",")
         for n, (size, direction, loss) in enumerate(todo, 1):
             ingress, egress = (f * loss / 100 for f in DIRECTIONS.get(direction, (0, 0)))
@@ -130,7 +134,8 @@ def run(args) -> list[dict]:
                     reference[(size, rep)] = digests.pop() if len(digests) == 1 else None
                     digests = {reference[(size, rep)]}
                 rows.append({
-                    "workers": args.workers, "size": size, "direction": direction,
+                    "workers": args.workers, "values": values, "size": size,
+                    "direction": direction,
                     "loss_pct": loss, "rep": rep,
                     "time_s": max(a["times"][0] for a in answers),
                     "retransmissions": sum(a["retransmissions"][0] for a in answers),

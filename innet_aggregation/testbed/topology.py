@@ -33,8 +33,9 @@ from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.tree import Tree
 
 from .agents import AgentError, HostAgents
-from .layout import (add_topology_arguments, check_mtu, check_topology, default_window,
-                     host_mac, job_config_dict, link_mtu, tree_config_dict)
+from .layout import (add_program_argument, add_topology_arguments, check_mtu, check_topology,
+                     default_values_per_packet, default_window, host_mac, job_config_dict,
+                     link_mtu, tree_config_dict)
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, cpu_seconds, default_target, free_tcp_port
 from .tls import TLSBundle, make_bundle
@@ -105,8 +106,9 @@ class Testbed:
     ``bw`` is each link's rate in Mbit/s (None: unlimited). ``delay`` (e.g. "1ms")
     and ``link_loss`` (percent) need netem in the kernel; without it they raise.
     ``num_slots`` is the job's window (None: ``default_window``).
-    ``values_per_packet`` picks the program (protocol.program; None: the software
-    targets' default), which job.toml names, so the workers load the same one.
+    ``values_per_packet`` picks the program (protocol.program; None: the target's
+    ``layout.default_values_per_packet``), which job.toml names, so the workers load
+    the same one.
     The switches' P4Runtime servers listen on ``grpc_host`` (loopback by default);
     ``tls`` gives them and the controller mutual TLS with certificates made for the
     run (testbed.tls, in the run's directory; job.toml names them).
@@ -131,7 +133,8 @@ class Testbed:
             raise ValueError(f"workers must be 1..{min(protocol.MAX_WORKERS, 250)}, "
                              f"not {self.workers}")
         check_topology(self.topo, self.workers, self.leaves)
-        self.program = protocol.program(self.values_per_packet)
+        self.program = protocol.program(self.values_per_packet
+                                        or default_values_per_packet(self.target))
         self.net = None
         self.switches: dict[str, P4Switch] = {}        # by the job description's names
         self.controllers: dict[str, Controller] = {}
@@ -350,6 +353,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--link-loss", type=float, help="link loss %% (needs netem)")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
+    add_program_argument(parser)
     return parser
 
 
@@ -359,14 +363,15 @@ def main(argv: list[str] | None = None) -> int:
         testbed = Testbed(args.workers, bw=args.bw, target=args.target or default_target(),
                           delay=args.delay, link_loss=args.link_loss, num_slots=args.slots,
                           log_level="info", topo=args.topo, leaves=args.leaves,
-                          tls=args.tls, grpc_host=args.grpc_host)
+                          tls=args.tls, grpc_host=args.grpc_host, values_per_packet=args.values)
         with testbed:
             shape = (f"one {testbed.target} switch" if args.topo == "star"
                      else f"a {testbed.target} spine and {args.leaves} leaves")
             grpc = ", ".join(f"{n} {s.process.listen_addr}" for n, s in testbed.switches.items())
             security = "mutual TLS" if args.tls else "plaintext"
             print(f"\n{args.workers} workers on {shape} (P4Runtime {grpc}, {security}), "
-                  f"links {args.bw:g} Mbit/s")
+                  f"links {args.bw:g} Mbit/s, MTU {link_mtu(testbed.program.format)} B, "
+                  f"{testbed.program.values_per_packet} values per packet")
             print(f"job configuration: {testbed.config_path}   switch and host logs: "
                   f"{testbed.workdir} (removed on exit)")
             print(f"counters from another shell: {sys.executable} -m innet_aggregation.switch_ctl counters "

@@ -84,6 +84,20 @@ def test_the_default_window_holds_at_most_128_kib_of_values():
 
 
 @pytest.mark.skipif(not protocol.JUMBO_PROGRAM_JSON.exists(), reason="the P4 program is not built")
+def test_a_testbed_runs_the_jumbo_build_on_the_softswitch_and_the_default_on_bmv2():
+    """Where a testbed sets the links' MTU, the embedded switch gets the packets that cost
+    it least per value; BMv2, as fast per value at either size, keeps Ethernet's MTU."""
+    from innet_aggregation.testbed import demo, loss_experiment, topology
+    assert layout.default_values_per_packet("softswitch") == 1024
+    assert layout.default_values_per_packet("softswitch-python") == 1024
+    assert layout.default_values_per_packet("bmv2") == protocol.program().values_per_packet == 256
+    assert layout.link_mtu(protocol.packet_format(1024)) == 4138
+    for parser in (demo._parser(), loss_experiment._parser(), topology._parser()):
+        assert parser.parse_args([]).values is None                 # the target's default
+        assert parser.parse_args(["--values", "256"]).values == 256
+
+
+@pytest.mark.skipif(not protocol.JUMBO_PROGRAM_JSON.exists(), reason="the P4 program is not built")
 def test_the_limit_with_headers_takes_gloos_segments_on_the_same_links():
     """bench-allreduce's limit: the aggregation frames per KiB of values against TCP's
     frames per payload at the MTU the packet size's testbed gives its links."""

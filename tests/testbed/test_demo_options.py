@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from innet_aggregation.p4src import protocol
 from innet_aggregation.testbed import demo
 from innet_aggregation.testbed.train import mlp
 
@@ -57,8 +58,8 @@ def test_the_report_prints_every_line_it_promises(ina, capsys):
               "steps": 22, "aggregation_packets": 720, "redone": 24}
     results = {"switch": [answer, answer], "gloo": [dict(answer, step_time_ms=5.0)] * 2}
     args = options(*(["--ina"] if ina else []))
-    demo.report(results, {"switch": {}}, args, "softswitch")
+    demo.report(results, {"switch": {}}, args, "softswitch", protocol.packet_format(1024))
     out = capsys.readouterr().out
     assert "switch / gloo step time: 0.80" in out
-    assert "(1080 B frames)" in out            # 256 values: 1 KiB of values and headers
+    assert "each 1024-value block once (4152 B frames)" in out   # 4 KiB of values, headers
     assert ("switch (ina)" in out) == ina
