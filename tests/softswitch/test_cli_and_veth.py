@@ -81,6 +81,41 @@ def test_frames_cross_real_veth_pairs_under_p4runtime_control(target):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
+def test_frames_cross_again_after_the_pipeline_is_replaced():
+    """A new pipeline stops the native loop and starts another on the same sockets:
+    the receive rings must come down and up again (runtime.c, ss_io_stop and
+    ss_io_start; a ring left up refuses the next one)."""
+    from innet_aggregation.testbed.netns import Namespaces
+    from innet_aggregation.testbed.targets import SwitchProcess
+
+    with Namespaces(2) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
+        conn = connect(switch.grpc_addr, "forwarding")
+        socks = [h.raw_socket() for h in topo.hosts]
+        try:
+            src, dst = topo.hosts
+            frames = [bytes.fromhex(dst.mac.replace(":", "") + src.mac.replace(":", ""))
+                      + b"\x88\xb5" + bytes([i]) * 60 for i in range(3)]
+
+            def crosses(frame: bytes) -> bool:
+                conn.insert([conn.table_entry("Ing.mac_table", "Ing.forward", {"dst": dst.mac},
+                                              {"port": dst.switch_port})])
+                socks[0].send(frame)
+                return frame in receive(socks[1])
+
+            time.sleep(0.2)
+            assert crosses(frames[0])
+            conn.push_pipeline(*program_files("forwarding"))     # the tables start empty
+            assert crosses(frames[1])
+            conn.push_pipeline(*program_files("forwarding"))
+            assert crosses(frames[2])
+        finally:
+            conn.close()
+            for sock in socks:
+                sock.close()
+        assert switch.process.poll() is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
 def test_a_json_given_on_the_command_line_forwards_without_p4runtime():
     from innet_aggregation.testbed.netns import Namespaces
 
