@@ -92,7 +92,8 @@ def default_values_per_packet(target: str) -> int:
     """The program a testbed runs where none is named. A testbed sets its links' MTU, so
     the embedded switch runs the jumbo build: its cost is per packet (the kernel's send
     and delivery, most of its CPU), and with 256 values 8 workers and the switch on 2
-    cores fall behind 200 Mbit/s links, and 4 behind 500 (README, `make
+    cores fell behind 200 Mbit/s links, and 4 behind 500, until the switch's receive
+    ring; 1024 still costs them a fifth less CPU per MB (README, `make
     bench-allreduce`). BMv2 sums as many values a second at either size, so it keeps
     the library's default, which fits Ethernet's MTU."""
     if target == "bmv2":
@@ -103,8 +104,9 @@ def default_values_per_packet(target: str) -> int:
 def add_program_argument(parser) -> None:
     parser.add_argument("--values", type=int, default=None,
                         help="values per packet: the compiled program to run (default "
-                             f"{JUMBO_VALUES} on the softswitch, on links of a jumbo MTU; "
-                             f"{protocol.program().values_per_packet} on bmv2)")
+                             f"{default_values_per_packet('softswitch')} on the softswitch, "
+                             f"on links of a jumbo MTU; {default_values_per_packet('bmv2')} "
+                             "on bmv2)")
 
 
 def link_mtu(fmt: protocol.PacketFormat) -> int:

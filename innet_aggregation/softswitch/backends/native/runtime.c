@@ -769,6 +769,28 @@ static size_t ss_with_vlan_tag(struct msghdr *h, uint8_t *frame, size_t len) {
     return len;
 }
 
+/* A received frame's fate before the pipeline: a copy of our own sends (kernels before
+ * 4.20 cannot ignore them) is skipped, one longer than a slot is counted and dropped,
+ * never cut short; anything else is counted and run. */
+static int ss_admit(ss_ctx *c, int k, int pkttype, int too_long) {
+    if (c->sees_outgoing[k] && pkttype == PACKET_OUTGOING) return 0;
+    c->stat_rx++;
+    if (too_long) {
+        c->stat_drop++;
+        return 0;
+    }
+    return 1;
+}
+
+/* Room in the send stage for one more frame's outputs, sending what is staged if not
+ * (with ctx->mu held, released around the sends). */
+static void ss_make_room(ss_ctx *c) {
+    if (c->ntx + 64 <= SS_TXMAX) return;
+    pthread_mutex_unlock(&c->mu);
+    ss_flush(c);
+    pthread_mutex_lock(&c->mu);
+}
+
 /* What queued on port k's socket while it had no ring (before ss_io_start, or
  * between two pipelines): one batch through the pipeline; how many it received. */
 static int ss_receive(ss_ctx *c, int k) {
@@ -794,17 +816,10 @@ static int ss_receive(ss_ctx *c, int k) {
     if (n <= 0) return 0;
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < n; i++) {
-        if (c->sees_outgoing[k] && addr[i].sll_pkttype == PACKET_OUTGOING) continue;
-        c->stat_rx++;
-        if (msgs[i].msg_len > SS_SLOT - 4 || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
-            c->stat_drop++;           /* larger than a slot: dropped, never cut short */
+        if (!ss_admit(c, k, addr[i].sll_pkttype, msgs[i].msg_len > SS_SLOT - 4
+                                                 || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)))
             continue;
-        }
-        if (c->ntx + 64 > SS_TXMAX) {
-            pthread_mutex_unlock(&c->mu);
-            ss_flush(c);
-            pthread_mutex_lock(&c->mu);
-        }
+        ss_make_room(c);
         size_t len = ss_with_vlan_tag(&msgs[i].msg_hdr, iov[i].iov_base, msgs[i].msg_len);
         ss_run(c, iov[i].iov_base, len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
     }
@@ -870,12 +885,8 @@ static int ss_ring_open(ss_ring *r, int fd) {
 
 static void ss_ring_run(ss_ctx *c, int k, struct tpacket2_hdr *h, uint32_t status) {
     const struct sockaddr_ll *sll = (const void *)((uint8_t *)h + TPACKET_ALIGN(sizeof *h));
-    if (c->sees_outgoing[k] && sll->sll_pkttype == PACKET_OUTGOING) return;
-    c->stat_rx++;
-    if (h->tp_len > SS_SLOT - 4 || h->tp_snaplen < h->tp_len) {
-        c->stat_drop++;               /* larger than a slot: dropped, never cut short */
+    if (!ss_admit(c, k, sll->sll_pkttype, h->tp_len > SS_SLOT - 4 || h->tp_snaplen < h->tp_len))
         return;
-    }
     uint8_t *frame = (uint8_t *)h + h->tp_mac;
     uint32_t len = h->tp_snaplen;
     if ((status & TP_STATUS_VLAN_VALID) && len >= 12) {
@@ -896,11 +907,7 @@ static int ss_ring_receive(ss_ctx *c, int k) {
         struct tpacket2_hdr *h = ss_ring_frame(r, r->head);
         uint32_t status = __atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE);
         if (!(status & TP_STATUS_USER)) break;
-        if (c->ntx + 64 > SS_TXMAX) {
-            pthread_mutex_unlock(&c->mu);
-            ss_flush(c);
-            pthread_mutex_lock(&c->mu);
-        }
+        ss_make_room(c);
         ss_ring_run(c, k, h, status);
         __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
         r->head = r->head + 1 == r->frames ? 0 : r->head + 1;
