@@ -18,7 +18,9 @@ not override in Python reach them through c10d's dispatcher, and so does DDP's a
 FSDP2's lookup of the group's backend for a device.
 
 The session's parameters are resolved once, when the group is made: from the job
-manager if ``INA_MANAGER`` is set (``switch_ctl.manager.join_from_env``), else
+manager if ``INA_MANAGER`` is set (``switch_ctl.manager.join_from_env``, with the
+job's credential from INA_JOB_CREDENTIAL, else one that rank 0 draws into the
+group's own store, which only the job's ranks reach), else
 from the job file ``INA_JOB_CONFIG`` (worker id = rank); ``pg_options=InaOptions(
 session=...)`` hands one in instead. Destroying the group closes the session
 (collective: it parks the slots) and leaves the manager's job.
@@ -27,6 +29,7 @@ session=...)`` hands one in instead. Destroying the group closes the session
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -266,14 +269,27 @@ class _Owner:
 _open: _Owner | None = None
 
 
-def open_session(rank: int, world_size: int, timeout: timedelta) -> _Owner:
+def job_credential(store, rank: int) -> str:
+    """The job manager's proof that a rank belongs to this job: INA_JOB_CREDENTIAL if
+    set, else a secret rank 0 draws into the group's store for the others to read."""
+    from innet_aggregation.switch_ctl.manager.client import job_credential_from_env
+    credential = job_credential_from_env()
+    if credential is not None:
+        return credential
+    store = dist.PrefixStore(f"{NAME}/", store)
+    if rank == 0:
+        store.set("job-credential", secrets.token_hex(32))
+    return store.get("job-credential").decode()
+
+
+def open_session(rank: int, world_size: int, timeout: timedelta, store) -> _Owner:
     """The session of ``rank`` from the environment (see the module's docstring);
     its calls wait for a peer as long as the group's ``timeout``."""
     policy = replace(RetransmitPolicy(), peer_timeout=timeout.total_seconds())
     membership = None
     if os.environ.get("INA_MANAGER"):
         from innet_aggregation.switch_ctl.manager import join_from_env
-        membership = join_from_env(rank, world_size)
+        membership = join_from_env(rank, world_size, job_credential(store, rank))
         config = membership.config
     elif os.environ.get("INA_JOB_CONFIG"):
         config = os.environ["INA_JOB_CONFIG"]
@@ -312,7 +328,7 @@ def create(options, pg_options) -> InaProcessGroup:
                              f"its other groups share it")
         return InaProcessGroup(options.store, rank, size, timeout, _open.session)
     owner = (_Owner(pg_options.session) if pg_options is not None
-             else open_session(rank, size, timeout))
+             else open_session(rank, size, timeout, options.store))
     if owner.session.num_workers != size:
         owner.close()
         raise ValueError(f"the job has {owner.session.num_workers} workers, the process group "

@@ -191,12 +191,17 @@ def launch_rank(host, outdir: Path, rank: int, world: int, manager: str, job: st
     at the manager; ``rank_env`` adds to or overrides the INA_* settings."""
     out, err = outdir / f"{rank}.out", outdir / f"{rank}.err"
     full_env = {**env(), "INA_MANAGER": manager, "INA_SECRET": SECRET, "INA_JOB": job,
-                "INA_JOIN_TIMEOUT": "60", **rank_env}
+                "INA_JOB_CREDENTIAL": credential_of(job), "INA_JOIN_TIMEOUT": "60", **rank_env}
     with open(out, "w") as o, open(err, "w") as e:
         process = host.popen([sys.executable, "-m", "tests.switch_ctl.manager_rank", "--rank",
                               str(rank), "--world", str(world), *args],
                              stdout=o, stderr=e, env=full_env, cwd=REPO)
     return Rank(rank, process, out, err)
+
+
+def credential_of(job: str) -> str:
+    """The credential a test's job shares among its ranks (INA_JOB_CREDENTIAL)."""
+    return f"credential-of-{job}"
 
 
 def stop_ranks_and_manager(ranks: list[Rank], manager: subprocess.Popen | None) -> None:

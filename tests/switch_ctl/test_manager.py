@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import ssl
 import subprocess
@@ -23,8 +24,11 @@ import pytest
 from innet_aggregation.switch_ctl.manager import JoinError, join
 from innet_aggregation.testbed.targets import unavailable
 
+from innet_aggregation.switch_ctl.manager.client import _Manager
+from innet_aggregation.switch_ctl.manager.wire import job_key
+
 from .manager_harness import (JOB_SLOTS, LEASE, POOL_SLOTS, SECRET, SWEEP, ManagerBed,
-                              env, until)
+                              credential_of, env, launch_rank, until)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +131,8 @@ def test_killed_ranks_lose_their_job_within_the_lease_and_the_next_job_is_exact(
     # The last renewal came at most a lease before the kill; the sweep looks every SWEEP s;
     # removing the entries and resetting 16 slots takes a fraction of a second.
     assert reclaimed <= LEASE + SWEEP + 1.0, reclaimed
-    assert "job job-e (id" in bed.manager_log() and "stopped renewing" in bed.manager_log()
+    assert f"job {job_key('job-e', credential_of('job-e'))} (id" in bed.manager_log()
+    assert "stopped renewing" in bed.manager_log()
     assert je["job_id"] not in bed.installed()
     # The next job gets the same slots, left mid-call by job-e and reset: exact.
     f = bed.launch("job-f", [0, 1], "--reps", "3", "--seed", "7")
@@ -145,7 +150,8 @@ def test_a_restarted_manager_keeps_its_running_job(bed):
     time.sleep(1.0)
     bed.start_manager()
     restarted = time.monotonic()
-    assert "job job-g (id %d) restored from the database" % jg["job_id"] in bed.manager_log()
+    assert (f"job {job_key('job-g', credential_of('job-g'))} (id {jg['job_id']}) restored from "
+            f"the database") in bed.manager_log()
     held(g)
     # Two leases after the restart the job is still there: its ranks renewed against
     # the new manager (one that did not would have been reclaimed after one lease).
@@ -176,21 +182,59 @@ def test_a_restarted_switch_gets_its_jobs_back(bed):
     finished(h, calls=6)
 
 
+def test_an_intruder_with_the_secret_cannot_join_renew_or_close_another_job(bed):
+    """Tenant B holds the manager's secret and picks job-i's name, and registers rank 1
+    before job-i's own rank 1: it gathers a job of its own, and job-i runs exact
+    without it. B's renewals and closes of job-i, with any token, are refused."""
+    outdir = bed.workdir / "intruder"
+    outdir.mkdir()
+    b = launch_rank(bed.topology.hosts[4], outdir, 1, 2, bed.address, "job-i",
+                    {"INA_CA_CERT": str(bed.tls.ca_cert),
+                     "INA_JOB_CREDENTIAL": "not-job-i-s-own-secret"}, ())
+    bed.ranks.append(b)
+    until(lambda: any(w["name"] == "job-i" for w in bed.jobs()["waiting"]), 30,
+          "the intruder waits")
+    release = bed.workdir / "release-i"
+    a = bed.launch("job-i", [0, 1], "--reps", "3", "--hold", str(release))
+    ja = joined(a)
+    assert [j["ip"] for j in ja] == [bed.topology.hosts[0].ip, bed.topology.hosts[1].ip]
+    held(a)
+    assert not b.event("joined")
+    manager = _Manager(bed.address, SECRET, bed.tls.ca_cert)
+    key = job_key("job-i", credential_of("job-i"))
+    for op in ("renew", "close"):
+        for rank in (0, 1):
+            answer = manager.request({"op": op, "job": key, "rank": rank,
+                                      "token": secrets.token_hex(16)})
+            assert answer["status"] == "refused", answer
+            assert answer["error"].startswith(f"job job-i has no rank {rank} with this lease")
+    running = [j for j in bed.jobs()["running"] if j["name"] == "job-i"]
+    assert len(running) == 1 and running[0]["closed"] == []
+    assert running[0]["owner"] == key.partition("/")[2]
+    release.touch()
+    finished(a, calls=3)
+    b.process.kill()
+    b.process.wait()
+
+
 def test_a_wrong_secret_is_refused_and_installs_nothing(bed):
     with pytest.raises(JoinError, match="the manager refused rank 0 of job job-x: wrong secret"):
         join(bed.address, "job-x", 0, 1, "not-the-secret-at-all", ca_cert=bed.tls.ca_cert,
-             timeout=10)
+             credential=credential_of("job-x"), timeout=10)
     assert "refused a request with a wrong secret" in bed.manager_log()
     assert not bed.jobs()["waiting"] and not bed.installed()
     # The right secret from a host the fabric does not know (the root namespace).
     with pytest.raises(JoinError, match="none of rank 0's interfaces .* is in the manager's "
                                         "fabric"):
-        join(bed.address, "job-x", 0, 1, SECRET, ca_cert=bed.tls.ca_cert, timeout=10)
+        join(bed.address, "job-x", 0, 1, SECRET, ca_cert=bed.tls.ca_cert,
+             credential=credential_of("job-x"), timeout=10)
 
 
 GOOD = {"op": "register", "secret": SECRET, "job": "job-y", "rank": 0, "world": 1,
         "interfaces": [{"ifname": "eth0", "ip": "10.0.0.1", "mac": "02:00:00:00:00:01"}],
-        "udp_port": 40000}
+        "udp_port": 40000, "credential": credential_of("job-y"), "token": "5" * 32}
+LEASE_ONLY = {"secret": None, "world": None, "interfaces": None, "udp_port": None,
+              "credential": None, "job": job_key("job-y", credential_of("job-y"))}
 
 
 @pytest.mark.parametrize("change,said", [
@@ -216,12 +260,17 @@ GOOD = {"op": "register", "secret": SECRET, "job": "job-y", "rank": 0, "world": 
     ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.250", "mac": "02:00:00:00:00:01"}]},
      "rank 0's address 10.0.0.250 is a service address"),
     ({"extra": 1}, "unknown fields 'extra' in a register request"),
+    ({"credential": "too-short"}, "credential must be the job's own secret"),
+    ({"token": None}, "token must be 32 hex digits the rank drew"),
     ({"op": "renew", "token": "0" * 32},
-     "unknown fields 'interfaces', 'udp_port', 'world' in a renew request"),
-    ({"op": "renew", "token": "0" * 32, "world": None, "interfaces": None, "udp_port": None},
+     "unknown fields 'credential', 'interfaces', 'secret', 'udp_port', 'world' in a renew "
+     "request"),
+    ({"op": "renew", "token": "0" * 32, **LEASE_ONLY},
      "job job-y has no rank 0 with this lease"),
-    ({"op": "close", "token": "xyz", "world": None, "interfaces": None, "udp_port": None},
-     "token must be the 32 hex digits the manager handed out"),
+    ({"op": "renew", "token": "0" * 32, **LEASE_ONLY, "job": "job-y"},
+     "a renew's job must be the job's key"),
+    ({"op": "close", "token": "xyz", **LEASE_ONLY},
+     "token must be 32 hex digits the rank drew"),
 ])
 def test_malformed_requests_are_refused_clearly(bed, change, said):
     if isinstance(change, dict):
@@ -243,10 +292,13 @@ def test_malformed_requests_are_refused_clearly(bed, change, said):
 def test_tls_on_the_listener(bed):
     with pytest.raises(JoinError, match="closed the connection without answering: it may "
                                         "require TLS"):
-        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=None, timeout=10)
+        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=None,
+             credential=credential_of("job-z"), timeout=10)
     with pytest.raises(JoinError, match="certificate .* is not trusted by the CA in "):
-        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=bed.other_ca.ca_cert, timeout=10)
+        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=bed.other_ca.ca_cert,
+             credential=credential_of("job-z"), timeout=10)
     assert "TLS handshake failed" in bed.manager_log()
     # Trusting the manager's CA gets through (and is refused only for its fabric).
     with pytest.raises(JoinError, match="is in the manager's fabric"):
-        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=bed.tls.ca_cert, timeout=10)
+        join(bed.address, "job-z", 0, 1, SECRET, ca_cert=bed.tls.ca_cert,
+             credential=credential_of("job-z"), timeout=10)

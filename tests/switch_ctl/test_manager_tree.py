@@ -23,11 +23,12 @@ from innet_aggregation.switch_ctl.client import P4RuntimeError, SwitchConnection
 from innet_aggregation.switch_ctl.config import ConfigError
 from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.manager import config as manager_config
+from innet_aggregation.switch_ctl.manager.wire import job_key
 from innet_aggregation.testbed.netns import Namespaces, SwitchLink
 from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port, unavailable
 
-from .manager_harness import (LEASE, REPO, SECRET, SWEEP, Rank, env, launch_rank,
-                              stop_ranks_and_manager, until)
+from .manager_harness import (LEASE, REPO, SECRET, SWEEP, Rank, credential_of, env,
+                              launch_rank, stop_ranks_and_manager, until)
 from .test_manager import finished, held, joined
 
 SERVICES = [(f"10.0.0.{250 + i}", f"02:00:00:00:00:f{i}") for i in range(4)]
@@ -200,7 +201,8 @@ def test_a_restarted_manager_keeps_the_job_and_repairs_a_restarted_leaf(bed):
     job_id = joined(d)[0]["job_id"]
     until(lambda: all(len(r.events()) == 3 for r in d), 60, "tree-d's first session")
     bed.restart_manager()
-    assert f"job tree-d (id {job_id}) restored from the database" in bed.log_path.read_text()
+    assert (f"job {job_key('tree-d', credential_of('tree-d'))} (id {job_id}) restored from the "
+            f"database") in bed.log_path.read_text()
     bed.restart_switch("leaf1")
     until(lambda: job_id in bed.installed()["leaf1"], 20, "tree-d back on leaf1")
     assert "job %d is not on the switch: re-applying it" % job_id in bed.log_path.read_text()

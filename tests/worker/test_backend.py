@@ -276,3 +276,16 @@ def test_an_ina_group_beside_a_gloo_default_group_opens_the_session_once(one_pro
     session = session_of(first)
     dist.destroy_process_group()
     assert session.transport.sock.fileno() == -1
+
+
+def test_the_job_credential_comes_from_the_environment_or_rank_0_through_the_store(
+        one_process, monkeypatch):
+    from innet_aggregation.worker.backend import job_credential
+    monkeypatch.delenv("INA_JOB_CREDENTIAL", raising=False)
+    monkeypatch.delenv("INA_JOB_CREDENTIAL_FILE", raising=False)
+    store = dist.HashStore()
+    drawn = job_credential(store, 0)
+    assert len(drawn) == 64 and job_credential(store, 1) == drawn
+    assert job_credential(dist.HashStore(), 0) != drawn      # each job draws its own
+    monkeypatch.setenv("INA_JOB_CREDENTIAL", "given-by-the-launcher")
+    assert job_credential(store, 1) == "given-by-the-launcher"

@@ -1,12 +1,14 @@
 """A rank's side of the job manager: register, get the job's Config, keep the lease.
 
-    membership = join_from_env(rank, world)       # INA_MANAGER=host:port, INA_SECRET...
+    membership = join_from_env(rank, world)   # INA_MANAGER=host:port, INA_SECRET, INA_JOB_CREDENTIAL...
     session = AggregationSession.from_config(membership.config, rank)
     ...
     membership.close()
 
 The rank finds its own data-plane interface (INA_IFNAME, or every non-loopback IPv4
 interface, of which the manager takes the one its fabric knows) and a free UDP port.
+It draws its own lease token and sends the job's credential, which every rank of the
+job shares and no other tenant has (wire.py says why).
 Needs no grpc or finsy: a numpy-only worker install imports it.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import secrets
 import socket
 import ssl
 import struct
@@ -28,7 +31,7 @@ from innet_aggregation.p4src import protocol
 
 from .. import config as config_mod
 from ..tree import parse_tree
-from .wire import JOB_NAME, MAX_LINE, decode_line, encode
+from .wire import CREDENTIAL, JOB_NAME, MAX_LINE, decode_line, encode, job_key, needs_secret
 
 SIOCGIFADDR = 0x8915
 READ_TIMEOUT = 15.0          # the manager sends a progress line every second
@@ -94,9 +97,10 @@ class Membership:
     """One rank of a running job: its Config, and a thread renewing its lease.
     ``lost`` says why, if the manager no longer knows the job."""
 
-    def __init__(self, manager: "_Manager", job: str, rank: int, token: str, config,
+    def __init__(self, manager: "_Manager", job: str, key: str, rank: int, token: str, config,
                  lease_seconds: float):
         self.job = job
+        self.key = key
         self.rank = rank
         self.config = config
         self.lease_seconds = lease_seconds
@@ -109,7 +113,7 @@ class Membership:
         self._thread.start()
 
     def _lease(self, op: str) -> dict:
-        return self._manager.request({"op": op, "job": self.job, "rank": self.rank,
+        return self._manager.request({"op": op, "job": self.key, "rank": self.rank,
                                       "token": self._token})
 
     def _renew(self) -> None:
@@ -190,7 +194,8 @@ class _Manager:
             if self.tls is not None:
                 sock = self._handshake(sock)
             sock.settimeout(READ_TIMEOUT)
-            sock.sendall(encode({**message, "secret": self.secret}))
+            sock.sendall(encode({**message, "secret": self.secret} if needs_secret(message)
+                                else message))
             answered = False
             with sock.makefile("rb") as reader:
                 while True:
@@ -236,17 +241,23 @@ class _Manager:
         raise _Unreachable(f"the manager at {self.address} did not answer")
 
 
-def join(address: str, job: str, rank: int, world: int, secret: str, *,
+def join(address: str, job: str, rank: int, world: int, secret: str, *, credential: str,
          ca_cert: str | Path | None = None, ifname: str | None = None,
          slots: int | None = None, timeout: float = DEFAULT_TIMEOUT,
          progress: Callable[[str], None] | None = None) -> Membership:
-    """Register rank ``rank`` of ``world`` in job ``job`` and wait until the manager
-    has installed the job (every rank registered, and room on the switch), at most
-    ``timeout`` seconds; retried while the manager is away. JoinError says why not."""
+    """Register rank ``rank`` of ``world`` in job ``job`` (whose ranks share
+    ``credential``) and wait until the manager has installed the job (every rank
+    registered, and room on the switch), at most ``timeout`` seconds; retried while
+    the manager is away. JoinError says why not."""
     progress = progress or _say
+    if not CREDENTIAL.match(credential):
+        raise JoinError("the job's credential must be 16-256 printable characters without "
+                        "spaces (INA_JOB_CREDENTIAL)")
     manager = _Manager(address, secret, ca_cert)
+    token = secrets.token_hex(16)    # this rank's alone: retries send the same one
     request = {"op": "register", "job": job, "rank": rank, "world": world,
-               "interfaces": interfaces(ifname), "udp_port": free_udp_port()}
+               "interfaces": interfaces(ifname), "udp_port": free_udp_port(),
+               "credential": credential, "token": token}
     if slots is not None:
         request["slots"] = slots
     deadline = time.monotonic() + timeout
@@ -256,7 +267,8 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *,
             for answer in manager.lines(request):
                 status = answer.get("status")
                 if status == "ready":
-                    return _membership(manager, job, rank, answer)
+                    return _membership(manager, job, job_key(job, credential), rank, token,
+                                       answer)
                 if status == "refused":
                     raise JoinError(f"the manager refused rank {rank} of job {job}: "
                                     f"{answer.get('error')}")
@@ -281,7 +293,8 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *,
                         f"({last or 'no answer'}); gave up")
 
 
-def _membership(manager: _Manager, job: str, rank: int, answer: dict) -> Membership:
+def _membership(manager: _Manager, job: str, key: str, rank: int, token: str,
+                answer: dict) -> Membership:
     raw = answer.get("config")
     values = raw.get("job", {}).get("values_per_packet") if isinstance(raw, dict) else None
     try:
@@ -294,7 +307,7 @@ def _membership(manager: _Manager, job: str, rank: int, answer: dict) -> Members
                         f"{exc}") from None
     if rank not in {w.id for w in config.job.workers}:
         raise JoinError(f"the manager's job {job} has no worker {rank}")
-    return Membership(manager, job, rank, str(answer.get("token")), config,
+    return Membership(manager, job, key, rank, token, config,
                       float(answer.get("lease_seconds", 10)))
 
 
@@ -317,10 +330,30 @@ def default_job_name(env=os.environ) -> str:
     return re.sub(r"[^A-Za-z0-9_.:@+-]", "_", name)[:128]
 
 
-def join_from_env(rank: int, world: int) -> Membership:
+def job_credential_from_env(env=os.environ) -> str | None:
+    """INA_JOB_CREDENTIAL, or the first line of INA_JOB_CREDENTIAL_FILE, or None."""
+    if env.get("INA_JOB_CREDENTIAL"):
+        return env["INA_JOB_CREDENTIAL"]
+    if env.get("INA_JOB_CREDENTIAL_FILE"):
+        try:
+            return Path(env["INA_JOB_CREDENTIAL_FILE"]).read_text().strip()
+        except OSError as exc:
+            raise JoinError(f"INA_JOB_CREDENTIAL_FILE={env['INA_JOB_CREDENTIAL_FILE']}: "
+                            f"{exc.strerror}") from None
+    return None
+
+
+def join_from_env(rank: int, world: int, credential: str | None = None) -> Membership:
     """``join`` with INA_MANAGER, INA_SECRET or INA_SECRET_FILE, INA_JOB, INA_CA_CERT,
-    INA_IFNAME, INA_SLOTS and INA_JOIN_TIMEOUT (seconds) from the environment."""
+    INA_IFNAME, INA_SLOTS and INA_JOIN_TIMEOUT (seconds) from the environment; the
+    job's credential is ``credential`` (the torch backend's, from the job's store),
+    else INA_JOB_CREDENTIAL or INA_JOB_CREDENTIAL_FILE."""
     env = os.environ
+    credential = credential or job_credential_from_env(env)
+    if credential is None:
+        raise JoinError("INA_JOB_CREDENTIAL (or INA_JOB_CREDENTIAL_FILE) must give the job's "
+                        "credential, a secret every rank of this job shares and no other job "
+                        "has; the torch backend draws one itself")
     address = env.get("INA_MANAGER")
     if not address:
         raise JoinError("INA_MANAGER=host:port must name the job manager")
@@ -338,7 +371,7 @@ def join_from_env(rank: int, world: int) -> Membership:
         timeout = float(env.get("INA_JOIN_TIMEOUT", DEFAULT_TIMEOUT))
     except ValueError as exc:
         raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT: {exc}") from None
-    return join(address, default_job_name(env), rank, world, secret,
+    return join(address, default_job_name(env), rank, world, secret, credential=credential,
                 ca_cert=env.get("INA_CA_CERT") or None, ifname=env.get("INA_IFNAME") or None,
                 slots=slots, timeout=timeout)
 

@@ -2,6 +2,10 @@
 installed, its ranks renew their leases, and a job leaves when every rank closed it
 or one rank's lease ran out.
 
+A job is known by its key, its name and its owner (wire.job_key): what one tenant
+sends never reaches another's job. A rank's lease token is the one it drew itself;
+a second registration of a waiting rank with another token is refused.
+
 A complete job that does not fit (slots, ids, ports, service addresses, or a host
 interface another job uses) waits; the waiting jobs are tried in the order they
 became complete, and one that fits goes ahead of an earlier one that does not.
@@ -16,7 +20,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,7 +33,7 @@ from .config import STAR, ManagerConfig
 from .installer import Switches, _broken
 from .pool import Allocation, Allocator, Holding
 from .store import Store, StoredJob
-from .wire import BadRequest, Lease, Register
+from .wire import BadRequest, Lease, Register, job_name_of
 
 log = logging.getLogger("innet_aggregation.manager")
 
@@ -54,6 +57,7 @@ class Pending:
     world: int
     slots: int
     members: dict[int, Member] = field(default_factory=dict)
+    tokens: dict[int, str] = field(default_factory=dict)        # rank -> its token's hash
     generation: dict[int, int] = field(default_factory=dict)   # rank -> its registration
     complete_since: float | None = None
     message: str = ""
@@ -65,7 +69,7 @@ class Running:
     name: str
     tree: Tree                         # a star job: a tree of one switch
     raw: dict                          # what each rank is handed: a job file's form
-    tokens: dict[int, str]
+    tokens: dict[int, str]             # rank -> its lease token's hash
     leases: dict[int, float]           # rank -> monotonic deadline
     closed: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.time)
@@ -142,34 +146,38 @@ class Jobs:
         """Enter the rank; returns its job and its registration's generation."""
         slots = request.slots or self.config.default_slots
         if slots > len(self.config.pool.slots):
-            raise BadRequest(f"job {request.job} asks for {slots} slots; the manager's pool "
+            raise BadRequest(f"job {request.name} asks for {slots} slots; the manager's pool "
                              f"has {len(self.config.pool.slots)}")
         with self.cond:
             running = self.running.get(request.job)
-            if running is not None and request.rank in running.tokens:
-                w = running.member(request.rank)
-                if (w.ip, w.mac, w.udp_port) == (member.ip, member.mac, member.udp_port):
-                    # The same rank again (its answer was lost): the same lease.
-                    pending = Pending(request.job, request.world, slots,
-                                      outcome=("ready", running))
-                    return pending, 0
+            if (running is not None and request.rank in running.tokens
+                    and _same(running.tokens[request.rank], request.token_hash)):
+                # The same client again (its answer was lost): the same lease. Another
+                # token waits below until the running job is gone, and gets nothing of it.
+                return Pending(request.job, request.world, slots, outcome=("ready", running)), 0
             pending = self.pending.get(request.job)
             if pending is None:
                 pending = self.pending[request.job] = Pending(request.job, request.world, slots)
             if pending.world != request.world:
-                raise BadRequest(f"rank {request.rank} of job {request.job} says world size "
+                raise BadRequest(f"rank {request.rank} of job {request.name} says world size "
                                  f"{request.world}; its other ranks said {pending.world}")
             if pending.slots != slots:
-                raise BadRequest(f"rank {request.rank} of job {request.job} asks for {slots} "
+                raise BadRequest(f"rank {request.rank} of job {request.name} asks for {slots} "
                                  f"slots; its other ranks asked for {pending.slots}")
+            first = pending.members.get(member.rank)
+            if first is not None and not _same(pending.tokens[member.rank], request.token_hash):
+                raise BadRequest(f"rank {member.rank} of job {request.name} is already registered "
+                                 f"(from {first.ip}, {first.mac}) and waiting: a rank registers "
+                                 f"once; is another process started as rank {member.rank}?")
             for other in pending.members.values():
                 if other.rank != member.rank and (other.mac == member.mac or other.ip == member.ip):
                     raise BadRequest(
-                        f"ranks {other.rank} and {member.rank} of job {request.job} share the "
+                        f"ranks {other.rank} and {member.rank} of job {request.name} share the "
                         f"interface {member.mac} / {member.ip}: one rank per data-plane "
                         f"interface (the switch routes results by MAC)")
             self._generations += 1
             pending.members[member.rank] = member
+            pending.tokens[member.rank] = request.token_hash
             pending.generation[member.rank] = self._generations
             if len(pending.members) == pending.world and pending.complete_since is None:
                 pending.complete_since = time.monotonic()
@@ -184,6 +192,7 @@ class Jobs:
         with self.cond:
             if pending.outcome is None and pending.generation.get(rank) == generation:
                 del pending.members[rank]
+                del pending.tokens[rank]
                 del pending.generation[rank]
                 pending.complete_since = None
                 if not pending.members and self.pending.get(pending.name) is pending:
@@ -253,7 +262,7 @@ class Jobs:
             pending.outcome = ("refused", f"the switch refused job {pending.name}: {exc}")
             del self.pending[pending.name]
             return None
-        tokens = {rank: secrets.token_hex(16) for rank in pending.members}
+        tokens = dict(pending.tokens)
         self.store.add_job(pending.name, raw, tokens)
         deadline = time.monotonic() + self.config.lease_seconds
         running = Running(pending.name, tree, raw, tokens, dict.fromkeys(tokens, deadline))
@@ -338,9 +347,9 @@ class Jobs:
         with self.cond:
             running = self.running.get(request.job)
             token = running.tokens.get(request.rank) if running else None
-            if token is None or not _same(token, request.token):
-                return (f"job {request.job} has no rank {request.rank} with this lease on this "
-                        f"manager: it was closed, or reclaimed after a lease of "
+            if token is None or not _same(token, request.token_hash):
+                return (f"job {job_name_of(request.job)} has no rank {request.rank} with this "
+                        f"lease on this manager: it was closed, or reclaimed after a lease of "
                         f"{self.config.lease_seconds:g} s ran out")
             if request.op == "renew":
                 running.leases[request.rank] = time.monotonic() + self.config.lease_seconds
@@ -388,14 +397,19 @@ class Jobs:
 
     def listing(self) -> dict:
         with self.cond:
-            running = [{"name": r.name, "id": r.job.id,
+            running = [{"name": job_name_of(r.name), "owner": owner(r.name), "id": r.job.id,
                         "slots": [r.job.first_slot, r.job.first_slot + r.job.num_slots - 1],
                         "udp_port": r.job.udp_port, "service_ip": r.job.service_ip,
                         "switches": list(r.tree.switches), "ranks": len(r.tokens),
                         "closed": sorted(r.closed)} for r in self.running.values()]
-            waiting = [{"name": p.name, "registered": sorted(p.members), "world": p.world,
+            waiting = [{"name": job_name_of(p.name), "owner": owner(p.name),
+                        "registered": sorted(p.members), "world": p.world,
                         "slots": p.slots, "message": p.message} for p in self.pending.values()]
         return {"running": running, "waiting": waiting}
+
+
+def owner(key: str) -> str:
+    return key.partition("/")[2]
 
 
 def _same(a: str, b: str) -> bool:

@@ -2,9 +2,10 @@
 one thread per connection and one request per connection, and a sweeper that
 reclaims lapsed jobs and repairs the switches every ``sweep_seconds``.
 
-Every request's secret is compared (in constant time) before anything else is
-read from it; a wrong one is refused, logged with the peer's address, and changes
-nothing.
+A registration's or listing's secret is compared (in constant time) before the rest
+of the request is checked; a wrong one is refused, logged with the peer's address,
+and changes nothing. A renewal or close carries no secret: its lease token proves it
+(wire.py says who may act for a job).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from .config import ManagerConfig
 from .installer import Switches
 from .jobs import Jobs, Member, Pending
 from .store import Store
-from .wire import MAX_LINE, BadRequest, Lease, Register, decode_line, encode, parse, secret_of
+from .wire import (MAX_LINE, BadRequest, Lease, Register, decode_line, encode, needs_secret,
+                   parse, secret_of)
 
 log = logging.getLogger("innet_aggregation.manager")
 READ_TIMEOUT = 10.0
@@ -120,7 +122,8 @@ class Manager:
 
         try:
             message = decode_line(line)
-            if not hmac.compare_digest(secret_of(message), self.config.secret):
+            if needs_secret(message) and not hmac.compare_digest(secret_of(message),
+                                                                 self.config.secret):
                 log.warning("%s: refused a request with a wrong secret", where)
                 reply(status="refused", error="wrong secret: this manager's secret is not "
                                               "INA_SECRET (or INA_SECRET_FILE's)")
@@ -164,8 +167,7 @@ class Manager:
                     cond.wait(PROGRESS_EVERY)
                     state, value = self.jobs.status(pending, member.rank, generation)
             if state == "ready":
-                reply(status="ready", token=value.tokens[member.rank], config=value.raw,
-                      lease_seconds=self.config.lease_seconds)
+                reply(status="ready", config=value.raw, lease_seconds=self.config.lease_seconds)
                 return
             if state == "refused":
                 reply(status="refused", error=value)

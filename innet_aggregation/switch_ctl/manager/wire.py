@@ -4,12 +4,23 @@ once, before the manager acts on it.
 
 Requests: ``register`` (answered by ``waiting`` lines, then ``ready`` or
 ``refused``), ``renew``, ``close`` and ``jobs`` (answered by one ``ok`` or
-``refused`` line). Every request carries the manager's secret. Importable without
-grpc or finsy: the worker side uses it.
+``refused`` line). Importable without grpc or finsy: the worker side uses it.
+
+Who may act for a job:
+- ``register`` and ``jobs`` carry the manager's secret: it admits a tenant.
+- A registration also carries the job's credential, which only the job's ranks share
+  (the torch backend draws it into the job's own rendezvous store). A job is known by
+  its name *and* its credential (``job_key``), so another tenant who picks the same
+  name gathers a job of its own: it can neither join, renew nor close this one.
+- Each rank draws its own lease token and sends it with its registration; the
+  manager keeps only its hash and never sends a token back. ``renew`` and ``close``
+  carry the job's key and the token, not the secret. A second registration of a
+  rank with another token is refused, never let evict the first.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -21,6 +32,10 @@ MAX_LINE = 64 * 1024
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
+_OWNER = re.compile(r"^[0-9a-f]{32}$")
+# A credential is a secret the job's ranks share: long enough not to be guessed,
+# printable so it travels in an environment variable.
+CREDENTIAL = re.compile(r"^[\x21-\x7e]{16,256}$")
 MAX_INTERFACES = 32
 OPS = ("register", "renew", "close", "jobs")
 
@@ -38,21 +53,45 @@ class Interface:
 
 @dataclass(frozen=True)
 class Register:
-    job: str
+    job: str                 # the job's key: its name and its credential's owner id
     rank: int
     world: int
     interfaces: tuple[Interface, ...]
     udp_port: int
     slots: int | None
+    token_hash: str          # of the token the rank drew, which renews its lease
+
+    @property
+    def name(self) -> str:
+        return job_name_of(self.job)
 
 
 @dataclass(frozen=True)
 class Lease:
-    """A renew or close: the rank's token proves it is the rank the job was given to."""
+    """A renew or close: the rank's token proves it is the client that registered."""
     op: str
-    job: str
+    job: str                 # the job's key
     rank: int
-    token: str
+    token_hash: str
+
+
+def owner_of(credential: str) -> str:
+    """The credential's public id: a hash that names the owner without revealing it."""
+    return hashlib.sha256(b"ina-job-credential\0" + credential.encode()).hexdigest()[:32]
+
+
+def job_key(name: str, credential: str) -> str:
+    """What the manager knows a job by: two tenants' jobs of one name stay apart."""
+    return f"{name}/{owner_of(credential)}"
+
+
+def job_name_of(key: str) -> str:
+    return key.partition("/")[0]
+
+
+def token_hash(token: str) -> str:
+    """What the manager keeps of a lease token (its database never holds one)."""
+    return hashlib.sha256(b"ina-lease-token\0" + token.encode()).hexdigest()
 
 
 def encode(message: dict) -> bytes:
@@ -72,6 +111,11 @@ def decode_line(line: bytes) -> dict:
     return message
 
 
+def needs_secret(message: dict) -> bool:
+    """Whether the request must carry the manager's secret: a lease's token is its proof."""
+    return message.get("op") not in ("renew", "close")
+
+
 def secret_of(message: dict) -> bytes:
     secret = message.get("secret")
     if not isinstance(secret, str):
@@ -87,15 +131,24 @@ def parse(message: dict) -> Register | Lease | str:
     if op == "jobs":
         _only(message, {"op", "secret"})
         return "jobs"
-    job = _job_name(message.get("job"))
     if op in ("renew", "close"):
-        _only(message, {"op", "secret", "job", "rank", "token"})
+        _only(message, {"op", "job", "rank", "token"})
+        key = message.get("job")
+        name, _, owner = key.partition("/") if isinstance(key, str) else ("", "", "")
+        if not JOB_NAME.match(name) or not _OWNER.match(owner):
+            raise BadRequest(f"a {op}'s job must be the job's key (name/owner, as the "
+                             f"registering rank computed it), not {key!r:.80}")
         rank = _int(message, "rank", 0, protocol.MAX_WORKERS - 1)
-        token = message.get("token")
-        if not isinstance(token, str) or not _TOKEN.match(token):
-            raise BadRequest("token must be the 32 hex digits the manager handed out")
-        return Lease(op, job, rank, token)
-    _only(message, {"op", "secret", "job", "rank", "world", "interfaces", "udp_port", "slots"})
+        return Lease(op, key, rank, token_hash(_token(message)))
+    _only(message, {"op", "secret", "job", "rank", "world", "interfaces", "udp_port", "slots",
+                    "credential", "token"})
+    name = _job_name(message.get("job"))
+    credential = message.get("credential")
+    if not isinstance(credential, str) or not CREDENTIAL.match(credential):
+        raise BadRequest("credential must be the job's own secret, 16-256 printable characters "
+                         "its ranks share (INA_JOB_CREDENTIAL, or the torch backend's, drawn "
+                         "into the job's rendezvous store)")
+    token = _token(message)
     world = _int(message, "world", 1, protocol.MAX_WORKERS)
     rank = _int(message, "rank", 0, protocol.MAX_WORKERS - 1)
     if rank >= world:
@@ -105,8 +158,16 @@ def parse(message: dict) -> Register | Lease | str:
     raw = message.get("interfaces")
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_INTERFACES:
         raise BadRequest(f"interfaces must list 1..{MAX_INTERFACES} interfaces, not {raw!r:.80}")
-    return Register(job, rank, world, tuple(_interface(i, n) for n, i in enumerate(raw)),
-                    udp_port, slots)
+    return Register(job_key(name, credential), rank, world,
+                    tuple(_interface(i, n) for n, i in enumerate(raw)), udp_port, slots,
+                    token_hash(token))
+
+
+def _token(message: dict) -> str:
+    token = message.get("token")
+    if not isinstance(token, str) or not _TOKEN.match(token):
+        raise BadRequest("token must be 32 hex digits the rank drew (secrets.token_hex(16))")
+    return token
 
 
 def _only(message: dict, allowed: set[str]) -> None:

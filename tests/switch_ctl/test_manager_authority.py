@@ -1,0 +1,187 @@
+"""Who may act for a job, without root or a switch: the wire's checks and the jobs'
+state machine. A job is its name and its owner's credential; a rank's lease token
+is its own; a rank registered twice is refused, never evicted.
+
+The switch here is a record of what was installed (the state machine under test
+decides what to install; the manager tests run the same paths against a real
+switch)."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from innet_aggregation.switch_ctl.manager import config as manager_config
+from innet_aggregation.switch_ctl.manager.jobs import Jobs
+from innet_aggregation.switch_ctl.manager.store import Store
+from innet_aggregation.switch_ctl.manager.wire import (BadRequest, Lease, Register, job_key,
+                                                       parse, token_hash)
+
+SECRET = "the-managers-secret"
+CRED_A = "credential-of-tenant-a"
+CRED_B = "credential-of-tenant-b"
+MACS = [f"02:00:00:00:00:0{i}" for i in range(1, 5)]
+
+
+def register_message(rank=0, world=2, *, job="train", credential=CRED_A, token=None, host=None):
+    host = rank if host is None else host
+    return {"op": "register", "secret": SECRET, "job": job, "rank": rank, "world": world,
+            "credential": credential, "token": token or secrets.token_hex(16),
+            "interfaces": [{"ifname": "eth0", "ip": f"10.0.0.{host + 1}", "mac": MACS[host]}],
+            "udp_port": 40000 + host}
+
+
+def test_a_job_is_its_name_and_its_owner():
+    a, b = parse(register_message()), parse(register_message(credential=CRED_B))
+    assert isinstance(a, Register) and a.name == b.name == "train"
+    assert a.job != b.job and a.job == job_key("train", CRED_A)
+    assert CRED_A not in a.job and a.token_hash != register_message()["token"]
+
+
+@pytest.mark.parametrize("change,said", [
+    ({"credential": None}, "credential must be the job's own secret"),
+    ({"credential": "short"}, "credential must be the job's own secret"),
+    ({"credential": "has spaces in it, sixteen+"}, "credential must be the job's own secret"),
+    ({"token": None}, "token must be 32 hex digits the rank drew"),
+    ({"token": "g" * 32}, "token must be 32 hex digits the rank drew"),
+])
+def test_a_registration_without_a_credential_or_token_is_refused(change, said):
+    message = {k: v for k, v in {**register_message(), **change}.items() if v is not None}
+    with pytest.raises(BadRequest, match=said):
+        parse(message)
+
+
+def test_a_lease_carries_the_job_key_and_token_not_the_secret():
+    key, token = job_key("train", CRED_A), secrets.token_hex(16)
+    lease = parse({"op": "renew", "job": key, "rank": 1, "token": token})
+    assert lease == Lease("renew", key, 1, token_hash(token))
+    with pytest.raises(BadRequest, match="unknown fields 'secret' in a renew request"):
+        parse({"op": "renew", "job": key, "rank": 1, "token": token, "secret": SECRET})
+    with pytest.raises(BadRequest, match="a close's job must be the job's key"):
+        parse({"op": "close", "job": "train", "rank": 1, "token": token})
+
+
+class RecordingSwitch:
+    """What the manager installed, by job id: the state machine's output."""
+
+    def __init__(self):
+        self.jobs = {}
+
+    def installed(self):
+        return []
+
+    def check(self, tree):
+        pass
+
+    def install(self, tree):
+        self.jobs[tree.job_id] = tree
+
+    def remove(self, tree):
+        self.jobs.pop(tree.job_id, None)
+
+    def repair(self, trees):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    config = manager_config.parse({
+        "manager": {"listen": "127.0.0.1:7070", "secret": SECRET, "lease_seconds": 30},
+        "switch": {"grpc_addr": "127.0.0.1:9559"},
+        "pool": {"slots": [0, 63], "job_ids": [1, 4],
+                 "services": [{"ip": "10.0.0.250", "mac": "02:00:00:00:00:fa"},
+                              {"ip": "10.0.0.251", "mac": "02:00:00:00:00:fb"}]},
+        "fabric": {"hosts": [{"mac": mac, "switch_port": i + 1} for i, mac in enumerate(MACS)]},
+    }, tmp_path)
+    store = Store(tmp_path / "manager.db")
+    yield Jobs(config, RecordingSwitch(), store)
+    store.close()
+
+
+def enter(jobs: Jobs, message: dict):
+    request = parse(message)
+    return jobs.register(request, jobs.member(request))
+
+
+def running(jobs: Jobs, key: str, timeout_sweeps: int = 5):
+    for _ in range(timeout_sweeps):
+        if key in jobs.running:
+            return jobs.running[key]
+        jobs.sweep()
+    raise AssertionError(f"{key} did not start: {jobs.listing()}")
+
+
+def test_another_tenant_with_the_same_name_gathers_a_job_of_its_own(jobs):
+    a0 = register_message(0)
+    enter(jobs, a0)
+    # Tenant B, holding the manager's secret, registers rank 1 of "train" first.
+    enter(jobs, register_message(1, credential=CRED_B, host=2))
+    assert job_key("train", CRED_A) not in jobs.running
+    enter(jobs, register_message(1))
+    a = running(jobs, job_key("train", CRED_A))
+    assert sorted(a.tokens) == [0, 1]
+    members = {w.id: w.mac for w in a.tree.switches["switch"].job.workers}
+    assert members == {0: MACS[0], 1: MACS[1]}          # not tenant B's host
+    waiting = jobs.listing()["waiting"]
+    assert [(w["name"], w["registered"]) for w in waiting] == [("train", [1])]
+    assert waiting[0]["owner"] != jobs.listing()["running"][0]["owner"]
+
+
+def test_a_rank_registered_twice_is_refused_never_evicted(jobs):
+    first = register_message(0)
+    entered = enter(jobs, first)
+    with pytest.raises(BadRequest, match="rank 0 of job train is already registered "
+                                         r"\(from 10.0.0.1, 02:00:00:00:00:01\) and waiting"):
+        enter(jobs, register_message(0, host=3))
+    with jobs.cond:
+        assert jobs.status(entered[0], 0, entered[1])[0] == "waiting"
+    # The same client again (its connection broke): it takes its own place back.
+    again = enter(jobs, first)
+    with jobs.cond:
+        assert jobs.status(entered[0], 0, entered[1])[0] == "refused"   # the old connection
+        assert jobs.status(again[0], 0, again[1])[0] == "waiting"
+
+
+def test_a_replayed_registration_gets_no_token_and_a_lease_needs_its_own(jobs):
+    r0, r1 = register_message(0), register_message(1)
+    enter(jobs, r0)
+    enter(jobs, r1)
+    key = job_key("train", CRED_A)
+    a = running(jobs, key)
+    # A member that knows rank 1's addresses (the job's config lists them) but not its
+    # token: it waits for the running job to end, and gets nothing of it.
+    replay = enter(jobs, {**r1, "token": secrets.token_hex(16)})
+    with jobs.cond:
+        assert jobs.status(replay[0], 1, replay[1])[0] == "waiting"
+    assert "ready" not in str(replay[0].outcome)
+    stolen = secrets.token_hex(16)
+    assert jobs.lease(parse({"op": "renew", "job": key, "rank": 1, "token": stolen})) \
+        .startswith("job train has no rank 1 with this lease")
+    assert jobs.lease(parse({"op": "close", "job": key, "rank": 1, "token": stolen})) is not None
+    assert 1 not in a.closed
+    # The rank itself, with its own token.
+    assert jobs.lease(parse({"op": "renew", "job": key, "rank": 1, "token": r1["token"]})) is None
+    # Its own retried registration gets the same job back.
+    again = enter(jobs, r1)
+    assert again[0].outcome == ("ready", a)
+    # Another tenant's key and the right token: no such job.
+    other = job_key("train", CRED_B)
+    assert jobs.lease(parse({"op": "renew", "job": other, "rank": 1, "token": r1["token"]})) \
+        is not None
+
+
+def test_the_database_holds_token_hashes_only(jobs, tmp_path):
+    r0, r1 = register_message(0), register_message(1)
+    enter(jobs, r0)
+    enter(jobs, r1)
+    running(jobs, job_key("train", CRED_A))
+    text = (tmp_path / "manager.db").read_bytes() + b"".join(
+        p.read_bytes() for p in tmp_path.glob("manager.db-*"))
+    for message in (r0, r1):
+        assert message["token"].encode() not in text
+        assert token_hash(message["token"]).encode() in text
+    assert CRED_A.encode() not in text
