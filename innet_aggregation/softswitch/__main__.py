@@ -8,13 +8,20 @@ P4Runtime listens on 127.0.0.1:9559 unless told otherwise (simple_switch_grpc:
 simple_switch_grpc's options: --grpc-server-ssl --grpc-server-cert PEM
 --grpc-server-key PEM, and for mutual TLS --grpc-server-cacert PEM
 --grpc-server-with-client-auth.
+
+The data plane's counters (frames received, sent, and every frame lost, by where:
+``DataPlane.counters``) are logged at exit, a warning says when losses grow, and
+``--counters-file PATH`` keeps them in PATH as JSON (rewritten once a second when
+they changed, and at exit), where the testbed reads them beside the P4 counters.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -34,6 +41,9 @@ class ArgumentError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise ArgumentError(message)
+
+
+log = logging.getLogger("softswitch")
 
 
 def _interface(text: str) -> tuple[int, str]:
@@ -152,6 +162,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--log-file", help="also log to this file")
     parser.add_argument("--no-p4", action="store_true",
                         help="start with no program; wait for SetForwardingPipelineConfig")
+    parser.add_argument("--counters-file", metavar="PATH",
+                        help="keep the data plane's counters in PATH (JSON), updated every "
+                             "second")
     _grpc_server_arguments(parser)
     parser.add_argument("--backend", choices=("native", "python"), default=None,
                         help="run programs compiled to C (native, the default where a C "
@@ -207,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
         handlers.append(logging.FileHandler(args.log_file))
     logging.basicConfig(level=LEVELS[args.log_level], handlers=handlers,
                         format="%(asctime)s softswitch %(levelname)s %(message)s")
-    log = logging.getLogger("softswitch")
 
     from innet_aggregation.softswitch.frontend import Unsupported
     from innet_aggregation.softswitch.dataplane import DataPlane, check_interface
@@ -268,11 +280,48 @@ def main(argv: list[str] | None = None) -> int:
                     "certificates: whoever reaches it can program this switch (use "
                     "--grpc-server-ssl ... --grpc-server-with-client-auth)",
                     args.grpc_server_addr)
+    watch = threading.Thread(target=watch_counters, args=(dataplane, stop, args.counters_file),
+                             daemon=True, name="counters")
+    watch.start()
     stop.wait()
     server.stop(0.5)
+    watch.join()
     dataplane.stop()
-    log.info("stopped after %d packets in, %d out", dataplane.received, dataplane.sent)
+    counters = dataplane.counters()
+    if args.counters_file:
+        write_counters(args.counters_file, counters)
+    log.info("stopped after %d packets in, %d out; %s", counters["received"], counters["sent"],
+             ", ".join(f"{k} {v}" for k, v in counters.items() if k not in ("received", "sent")))
     return 0
+
+
+LOSSES = ("dropped", "send_errors", "ring_drops", "no_room", "no_port")
+
+
+def watch_counters(dataplane, stop: threading.Event, path: str | None,
+                   interval: float = 1.0) -> None:
+    """Once a second: a warning where frames were lost since the last look, and the
+    counters into ``path`` where they changed. Reads the loop's counters only: the
+    fast path pays nothing for them."""
+    last = None
+    while not stop.wait(interval):
+        counters = dataplane.counters()
+        if last is not None:
+            grown = {k: counters[k] - last[k] for k in LOSSES if counters[k] > last[k]}
+            if grown:
+                log.warning("the data plane lost frames in the last %g s: %s", interval,
+                            ", ".join(f"{k} {v}" for k, v in grown.items()))
+        if path and counters != last:
+            write_counters(path, counters)
+        last = counters
+
+
+def write_counters(path: str, counters: dict[str, int]) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(counters, f)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import socket
 import struct
 import threading
 
+from innet_aggregation.softswitch.backends.native.loader import IO_COUNTERS
+
 log = logging.getLogger("softswitch")
 
 ETH_P_ALL = 0x0003
@@ -84,10 +86,14 @@ class DataPlane:
         self.ports = {n: Port(n, ifname) for n, ifname in ports.items()}
         self.pipeline = None
         self.stopping = threading.Event()
+        # The Python loop's counters; the native loops' (IO_COUNTERS) are theirs, summed
+        # here as each loop stops.
         self.received = 0
         self.sent = 0
         self.failed = 0
         self.send_errors = 0
+        self.no_port = 0
+        self.native = dict.fromkeys(IO_COUNTERS, 0)
         self.thread = None
         self.running = None          # the pipeline whose loop runs, once started
         self.started = False
@@ -127,14 +133,27 @@ class DataPlane:
     def _stop_loop(self) -> None:
         if self.running is not None:
             self.running.stop_io()
-            stats = self.running.stats()
-            self.received += stats["received"]
-            self.sent += stats["sent"]
+            for name, count in self.running.stats().items():
+                self.native[name] += count
             self.running = None
         if self.thread is not None:
             self.stopping.set()
             self.thread.join(timeout=2)
             self.thread = None
+
+    def counters(self) -> dict[str, int]:
+        """Every frame received, sent and lost since the start (IO_COUNTERS), the
+        running native loop's read now."""
+        with self.switching:
+            out = dict(self.native)
+            if self.running is not None:
+                for name, count in self.running.stats().items():
+                    out[name] += count
+        for name, count in (("received", self.received), ("sent", self.sent),
+                            ("dropped", self.failed), ("send_errors", self.send_errors),
+                            ("no_port", self.no_port)):
+            out[name] += count
+        return out
 
     def run(self) -> None:
         poller = select.epoll()
@@ -188,6 +207,7 @@ class DataPlane:
                         for eport, data in out:
                             sock = tx.get(eport)
                             if sock is None:
+                                self.no_port += 1
                                 continue
                             try:
                                 sock.send(data)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -104,8 +105,9 @@ def connect_addr(grpc_addr: str) -> str:
 
 
 def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: str,
-                tls: "TLSBundle | None" = None) -> list[str]:
-    """simple_switch_grpc's command line, for either target."""
+                tls: "TLSBundle | None" = None, counters_file: Path | None = None) -> list[str]:
+    """simple_switch_grpc's command line, for either target (the softswitch keeping its
+    data plane's counters in ``counters_file``)."""
     if target == "bmv2":
         binary = bmv2_path()
         if binary is None:
@@ -121,6 +123,8 @@ def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: s
     for port, ifname in sorted(ports.items()):
         argv += ["-i", f"{port}@{ifname}"]
     argv += ["--device-id", str(device_id), "--no-p4"]
+    if target != "bmv2" and counters_file is not None:
+        argv += ["--counters-file", str(counters_file)]
     if target == "bmv2" and _has_thrift(program[0]):
         # Each instance needs its own Thrift port, or a second one fails to start.
         argv += ["--thrift-port", str(free_tcp_port())]
@@ -151,14 +155,17 @@ class SwitchProcess:
         self.target = target
         self.listen_addr = grpc_addr or f"127.0.0.1:{free_tcp_port()}"
         self.grpc_addr = connect_addr(self.listen_addr)    # where controllers connect
-        self.argv = switch_argv(target, ports, device_id, self.listen_addr, tls)
         self.device_id = device_id
         self.tls = tls
         self.log_path = log_path or Path(tempfile.mkstemp(prefix=f"{target}-", suffix=".log")[1])
+        self.counters_path = self.log_path.with_name(self.log_path.name + ".counters.json")
+        self.argv = switch_argv(target, ports, device_id, self.listen_addr, tls,
+                                self.counters_path)
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "SwitchProcess":
         repo = str(IMPORT_ROOT)
+        self.counters_path.unlink(missing_ok=True)     # an earlier process's
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
         with open(self.log_path, "wb") as log:
             # Its own session: a Ctrl-C meant for the experiment must not kill the switch
@@ -179,6 +186,15 @@ class SwitchProcess:
         self.stop()
         raise TimeoutError(f"{self.target} did not listen on {self.listen_addr} within "
                            f"{timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+
+    def io_counters(self) -> dict[str, int]:
+        """The softswitch's data-plane counters (frames received, sent, lost by where:
+        ``softswitch.dataplane.DataPlane.counters``) as of its last second; none from
+        BMv2."""
+        try:
+            return json.loads(self.counters_path.read_text())
+        except FileNotFoundError:
+            return {}
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -253,7 +253,15 @@ class Testbed:
             self.controllers[name].set_loss(configs[name].switch.ports, ingress, egress)
 
     def switch_counters(self) -> dict[str, dict[str, dict[str, int]]]:
-        return {name: control.counters() for name, control in self.controllers.items()}
+        """Each switch's P4 outcome counters, and the softswitch's data-plane counters
+        (``data_plane_received``, ``..._ring_drops``, ...: every frame it lost, by where)
+        beside them."""
+        out = {}
+        for name, control in self.controllers.items():
+            io = self.switches[name].process.io_counters()
+            out[name] = {**control.counters(),
+                         **{f"data_plane_{k}": {"packets": v, "bytes": 0} for k, v in io.items()}}
+        return out
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Outcome counters, summed over the switches."""

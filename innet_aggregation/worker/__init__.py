@@ -9,11 +9,12 @@ tensors), so numpy-only workers start fast.
 
 from .quantize import NonFiniteError
 from .session import AggregationSession, CallStats
-from .transport import (AggregationTimeout, CallMismatch, RetransmitPolicy, Stats,
+from .transport import (AggregationTimeout, CallMismatch, RetransmitPolicy, SendRefused, Stats,
                         TransportBroken)
 
 __all__ = ["AggregationSession", "AggregationTimeout", "CallMismatch", "CallStats",
-           "NonFiniteError", "RetransmitPolicy", "Stats", "SwitchHookState", "TransportBroken",
+           "NonFiniteError", "RetransmitPolicy", "SendRefused", "Stats", "SwitchHookState",
+           "TransportBroken",
            "switch_allreduce_hook"]
 
 

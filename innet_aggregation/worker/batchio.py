@@ -97,9 +97,9 @@ class BatchSocket:
 
     ``tx`` is a contiguous array of packet records; ``rx`` a 2-D uint8 array, one
     datagram per row (make rows a byte longer than a packet, so that a longer
-    datagram shows as the wrong length). Both are kept alive by this object. Errors are returned, never raised: to the
-    transport any failed send or receive is a lost packet that its timers repair
-    (an ICMP error queued by a forged or stale frame must not end a call)."""
+    datagram shows as the wrong length). Both are kept alive by this object. Errors are
+    returned, never raised: the transport tells a lost packet (an ICMP error queued by
+    a forged or stale frame, a full buffer) from a route that refuses its packets."""
 
     def __init__(self, sock: socket.socket, tx: np.ndarray, rx: np.ndarray):
         if not (tx.flags.c_contiguous and rx.flags.c_contiguous) or rx.ndim != 2:
@@ -173,11 +173,11 @@ class BatchSocket:
         """Whether a message of ``rows`` rows that failed with ``err`` was the route
         refusing a segmented message; if so, GSO is off for this socket from now on."""
         if err in (errno.EIO, errno.EINVAL) and self.gso > 1 and rows > 1:
-            self._no_gso(err)
+            self.no_gso(err)
             return True
         return False
 
-    def _no_gso(self, err: int) -> None:
+    def no_gso(self, err: int) -> None:
         """The route refused a segmented message (a device or tunnel that cannot cut
         it): one datagram per message from now on, on this socket."""
         self.gso = 1
@@ -188,6 +188,11 @@ class BatchSocket:
             pass
         log.warning("UDP GSO refused on this route (%s): one system call's datagrams go "
                     "through the kernel one by one", errno.errorcode.get(err, err))
+
+    def clear_error(self) -> None:
+        """Take the error queued on the socket (an ICMP error's), so that the next
+        send's result is the route's own."""
+        self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
 
     def _send_each(self, rows) -> tuple[int, int]:
         """Without sendmmsg: one ``send`` per packet."""

@@ -206,7 +206,8 @@ class FastCall:
     def _state_out(self) -> None:
         """What C did, back into the Python state: counters, RTT, RACK, progress, sends;
         a route that refuses GSO gets it turned off, and the rest of a failed send
-        resent one datagram per message (batchio)."""
+        resent one datagram per message (batchio); any other send error is
+        ``Transport.send``'s to judge, as on the Python path."""
         s, call, t = self.state, self.call, self.call.t
         if s.has_srtt:
             t.rto.srtt, t.rto.rttvar, t.rto.min_rtt, t.rto.rto = s.srtt, s.rttvar, s.min_rtt, s.rto
@@ -219,6 +220,9 @@ class FastCall:
         if s.recv_err:
             t.stats.socket_errors += 1
         if s.err:
-            t.stats.socket_errors += 1
+            unsent = self.queue[s.sent:s.queued]
             if t.io.refuses_gso(s.err, s.failed_rows):
-                t.send(self.queue[s.sent:s.queued])
+                t.stats.socket_errors += 1
+                t.send(unsent)
+            else:
+                t.send(unsent, failed=s.err)     # Python's handling of the error

@@ -62,7 +62,13 @@ call's first results wait for the last worker to reach the call, which on a busy
 host is late by more than a timeout, and resending every slot then only loads the
 switch (in DDP on 2 shared cores this was 1 % of all packets, all spurious). Any
 error on the socket (an ICMP error queued by a stale or forged frame, a full buffer)
-counts as a lost packet for the same machinery.
+counts as a lost packet for the same machinery: the kernel reports such an error
+once, on the next send or receive. A send error that persists (the route refuses
+the packets: an MTU below theirs, no route, a firewall) is no loss: the unsent rest
+is resent at once, and where it fails ``SEND_TRIES`` times in a row the call ends
+(SendRefused), naming the errno and the destination. ICMP "fragmentation needed"
+never shrinks the packets (IP_PMTUDISC_INTERFACE): the program's frame is fixed, and
+anyone on the segment can forge one.
 
 **Slow is not dead.** A packet whose timer has expired asks (``contributions``
 1), and the switch answers a retransmission that asks, for a slot it has not
@@ -81,9 +87,11 @@ new sessions on every worker.
 from __future__ import annotations
 
 import copy
+import errno
 import functools
 import hashlib
 import logging
+import os
 import secrets
 import select
 import socket
@@ -106,7 +114,9 @@ COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for mo
 HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its buckets)
 RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
-IP_MTU_DISCOVER, IP_PMTUDISC_DO, IP_MTU = 10, 2, 14   # linux/in.h; not in Python's socket
+IP_MTU_DISCOVER, IP_PMTUDISC_INTERFACE, IP_MTU = 10, 4, 14   # linux/in.h; not in Python's socket
+TRANSIENT_ERRORS = frozenset({errno.ENOBUFS, errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
+SEND_TRIES = 3                # a non-transient send error this often in a row: the route's
 START = "session start"       # the two rounds of ``Transport.start``, in messages
 RECOVER = ("reset the job's slots (python -m innet_aggregation.switch_ctl reset <job.toml>) and open new "
            "sessions on every worker")
@@ -127,6 +137,11 @@ class CallMismatch(RuntimeError):
 
 class TransportBroken(RuntimeError):
     """A previous call failed, so the switch's slot state for this job is unknown."""
+
+
+class SendRefused(RuntimeError):
+    """The kernel refuses the worker's packets to the switch, again at once after the
+    socket's queued error was cleared: no retransmission can cure it."""
 
 
 def call_fingerprints(epoch: int, call: int | str, elements: int, name: str | None,
@@ -301,6 +316,7 @@ class Transport:
         self.epoch: int | None = None               # set by start()
         self.calls = 0                              # calls issued, the empty ones included
         self.broken: BaseException | None = None
+        self.label = ""                             # the call running, for errors
         # One packet per slot, rewritten when the slot takes its next chunk; a
         # retransmission resends the row as it is.
         self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
@@ -334,9 +350,12 @@ class Transport:
             self.sock.bind((local_ip, local_port))
             # Connected: the kernel delivers only the switch's results for this job.
             self.sock.connect((switch_ip, job_udp_port))
-            # Never fragmented (the switch parses whole packets): a packet larger than
-            # the route's MTU is refused here, naming both sizes, not lost on the way.
-            self.sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+            # Never fragmented (the switch parses whole packets): the kernel refuses a
+            # packet larger than the interface's MTU (EMSGSIZE), and a route whose MTU
+            # is smaller is refused here, naming both sizes. The frame is the program's,
+            # so path-MTU updates (ICMP "fragmentation needed", which anyone on the
+            # segment can forge) are ignored, not obeyed by failing every send.
+            self.sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_INTERFACE)
             mtu = self.sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
             if mtu < fmt.ip_bytes:
                 raise ValueError(
@@ -359,6 +378,7 @@ class Transport:
                 f"unknown: {RECOVER}") from self.broken
 
     def _run(self, call: "_Call") -> tuple[np.ndarray, np.ndarray]:
+        self.label = call.label
         try:
             return call.run()
         except BaseException as exc:
@@ -453,14 +473,40 @@ class Transport:
             del self.history[next(iter(self.history))]
         return scale
 
-    def send(self, slots: np.ndarray) -> int:
-        """Send the slots' packets in one batch; a failure loses the rest of it."""
-        sent, err = self.io.send(slots)
+    def send(self, slots: np.ndarray, failed: int = 0) -> int:
+        """Send the slots' packets in one batch (``failed``: the fast path's send of
+        them just failed with this errno). A transient failure (a full buffer) loses
+        the rest, for the timers to repair. Any other is first taken for an error
+        queued on the socket (an ICMP error, forged or not: reported once), and the
+        rest resent at once; failing ``SEND_TRIES`` times in a row, with GSO and
+        without, it is the route's, and ends the call (SendRefused)."""
+        sent, err = (0, failed) if failed else self.io.send(slots)
+        tries = 1
+        while err and err not in TRANSIENT_ERRORS:
+            self.stats.socket_errors += 1
+            if tries == SEND_TRIES:
+                if self.io.gso == 1:
+                    raise SendRefused(self._refused(err))
+                self.io.no_gso(err)       # a segmented message's EINVAL hides the errno
+                tries = 0
+            self.io.clear_error()
+            more, err = self.io.send(slots[sent:])
+            sent += more
+            tries = 1 if more else tries + 1
         if err:
             self.stats.socket_errors += 1
         self.stats.packets_sent += sent
         self.stats.bytes_sent += sent * self.fmt.payload_bytes
         return sent
+
+    def _refused(self, err: int) -> str:
+        host, port = self.sock.getpeername()
+        return (f"job {self.job_id}, worker {self.worker_id}, {self.label}: sending to "
+                f"{host}:{port} fails with {errno.errorcode.get(err, err)} ({os.strerror(err)}) "
+                f"{SEND_TRIES} times in a row: the kernel refuses this worker's "
+                f"{self.fmt.ip_bytes} B packets to the switch (EMSGSIZE: an interface MTU "
+                f"below that; ENETUNREACH: no route; EPERM: a firewall), which no retransmission "
+                f"cures. The switch's slot state for this job is now unknown: {RECOVER}")
 
     def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
         """The datagrams queued now (at most RECV_BATCH): the well-formed results as

@@ -155,3 +155,95 @@ def receive(sock, timeout: float = 3.0) -> list[bytes]:
         elif frames:
             break
     return frames
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
+def test_every_frame_the_native_loop_loses_is_counted():
+    """A flood to a multicast group of 5 replicas on a port the switch does not have
+    and 600 on real ports: per frame, 5 counted no_port, SS_TXMAX staged and sent, the
+    rest counted no_room (none of them counted before). Then a burst faster than the
+    loop drains: what the receive ring had no slot for is counted ring_drops (the
+    kernel's tp_drops, read on TP_STATUS_LOSING and with the counters), so that
+    received + ring_drops is exactly what was sent. Read where the testbed reads
+    them: the switch's --counters-file."""
+    import re
+    import socket as socket_mod
+
+    from innet_aggregation.softswitch.backends.native.loader import RUNTIME
+    from innet_aggregation.testbed.netns import Namespaces
+    from innet_aggregation.testbed.targets import SwitchProcess
+
+    txmax = int(re.search(r"#define SS_TXMAX (\d+)", RUNTIME.read_text())[1])
+    real, missing = 600, 5
+
+    def settled(switch, before: dict, key: str, want: int, deadline: float = 20) -> dict:
+        """The counters' growth since ``before`` once ``key`` grew by ``want`` (the file
+        is rewritten once a second), and a second more for the rest."""
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            now = switch.io_counters()
+            if now and now[key] - before.get(key, 0) >= want:
+                time.sleep(1.5)
+                now = switch.io_counters()
+                return {k: v - before.get(k, 0) for k, v in now.items()}
+            time.sleep(0.2)
+        raise AssertionError(f"{key} did not grow by {want}: {switch.io_counters()}")
+
+    with Namespaces(3) as topo, SwitchProcess("softswitch", topo.switch_ports) as switch:
+        conn = connect(switch.grpc_addr, "forwarding")
+        socks = [h.raw_socket() for h in topo.hosts]
+        try:
+            replicas = [(77, i) for i in range(missing)] + [(topo.hosts[1 + i % 2].switch_port, i)
+                                              for i in range(real)]
+            conn.insert(P4MulticastGroupEntry(1, replicas=replicas))
+            for sock in socks[1:]:
+                sock.setsockopt(socket_mod.SOL_SOCKET, 33, 16 << 20)   # SO_RCVBUFFORCE
+            src = topo.hosts[0]
+            flood = b"\xff" * 6 + bytes.fromhex(src.mac.replace(":", "")) + b"\x88\xb5"
+            time.sleep(1.5)
+            before = switch.io_counters()
+            frames = 3
+            got = 0
+            for i in range(frames):          # one at a time: each finds the send stage empty
+                mark = flood + b"copy" + bytes([i]) * 50
+                socks[0].send(mark)
+                deadline = time.monotonic() + 5
+                arrived = 0
+                while arrived < txmax and time.monotonic() < deadline:
+                    for sock in socks[1:]:
+                        sock.settimeout(0.05)
+                        try:
+                            while True:
+                                arrived += sock.recv(65536) == mark
+                        except (socket_mod.timeout, BlockingIOError):
+                            pass
+                got += arrived
+            grown = settled(switch, before, "received", frames)
+            assert grown["received"] == frames, grown
+            assert grown["no_port"] == frames * missing, grown
+            assert grown["no_room"] == frames * (real - txmax), grown
+            assert grown["sent"] == got == frames * txmax, (grown, got)
+            assert grown["send_errors"] == grown["ring_drops"] == grown["dropped"] == 0, grown
+            for sock in socks[1:]:
+                sock.close()
+            socks = socks[:1]
+
+            burst = 400                      # each costs the loop 512 sends: the ring fills
+            before = switch.io_counters()
+            for i in range(burst):
+                socks[0].send(flood + b"burst" + bytes([i % 256]) * 50)
+            grown = settled(switch, before, "received", 1, deadline=30)
+            end = time.monotonic() + 30
+            while grown["received"] + grown["ring_drops"] < burst and time.monotonic() < end:
+                time.sleep(0.5)
+                grown = {k: v - before[k] for k, v in switch.io_counters().items()}
+            assert grown["ring_drops"] > 0, grown
+            assert grown["received"] + grown["ring_drops"] == burst, grown
+            assert grown["no_room"] == grown["received"] * (real - txmax), grown
+            assert grown["no_port"] == grown["received"] * missing, grown
+        finally:
+            conn.close()
+            for sock in socks:
+                sock.close()
+        assert switch.process.poll() is None
+    assert "ring_drops" in switch.log_tail(3)

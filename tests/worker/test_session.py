@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.worker import (AggregationSession, AggregationTimeout, RetransmitPolicy, TransportBroken)
+from innet_aggregation.worker import (AggregationSession, AggregationTimeout, RetransmitPolicy,
+                                      SendRefused, TransportBroken)
 from innet_aggregation.worker.transport import RtoEstimator
 
 pytestmark = pytest.mark.skipif(not protocol.PROGRAM_JSON.exists(),
@@ -138,3 +139,43 @@ def test_a_route_whose_mtu_cannot_carry_the_packets_is_refused_at_setup():
     with Namespaces(1, mtu=needed) as topo, in_netns(topo.hosts[0].netns):
         AggregationSession(0, 2, "10.0.0.100", 1, protocol.AGG_UDP_PORT_BASE, 0, 16,
                            topo.hosts[0].ip, 40000, packet_format=fmt).close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating network namespaces needs root")
+def test_an_mtu_lowered_under_a_session_ends_its_call_at_once_and_a_route_mtu_does_not():
+    """A route's MTU locked at 552 B (what one forged ICMP "fragmentation needed"
+    made of it before) is ignored by a running worker: it sends on, and only the
+    missing switch ends its call, at peer_timeout. Its interface's MTU lowered
+    below the packets makes every send fail with EMSGSIZE: the call ends at once,
+    naming it and the destination."""
+    from innet_aggregation.testbed.netns import Namespaces, in_netns
+
+    fmt = protocol.packet_format(256)
+    policy = RetransmitPolicy(initial_rto=0.05, min_rto=0.05, max_rto=0.1, peer_timeout=1.0)
+    with Namespaces(1) as topo, in_netns(topo.hosts[0].netns):
+        host = topo.hosts[0]
+
+        def open_session():
+            return AggregationSession(0, 2, "10.0.0.100", 1, protocol.AGG_UDP_PORT_BASE, 0, 16,
+                                      host.ip, free_udp_port(), packet_format=fmt, policy=policy)
+
+        s = open_session()
+        host.run(["ip", "route", "add", "10.0.0.100/32", "dev", host.ifname, "mtu", "lock",
+                  "552"], check=True)
+        with pytest.raises(AggregationTimeout):
+            s.allreduce(np.ones(1000, dtype=np.float32))
+        assert s.stats.packets_sent > 16 and s.stats.socket_errors == 0
+        s.close()
+        host.run(["ip", "route", "del", "10.0.0.100/32"], check=True)
+
+        s = open_session()
+        host.run(["ip", "link", "set", host.ifname, "mtu", "576"], check=True)
+        start = time.monotonic()
+        with pytest.raises(SendRefused, match=r"worker 0, session start: sending to "
+                                              r"10\.0\.0\.100:\d+ fails with EMSGSIZE \(Message "
+                                              r"too long\) 3 times in a row.*1066 B packets"):
+            s.allreduce(np.ones(1000, dtype=np.float32))
+        assert time.monotonic() - start < 0.5
+        with pytest.raises(TransportBroken):
+            s.allreduce(np.ones(10, dtype=np.float32))
+        s.close()

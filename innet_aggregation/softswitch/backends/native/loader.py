@@ -22,6 +22,13 @@ from innet_aggregation.softswitch.frontend import DROP_PORT
 from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
 
 HERE = Path(__file__).resolve().parent
+# ss_io_stats' counters, in its order: frames received (own sends skipped), sent,
+# dropped by the switch (over-long, an aborted pass, the pass limit), failed sends,
+# failed asserts; and frames lost outside the pipeline: by the receive rings (the
+# kernel's tp_drops), for want of a send slot (a multicast of more copies than the
+# send stage holds), to a port or multicast group the switch does not have.
+IO_COUNTERS = ("received", "sent", "dropped", "send_errors", "asserts", "ring_drops",
+               "no_room", "no_port")
 RUNTIME = HERE / "runtime.c"
 c_u64p = ctypes.POINTER(ctypes.c_uint64)
 
@@ -304,6 +311,7 @@ class NativePipeline:
         self.c.lib.ss_io_stop(self.c.ctx)
 
     def stats(self) -> dict[str, int]:
-        buf = (ctypes.c_uint64 * 5)()
+        """The data plane's counters since the pipeline was loaded (IO_COUNTERS)."""
+        buf = (ctypes.c_uint64 * len(IO_COUNTERS))()
         self.c.lib.ss_io_stats(self.c.ctx, buf)
-        return dict(zip(("received", "sent", "dropped", "send_errors", "asserts"), buf))
+        return dict(zip(IO_COUNTERS, buf))

@@ -121,6 +121,10 @@ typedef struct ss_ctx {
     ss_txslot tx[SS_TXMAX];
     uint32_t ntx;
     uint64_t stat_rx, stat_tx, stat_drop, stat_txerr, stat_asserts;
+    /* frames lost outside the pipeline's own drops: the receive rings' (the kernel's
+     * tp_drops), outputs with no send slot left, outputs to a port or multicast
+     * group the switch does not have */
+    uint64_t stat_ring_drops, stat_no_room, stat_no_port;
     int failed;                  /* ss_setup could not allocate or was given a bad size */
 } ss_ctx;
 
@@ -577,7 +581,7 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
                           uint32_t instance, ss_slot_fn slot, ss_emit_fn emit) {
     uint32_t cap;
     uint8_t *out = slot(c, &cap);
-    if (!out) return;
+    if (!out) { c->stat_no_room++; return; }   /* its E2E clones are never made */
     ss_state K;
     S->clone = S->resub_fl = S->recirc_fl = 0;
     int64_t n = ss_egress(c, S, port, has_rid, rid, instance, out, cap, &K);
@@ -589,6 +593,8 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
             memcpy(frame, out, (size_t)n);
             ss_pass(c, frame, (uint32_t)n, 0, 4, S, S->recirc_fl, slot, emit);
             free(frame);
+        } else {
+            c->stat_drop++;
         }
     }
     /* An egress that aborted made no E2E state (K): its clones are dropped with it. */
@@ -643,7 +649,7 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
     uint64_t grp = ss_mcast(&S), spec = ss_spec(&S);
     if (grp) {
         g = c->groups[grp & 0xFFFF];
-        if (!g || grp > 0xFFFF) return;
+        if (!g || grp > 0xFFFF) { c->stat_no_port++; return; }
         for (int i = 0; i < g->n; i++) {
             ss_state *R = &S;        /* the last replica is S itself: it is not read again */
             if (i + 1 < g->n) ss_replica(R = &E, &S);
@@ -707,7 +713,7 @@ static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t *cap) {
 
 static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
     (void)frame;
-    if (port >= SS_MAXPORTS || c->port_index[port] < 0) return;   /* no such port */
+    if (port >= SS_MAXPORTS || c->port_index[port] < 0) { c->stat_no_port++; return; }
     c->tx[c->ntx].port = port;
     c->tx[c->ntx].len = len;
     c->ntx++;
@@ -898,7 +904,18 @@ static void ss_ring_run(ss_ctx *c, int k, struct tpacket2_hdr *h, uint32_t statu
     ss_run(c, frame, len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
 }
 
-/* Up to SS_BATCH frames from port k's ring through the pipeline; how many it took. */
+/* What port k's socket lost since the last call: frames the kernel found no ring
+ * slot (or buffer) for. Reading resets the kernel's count; with ctx->mu held. */
+static void ss_count_losses(ss_ctx *c, int k) {
+    struct tpacket_stats st;
+    socklen_t len = sizeof st;
+    if (!getsockopt(c->rxfd[k], SOL_PACKET, PACKET_STATISTICS, &st, &len))
+        c->stat_ring_drops += st.tp_drops;
+}
+
+/* Up to SS_BATCH frames from port k's ring through the pipeline; how many it took.
+ * A frame flagged TP_STATUS_LOSING (the kernel dropped some since the count was
+ * last read) has the count read then: no system call per frame otherwise. */
 static int ss_ring_receive(ss_ctx *c, int k) {
     ss_ring *r = &c->ring[k];
     int n = 0;
@@ -907,6 +924,7 @@ static int ss_ring_receive(ss_ctx *c, int k) {
         struct tpacket2_hdr *h = ss_ring_frame(r, r->head);
         uint32_t status = __atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE);
         if (!(status & TP_STATUS_USER)) break;
+        if (status & TP_STATUS_LOSING) ss_count_losses(c, k);
         ss_make_room(c);
         ss_ring_run(c, k, h, status);
         __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
@@ -944,6 +962,9 @@ static void ss_rings_close(ss_ctx *c, int n) {
     for (int k = 0; k < n; k++)
         while (c->ring[k].map && ss_ring_receive(c, k) > 0) {}
     if (c->ntx) ss_flush(c);
+    pthread_mutex_lock(&c->mu);
+    for (int k = 0; k < n; k++) ss_count_losses(c, k);
+    pthread_mutex_unlock(&c->mu);
     for (int k = 0; k < n; k++) ss_ring_close(&c->ring[k], c->rxfd[k]);
 }
 
@@ -1011,9 +1032,14 @@ SS_EXPORT void ss_free(ss_ctx *c) {
     free(c);
 }
 
+/* The data plane's counters, in loader.IO_COUNTERS' order; the sockets' losses read
+ * now (while the loop runs: the caller owns the sockets, and may close them after). */
 SS_EXPORT void ss_io_stats(ss_ctx *c, uint64_t *out) {
     pthread_mutex_lock(&c->mu);
+    if (c->running)
+        for (int k = 0; k < c->nports; k++) ss_count_losses(c, k);
     out[0] = c->stat_rx; out[1] = c->stat_tx; out[2] = c->stat_drop;
-    out[3] = c->stat_txerr; out[4] = c->stat_asserts;
+    out[3] = c->stat_txerr; out[4] = c->stat_asserts; out[5] = c->stat_ring_drops;
+    out[6] = c->stat_no_room; out[7] = c->stat_no_port;
     pthread_mutex_unlock(&c->mu);
 }
