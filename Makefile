@@ -107,8 +107,9 @@ p4-test-programs: setup
 # p4c's own v1model samples (their .stf files) on BMv2 and both softswitch backends, over
 # P4Runtime and veth (root; not part of `make test`): P4C_SAMPLES is p4c's
 # testdata/p4_16_samples, read in place. CSV in results/stf.csv, summary on stdout.
-P4C_SAMPLES ?= /work/toolchain/p4c/testdata/p4_16_samples
+# No default: where p4c's sources are is the machine's business.
 p4c-samples: setup
+	@test -n "$(P4C_SAMPLES)" || { echo "make p4c-samples: set P4C_SAMPLES to p4c's testdata/p4_16_samples" >&2; exit 2; }
 	$(PY) tools/stf_samples.py --samples $(P4C_SAMPLES) --out results/stf.csv
 
 # Hostile frames (10^5 and more) at the native softswitch, alone and while every

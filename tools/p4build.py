@@ -54,10 +54,13 @@ def stale_sources(manifest_path: Path) -> list[str]:
 
 
 def bmv2(compiler: str, program: Path, out: Path, defines: list[str]) -> list[str]:
+    """The program is named relative to the repository and compiled from its root, so
+    the JSON's source references are too: a build from any checkout is byte-identical."""
     name = program.stem
     run([compiler, "--arch", "v1model", "--std", "p4-16", *[f"-D{d}" for d in defines],
-         "-o", str(out / f"{name}.json"), "--p4runtime-files", str(out / f"{name}.p4info.txtpb"),
-         str(program)])
+         "-o", str(out.resolve() / f"{name}.json"),
+         "--p4runtime-files", str(out.resolve() / f"{name}.p4info.txtpb"),
+         str(program.relative_to(REPO))], cwd=REPO)
     return [f"{name}.json", f"{name}.p4info.txtpb"]
 
 
@@ -77,9 +80,9 @@ def tofino(compiler: str, program: Path, out: Path, defines: list[str]) -> list[
 TARGETS = {"bmv2": bmv2, "tofino": tofino}
 
 
-def run(cmd: list[str]) -> None:
+def run(cmd: list[str], cwd: Path | None = None) -> None:
     print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, cwd=cwd)
 
 
 def compile_program(p4c: str, program: Path, out: Path, patterns: list[str],

@@ -324,3 +324,41 @@ def values_per_packet_in(register_names) -> int:
 def packet_format(values_per_packet: int | None = None) -> PacketFormat:
     """The format of a committed build (loaded once), by its packet size."""
     return program(values_per_packet).format
+
+
+# The job manager's port proof: a UDP datagram it sends through the switch (PacketOut,
+# op SEND_FRAME) to the host a registration claims, out of the port the fabric map
+# names; the rank echoes the nonce, so a registration cannot claim a host it is not.
+PROOF_MAGIC = b"INA-PORT-PROOF:"
+CONTROL_OP_SEND_FRAME = parse_consts(
+    (P4SRC_DIR / "v1model" / f"{PROGRAM_NAME}.p4").read_text())["CONTROL_OP_SEND_FRAME"]
+PROOF_NONCE_BYTES = 16
+
+
+def proof_frame(dst_mac: str, dst_ip: str, dst_port: int, src_mac: str, src_ip: str,
+                nonce: bytes) -> bytes:
+    """Ethernet, IPv4 (checksummed) and UDP (no checksum) around the nonce."""
+    import ipaddress
+    import struct
+    payload = PROOF_MAGIC + nonce.hex().encode()
+    udp = struct.pack("!HHHH", dst_port, dst_port, 8 + len(payload), 0) + payload
+    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0,
+                         ipaddress.IPv4Address(src_ip).packed,
+                         ipaddress.IPv4Address(dst_ip).packed)
+    words = sum(struct.unpack("!10H", header))
+    while words >> 16:
+        words = (words & 0xFFFF) + (words >> 16)
+    header = header[:10] + struct.pack("!H", ~words & 0xFFFF) + header[12:]
+    return (bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex(src_mac.replace(":", ""))
+            + b"\x08\x00" + header + udp)
+
+
+def proof_nonce(datagram: bytes) -> str | None:
+    """The nonce (hex) a proof datagram carries, or None if it is not one."""
+    text = datagram[len(PROOF_MAGIC):]
+    if not datagram.startswith(PROOF_MAGIC) or len(text) != 2 * PROOF_NONCE_BYTES:
+        return None
+    try:
+        return bytes.fromhex(text.decode()).hex()
+    except (UnicodeDecodeError, ValueError):
+        return None

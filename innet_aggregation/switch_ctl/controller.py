@@ -106,6 +106,18 @@ class Controller:
         keeping its entries; the workers then open new sessions. Returns the slot count."""
         return self.bitmap_checker.reset(config)
 
+    def send_frame(self, port: int, frame: bytes) -> None:
+        """``frame`` out of ``port`` (PacketOut, op SEND_FRAME): how the job manager
+        proves that a host sits behind the port it claims. Not acknowledged: the
+        host's answer is the proof it arrived."""
+        if self.conn.schema.controller_packet_metadata.get("packet_out") is None:
+            raise P4RuntimeError(f"the program on {self.conn.grpc_addr} has no PacketOut "
+                                 f"(the TNA program has none yet): it cannot send a frame "
+                                 f"out of a port")
+        if not 0 <= port < protocol.CPU_PORT:
+            raise ValueError(f"port {port} is not a front-panel port (0..{protocol.CPU_PORT - 1})")
+        self.conn.packet_out(frame, op=protocol.CONTROL_OP_SEND_FRAME, job_id=0, slot=port)
+
     def set_loss(self, ports, ingress: float | None = None, egress: float | None = None) -> Changes:
         wanted = {name: p for name, p in (("ingress", ingress), ("egress", egress)) if p is not None}
         for name, p in wanted.items():

@@ -217,6 +217,29 @@ def test_an_intruder_with_the_secret_cannot_join_renew_or_close_another_job(bed)
     b.process.wait()
 
 
+def test_a_registration_cannot_claim_a_host_it_is_not(bed):
+    """From the root namespace (not behind the switch), a tenant with the secret claims
+    host 0's interface: the nonce goes out of host 0's switch port, so it cannot echo
+    it, and its registration is refused. Host 0's own rank proves itself and runs."""
+    host = bed.topology.hosts[0]
+    claim = {"op": "register", "job": "job-p", "rank": 0, "world": 1,
+             "interfaces": [{"ifname": "eth0", "ip": host.ip, "mac": host.mac}],
+             "udp_port": 40123, "credential": credential_of("job-p"), "token": "7" * 32}
+    manager = _Manager(bed.address, SECRET, bed.tls.ca_cert)
+    answer = manager.request(claim)
+    assert answer["status"] == "prove", answer
+    assert answer["message"].startswith(f"a nonce went to {host.mac} / {host.ip} UDP 40123 "
+                                        f"through switch port {host.switch_port}")
+    answer = manager.request({**claim, "proof": secrets.token_hex(16)})
+    assert answer == {"status": "refused", "error": (
+        f"rank 0 of job job-p echoed a wrong port proof: the nonce went to {host.mac} / "
+        f"{host.ip} UDP 40123 through switch port {host.switch_port}, and this host did not "
+        f"get it (is it behind that port? the fabric map says it is)")}
+    assert not bed.jobs()["waiting"] and not bed.installed()
+    p = bed.launch("job-p", [0], "--reps", "1")
+    finished(p, calls=1)
+
+
 def test_a_wrong_secret_is_refused_and_installs_nothing(bed):
     with pytest.raises(JoinError, match="the manager refused rank 0 of job job-x: wrong secret"):
         join(bed.address, "job-x", 0, 1, "not-the-secret-at-all", ca_cert=bed.tls.ca_cert,

@@ -185,3 +185,43 @@ def test_the_database_holds_token_hashes_only(jobs, tmp_path):
         assert message["token"].encode() not in text
         assert token_hash(message["token"]).encode() in text
     assert CRED_A.encode() not in text
+
+
+def test_a_port_proof_is_the_nonce_sent_to_that_host_once_and_in_time(jobs, monkeypatch):
+    from scapy.layers.l2 import Ether
+
+    from innet_aggregation.p4src import protocol
+    from innet_aggregation.switch_ctl.manager import proof as proof_mod
+    proofs = proof_mod.PortProofs(jobs.config)
+    message = register_message(0)
+    request = parse(message)
+    member = jobs.member(request)
+    frame = Ether(proofs.challenge(request, member))
+    # To the claimed host, from the pool's first service address, checksummed.
+    assert (frame.dst, frame["IP"].dst, frame["UDP"].dport) == (MACS[0], "10.0.0.1", 40000)
+    assert (frame.src, frame["IP"].src) == ("02:00:00:00:00:fa", "10.0.0.250")
+    checksum = frame["IP"].chksum
+    del frame["IP"].chksum
+    assert Ether(bytes(frame))["IP"].chksum == checksum
+    nonce = protocol.proof_nonce(bytes(frame["UDP"].payload))
+
+    def echo(value, **change):
+        return parse({**message, "proof": value, **change})
+
+    with pytest.raises(BadRequest, match="echoed a wrong port proof: the nonce went to "
+                                         "02:00:00:00:00:01 / 10.0.0.1 UDP 40000 through "
+                                         "switch port 1"):
+        proofs.check(echo("0" * 32), member)
+    proofs.challenge(request, member)
+    with pytest.raises(BadRequest, match="echoed a port proof the manager did not send"):
+        proofs.check(echo(nonce, token=secrets.token_hex(16)), member)   # another client's
+    fresh = Ether(proofs.challenge(request, member))
+    nonce = protocol.proof_nonce(bytes(fresh["UDP"].payload))
+    proofs.check(echo(nonce), member)
+    with pytest.raises(BadRequest, match="did not send"):
+        proofs.check(echo(nonce), member)                                   # once only
+    proofs.challenge(request, member)
+    monkeypatch.setattr(proof_mod, "PROOF_SECONDS", -1.0)
+    late = Ether(proofs.challenge(request, member))
+    with pytest.raises(BadRequest, match="expired"):
+        proofs.check(echo(protocol.proof_nonce(bytes(late["UDP"].payload))), member)

@@ -33,6 +33,11 @@
 #include "control/fingerprint_sum.p4"
 #include "control/result_rewrite.p4"
 
+// A PacketOut op beyond the shared ControlOp, v1model's alone (TNA has no PacketOut
+// path yet): the payload, an Ethernet frame, leaves by the port the header's `slot`
+// names. The job manager's proof that a host sits behind the port it claims.
+const bit<8> CONTROL_OP_SEND_FRAME = 2;
+
 control AggIngress(inout headers_t hdr,
                    inout metadata_t meta,
                    inout standard_metadata_t standard_metadata) {
@@ -108,6 +113,14 @@ control AggIngress(inout headers_t hdr,
                     && (bit<32>)hdr.packet_out.slot < POOL_SIZE) {
                 bitmap_checker.apply(hdr, meta);
                 meta.outcome = IngressOutcome.SLOT_RESET;
+            } else if (hdr.packet_out.op == CONTROL_OP_SEND_FRAME
+                       && hdr.packet_out.slot < (bit<16>)CPU_PORT) {
+                // The payload, unparsed, leaves as it is by the port in `slot`: the
+                // header goes and nothing is emitted in front of it. next_step stays
+                // DROP, so nothing after this touches the frame; egress_spec sends it.
+                meta.outcome = IngressOutcome.FORWARDED_L2;
+                standard_metadata.egress_spec = (port_t)hdr.packet_out.slot;
+                hdr.packet_out.setInvalid();
             } else {
                 meta.outcome = IngressOutcome.MALFORMED;
             }

@@ -36,6 +36,8 @@ from .wire import CREDENTIAL, JOB_NAME, MAX_LINE, decode_line, encode, job_key, 
 SIOCGIFADDR = 0x8915
 READ_TIMEOUT = 15.0          # the manager sends a progress line every second
 DEFAULT_TIMEOUT = 600.0
+PROOF_WAIT = 3.0             # the nonce crosses one switch: milliseconds, unless lost
+PROOF_TRIES = 3
 
 
 class JoinError(RuntimeError):
@@ -84,13 +86,6 @@ def _ipv4(name: str) -> str | None:
         except OSError:
             return None
     return socket.inet_ntoa(packed[20:24])
-
-
-def free_udp_port() -> int:
-    """A UDP port free on every address now (the session binds it on the chosen one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
 
 
 class Membership:
@@ -255,42 +250,88 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
                         "spaces (INA_JOB_CREDENTIAL)")
     manager = _Manager(address, secret, ca_cert)
     token = secrets.token_hex(16)    # this rank's alone: retries send the same one
-    request = {"op": "register", "job": job, "rank": rank, "world": world,
-               "interfaces": interfaces(ifname), "udp_port": free_udp_port(),
-               "credential": credential, "token": token}
-    if slots is not None:
-        request["slots"] = slots
-    deadline = time.monotonic() + timeout
-    last, said, unanswered = "", 0.0, 0
-    while True:
-        try:
-            for answer in manager.lines(request):
-                status = answer.get("status")
-                if status == "ready":
-                    return _membership(manager, job, job_key(job, credential), rank, token,
-                                       answer)
-                if status == "refused":
-                    raise JoinError(f"the manager refused rank {rank} of job {job}: "
-                                    f"{answer.get('error')}")
-                message = str(answer.get("message", answer))
-                if message != last or time.monotonic() - said > 30:
-                    progress(f"ina: rank {rank} of job {job}: {message}")
-                    last, said = message, time.monotonic()
-                if time.monotonic() > deadline:
-                    break
-        except _Unreachable as exc:
-            unanswered = unanswered + 1 if isinstance(exc, _NoAnswer) else 0
-            if unanswered >= _NoAnswer.TRIES:
-                raise JoinError(str(exc)) from None
-            if message := str(exc):
-                if message != last:
-                    progress(f"ina: {message}; trying again")
-                last = message
-            if time.monotonic() <= deadline:
-                time.sleep(1.0)
-                continue
-        raise JoinError(f"job {job} did not start within {timeout:g} s "
-                        f"({last or 'no answer'}); gave up")
+    with _ProofSocket() as proofs:
+        request = {"op": "register", "job": job, "rank": rank, "world": world,
+                   "interfaces": interfaces(ifname), "udp_port": proofs.port,
+                   "credential": credential, "token": token}
+        if slots is not None:
+            request["slots"] = slots
+        deadline = time.monotonic() + timeout
+        last, said, unanswered, unproven = "", 0.0, 0, 0
+        while True:
+            sent = dict(request)
+            request.pop("proof", None)       # a nonce is good once: a retry asks anew
+            try:
+                for answer in manager.lines(sent):
+                    status = answer.get("status")
+                    if status == "ready":
+                        return _membership(manager, job, job_key(job, credential), rank,
+                                           token, answer)
+                    if status == "refused":
+                        raise JoinError(f"the manager refused rank {rank} of job {job}: "
+                                        f"{answer.get('error')}")
+                    message = str(answer.get("message", answer))
+                    if status == "prove":
+                        request["proof"] = proofs.receive(PROOF_WAIT)
+                        if request["proof"] is None:
+                            unproven += 1
+                            if unproven >= PROOF_TRIES:
+                                raise JoinError(
+                                    f"the manager's port proof never reached UDP port "
+                                    f"{proofs.port} here in {PROOF_TRIES} tries ({message}): "
+                                    f"is this host behind that switch port, as the manager's "
+                                    f"fabric map says?")
+                            del request["proof"]
+                        break
+                    if message != last or time.monotonic() - said > 30:
+                        progress(f"ina: rank {rank} of job {job}: {message}")
+                        last, said = message, time.monotonic()
+                    if time.monotonic() > deadline:
+                        break
+                if time.monotonic() <= deadline:
+                    continue         # proven (or the nonce lost): register again at once
+            except _Unreachable as exc:
+                unanswered = unanswered + 1 if isinstance(exc, _NoAnswer) else 0
+                if unanswered >= _NoAnswer.TRIES:
+                    raise JoinError(str(exc)) from None
+                if message := str(exc):
+                    if message != last:
+                        progress(f"ina: {message}; trying again")
+                    last = message
+                if time.monotonic() <= deadline:
+                    time.sleep(1.0)
+                    continue
+            raise JoinError(f"job {job} did not start within {timeout:g} s "
+                            f"({last or 'no answer'}); gave up")
+
+
+class _ProofSocket:
+    """The rank's UDP port, bound while it registers: the manager's port proof arrives
+    here through the switch (manager/proof.py). Closed before the session binds it."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("0.0.0.0", 0))
+        self.port = self.sock.getsockname()[1]
+
+    def receive(self, wait: float) -> str | None:
+        """The first proof nonce to arrive within ``wait`` seconds, or None."""
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                nonce = protocol.proof_nonce(self.sock.recv(2048))
+            except TimeoutError:
+                return None
+            if nonce is not None:
+                return nonce
+        return None
+
+    def __enter__(self) -> "_ProofSocket":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
 
 
 def _membership(manager: _Manager, job: str, key: str, rank: int, token: str,

@@ -9,6 +9,9 @@
     lease_seconds = 10                 # a rank that does not renew for this long loses its job
     sweep_seconds = 1                  # how often leases and the switch are checked
     default_slots = 64                 # a job's window unless its ranks ask (INA_SLOTS)
+    prove_ports = true                 # a rank proves its host's port by a nonce the switch
+                                       # sends it (PacketOut); false for a program without
+                                       # PacketOut (TNA): the fabric map is then trusted
 
     [switch]                           # as a job file's [switch], ports from the fabric
     grpc_addr = "127.0.0.1:9559"
@@ -120,6 +123,7 @@ class ManagerConfig:
     fabric: dict[str, int]          # data-plane MAC -> switch port
     homes: dict[str, str]           # data-plane MAC -> the switch (name) it is behind
     tree: TreeLinks | None = None   # None: one switch
+    prove_ports: bool = True
 
     @property
     def switch(self) -> ManagerSwitch:
@@ -203,6 +207,9 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
         if value is not None and not 0 < value <= 3600:
             problems.append(f"manager.{name} must be in (0, 3600], not {value}")
     default_slots = get(mg, "default_slots", int, "manager", 64)
+    prove_ports = mg.get("prove_ports", True)
+    if not isinstance(prove_ports, bool):
+        problems.append(f"manager.prove_ports must be true or false, not {prove_ports!r}")
 
     fabric, homes = _fabric(fb, is_tree, problems)
     tree = None
@@ -234,7 +241,7 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
                          database=path(database), lease_seconds=float(lease),
                          sweep_seconds=float(sweep), default_slots=default_slots,
                          switches=switches, pool=Pool(job_ids, slots, udp_ports, services),
-                         fabric=fabric, homes=homes, tree=tree)
+                         fabric=fabric, homes=homes, tree=tree, prove_ports=prove_ports)
 
 
 def _switch(sw: dict, where: str, fabric: dict[str, int], base: Path, get,

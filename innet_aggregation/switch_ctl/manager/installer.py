@@ -103,6 +103,9 @@ class Installer:
     def install(self, config: Config) -> None:
         self._run(lambda ctl: ctl.apply(config))
 
+    def send_frame(self, port: int, frame: bytes) -> None:
+        self._run(lambda ctl: ctl.send_frame(port, frame))
+
     def remove(self, config: Config) -> None:
         """Entries first, so no straggler's packet reaches the slots, then the slots
         back to a fresh switch's state for the next job."""
@@ -168,6 +171,9 @@ class Switches:
                     log.warning("job %d: taking it back off %s failed: %s", tree.job_id,
                                 name, exc)
             raise
+
+    def send_frame(self, switch: str, port: int, frame: bytes) -> None:
+        self.installers[switch].send_frame(port, frame)
 
     def remove(self, tree: Tree) -> None:
         """Children first, so no switch sends sums to one that lost the job; every switch

@@ -17,9 +17,11 @@ import ssl
 import threading
 import time
 
+from ..client import P4RuntimeError
 from .config import ManagerConfig
 from .installer import Switches
 from .jobs import Jobs, Member, Pending
+from .proof import PortProofs
 from .store import Store
 from .wire import (MAX_LINE, BadRequest, Lease, Register, decode_line, encode, needs_secret,
                    parse, secret_of)
@@ -35,6 +37,7 @@ class Manager:
         self.store = Store(config.database)
         self.installer = Switches(config.switches)
         self.jobs = Jobs(config, self.installer, self.store)
+        self.proofs = PortProofs(config)
         self.tls: ssl.SSLContext | None = None
         if config.cert is not None:
             self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -144,6 +147,11 @@ class Manager:
     def _register(self, request: Register, reply, where: str) -> None:
         try:
             member = self.jobs.member(request)
+            if self.config.prove_ports:
+                if request.proof is None:
+                    self._challenge(request, member, reply)
+                    return
+                self.proofs.check(request, member)
             pending, generation = self.jobs.register(request, member)
         except BadRequest as exc:
             log.warning("%s: registration refused: %s", where, exc)
@@ -154,6 +162,20 @@ class Manager:
         except OSError:
             self.jobs.withdraw(pending, member.rank, generation)
             raise
+
+    def _challenge(self, request: Register, member: Member, reply) -> None:
+        """Send the port proof's nonce through the switch; the rank registers again
+        with it (proof.py)."""
+        frame = self.proofs.challenge(request, member)
+        try:
+            self.installer.send_frame(member.switch, member.switch_port, frame)
+        except (P4RuntimeError, ValueError) as exc:
+            reply(status="waiting", message=f"waiting for the switch to send the port proof: "
+                                            f"{exc}")
+            return
+        reply(status="prove", message=f"a nonce went to {member.mac} / {member.ip} UDP "
+                                      f"{member.udp_port} through {member.switch} port "
+                                      f"{member.switch_port}: register again with it")
 
     def _await(self, pending: Pending, member: Member, generation: int, reply) -> None:
         """Progress lines until the job runs or is refused; a rank that hangs up is

@@ -12,6 +12,10 @@ Who may act for a job:
   (the torch backend draws it into the job's own rendezvous store). A job is known by
   its name *and* its credential (``job_key``), so another tenant who picks the same
   name gathers a job of its own: it can neither join, renew nor close this one.
+- A registration first proves the host: the manager sends a nonce through the switch
+  (PacketOut) out of the port the fabric map names, to the MAC, address and UDP port
+  claimed, and the rank registers again echoing it (``proof``). So a tenant cannot
+  claim another's host, and its results never reach a host that did not ask.
 - Each rank draws its own lease token and sends it with its registration; the
   manager keeps only its hash and never sends a token back. ``renew`` and ``close``
   carry the job's key and the token, not the secret. A second registration of a
@@ -33,6 +37,7 @@ JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 _OWNER = re.compile(r"^[0-9a-f]{32}$")
+_NONCE = re.compile(rf"^[0-9a-f]{{{2 * protocol.PROOF_NONCE_BYTES}}}$")
 # A credential is a secret the job's ranks share: long enough not to be guessed,
 # printable so it travels in an environment variable.
 CREDENTIAL = re.compile(r"^[\x21-\x7e]{16,256}$")
@@ -60,6 +65,7 @@ class Register:
     udp_port: int
     slots: int | None
     token_hash: str          # of the token the rank drew, which renews its lease
+    proof: str | None = None # the nonce the manager sent the host through the switch
 
     @property
     def name(self) -> str:
@@ -141,7 +147,7 @@ def parse(message: dict) -> Register | Lease | str:
         rank = _int(message, "rank", 0, protocol.MAX_WORKERS - 1)
         return Lease(op, key, rank, token_hash(_token(message)))
     _only(message, {"op", "secret", "job", "rank", "world", "interfaces", "udp_port", "slots",
-                    "credential", "token"})
+                    "credential", "token", "proof"})
     name = _job_name(message.get("job"))
     credential = message.get("credential")
     if not isinstance(credential, str) or not CREDENTIAL.match(credential):
@@ -160,7 +166,16 @@ def parse(message: dict) -> Register | Lease | str:
         raise BadRequest(f"interfaces must list 1..{MAX_INTERFACES} interfaces, not {raw!r:.80}")
     return Register(job_key(name, credential), rank, world,
                     tuple(_interface(i, n) for n, i in enumerate(raw)), udp_port, slots,
-                    token_hash(token))
+                    token_hash(token), _proof(message.get("proof")))
+
+
+def _proof(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _NONCE.match(value):
+        raise BadRequest(f"proof must be the {2 * protocol.PROOF_NONCE_BYTES} hex digits the "
+                         f"switch delivered, not {value!r:.80}")
+    return value
 
 
 def _token(message: dict) -> str:
