@@ -45,14 +45,15 @@ def register(job: str, rank: int = 0, world: int = 1) -> dict:
 
 
 class LoopbackManager:
-    """A manager process on 127.0.0.1 and its own port-less switch; ``nofile`` lowers
-    its RLIMIT_NOFILE (soft and hard)."""
+    """A manager process listening on ``host`` (reached at 127.0.0.1) and its own
+    port-less switch; ``nofile`` lowers its RLIMIT_NOFILE (soft and hard)."""
 
-    def __init__(self, workdir: Path, settings: dict, nofile: int | None = None):
+    def __init__(self, workdir: Path, settings: dict, nofile: int | None = None,
+                 host: str = "127.0.0.1"):
         self.workdir = workdir
         self.switch = SwitchProcess("softswitch", {}, log_path=workdir / "switch.log").start(60)
         self.port = free_tcp_port()
-        config = {"manager": {"listen": f"127.0.0.1:{self.port}", "secret": SECRET,
+        config = {"manager": {"listen": f"{host}:{self.port}", "secret": SECRET,
                               "database": str(workdir / "manager.db"), "default_slots": 16,
                               **settings},
                   "switch": {"grpc_addr": self.switch.grpc_addr, "ports": [1, 2]},
@@ -104,16 +105,18 @@ class LoopbackManager:
 
 @pytest.fixture
 def manager(tmp_path):
-    """``manager(nofile=None, **settings)``: a LoopbackManager, stopped after the test."""
+    """``manager(nofile=None, host=..., **settings)``: a LoopbackManager, stopped after
+    the test."""
     reason = unavailable("softswitch")
     if reason:
         pytest.skip(reason)
     started = []
 
-    def start(nofile: int | None = None, **settings) -> LoopbackManager:
+    def start(nofile: int | None = None, host: str = "127.0.0.1",
+              **settings) -> LoopbackManager:
         workdir = tmp_path / f"manager{len(started)}"
         workdir.mkdir()
-        started.append(LoopbackManager(workdir, settings, nofile))
+        started.append(LoopbackManager(workdir, settings, nofile, host))
         return started[-1]
 
     yield start
@@ -123,6 +126,21 @@ def manager(tmp_path):
 
 def answer_of(sock: socket.socket) -> dict:
     return json.loads(sock.makefile("rb").readline())
+
+
+def test_plaintext_off_loopback_starts_only_when_insecure_and_then_warns(manager):
+    m = manager(host="0.0.0.0", insecure=True)
+    assert ("WARNING the listener on 0.0.0.0 takes the secret in plaintext from the network "
+            "(manager.insecure = true)") in m.log()
+    assert m.ask({"op": "jobs"})["status"] == "ok"
+    config = m.workdir / "manager.toml"
+    config.write_text(config.read_text().replace("insecure = true", "insecure = false"))
+    refused = subprocess.run([sys.executable, "-m", "innet_aggregation.switch_ctl", "serve",
+                              "--config", str(config)], capture_output=True, text=True,
+                             timeout=60, env=env(), cwd=REPO)
+    assert refused.returncode != 0
+    assert (f"manager.listen 0.0.0.0:{m.port} is not a loopback address and the manager has "
+            f"no certificate") in refused.stderr, refused.stderr
 
 
 def test_slow_clients_are_cut_at_the_request_deadline_not_at_each_read(manager):
