@@ -77,6 +77,7 @@ class ManagerBed:
     port: int = 0
     restarts: int = 0
     ranks: list[Rank] = field(default_factory=list)
+    listener: dict = field(default_factory=dict)    # [manager] settings of the listener
 
     def start(self) -> "ManagerBed":
         self.topology = Namespaces(8, tag=f"mg{os.getpid() % 100000}", management=True).create()
@@ -103,7 +104,7 @@ class ManagerBed:
             "manager": {"listen": f"{self.topology.mgmt_address}:{self.port}", "secret": SECRET,
                         "cert": str(self.tls.server_cert), "key": str(self.tls.server_key),
                         "database": str(self.workdir / "manager.db"), "lease_seconds": LEASE,
-                        "sweep_seconds": SWEEP, "default_slots": JOB_SLOTS},
+                        "sweep_seconds": SWEEP, "default_slots": JOB_SLOTS, **self.listener},
             "switch": {"grpc_addr": self.switch.grpc_addr},
             "pool": {"job_ids": [1, 8], "slots": [0, POOL_SLOTS - 1],
                      "services": [{"ip": ip, "mac": mac} for ip, mac in SERVICES]},

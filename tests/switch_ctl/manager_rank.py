@@ -3,7 +3,7 @@ environment's INA_* settings), then sessions of allreduce calls on integer-value
 float32 inputs whose exact sum the rank computes itself; one JSON line per event.
 
     python -m tests.switch_ctl.manager_rank --rank 0 --world 2 --reps 3
-        [--hold FILE] [--between FILE] [--sessions 2] [--pause S] [--no-close]
+        [--hold FILE] [--between FILE] [--sessions 2] [--pause S] [--until FILE] [--no-close]
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--between", type=Path, help="wait for FILE between sessions")
     parser.add_argument("--hold", type=Path, help="wait for FILE before closing")
+    parser.add_argument("--until", type=Path,
+                        help="once FILE exists, stop after as many calls as it says (every "
+                             "rank at the same call)")
     parser.add_argument("--no-close", action="store_true")
     args = parser.parse_args()
     try:
@@ -64,6 +67,9 @@ def main() -> int:
             wait_for(args.between)
         with AggregationSession.from_config(membership.config, args.rank, policy=policy) as s:
             for _ in range(args.reps):
+                if args.until is not None and args.until.exists() and (
+                        call >= int(args.until.read_text())):
+                    break
                 tensor = inputs(args.size, args.seed, call, args.rank)
                 try:
                     s.allreduce(tensor)

@@ -55,10 +55,44 @@ def test_every_problem_is_named(tmp_path):
 
 def test_a_secret_file(tmp_path):
     (tmp_path / "secret").write_text("0123456789abcdef0123\n")
-    raw = {**GOOD, "manager": {"listen": "0.0.0.0:1", "secret_file": "secret"}}
+    raw = {**GOOD, "manager": {"listen": "127.0.0.1:1", "secret_file": "secret"}}
     assert manager_config.parse(raw, tmp_path).secret == b"0123456789abcdef0123"
     raw["manager"]["secret"] = "y" * 20
     with pytest.raises(ConfigError, match="give manager.secret or manager.secret_file"):
+        manager_config.parse(raw, tmp_path)
+
+
+def test_plaintext_off_loopback_needs_insecure(tmp_path):
+    for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
+        raw = {**GOOD, "manager": {**GOOD["manager"], "listen": f"[{host}]:7070"}}
+        assert not manager_config.parse(raw, tmp_path).insecure
+    for host in ("0.0.0.0", "198.18.0.1", "::", "manager.example"):
+        raw = {**GOOD, "manager": {**GOOD["manager"], "listen": f"[{host}]:7070"}}
+        with pytest.raises(ConfigError, match=f"manager.listen {host}:7070 is not a loopback "
+                                              f"address and the manager has no certificate: "
+                                              f"give manager.cert and manager.key"):
+            manager_config.parse(raw, tmp_path)
+        raw["manager"]["insecure"] = True
+        assert manager_config.parse(raw, tmp_path).insecure
+
+
+def test_the_listener_limits_and_their_defaults(tmp_path):
+    config = manager_config.parse(GOOD, tmp_path)
+    assert (config.max_connections, config.max_connections_per_peer,
+            config.request_seconds) == (512, 32, 10.0)
+    raw = {**GOOD, "manager": {**GOOD["manager"], "max_connections": 0,
+                               "max_connections_per_peer": 8, "request_seconds": 301,
+                               "insecure": "yes", "max_conections": 5}}
+    with pytest.raises(ConfigError) as err:
+        manager_config.parse(raw, tmp_path)
+    for said in ["manager.max_connections must be in 1..65536, not 0",
+                 "manager.request_seconds must be in (0, 300], not 301",
+                 "manager.insecure must be true or false, not 'yes'",
+                 "manager has unknown keys max_conections (known: listen, "]:
+        assert said in str(err.value), (said, str(err.value))
+    raw["manager"] = {**GOOD["manager"], "max_connections": 16, "max_connections_per_peer": 17}
+    with pytest.raises(ConfigError, match=r"max_connections_per_peer must be in 1..16 "
+                                          r"\(max_connections\), not 17"):
         manager_config.parse(raw, tmp_path)
 
 

@@ -89,7 +89,7 @@ class TreeBed:
     def config(self) -> dict:
         leaf = {"ports": [1, 2, 3], "parent": "spine", "uplink_port": 3}
         return {
-            "manager": {"listen": self.address, "secret": SECRET,
+            "manager": {"listen": self.address, "secret": SECRET, "insecure": True,
                         "database": str(self.workdir / "manager.db"), "lease_seconds": LEASE,
                         "sweep_seconds": SWEEP, "default_slots": 16},
             "tree": {"root": "spine"},

@@ -203,8 +203,12 @@ class _Manager:
                             raise _Unreachable(f"the manager at {self.address} closed the "
                                                f"connection")
                         raise _NoAnswer(self._no_answer())
+                    answer = decode_line(line)
+                    if not answered and answer.get("status") == "busy":    # over a cap
+                        raise _Unreachable(f"the manager at {self.address} is busy: "
+                                           f"{answer.get('error')}")
                     answered = True
-                    yield decode_line(line)
+                    yield answer
         except _Unreachable:
             raise
         except OSError as exc:          # a timeout, a reset, TLS torn down
@@ -224,6 +228,9 @@ class _Manager:
         except ssl.SSLCertVerificationError as exc:
             raise JoinError(f"the manager's certificate at {self.address} is not trusted by "
                             f"the CA in {self.ca_cert}: {exc.verify_message}") from None
+        except ssl.SSLEOFError:         # a TLS manager over a cap closes without a line
+            raise _Unreachable(f"the manager at {self.address} closed the connection in the "
+                               f"TLS handshake (busy?)") from None
         except ssl.SSLError as exc:
             hint = (": does it serve plaintext? Then leave INA_CA_CERT unset"
                     if "WRONG_VERSION_NUMBER" in str(exc) else "")

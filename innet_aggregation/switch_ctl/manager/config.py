@@ -3,8 +3,9 @@
     [manager]
     listen = "0.0.0.0:7070"            # where ranks register (host:port)
     secret_file = "secret"             # or secret = "..." (16 characters or more)
-    cert = "tls/manager.pem"           # optional: TLS on the listener, with its key
-    key = "tls/manager.key"
+    cert = "tls/manager.pem"           # TLS on the listener, with its key: required off
+    key = "tls/manager.key"            #   loopback unless insecure = true
+    insecure = false                   # true: plaintext off loopback (a warning at start)
     database = "manager.db"            # SQLite: the jobs that are installed
     lease_seconds = 10                 # a rank that does not renew for this long loses its job
     sweep_seconds = 1                  # how often leases and the switch are checked
@@ -12,6 +13,9 @@
     prove_ports = true                 # a rank proves its host's port by a nonce the switch
                                        # sends it (PacketOut); false for a program without
                                        # PacketOut (TNA): the fabric map is then trusted
+    max_connections = 512              # open at once, all addresses together
+    max_connections_per_peer = 32      # from one address, still sending their request
+    request_seconds = 10               # for the TLS handshake and the request line together
 
     [switch]                           # as a job file's [switch], ports from the fabric
     grpc_addr = "127.0.0.1:9559"
@@ -61,6 +65,7 @@ Paths are relative to the file.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +77,9 @@ from ..tree import _parents_first, _structure
 
 MIN_SECRET = 16
 STAR = "switch"     # the name of a star manager's one switch
+MANAGER_KEYS = ("listen", "secret", "secret_file", "cert", "key", "insecure", "database",
+                "lease_seconds", "sweep_seconds", "default_slots", "max_connections",
+                "max_connections_per_peer", "request_seconds", "prove_ports")
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,10 @@ class ManagerConfig:
     homes: dict[str, str]           # data-plane MAC -> the switch (name) it is behind
     tree: TreeLinks | None = None   # None: one switch
     prove_ports: bool = True
+    max_connections: int = 512
+    max_connections_per_peer: int = 32
+    request_seconds: float = 10.0
+    insecure: bool = False          # plaintext allowed off loopback
 
     @property
     def switch(self) -> ManagerSwitch:
@@ -183,6 +195,10 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
         p = Path(value).expanduser()
         return p if p.is_absolute() else base / p
 
+    extra = sorted(set(mg) - set(MANAGER_KEYS))
+    if extra:
+        problems.append(f"manager has unknown keys {', '.join(extra)} (known: "
+                        f"{', '.join(MANAGER_KEYS)})")
     listen = _address(get(mg, "listen", str, "manager"), "manager.listen", problems)
     secret = _secret(mg, path, problems)
     cert, key = mg.get("cert"), mg.get("key")
@@ -210,6 +226,25 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     prove_ports = mg.get("prove_ports", True)
     if not isinstance(prove_ports, bool):
         problems.append(f"manager.prove_ports must be true or false, not {prove_ports!r}")
+    insecure = mg.get("insecure", False)
+    if not isinstance(insecure, bool):
+        problems.append(f"manager.insecure must be true or false, not {insecure!r}")
+    elif listen and cert is None and not insecure and not is_loopback(listen[0]):
+        problems.append(f"manager.listen {listen[0]}:{listen[1]} is not a loopback address and "
+                        f"the manager has no certificate: give manager.cert and manager.key "
+                        f"(TLS), or set manager.insecure = true to take the secret in plaintext")
+    max_connections = get(mg, "max_connections", int, "manager", 512)
+    if max_connections is not None and not 1 <= max_connections <= 65536:
+        problems.append(f"manager.max_connections must be in 1..65536, not {max_connections}")
+        max_connections = None
+    per_peer = get(mg, "max_connections_per_peer", int, "manager", 32)
+    if per_peer is not None and max_connections is not None and (
+            not 1 <= per_peer <= max_connections):
+        problems.append(f"manager.max_connections_per_peer must be in 1..{max_connections} "
+                        f"(max_connections), not {per_peer}")
+    request_seconds = get(mg, "request_seconds", (int, float), "manager", 10)
+    if request_seconds is not None and not 0 < request_seconds <= 300:
+        problems.append(f"manager.request_seconds must be in (0, 300], not {request_seconds}")
 
     fabric, homes = _fabric(fb, is_tree, problems)
     tree = None
@@ -241,7 +276,20 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
                          database=path(database), lease_seconds=float(lease),
                          sweep_seconds=float(sweep), default_slots=default_slots,
                          switches=switches, pool=Pool(job_ids, slots, udp_ports, services),
-                         fabric=fabric, homes=homes, tree=tree, prove_ports=prove_ports)
+                         fabric=fabric, homes=homes, tree=tree, prove_ports=prove_ports,
+                         max_connections=max_connections, max_connections_per_peer=per_peer,
+                         request_seconds=float(request_seconds), insecure=insecure)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or localhost) is reachable from this machine alone;
+    any other name counts as reachable from elsewhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _switch(sw: dict, where: str, fabric: dict[str, int], base: Path, get,

@@ -63,6 +63,11 @@ class Pending:
     message: str = ""
     outcome: tuple[str, object] | None = None   # ("ready", Running) or ("refused", why)
 
+    @property
+    def title(self) -> str:
+        """The job's name as its ranks gave it (``name`` is its key: name and owner)."""
+        return job_name_of(self.name)
+
 
 @dataclass
 class Running:
@@ -204,10 +209,10 @@ class Jobs:
         if pending.outcome is not None:
             return pending.outcome
         if pending.generation.get(rank) != generation:
-            return "refused", f"rank {rank} of job {pending.name} registered again elsewhere"
+            return "refused", f"rank {rank} of job {pending.title} registered again elsewhere"
         if len(pending.members) < pending.world:
             return "waiting", (f"waiting for ranks: {len(pending.members)} of {pending.world} "
-                               f"of job {pending.name} registered")
+                               f"of job {pending.title} registered")
         return "waiting", pending.message or "waiting for the switch"
 
     def _schedule(self) -> None:
@@ -225,7 +230,7 @@ class Jobs:
             return
         for pending in ready:
             if pending.name in self.running:
-                pending.message = (f"waiting for job {pending.name}'s earlier ranks to close "
+                pending.message = (f"waiting for job {pending.title}'s earlier ranks to close "
                                    f"or lose their lease")
                 continue
             macs = frozenset(m.mac for m in pending.members.values())
@@ -259,7 +264,7 @@ class Jobs:
                 pending.message = f"waiting for the switch: {exc}"
                 return None
             log.error("job %s cannot be installed: %s", pending.name, exc)
-            pending.outcome = ("refused", f"the switch refused job {pending.name}: {exc}")
+            pending.outcome = ("refused", f"the switch refused job {pending.title}: {exc}")
             del self.pending[pending.name]
             return None
         tokens = dict(pending.tokens)
