@@ -33,7 +33,7 @@ TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
         bench-worker bench-backend bench-allreduce bench-exponents demo testbed loss-experiment fuzz clean \
-        p4c-samples
+        p4c-samples docs
 
 setup: apt-deps $(VENV)/.installed
 
@@ -49,7 +49,7 @@ apt-deps:
 # A venv whose creation or install failed is removed whole, so the next run starts clean.
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH) \
-	    && $(PY) -m pip install -q -e '.[test]' \
+	    && $(PY) -m pip install -q -e '.[test,docs]' \
 	    || { rm -rf $(VENV); echo "make setup: could not build $(VENV) (see above)" >&2; exit 1; }
 	touch $@
 
@@ -73,6 +73,11 @@ test-pythons:
 	    && $$venv/bin/python -m pytest -q -p no:cacheprovider $(UNIT_TESTS) -k "not bmv2" \
 	    || exit 1; \
 	done
+
+# The documentation site into site/, every link and anchor checked (--strict); the
+# tables, plots and the README's figure come from docs/results/ (tools/render_results.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
 # The packet tests on real BMv2 alone.
 test-bmv2: setup
@@ -143,4 +148,4 @@ loss-experiment: setup
 	$(PY) -m innet_aggregation.testbed.loss_experiment $(TOPOLOGY) --loss-at $(LOSS_AT)
 
 clean:
-	rm -rf $(VENV) .venv-python3.* results .pytest_cache
+	rm -rf $(VENV) .venv-python3.* results .pytest_cache site
