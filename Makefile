@@ -6,7 +6,7 @@ PYTHON   ?= python3
 VENV     ?= .venv
 PY       := $(VENV)/bin/python
 P4C      ?= p4c-bm2-ss
-# The open-source Tofino compiler (p4c's backends/tofino); see README, "Tofino".
+# The open-source Tofino compiler (p4c's backends/tofino); see docs/p4/tofino.md.
 BF_P4C   ?= bf-p4c
 P4BUILD  ?= innet_aggregation/p4src/build
 N        ?= 4
@@ -83,10 +83,10 @@ docs: setup
 test-bmv2: setup
 	AGG_SWITCH=bmv2 $(PYTEST) -q -rs -m bmv2 tests/dataplane
 
-# Compile the P4 program (needs p4c; see README). The output is committed: the software
+# Compile the P4 program (needs p4c; see docs/p4/index.md). The output is committed: the software
 # targets' program, 256 values (1 KiB) per packet, in $(P4BUILD), the 64-value one
 # (Tofino's size) in $(P4BUILD)/k64, and the 1024-value one (4 KiB, a jumbo MTU) in
-# $(P4BUILD)/k1024. innet_aggregation/p4src/README.md, "Packet size", says why.
+# $(P4BUILD)/k1024. docs/p4/index.md, "Packet size", says why.
 V1MODEL_SOURCES := 'innet_aggregation/p4src/shared/*.p4' 'innet_aggregation/p4src/v1model/*.p4' 'innet_aggregation/p4src/v1model/control/*.p4'
 p4: setup
 	$(PY) tools/p4build.py innet_aggregation/p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD) \
