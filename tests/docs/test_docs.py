@@ -177,7 +177,7 @@ MARKERS = ("# test: run", "# covered by: ", "# not run by the tests: ")
 def _blocks(page: str) -> list[tuple[str, str]]:
     text = (DOCS / page).read_text()
     return [(m[1], m[2]) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)
-            if m[1] in ("sh", "python") and not m[2].startswith("--8<--")]
+            if m[1] in ("sh", "python", "text") and not m[2].startswith("--8<--")]
 
 
 @pytest.mark.parametrize("page", ["get-started.md", "train.md"])
