@@ -99,7 +99,10 @@ def bench_allreduce(r: dict) -> dict[str, str]:
              f"{x['cpu_worker_ms_per_mb']:.0f}, {x['cpu_switch_ms_per_mb']:.0f} "
              f"({x['gloo_cpu_worker_ms_per_mb']:.0f}, {x['gloo_cpu_switch_ms_per_mb']:.0f})"]
             for x in rows]
-    md = provenance(r) + "\n" + table(
+    sizes = sorted({x["values"] for x in rows}, reverse=True)
+    md = provenance(r) + "\n" + "".join(
+        f"![t_switch / t_gloo against the link rate, {v} values per packet](generated/"
+        f"bench_allreduce_{v}.png)\n" for v in sizes) + "\n" + table(
         ["n", "values/packet", "link Mbit/s", "switch ms (min-max)", "gloo ms (min-max)",
          "t_sw/t_gloo", "limit w/ headers", "ratio / limit", "bound by", "1st tx", "retx",
          "CPU ms/MB worker, switch (gloo's)"], body)
@@ -136,12 +139,17 @@ def switch_vs_ring_text(r: dict, image_dir: str) -> str:
             f"(`docs/results/{r['experiment']}.json`, {r['source']}).\n")
 
 
-def plot_switch_vs_ring(r: dict, path: Path) -> None:
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
-    rows = [x for x in r["figures"]["rows"] if x["values"] == README_VALUES]
+
+def plot_switch_vs_ring(r: dict, path: Path, values: int = README_VALUES) -> None:
+    """t_switch / t_gloo against the link rate at one packet size, one line per n."""
+    plt = _pyplot()
+    rows = [x for x in r["figures"]["rows"] if x["values"] == values]
     rates = sorted({x["bw_mbit"] for x in rows}, key=lambda b: b or 1e9)
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for n, color in zip(sorted({x["n"] for x in rows}), ("tab:blue", "tab:orange", "tab:green")):
@@ -154,10 +162,34 @@ def plot_switch_vs_ring(r: dict, path: Path) -> None:
     ax.set_xlabel("link rate, Mbit/s")
     ax.set_ylabel("switch time / ring time")
     ax.set_ylim(0, max(1.1, max(x["ratio"] for x in rows) * 1.1))
-    ax.set_title(f"1 MiB allreduce, {README_VALUES} values per packet (dotted: the limit)",
-                 fontsize=10)
+    ax.set_title(f"1 MiB allreduce, {values} values per packet (dotted: the limit)", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_loss(r: dict, path: Path) -> None:
+    """The slowdown over the no-loss time against the loss rate, one line per size."""
+    plt = _pyplot()
+    pts = r["figures"]["points"]
+    losses = sorted({x["loss_pct"] for x in pts})
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for (size, direction) in sorted({(x["size"], x["direction"]) for x in pts if x["loss_pct"]}):
+        mine = {x["loss_pct"]: x["slowdown"] for x in pts
+                if x["size"] == size and (x["direction"] == direction or not x["loss_pct"])}
+        xs = [i for i, loss in enumerate(losses) if mine.get(loss) is not None]
+        ax.plot(xs, [mine[losses[i]] for i in xs], "o-", label=f"{size:,} values, loss on {direction}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(losses)), [f"{loss:g}" for loss in losses])
+    ax.set_xlabel("simulated loss, %")
+    ax.set_ylabel("time / time without loss")
+    ax.set_ylim(0, None)
+    ax.set_title("allreduce with loss: every call exact and bit-identical" if all(
+        x["exact"] == x["identical"] == x["calls"] for x in pts) else "allreduce with loss", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
@@ -270,7 +302,8 @@ def loss(r: dict) -> dict[str, str]:
              f"{x['exact']}/{x['calls']}", f"{x['identical']}/{x['calls']}"] for x in pts]
     p = r["params"]
     md = (provenance(r) + f"\n{p.get('workers')} workers, {p.get('values')} values per packet, "
-          f"{p.get('reps')} calls per point.\n\n" + table(
+          f"{p.get('reps')} calls per point.\n\n![The slowdown against the loss rate](generated/loss.png)"
+          f"\n\n" + table(
               ["values", "loss on", "loss %", "median ms (min-max)", "slowdown",
                "retransmissions per call", "needed", "exact", "identical"], body))
     return {"loss.md": md}
@@ -286,6 +319,19 @@ def render() -> dict[str, str]:
     out.update(demo(load("demo-small"), load("demo-large")))
     out.update(loss(load("loss-experiment")))
     return out
+
+
+def plot_all() -> list[Path]:
+    """Every plot the docs show, from the same records as the tables."""
+    sweep = load("bench-allreduce")
+    paths = [OUT / "switch_vs_ring.png"]
+    plot_switch_vs_ring(sweep, paths[0])
+    for values in sorted({x["values"] for x in sweep["figures"]["rows"]}):
+        paths.append(OUT / f"bench_allreduce_{values}.png")
+        plot_switch_vs_ring(sweep, paths[-1], values)
+    paths.append(OUT / "loss.png")
+    plot_loss(load("loss-experiment"), paths[-1])
+    return paths
 
 
 def readme_block() -> str:
@@ -317,9 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (OUT / name).write_text(text)
-    plot_switch_vs_ring(load("bench-allreduce"), OUT / "switch_vs_ring.png")
+    plots = plot_all()
     README.write_text(readme_with_block(readme))
-    print(f"wrote {len(files)} files and switch_vs_ring.png in {OUT.relative_to(REPO)}, README's figure")
+    print(f"wrote {len(files)} files and {len(plots)} plots in {OUT.relative_to(REPO)}, README's figure")
     return 0
 
 
