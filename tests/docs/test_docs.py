@@ -5,6 +5,7 @@ shown to a new user runs in a test or says why not."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -12,14 +13,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+import gen_cli_docs  # tools/, on pytest's pythonpath (pyproject.toml)
 import pytest
+import render_results
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-sys.path.insert(0, str(REPO / "tools"))
-
-import gen_cli_docs  # noqa: E402
-import render_results  # noqa: E402
 
 
 def mkdocs(config: Path, out: Path) -> subprocess.CompletedProcess:
@@ -57,7 +56,7 @@ def test_every_record_says_where_its_figures_come_from():
     records = sorted((DOCS / "results").glob("*.json"))
     assert records
     for path in records:
-        r = __import__("json").loads(path.read_text())
+        r = json.loads(path.read_text())
         for key in ("experiment", "commit", "date", "machine", "load", "source", "figures"):
             assert key in r, f"{path.name} has no {key}"
         assert r["experiment"] == path.stem

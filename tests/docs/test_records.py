@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import render_results  # tools/, on pytest's pythonpath (pyproject.toml)
+
 from innet_aggregation.testbed import baseline_experiment, loss_experiment, record
 
 
@@ -43,11 +45,6 @@ def test_the_sweep_records_the_rows_the_docs_render(tmp_path):
     (line,) = json.loads(path.read_text())["figures"]["rows"]
     assert line["t_switch_ms"]["median"] == 82.0 and round(line["ratio"], 3) == round(82 / 124, 3)
     assert set(line) >= {"limit_headers", "bound", "first_tx_share", "cpu_worker_ms_per_mb"}
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    import render_results
-
     rendered = render_results.bench_allreduce(json.loads(path.read_text()))["bench_allreduce.md"]
     assert "| 4 | 1024 | 100 | 82.0 (81.0-84.0) | 124.0 (123.0-126.0) | **0.66** |" in rendered
     assert "source" not in rendered and "measured" in rendered
