@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -32,8 +33,11 @@ def mkdocs(config: Path, out: Path, offline: bool = False) -> subprocess.Complet
 
 def test_the_site_builds_strict_with_no_network(tmp_path):
     offline = os.geteuid() == 0 and shutil.which("unshare") is not None
+    started = time.monotonic()
     done = mkdocs(REPO / "mkdocs.yml", tmp_path / "site", offline=offline)
+    took = time.monotonic() - started
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-3000:]}"
+    assert took < 60, f"the site took {took:.0f} s to build (the limit is a minute)"
     assert (tmp_path / "site" / "experiments" / "index.html").exists()
     html = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "AggregationSession" in html and "allreduce" in html, "mkdocstrings rendered no API"
