@@ -309,6 +309,28 @@ def loss(r: dict) -> dict[str, str]:
     return {"loss.md": md}
 
 
+def fuzz(r: dict) -> dict[str, str]:
+    f = r["figures"]
+    def cell(value, fmt):
+        return "-" if value is None else format(value, fmt)
+    rows = []
+    for name, p in f["phases"].items():
+        sent = p.get("sent_total", sum(p.get("sent", {}).values()))
+        rate = sent / p["seconds"] if sent and p["seconds"] else None
+        rows.append([name, cell(p["seconds"], ".2f"), f"{sent:,}", cell(rate, ",.0f"),
+                     cell(p["received"], ","), cell(p.get("calls"), "d"),
+                     "-" if "exact" not in p else ("yes" if p["exact"] else "no"),
+                     cell(p.get("median_call_s"), ".2f"), cell(p.get("socket_errors"), ","),
+                     cell(p.get("retransmissions"), ",")])
+    verdict = ("every frame accounted for" if not f["problems"]
+               else "problems: " + "; ".join(f["problems"]))
+    return {"fuzz.md": provenance(r) + f"\n{f['frames']:,} hostile frames from {f['hosts']} hosts "
+            f"({f['workers']} workers) on {f['target']} in {f['seconds']} s: {verdict}.\n\n"
+            + table(["phase", "seconds", "hostile frames", "per second", "switch received",
+                     "allreduce calls", "exact", "median call s", "worker socket errors",
+                     "retransmissions"], rows)}
+
+
 def render() -> dict[str, str]:
     """Every generated file's text, by name under docs/generated/."""
     out = {}
@@ -318,6 +340,7 @@ def render() -> dict[str, str]:
     out.update(bench_backend(load("bench-backend")))
     out.update(demo(load("demo-small"), load("demo-large")))
     out.update(loss(load("loss-experiment")))
+    out.update(fuzz(load("fuzz")))
     return out
 
 
