@@ -331,6 +331,18 @@ def fuzz(r: dict) -> dict[str, str]:
                      "retransmissions"], rows)}
 
 
+def p4c_samples(r: dict) -> dict[str, str]:
+    f = r["figures"]
+    outcomes = ("pass", "fail", "refused", "compile-fail", "driver-unsupported", "error")
+    rows = [[t, *(str(v["outcomes"].get(o, 0)) for o in outcomes),
+             f"{v['pass_where_bmv2_passes']} of {f['bmv2_passes']}" if f["bmv2_passes"] else "-",
+             v["python_fallback"] or "-", v["wrong_where_bmv2_passes"]]
+            for t, v in f["targets"].items()]
+    return {"p4c_samples.md": provenance(r) + f"\n{f['samples']} v1model samples with an STF.\n\n"
+            + table(["switch", *outcomes, "pass where BMv2 passes", "of them on the Python fallback",
+                     "wrong packets where BMv2 passes"], rows)}
+
+
 def render() -> dict[str, str]:
     """Every generated file's text, by name under docs/generated/."""
     out = {}
@@ -341,6 +353,7 @@ def render() -> dict[str, str]:
     out.update(demo(load("demo-small"), load("demo-large")))
     out.update(loss(load("loss-experiment")))
     out.update(fuzz(load("fuzz")))
+    out.update(p4c_samples(load("p4c-samples")))
     return out
 
 

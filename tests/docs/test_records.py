@@ -48,3 +48,22 @@ def test_the_sweep_records_the_rows_the_docs_render(tmp_path):
     rendered = render_results.bench_allreduce(json.loads(path.read_text()))["bench_allreduce.md"]
     assert "| 4 | 1024 | 100 | 82.0 (81.0-84.0) | 124.0 (123.0-126.0) | **0.66** |" in rendered
     assert "source" not in rendered and "measured" in rendered
+
+
+def test_the_p4c_samples_record_counts_against_what_bmv2_passes():
+    import stf_samples
+
+    def result(sample, target, outcome, fallback=""):
+        return stf_samples.Result(sample, target, outcome, "", "", fallback, False, 0.1)
+
+    results = [result("a", "bmv2", "pass"), result("a", "softswitch", "pass", "wide field"),
+               result("b", "bmv2", "pass"), result("b", "softswitch", "fail"),
+               result("c", "bmv2", "fail"), result("c", "softswitch", "pass")]
+    f = stf_samples.figures(results, ["bmv2", "softswitch"])
+    assert f["samples"] == 3 and f["bmv2_passes"] == 2
+    sw = f["targets"]["softswitch"]
+    assert sw["outcomes"] == {"pass": 2, "fail": 1}
+    assert (sw["pass_where_bmv2_passes"], sw["python_fallback"], sw["wrong_where_bmv2_passes"]) == (1, 1, 1)
+    assert "| softswitch | 2 | 1 |" in render_results.p4c_samples(
+        {"experiment": "p4c-samples", "commit": "abcdef0", "date": "d", "machine": {"cpus": 2},
+         "load": None, "source": "measured", "figures": f})["p4c_samples.md"]
