@@ -6,7 +6,7 @@ PYTHON   ?= python3
 VENV     ?= .venv
 PY       := $(VENV)/bin/python
 P4C      ?= p4c-bm2-ss
-# The open-source Tofino compiler (p4c's backends/tofino); see README, "Tofino".
+# The open-source Tofino compiler (p4c's backends/tofino); see docs/p4/tofino.md.
 BF_P4C   ?= bf-p4c
 P4BUILD  ?= innet_aggregation/p4src/build
 N        ?= 4
@@ -33,7 +33,7 @@ TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
         bench-worker bench-backend bench-allreduce bench-exponents demo testbed loss-experiment fuzz clean \
-        p4c-samples
+        p4c-samples docs
 
 setup: apt-deps $(VENV)/.installed
 
@@ -49,7 +49,7 @@ apt-deps:
 # A venv whose creation or install failed is removed whole, so the next run starts clean.
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(TORCH) \
-	    && $(PY) -m pip install -q -e '.[test]' \
+	    && $(PY) -m pip install -q -e '.[test,docs]' \
 	    || { rm -rf $(VENV); echo "make setup: could not build $(VENV) (see above)" >&2; exit 1; }
 	touch $@
 
@@ -74,14 +74,19 @@ test-pythons:
 	    || exit 1; \
 	done
 
+# The documentation site into site/, every link and anchor checked (--strict); the
+# tables, plots and the README's figure come from docs/results/ (tools/render_results.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
+
 # The packet tests on real BMv2 alone.
 test-bmv2: setup
 	AGG_SWITCH=bmv2 $(PYTEST) -q -rs -m bmv2 tests/dataplane
 
-# Compile the P4 program (needs p4c; see README). The output is committed: the software
+# Compile the P4 program (needs p4c; see docs/p4/index.md). The output is committed: the software
 # targets' program, 256 values (1 KiB) per packet, in $(P4BUILD), the 64-value one
 # (Tofino's size) in $(P4BUILD)/k64, and the 1024-value one (4 KiB, a jumbo MTU) in
-# $(P4BUILD)/k1024. innet_aggregation/p4src/README.md, "Packet size", says why.
+# $(P4BUILD)/k1024. docs/p4/index.md, "Packet size", says why.
 V1MODEL_SOURCES := 'innet_aggregation/p4src/shared/*.p4' 'innet_aggregation/p4src/v1model/*.p4' 'innet_aggregation/p4src/v1model/control/*.p4'
 p4: setup
 	$(PY) tools/p4build.py innet_aggregation/p4src/v1model/aggregation.p4 --p4c $(P4C) --out $(P4BUILD) \
@@ -144,4 +149,4 @@ loss-experiment: setup
 	$(PY) -m innet_aggregation.testbed.loss_experiment $(TOPOLOGY) --loss-at $(LOSS_AT)
 
 clean:
-	rm -rf $(VENV) .venv-python3.* results .pytest_cache
+	rm -rf $(VENV) .venv-python3.* results .pytest_cache site

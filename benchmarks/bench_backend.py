@@ -31,6 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from namespace_job import install_job  # noqa: E402  (beside this file)
 
+from innet_aggregation.testbed import record  # noqa: E402
+
 WORKERS = 4
 PORT = 29650
 
@@ -78,6 +80,7 @@ def main() -> None:
     print(f"{WORKERS} workers, {args.target}, float32, session.allreduce and dist.all_reduce "
           f"on a cpu:ina group in turns, {args.reps} calls each per size after one to warm "
           f"up; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    load, figures = os.getloadavg()[0], []
     reports = run(args.target, args.sizes, args.reps, args.slots)
     print(f"\n  {'float32':>9} {'session ms':>22} {'backend ms':>22} {'ratio of medians':>17} "
           f"{'rounds ratio':>20} {'around the work, us: session, backend':>38} {'extra':>7}")
@@ -97,6 +100,11 @@ def main() -> None:
               f"{statistics.median(ms['backend']) / statistics.median(ms['session']):>17.3f} "
               f"{spread(ratios, '.3f'):>20} "
               f"{around['session']:>18.0f}, {around['backend']:<18.0f} {100 * extra:>6.2f}%")
+        figures.append({"size": size, "session_ms": record.spread(ms["session"]),
+                        "backend_ms": record.spread(ms["backend"]),
+                        "ratio": statistics.median(ms["backend"]) / statistics.median(ms["session"]),
+                        "rounds_ratio": record.spread(ratios), "extra": extra})
+    record.write("bench-backend", figures, params=vars(args), load_before=load)
     print(f"  load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -53,6 +53,7 @@ from innet_aggregation.p4src import protocol  # noqa: E402
 from innet_aggregation.switch_ctl import config as config_mod  # noqa: E402
 from innet_aggregation.switch_ctl.client import SwitchConnection  # noqa: E402
 from innet_aggregation.switch_ctl.controller import Controller  # noqa: E402
+from innet_aggregation.testbed import record  # noqa: E402
 from innet_aggregation.testbed.layout import link_mtu  # noqa: E402
 from innet_aggregation.testbed.netns import Namespaces, in_netns  # noqa: E402
 from innet_aggregation.testbed.targets import (SwitchProcess, available_targets, bmv2_path,  # noqa: E402
@@ -298,7 +299,8 @@ def main() -> int:
             benches = [Bench(native, target, build, args.window, stack,
                              f"bs{os.getpid() % 1000}x{len(args.targets) * b + i}")
                        for b, build in enumerate(builds) for i, target in enumerate(args.targets)]
-            print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+            load = os.getloadavg()[0]
+            print(f"load average before: {load:.2f} on {os.cpu_count()} cores")
             if "bmv2" in args.targets:
                 print(f"bmv2: {bmv2_path()}, {BMV2_BUILD}")
             for bench in benches:           # warm up, and size each target's runs
@@ -312,6 +314,13 @@ def main() -> int:
         native.close()
     report(benches)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+    ceiling = {b.k: b for b in benches if b.target == "ceiling"}
+    record.write("bench-switch", [
+        {"values": b.k, "target": b.target, "pps": record.spread(b.rates),
+         "gbits": record.spread([b.gbits(r) for r in b.rates]), "cpu_us": record.spread(b.cpu_us),
+         "of_ceiling": record.spread([r / c for r, c in zip(b.rates, ceiling[b.k].rates)])
+         if b.k in ceiling and b is not ceiling[b.k] else None} for b in benches],
+        params=vars(args), load_before=load)
     return 0
 
 

@@ -48,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from innet_aggregation.p4src import protocol  # noqa: E402
+from innet_aggregation.testbed import record  # noqa: E402
 from innet_aggregation.worker import quantize  # noqa: E402
 from namespace_job import install_job  # noqa: E402  (beside this file)
 
@@ -280,6 +281,10 @@ def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, 
     print(f"  load average after: {os.getloadavg()[0]:.2f}")
     if not results:
         return
+    record.write("bench-worker", {"allreduce": [
+        {"label": r["label"], "mtu": mtu, "elements": r["elements"], "ratio": record.spread(r["ratio"]),
+         **{f"{b}_{k}": record.spread(v) if v else None for b in ("switch", "gloo") for k, v in r[b].items()}}
+        for r in results]}, params={"reps": reps, "slots": slots})
     print(f"\n  {'target, values per packet':30s} {'MB':>5} {'switch MB/s per worker':>24} "
           f"{'gloo MB/s per worker':>24} {'switch / gloo':>18}")
     for r in results:

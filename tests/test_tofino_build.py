@@ -25,11 +25,11 @@ from innet_aggregation.p4src import protocol
 SUMMARY = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.resources.txt"
 MANIFEST = protocol.TNA_BUILD_DIR / f"{protocol.PROGRAM_NAME}.manifest.json"
 COMPILER_OUTPUT = protocol.TNA_BUILD_DIR / "bf-p4c"
-REBUILD = "run 'make p4-tofino' with bf-p4c (README, 'Tofino') and commit innet_aggregation/p4src/tna/build"
+REBUILD = "run 'make p4-tofino' with bf-p4c (docs/p4/tofino.md) and commit innet_aggregation/p4src/tna/build"
 
 pytestmark = pytest.mark.skipif(
     not SUMMARY.exists(), reason=f"{SUMMARY.name} is missing: make p4-tofino writes it with "
-                                 f"bf-p4c (README, 'Tofino')")
+                                 f"bf-p4c (docs/p4/tofino.md)")
 
 
 def recorded_summary() -> str:

@@ -89,8 +89,8 @@ def compile_program(p4c: str, program: Path, out: Path, patterns: list[str],
                     defines: list[str], target: str = "bmv2") -> None:
     compiler = shutil.which(p4c)
     if compiler is None:
-        raise SystemExit(f"{p4c} not found: build it (see README: 'Real BMv2' for p4c, "
-                         f"'Tofino' for bf-p4c) or pass P4C= / BF_P4C=")
+        raise SystemExit(f"{p4c} not found: build it (see docs/p4/index.md for p4c, "
+                         f"docs/p4/tofino.md for bf-p4c) or pass P4C= / BF_P4C=")
     out.mkdir(parents=True, exist_ok=True)
     outputs = TARGETS[target](compiler, program, out, defines)
     version = [l.strip() for l in subprocess.run(

@@ -693,6 +693,24 @@ def summary(results: list[Result], targets: list[str]) -> str:
     return "\n".join(lines)
 
 
+def figures(results: list[Result], targets: list[str]) -> dict:
+    """The record's figures: each switch's outcomes over every sample, and over those
+    BMv2 passes (the ones a second target is measured against)."""
+    by = {(r.sample, r.target): r for r in results}
+    samples = sorted({r.sample for r in results})
+    passing = [s for s in samples if ("bmv2" not in targets or by[s, "bmv2"].outcome == "pass")]
+    out = {"samples": len(samples), "bmv2_passes": len(passing) if "bmv2" in targets else None,
+           "targets": {}}
+    for target in targets:
+        mine = [by[s, target] for s in passing]
+        out["targets"][target] = {
+            "outcomes": {o: n for o, n in Counter(by[s, target].outcome for s in samples).items()},
+            "pass_where_bmv2_passes": sum(r.outcome == "pass" for r in mine),
+            "python_fallback": sum(bool(r.native_fallback) and r.outcome == "pass" for r in mine),
+            "wrong_where_bmv2_passes": sum(r.outcome == "fail" for r in mine)}
+    return out
+
+
 def read_csv(path: Path) -> list[Result]:
     with open(path, newline="") as f:
         return [Result(row["sample"], row["target"], row["outcome"], row["detail"],
@@ -760,6 +778,10 @@ def main(argv: list[str] | None = None) -> int:
                              "yes" if r.padded else "", r.seconds, r.detail])
     print(summary(results, targets))
     print(f"CSV: {args.out}; switch logs: {logs}")
+    from innet_aggregation.testbed import record
+    record.write("p4c-samples", figures(results, targets),
+                 params={"samples": str(args.samples), "targets": targets, "pad_short": args.pad_short},
+                 out=args.out.parent)
     return 0
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from innet_aggregation.p4src import protocol
 
 from .layout import add_topology_arguments, check_topology, link_mtu
+from . import record
 from .loss_experiment import csv_list
 from .targets import add_switch_arguments, default_target
 
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 2 for n in args.workers):
         print("baseline_experiment: every worker count must be at least 2", file=sys.stderr)
         return 1
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     try:
         for values in args.values:
             protocol.program(values)              # a compiled program of each size
@@ -352,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerows(rows)
         lines = table(rows)
         plot(lines, args.out / "baseline.png", args.target or default_target())
+        record.write("bench-allreduce", {"rows": lines, "tree": tree_table(rows) if args.topo == "tree"
+                                         else []}, params=vars(args), load_before=load, out=args.out)
     except Exception as exc:
         print(f"baseline_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from innet_aggregation.p4src import protocol
 
+from . import record
 from .baseline_experiment import agg_frame_bytes
 from .layout import add_program_argument, add_topology_arguments
 from .targets import add_switch_arguments, default_target
@@ -125,6 +126,8 @@ def run(args) -> None:
             counters = testbed.switch_counters()
             fmt = testbed.program.format
     report(results, counters, args, target, fmt)
+    record.write(f"demo-{args.model}", {"step_ratio": step_ratio(results), "backends": results},
+                 params=vars(args))
     print(f"[demo] done in {time.monotonic() - t0:.0f} s", flush=True)
 
 

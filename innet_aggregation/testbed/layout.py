@@ -93,7 +93,7 @@ def default_values_per_packet(target: str) -> int:
     the embedded switch runs the jumbo build: its cost is per packet (the kernel's send
     and delivery, most of its CPU), and with 256 values 8 workers and the switch on 2
     cores fell behind 200 Mbit/s links, and 4 behind 500, until the switch's receive
-    ring; 1024 still costs them a fifth less CPU per MB (README, `make
+    ring; 1024 still costs them a fifth less CPU per MB (docs/history.md, `make
     bench-allreduce`). BMv2 sums as many values a second at either size, so it keeps
     the library's default, which fits Ethernet's MTU."""
     if target == "bmv2":

@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import record
 from .layout import add_program_argument, add_topology_arguments
 from .targets import add_switch_arguments, default_target
 
@@ -186,6 +187,20 @@ def needed_retransmissions(row: dict) -> int:
     return row["workers"] * row["dropped_ingress"] + row["dropped_egress"]
 
 
+def figures(rows: list[dict]) -> list[dict]:
+    """The record's figures: one per point, as the summary prints them."""
+    slow = slowdowns(rows)
+    return [{"workers": rs[0]["workers"], "values": rs[0]["values"], "size": size,
+             "direction": direction, "loss_pct": loss,
+             "time_ms": record.spread([r["time_s"] for r in rs], 1000),
+             "slowdown": slow.get((size, direction, loss)),
+             "retransmissions": statistics.mean(r["retransmissions"] for r in rs),
+             "needed": statistics.mean(needed_retransmissions(r) for r in rs),
+             "calls": len(rs), "exact": sum(r["exact"] for r in rs),
+             "identical": sum(r["identical"] for r in rs)}
+            for (size, direction, loss), rs in groups(rows).items()]
+
+
 def summary(rows: list[dict]) -> str:
     header = (f"{'size':>8} {'direction':<9} {'loss %':>7} {'median ms':>10} {'slowdown':>9} "
               f"{'max ms':>9} {'retrans/run':>12} {'needed/run':>11} {'switch drops':>13} "
@@ -302,13 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("loss_experiment: needs root (Mininet)", file=sys.stderr)
         return 1
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     try:
         points(args)
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
         write_csv(rows, args.out / "loss.csv")
         paths = plot(rows, args.out)
+        record.write("loss-experiment", {"points": figures(rows)}, params=vars(args),
+                     load_before=load, out=args.out)
     except Exception as exc:
         print(f"loss_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

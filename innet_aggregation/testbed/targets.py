@@ -48,7 +48,7 @@ def unavailable(target: str) -> str | None:
     if wanted and wanted != target:
         return f"AGG_SWITCH={wanted} selects another target"
     if target == "bmv2" and bmv2_path() is None:
-        return ("simple_switch_grpc is not on PATH: build BMv2 (see README) to run this "
+        return ("simple_switch_grpc is not on PATH: build BMv2 (see docs/p4/index.md) to run this "
                 "on real BMv2")
     if target.startswith("softswitch") and importlib.util.find_spec("innet_aggregation.softswitch") is None:
         return "the softswitch package is not present"

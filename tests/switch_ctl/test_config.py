@@ -118,11 +118,11 @@ def test_missing_file_and_bad_toml(tmp_path):
         load(bad)
 
 
-def test_the_readme_example_is_valid():
+def test_the_documented_example_is_valid():
     import re
     import tomllib
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    example = re.search(r"```toml\n(.*?)```", readme, re.S).group(1)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "config.md").read_text()
+    example = re.search(r"```toml\n# a job file\n(.*?)```", page, re.S).group(1)
     config = parse(tomllib.loads(example), pool_size=POOL)
     assert config.job.workers[0].switch_port in config.switch.ports

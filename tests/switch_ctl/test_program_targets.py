@@ -26,7 +26,7 @@ NOWHERE = "127.0.0.1:9"
 
 pytestmark = pytest.mark.skipif(not protocol.P4INFO.exists(), reason="the P4 program is not built")
 NO_TNA_BUILD = (f"{protocol.TNA_P4INFO.relative_to(REPO)} is missing: make p4-tofino writes it "
-                f"with bf-p4c (README, 'Tofino')")
+                f"with bf-p4c (docs/p4/tofino.md)")
 
 
 @pytest.fixture(params=["v1model", "tna"])

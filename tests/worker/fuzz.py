@@ -44,6 +44,7 @@ from scapy.layers.l2 import ARP, Ether
 
 from innet_aggregation.p4src import protocol
 
+from innet_aggregation.testbed import record
 from innet_aggregation.testbed.netns import in_netns
 
 from .harness import SERVICE_IP, SERVICE_MAC, WORKER_UDP_PORT, Fabric, Job
@@ -456,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             fabric.stop()
     print(json.dumps(report) if args.json else "", end="\n" if args.json else "")
     print_report(report)
+    record.write("fuzz", report, params=vars(args))
     return 1 if report["problems"] else 0
 
 

@@ -4,7 +4,7 @@ dtype, the collectives it hands to gloo, the transport's errors from ``Work.wait
 Training: the per-step parameters of the ``cpu:ina`` run against a gloo run of the
 same model, data and steps. One step's averaged gradient through the switch is
 within 2**-30 of the step's largest gradient of gloo's for two workers (the mean's
-bound, 2**(E_max - 31) with 2**E_max <= 2 max|g|, innet_aggregation/worker/README.md),
+bound, 2**(E_max - 31) with 2**E_max <= 2 max|g|, docs/how-it-works/quantization.md),
 plus both sides' float32 roundings (2**-24 relative): 2**-20 of max|g| leaves room
 for both. SGD with momentum mu moves the parameters by at most lr / (1 - mu) times
 a gradient's error over all later steps, so after step k the parameters may differ

@@ -18,7 +18,7 @@ from innet_aggregation.p4src import protocol
 from innet_aggregation.worker import fastpath
 from innet_aggregation.worker.run import as_float32, make_inputs
 
-# The error bound of innet_aggregation/worker/README.md, written out: n workers quantize to b = 31 -
+# The error bound of docs/how-it-works/quantization.md, written out: n workers quantize to b = 31 -
 # ceil(log2 n) bits below a block's scale 2**S, each rounding once (half a step of
 # 2**(S - b)), and a result is kept only if S <= E_max + 4, where 2**E_max bounds the
 # block's largest input over all workers. So per element

@@ -6,7 +6,7 @@ Nobody writes a job file or runs switch_ctl: the script calls
 Each job's parameters after four DDP steps are checked against one process that
 trains the same model on the ranks' batches with the exact average gradient. The
 bound, 1e-5 absolute on parameters of order 0.1: the switch's mean of two ranks is
-off by at most 2**-30 of a block's largest gradient (worker/README.md), float32
+off by at most 2**-30 of a block's largest gradient (docs/how-it-works/quantization.md), float32
 rounding adds about 2**-24 relative per step, and four steps at a learning rate of
 0.1 keep that far below 1e-6; a sum left unaveraged, or a step's gradients lost,
 moves parameters by 1e-3 or more.

@@ -1,0 +1,409 @@
+"""Render the figures the documentation shows from the records in docs/results/.
+
+Every table, plot and sentence with a measured figure in the docs (and the README's
+one figure) is written here from a record (innet_aggregation/testbed/record.py
+writes them; docs/results/ holds the ones the docs quote), so no figure is typed by
+hand: tests/docs/test_results.py renders again and fails when the committed output
+differs.
+
+    python tools/render_results.py            # rewrite docs/generated/ and README's block
+    python tools/render_results.py --check    # exit 1, naming what differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = REPO / "docs" / "results"
+OUT = REPO / "docs" / "generated"
+README = REPO / "README.md"
+BEGIN, END = "<!-- results:switch-vs-ring:begin -->", "<!-- results:switch-vs-ring:end -->"
+WITHIN = 1.10          # "within 10 % of the limit", the goal bench-allreduce reports against
+README_VALUES = 1024   # the packet size the README's figure shows: the testbeds' default
+
+
+def load(name: str) -> dict:
+    return json.loads((RECORDS / f"{name}.json").read_text())
+
+
+def spread(s, fmt: str = ".2f") -> str:
+    """A figure as the records hold it: a number, or a median with its range where known."""
+    if s is None:
+        return "-"
+    if not isinstance(s, dict):
+        return format(s, fmt)
+    if s.get("min") is None:
+        return format(s["median"], fmt)
+    return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
+
+
+def median(s):
+    return s["median"] if isinstance(s, dict) else s
+
+
+def rate(bw: float) -> str:
+    return f"{bw:g}" if bw else "unshaped"
+
+
+def provenance(r: dict) -> str:
+    load = r.get("load")
+    load = (f", load {load[0]:g}-{load[1]:g}" if load and None not in load and load[0] != load[1]
+            else f", load about {load[1]:g}" if load and load[1] is not None else "")
+    note = f" ({r['note']})" if r.get("note") else ""
+    return (f"*Record `docs/results/{r['experiment']}.json`: commit `{r['commit']}`, {r['date']}, "
+            f"{r['machine'].get('cpus')} CPUs{load}; {r['source']}{note}.*\n")
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def over_limit(row: dict) -> float:
+    return row.get("ratio_over_limit") or row["ratio"] / row["limit_headers"]
+
+
+def good(row: dict) -> bool:
+    """The goal of the sweep: within 10 % of the limit on shaped links, faster than
+    the ring on unshaped ones."""
+    return over_limit(row) <= WITHIN if row["bw_mbit"] else row["ratio"] <= 1.0
+
+
+def link_bound_up_to(rows: list[dict], n: int, values: int) -> float | None:
+    """The highest shaped rate up to which every rate kept within 10 % of the limit."""
+    best = None
+    for row in sorted((r for r in rows if r["n"] == n and r["values"] == values and r["bw_mbit"]),
+                      key=lambda r: r["bw_mbit"]):
+        if over_limit(row) > WITHIN:
+            break
+        best = row["bw_mbit"]
+    return best
+
+
+# -- bench-allreduce --------------------------------------------------------------
+
+def bench_allreduce(r: dict) -> dict[str, str]:
+    rows = r["figures"]["rows"]
+    body = [[x["n"], x["values"], rate(x["bw_mbit"]), spread(x["t_switch_ms"], ".1f"),
+             spread(x["t_gloo_ms"], ".1f"),
+             f"**{x['ratio']:.2f}**" if good(x) else f"{x['ratio']:.2f}",
+             f"{x['limit_headers']:.2f}", f"{over_limit(x):.2f}", x["bound"],
+             "-" if x["first_tx_share"] is None else f"{x['first_tx_share']:.0%}",
+             x["retransmissions"],
+             f"{x['cpu_worker_ms_per_mb']:.0f}, {x['cpu_switch_ms_per_mb']:.0f} "
+             f"({x['gloo_cpu_worker_ms_per_mb']:.0f}, {x['gloo_cpu_switch_ms_per_mb']:.0f})"]
+            for x in rows]
+    sizes = sorted({x["values"] for x in rows}, reverse=True)
+    md = provenance(r) + "\n" + "".join(
+        f"![t_switch / t_gloo against the link rate, {v} values per packet](generated/"
+        f"bench_allreduce_{v}.png)\n" for v in sizes) + "\n" + table(
+        ["n", "values/packet", "link Mbit/s", "switch ms (min-max)", "gloo ms (min-max)",
+         "t_sw/t_gloo", "limit w/ headers", "ratio / limit", "bound by", "1st tx", "retx",
+         "CPU ms/MB worker, switch (gloo's)"], body)
+    md += "\nBold: within 10 % of the limit (unshaped: at most 1.0).\n\n"
+    for n in sorted({x["n"] for x in rows}):
+        for values in sorted({x["values"] for x in rows}, reverse=True):
+            best = link_bound_up_to(rows, n, values)
+            md += (f"- n = {n}, {values} values per packet: within 10 % of the limit "
+                   + (f"at every rate up to {best:g} Mbit/s\n" if best else "at no shaped rate\n"))
+    return {"bench_allreduce.md": md, "switch_vs_ring.md": switch_vs_ring_text(r, "generated/")}
+
+
+def switch_vs_ring_text(r: dict, image_dir: str) -> str:
+    rows = [x for x in r["figures"]["rows"] if x["values"] == README_VALUES]
+    ns = sorted({x["n"] for x in rows})
+    shaped = {n: [x for x in rows if x["n"] == n and x["bw_mbit"]] for n in ns}
+    unshaped = {n: next((x for x in rows if x["n"] == n and not x["bw_mbit"]), None) for n in ns}
+    lo, hi = (min(x["bw_mbit"] for x in shaped[ns[0]]), max(x["bw_mbit"] for x in shaped[ns[0]]))
+    ratios = "; ".join(f"n = {n}: {min(x['ratio'] for x in shaped[n]):.2f}-"
+                       f"{max(x['ratio'] for x in shaped[n]):.2f} against a limit of "
+                       f"{shaped[n][0]['limit_headers']:.2f}" for n in ns)
+    best = {n: link_bound_up_to(rows, n, README_VALUES) for n in ns}
+    within = (f"{best[ns[0]]:g} Mbit/s for every n" if len(set(best.values())) == 1
+              else " and ".join(f"{b:g} Mbit/s for n = {n}" for n, b in best.items() if b))
+    unsh = ", ".join(f"{unshaped[n]['ratio']:.2f} for n = {n}" for n in ns if unshaped[n])
+    return (f"![The switch path's time over the ring's, against the link rate]"
+            f"({image_dir}switch_vs_ring.png)\n\n"
+            f"Summing in the switch took a fraction of gloo's ring allreduce time for a 1 MiB "
+            f"tensor at every shaped link rate from {lo:g} to {hi:g} Mbit/s "
+            f"({README_VALUES} values per packet; {ratios}, n/(2(n-1)) with both protocols' headers). "
+            f"It kept within 10 % of that limit, or below it, at every rate up to {within}; "
+            f"on unshaped links, where the hosts' CPU binds, it took {unsh} of the ring's time. "
+            f"Measured on {r['date']} at `{r['commit']}` on a {r['machine'].get('cpus')}-CPU VM "
+            f"(`docs/results/{r['experiment']}.json`, {r['source']}).\n")
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_switch_vs_ring(r: dict, path: Path, values: int = README_VALUES) -> None:
+    """t_switch / t_gloo against the link rate at one packet size, one line per n."""
+    plt = _pyplot()
+    rows = [x for x in r["figures"]["rows"] if x["values"] == values]
+    rates = sorted({x["bw_mbit"] for x in rows}, key=lambda b: b or 1e9)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for n, color in zip(sorted({x["n"] for x in rows}), ("tab:blue", "tab:orange", "tab:green")):
+        mine = {x["bw_mbit"]: x for x in rows if x["n"] == n}
+        xs = [i for i, b in enumerate(rates) if b in mine]
+        ax.plot(xs, [mine[rates[i]]["ratio"] for i in xs], "o-", color=color, label=f"n = {n}")
+        ax.axhline(mine[rates[0]]["limit_headers"], color=color, ls=":", lw=1)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(rates)), [rate(b) for b in rates])
+    ax.set_xlabel("link rate, Mbit/s")
+    ax.set_ylabel("switch time / ring time")
+    ax.set_ylim(0, max(1.1, max(x["ratio"] for x in rows) * 1.1))
+    ax.set_title(f"1 MiB allreduce, {values} values per packet (dotted: the limit)", fontsize=10)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_loss(r: dict, path: Path) -> None:
+    """The slowdown over the no-loss time against the loss rate, one line per size."""
+    plt = _pyplot()
+    pts = r["figures"]["points"]
+    losses = sorted({x["loss_pct"] for x in pts})
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for (size, direction) in sorted({(x["size"], x["direction"]) for x in pts if x["loss_pct"]}):
+        mine = {x["loss_pct"]: x["slowdown"] for x in pts
+                if x["size"] == size and (x["direction"] == direction or not x["loss_pct"])}
+        xs = [i for i, loss in enumerate(losses) if mine.get(loss) is not None]
+        ax.plot(xs, [mine[losses[i]] for i in xs], "o-", label=f"{size:,} values, loss on {direction}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(losses)), [f"{loss:g}" for loss in losses])
+    ax.set_xlabel("simulated loss, %")
+    ax.set_ylabel("time / time without loss")
+    ax.set_ylim(0, None)
+    ax.set_title("allreduce with loss: every call exact and bit-identical" if all(
+        x["exact"] == x["identical"] == x["calls"] for x in pts) else "allreduce with loss", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+# -- the other benchmarks and experiments ----------------------------------------
+
+def bench_switch(r: dict) -> dict[str, str]:
+    rows = r["figures"]
+    by = {(x["values"], x["target"]): x for x in rows}
+    body = []
+    for x in rows:
+        native = by.get((x["values"], "softswitch"))
+        over = x.get("native_over") or (median(native["pps"]) / median(x["pps"])
+                                        if native and x is not native and x["target"] != "ceiling"
+                                        else None)
+        body.append([x["values"], x["target"], spread(x["pps"], ",.0f"), spread(x["gbits"], ".2f"),
+                     spread(x["of_ceiling"]), "-" if over is None else f"{over:.3g}x",
+                     spread(x["cpu_us"])])
+    return {"bench_switch.md": provenance(r) + "\n" + table(
+        ["values", "target", "packets/s", "payload Gbit/s", "of the ceiling", "native is",
+         "CPU µs per contribution"], body)}
+
+
+def bench_worker(r: dict) -> dict[str, str]:
+    f = r["figures"]
+    md = provenance(r) + "\n"
+    if "pipeline_mbps_per_core" in f:
+        md += (f"- host pipeline: {spread(f['pipeline_mbps_per_core'], ',.0f')} MB/s per core\n"
+               f"- one worker: {spread(f['worker_pps'], ',.0f')} packets/s each way, "
+               f"{spread(f['worker_of_c_client'])} of a minimal C client's "
+               f"{spread(f['c_client_pps'], ',.0f')}\n\n")
+    md += table(["target, values per packet", "MTU", "switch MB/s per worker", "gloo MB/s per worker",
+                 "switch / gloo", "worker CPU ms/MB (gloo)", "switch process CPU ms/MB (gloo)"],
+                [[x["label"], x["mtu"], spread(x["switch_mbps"], ".1f"), spread(x["gloo_mbps"], ".1f"),
+                  spread(x["ratio"]), f"{spread(x['switch_worker_cpu'], '.1f')} "
+                  f"({spread(x['gloo_worker_cpu'], '.1f')})", f"{spread(x['switch_switch_cpu'], '.1f')} "
+                  f"({spread(x['gloo_switch_cpu'], '.1f')})"] for x in f["allreduce"]])
+    return {"bench_worker.md": md}
+
+
+def bench_backend(r: dict) -> dict[str, str]:
+    return {"bench_backend.md": provenance(r) + "\n" + table(
+        ["float32 per call", "session ms", "backend ms", "backend / session (medians)",
+         "rounds' ratios", "backend's extra time around the work"],
+        [[f"{x['size']:,}", spread(x["session_ms"]), spread(x["backend_ms"]), f"{x['ratio']:.3f}",
+          spread(x["rounds_ratio"], ".3f"), f"{100 * x['extra']:+.1f} %"] for x in r["figures"]])}
+
+
+def demo_figures(r: dict) -> dict:
+    """A measured demo record (each worker's answers) in the shape of a transcribed one."""
+    f = r["figures"]
+    if "backends" not in f:
+        return f
+    b = f["backends"]
+    def slowest(key):
+        return {k: max(a[key] for a in v) for k, v in b.items()}
+    packets = sum(a["aggregation_packets"] for a in b["switch"])
+    out = {"step_ratio": f["step_ratio"], "accuracy": {k: v[0]["accuracy"] for k, v in b.items()},
+           "step_ms": slowest("step_time_ms"), "allreduce_ms": slowest("allreduce_ms"),
+           "kb_sent_per_worker": {k: sum(a["tx_bytes"] for a in v) / len(v) / 1000 for k, v in b.items()},
+           "retransmissions": sum(a["retransmissions"] for a in b["switch"]),
+           "redone_share": sum(a["redone"] for a in b["switch"]) / max(packets, 1)}
+    if all(v[0].get("target_steps") for v in b.values()):
+        out["seconds"] = {k: max(a["time_to_target_s"] for a in v) for k, v in b.items()}
+        out["steps"] = {k: v[0]["target_steps"] for k, v in b.items()}
+        out["time_ratio"] = out["seconds"]["switch"] / out["seconds"]["gloo"]
+    return out
+
+
+def demo(small: dict, large: dict) -> dict[str, str]:
+    s, l = demo_figures(small), demo_figures(large)
+    first = s.get("first_run", s)
+    md = provenance(small) + "\n"
+    md += table(["", "switch", "gloo"], [
+        ["test accuracy", f"{s['accuracy']['switch']:.3f}", f"{s['accuracy']['gloo']:.3f}"],
+        ["ms per step (slowest worker)", f"{first['step_ms']['switch']:.1f}", f"{first['step_ms']['gloo']:.1f}"],
+        ["allreduce ms", f"{first['allreduce_ms']['switch']:.1f}", f"{first['allreduce_ms']['gloo']:.1f}"],
+        ["kB sent per worker", f"{first['kb_sent_per_worker']['switch']:,.0f}",
+         f"{first['kb_sent_per_worker']['gloo']:,.0f}"]])
+    md += (f"\nSwitch / gloo step time {spread(s['step_ratio'])}"
+           + (f" over {len(s['step_ratios'])} runs ({', '.join(f'{x:.2f}' for x in s['step_ratios'])})"
+              if "step_ratios" in s else "")
+           + (f"; unshaped {', '.join(f'{x:.2f}' for x in s['unshaped_step_ratios'])}"
+              if "unshaped_step_ratios" in s else "")
+           + f". Redone blocks: {first['redone_share']:.1%} of the aggregation packets; "
+           f"retransmissions: {first['retransmissions']}.\n")
+    md_large = provenance(large) + "\n" + table(
+        ["", "switch", "gloo", "switch / gloo"], [
+            [f"seconds to {large['params'].get('accuracy', 0.95):.0%} accuracy", f"{l['seconds']['switch']:.1f}",
+             f"{l['seconds']['gloo']:.1f}", f"{l['time_ratio']:.2f}"],
+            ["steps to it", l["steps"]["switch"], l["steps"]["gloo"], ""],
+            ["ms per step", f"{l['step_ms']['switch']:.0f}", f"{l['step_ms']['gloo']:.0f}",
+             f"{l['step_ratio']:.2f}"]])
+    md_large += f"\nRedone blocks: {l['redone_share']:.1%} of the aggregation packets.\n"
+    if "unshaped" in l:
+        u = l["unshaped"]
+        md_large += (f"Unshaped (`{u['params']}`): step {u['step_ms']['switch']:.0f} against "
+                     f"{u['step_ms']['gloo']:.0f} ms ({u['step_ratio']:.2f}), "
+                     f"{u['retransmissions']} retransmissions, {u['redone_share']:.1%} redone.\n")
+    return {"demo.md": md, "demo_large.md": md_large}
+
+
+def loss(r: dict) -> dict[str, str]:
+    pts = r["figures"]["points"]
+    body = [[f"{x['size']:,}", x["direction"], f"{x['loss_pct']:g}", spread(x["time_ms"], ".1f"),
+             "-" if x["slowdown"] is None else f"{x['slowdown']:.2f}x",
+             "-" if x["retransmissions"] is None else f"{x['retransmissions']:.1f}",
+             "-" if x["needed"] is None else f"{x['needed']:.1f}",
+             f"{x['exact']}/{x['calls']}", f"{x['identical']}/{x['calls']}"] for x in pts]
+    p = r["params"]
+    md = (provenance(r) + f"\n{p.get('workers')} workers, {p.get('values')} values per packet, "
+          f"{p.get('reps')} calls per point.\n\n![The slowdown against the loss rate](generated/loss.png)"
+          f"\n\n" + table(
+              ["values", "loss on", "loss %", "median ms (min-max)", "slowdown",
+               "retransmissions per call", "needed", "exact", "identical"], body))
+    return {"loss.md": md}
+
+
+def fuzz(r: dict) -> dict[str, str]:
+    f = r["figures"]
+    def cell(value, fmt):
+        return "-" if value is None else format(value, fmt)
+    rows = []
+    for name, p in f["phases"].items():
+        sent = p.get("sent_total", sum(p.get("sent", {}).values()))
+        rate = sent / p["seconds"] if sent and p["seconds"] else None
+        rows.append([name, cell(p["seconds"], ".2f"), f"{sent:,}", cell(rate, ",.0f"),
+                     cell(p["received"], ","), cell(p.get("calls"), "d"),
+                     "-" if "exact" not in p else ("yes" if p["exact"] else "no"),
+                     cell(p.get("median_call_s"), ".2f"), cell(p.get("socket_errors"), ","),
+                     cell(p.get("retransmissions"), ",")])
+    verdict = ("every frame accounted for" if not f["problems"]
+               else "problems: " + "; ".join(f["problems"]))
+    return {"fuzz.md": provenance(r) + f"\n{f['frames']:,} hostile frames from {f['hosts']} hosts "
+            f"({f['workers']} workers) on {f['target']} in {f['seconds']} s: {verdict}.\n\n"
+            + table(["phase", "seconds", "hostile frames", "per second", "switch received",
+                     "allreduce calls", "exact", "median call s", "worker socket errors",
+                     "retransmissions"], rows)}
+
+
+def p4c_samples(r: dict) -> dict[str, str]:
+    f = r["figures"]
+    outcomes = ("pass", "fail", "refused", "compile-fail", "driver-unsupported", "error")
+    rows = [[t, *(str(v["outcomes"].get(o, 0)) for o in outcomes),
+             f"{v['pass_where_bmv2_passes']} of {f['bmv2_passes']}" if f["bmv2_passes"] else "-",
+             v["python_fallback"] or "-", v["wrong_where_bmv2_passes"]]
+            for t, v in f["targets"].items()]
+    return {"p4c_samples.md": provenance(r) + f"\n{f['samples']} v1model samples with an STF.\n\n"
+            + table(["switch", *outcomes, "pass where BMv2 passes", "of them on the Python fallback",
+                     "wrong packets where BMv2 passes"], rows)}
+
+
+def render() -> dict[str, str]:
+    """Every generated file's text, by name under docs/generated/."""
+    out = {}
+    out.update(bench_allreduce(load("bench-allreduce")))
+    out.update(bench_switch(load("bench-switch")))
+    out.update(bench_worker(load("bench-worker")))
+    out.update(bench_backend(load("bench-backend")))
+    out.update(demo(load("demo-small"), load("demo-large")))
+    out.update(loss(load("loss-experiment")))
+    out.update(fuzz(load("fuzz")))
+    out.update(p4c_samples(load("p4c-samples")))
+    return out
+
+
+def plot_all() -> list[Path]:
+    """Every plot the docs show, from the same records as the tables."""
+    sweep = load("bench-allreduce")
+    paths = [OUT / "switch_vs_ring.png"]
+    plot_switch_vs_ring(sweep, paths[0])
+    for values in sorted({x["values"] for x in sweep["figures"]["rows"]}):
+        paths.append(OUT / f"bench_allreduce_{values}.png")
+        plot_switch_vs_ring(sweep, paths[-1], values)
+    paths.append(OUT / "loss.png")
+    plot_loss(load("loss-experiment"), paths[-1])
+    return paths
+
+
+def readme_block() -> str:
+    return f"{BEGIN}\n{switch_vs_ring_text(load('bench-allreduce'), 'docs/generated/')}{END}"
+
+
+def readme_with_block(text: str) -> str:
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} block")
+    return pattern.sub(lambda _: readme_block(), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming each file that differs from its record")
+    args = parser.parse_args(argv)
+    files = render()
+    stale = [name for name, text in files.items()
+             if not (OUT / name).exists() or (OUT / name).read_text() != text]
+    readme = README.read_text()
+    if readme_with_block(readme) != readme:
+        stale.append("README.md")
+    if args.check:
+        for name in stale:
+            print(f"{name}: differs from its record in docs/results/ (python tools/render_results.py)")
+        return 1 if stale else 0
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (OUT / name).write_text(text)
+    plots = plot_all()
+    README.write_text(readme_with_block(readme))
+    print(f"wrote {len(files)} files and {len(plots)} plots in {OUT.relative_to(REPO)}, README's figure")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
