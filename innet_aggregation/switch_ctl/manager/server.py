@@ -1,6 +1,8 @@
 """The manager's service: a TCP listener (TLS where the manager has a certificate),
 one thread per connection and one request per connection, and a sweeper that
-reclaims lapsed jobs and repairs the switches every ``sweep_seconds``.
+reclaims lapsed jobs and repairs the switches every ``sweep_seconds``, and does every
+switch write and read (at once when there is work: ``Jobs.wake``). The manager
+starts whether its switches answer or not: jobs wait until the sweeper reaches them.
 
 Every request's secret is compared (in constant time) before anything else is
 read from it; a wrong one is refused, logged with the peer's address, and changes
@@ -43,7 +45,7 @@ class Manager:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> "Manager":
-        self.jobs.restore()
+        self.jobs.restore()          # the database only: the sweeper reaches the switches
         host, port = self.config.listen
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=128)
         self._sock.settimeout(0.5)
@@ -65,6 +67,7 @@ class Manager:
 
     def stop(self) -> None:
         self._stop.set()
+        self.jobs.wake.set()
         for thread in self._threads:
             thread.join(timeout=5)
         if self._sock is not None:
@@ -79,6 +82,7 @@ class Manager:
     # -- threads -------------------------------------------------------------------
     def _accept(self) -> None:
         while not self._stop.is_set():
+            self.jobs.alive()
             try:
                 conn, peer = self._sock.accept()
             except TimeoutError:
@@ -91,7 +95,11 @@ class Manager:
                              name=f"manager-{peer[0]}:{peer[1]}").start()
 
     def _sweep(self) -> None:
-        while not self._stop.wait(self.config.sweep_seconds):
+        while True:
+            self.jobs.wake.wait(self.config.sweep_seconds)
+            self.jobs.wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.jobs.sweep()
             except Exception:
