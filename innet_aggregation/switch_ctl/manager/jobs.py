@@ -52,9 +52,10 @@ from .wire import BadRequest, Lease, Register
 
 log = logging.getLogger("innet_aggregation.manager")
 FAULT_STEPS = ("install", "installed", "remove", "removed")
-# The listener calls ``alive`` every accept timeout (0.5 s): a longer gap than this
-# means the manager could not have handled a renewal meanwhile.
-STALL = 1.5
+# The listener calls ``alive`` at least every TICK seconds (its accept timeout): a gap
+# over STALL means the manager could not have handled a renewal meanwhile.
+TICK = 0.5
+STALL = 3 * TICK
 
 
 def _fault(step: str) -> None:
@@ -409,7 +410,7 @@ class Jobs:
             return None
 
     def alive(self) -> None:
-        """The listener's tick (every accept timeout): see ``_live``."""
+        """The listener's tick (at least every TICK seconds): see ``_live``."""
         with self.cond:
             self._live()
 

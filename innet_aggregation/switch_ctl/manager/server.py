@@ -20,7 +20,7 @@ import time
 
 from .config import ManagerConfig
 from .installer import Switches
-from .jobs import Jobs, Member, Pending
+from .jobs import TICK, Jobs, Member, Pending
 from .store import Store
 from .wire import MAX_LINE, BadRequest, Lease, Register, decode_line, encode, parse, secret_of
 
@@ -48,7 +48,7 @@ class Manager:
         self.jobs.restore()          # the database only: the sweeper reaches the switches
         host, port = self.config.listen
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=128)
-        self._sock.settimeout(0.5)
+        self._sock.settimeout(TICK)
         for target, name in ((self._accept, "manager-accept"), (self._sweep, "manager-sweep")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
