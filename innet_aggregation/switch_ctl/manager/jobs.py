@@ -458,12 +458,13 @@ class Jobs:
             with self.cond:
                 if str(exc) != self._trouble:
                     log.warning("the switch%s cannot be repaired or read now (%s): jobs wait, "
-                                "and it is tried again every %g s", "es" * (len(trees) > 1),
-                                exc, self.config.sweep_seconds)
+                                "and it is tried again every %g s",
+                                "es" * (len(self.installer.installers) > 1), exc,
+                                self.config.sweep_seconds)
                 self._trouble = str(exc)
             return
         with self.cond:
-            if self._seen is None:
+            if self._trouble:
                 log.info("the switches are reachable: scheduling the jobs that wait")
             self._seen, self._trouble = seen, ""
             ours = {r.job.id for jobs in (self.running, self.installing, self.removing)
