@@ -123,7 +123,8 @@ def list_jobs(args) -> None:
     if answer.get("status") != "ok":
         raise P4RuntimeError(f"the manager refused: {answer.get('error')}")
     if args.json:
-        print(json.dumps({k: answer[k] for k in ("running", "waiting")}, indent=2))
+        print(json.dumps({k: answer.get(k, []) for k in ("running", "waiting", "removing")},
+                         indent=2))
         return
     for job in answer["running"]:
         print(f"running {job['name']}: id {job['id']}, slots {job['slots'][0]}..{job['slots'][1]}, "
@@ -132,6 +133,8 @@ def list_jobs(args) -> None:
     for job in answer["waiting"]:
         print(f"waiting {job['name']}: {len(job['registered'])} of {job['world']} ranks, "
               f"{job['slots']} slots: {job['message']}")
+    for job in answer.get("removing", []):
+        print(f"removing {job['name']}: id {job['id']}, leaving the switch")
 
 
 def _connection(args, config) -> SwitchConnection:

@@ -33,6 +33,18 @@ __all__ = ["P4RuntimeError", "SwitchConnection", "DryRun", "read_p4info", "P4Cou
 # A pipeline is a few hundred KiB of JSON; gRPC's 4 MiB default would refuse a larger one.
 MAX_MESSAGE = 64 << 20
 
+# Every call has a deadline, so a switch that stops answering (a stopped process, a
+# host gone without a reset) costs its caller a bounded wait, never a thread for ever.
+# A Write or Read of one job's entries takes milliseconds on the softswitch and BMv2;
+# 10 s leaves a loaded host two orders of magnitude.
+CALL_TIMEOUT = 10.0
+# The stream's first reply: the server answers arbitration at once.
+ARBITRATION_TIMEOUT = 5.0
+# SetForwardingPipelineConfig: the softswitch took 14.7 s to load the 1,024-value
+# program on an idle 2-core host, compiling it (2.9 s the 256-value one; about 1 s
+# either from its compile cache); 8 times that for a loaded host.
+PUSH_TIMEOUT = 120.0
+
 
 class P4RuntimeError(Exception):
     """A P4Runtime failure, already phrased for a person: one line, codes named."""
@@ -65,8 +77,11 @@ class SwitchConnection:
     reads and pipeline pushes; PacketIn messages are queued for ``packet_in``."""
 
     def __init__(self, grpc_addr: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1),
-                 connect_timeout: float = 10.0, tls: TLSConfig | None = None):
+                 connect_timeout: float = 10.0, tls: TLSConfig | None = None,
+                 call_timeout: float = CALL_TIMEOUT, push_timeout: float = PUSH_TIMEOUT):
         self.grpc_addr = grpc_addr
+        self.call_timeout = call_timeout
+        self.push_timeout = push_timeout
         self.device_id = device_id
         self.election_id = election_id
         self.connect_timeout = connect_timeout
@@ -106,7 +121,7 @@ class SwitchConnection:
         self._requests.put(p4r.StreamMessageRequest(arbitration=p4r.MasterArbitrationUpdate(
             device_id=self.device_id, election_id=p4r.Uint128(high=high, low=low))))
         try:
-            reply = self._arbitration.get(timeout=5)
+            reply = self._arbitration.get(timeout=ARBITRATION_TIMEOUT)
         except queue.Empty:
             reply = None
         if not isinstance(reply, p4r.MasterArbitrationUpdate):
@@ -214,7 +229,7 @@ class SwitchConnection:
             action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
             config=p4r.ForwardingPipelineConfig(p4info=info,
                                                 p4_device_config=Path(bmv2_json).read_bytes()))
-        self._call(self._stub.SetForwardingPipelineConfig, request)
+        self._call(self._stub.SetForwardingPipelineConfig, request, self.push_timeout)
         self.schema = P4Schema(info)
 
     def load_p4info(self) -> None:
@@ -245,12 +260,13 @@ class SwitchConnection:
     @staticmethod
     def table_entry(table: str, action: str | None = None, match: dict | None = None,
                     params: dict | None = None, *, priority: int = 0,
-                    is_default: bool = False) -> P4TableEntry:
+                    is_default: bool = False, metadata: bytes = b"") -> P4TableEntry:
         """An entry by P4Info names; values as finsy writes them: ints, "10.0.0.1",
-        "02:00:00:00:00:01", "10.0.0.0/8" (LPM), "0x0a000000/&0xff000000" (ternary)."""
+        "02:00:00:00:00:01", "10.0.0.0/8" (LPM), "0x0a000000/&0xff000000" (ternary).
+        ``metadata``: P4Runtime's opaque controller cookie, read back as written."""
         return P4TableEntry(table, match=P4TableMatch(match or {}) if match is not None else None,
                             action=P4TableAction(action, **(params or {})) if action else None,
-                            priority=priority, is_default_action=is_default)
+                            priority=priority, is_default_action=is_default, metadata=metadata)
 
     def insert(self, entities) -> None:
         self.write(p4r.Update.INSERT, entities)
@@ -285,8 +301,8 @@ class SwitchConnection:
 
     def read_raw(self, entity) -> list[p4r.Entity]:
         request = p4r.ReadRequest(device_id=self.device_id, entities=[self.encode(entity)])
-        return self._call(lambda r: [e for reply in self._stub.Read(r) for e in reply.entities],
-                          request)
+        return self._call(lambda r, timeout: [e for reply in self._stub.Read(r, timeout=timeout)
+                                               for e in reply.entities], request)
 
     # -- packet I/O ----------------------------------------------------------
     def packet_out(self, payload: bytes, **metadata) -> None:
@@ -309,11 +325,13 @@ class SwitchConnection:
     def _election(self) -> p4r.Uint128:
         return p4r.Uint128(high=self.election_id[0], low=self.election_id[1])
 
-    def _call(self, fn, request):
+    def _call(self, fn, request, timeout: float | None = None):
+        """``fn(request, timeout=...)``: a Read, Write or pipeline call, its deadline
+        ``timeout`` (the call deadline if None)."""
         if self._stub is None:
             raise P4RuntimeError("not connected")
         try:
-            return fn(request)
+            return fn(request, timeout=self.call_timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
             raise P4RuntimeError(describe(exc)) from None
 

@@ -127,9 +127,9 @@ class Control:
                 for e in self.conn.read_raw(P4TableEntry(table))]
 
     def entry(self, table: str, action: str, match: dict, params: dict,
-              priority: int = 0) -> P4TableEntry:
+              priority: int = 0, metadata: bytes = b"") -> P4TableEntry:
         return self.conn.table_entry(self.name("tables", table), self.name("actions", action),
-                                     match, params, priority=priority)
+                                     match, params, priority=priority, metadata=metadata)
 
     def sync(self, table: str, desired: Iterable[P4TableEntry],
              owned: Callable[[dict[str, int]], bool]) -> Changes:
@@ -146,7 +146,8 @@ class Control:
             existing = present.pop(entry_key(entity.table_entry), None)
             if existing is None:
                 inserts.append(entity)
-            elif entry_action(existing.table_entry) != entry_action(entity.table_entry):
+            elif (entry_action(existing.table_entry), existing.table_entry.metadata) != (
+                    entry_action(entity.table_entry), entity.table_entry.metadata):
                 modifies.append(entity)
         deletes = list(present.values())
         self.conn.insert(inserts)

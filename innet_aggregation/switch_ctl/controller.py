@@ -18,12 +18,13 @@ from .overlaps import InstalledJob, JobOverlap, conflicts
 class Controller:
     """Every operation is idempotent: it writes only what differs from the switch."""
 
-    def __init__(self, conn: SwitchConnection):
+    def __init__(self, conn: SwitchConnection, mark: bytes = b""):
+        """``mark``: the metadata of every job entry this controller writes (JobLookup)."""
         self.conn = conn
         self.l2_forwarding = L2Forwarding(conn)
         self.arp_responder = ArpResponder(conn)
         self.source_guard = SourceGuard(conn)
-        self.job_lookup = JobLookup(conn)
+        self.job_lookup = JobLookup(conn, mark)
         self.sender_identification = SenderIdentification(conn)
         self.result_rewrite = ResultRewrite(conn)
         self.drop_simulator = DropSimulator(conn)

@@ -11,9 +11,9 @@ import time
 
 from innet_aggregation.p4src import protocol
 
-from .client import P4CounterEntry, P4RuntimeError
+from .client import P4CounterEntry, P4RuntimeError, P4TableEntry
 from .config import Config
-from .control_base import Changes, Control
+from .control_base import Changes, Control, action_values, match_values
 from .overlaps import InstalledJob
 
 
@@ -117,7 +117,8 @@ class SourceGuard(Control):
 
 class JobLookup(Control):
     """The job: contributor count, multicast group, slot range, UDP port, and on a
-    leaf of a tree its parent."""
+    leaf of a tree its parent. Its entry carries ``mark`` as P4Runtime metadata, so
+    whoever installed a job (the job manager, or a person) can be told apart."""
     TABLE = "AggIngress.job_lookup.jobs"
     # The TNA program's slot range check, a range match beside jobs (p4src/tna/control/
     # job_lookup.p4: a Tofino gateway cannot compare two fields); v1model has none.
@@ -128,6 +129,10 @@ class JobLookup(Control):
     def _action(config: Config) -> str:
         return "AggIngress.job_lookup." + ("set_job" if config.job.parent is None
                                            else "set_leaf_job")
+
+    def __init__(self, conn, mark: bytes = b""):
+        super().__init__(conn)
+        self.mark = mark
 
     def needs(self, config: Config) -> list[tuple[str, str]]:
         return [("tables", self.TABLE), ("actions", self._action(config))]
@@ -141,7 +146,8 @@ class JobLookup(Control):
             params.update(parent_port=job.parent.port, parent_mac=job.parent.mac,
                           parent_ip=job.parent.ip)
         desired = [self.entry(self.TABLE, self._action(config),
-                              {"job_id": job.id, "udp_port": job.udp_port}, params)]
+                              {"job_id": job.id, "udp_port": job.udp_port}, params,
+                              metadata=self.mark)]
         changes = self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
         if self.has(self.SLOT_RANGE):
             last = job.first_slot + job.num_slots - 1
@@ -158,11 +164,17 @@ class JobLookup(Control):
         return changes
 
     def installed(self) -> list[InstalledJob]:
-        """Every job the table holds: its id, UDP port, slot range and PRE group."""
-        return [InstalledJob(match["job_id"], udp_port=match["udp_port"],
-                             first_slot=params["first_slot"], num_slots=params["num_slots"],
-                             group=params["group"])
-                for match, _, params, _ in self.entries(self.TABLE)]
+        """Every job the table holds: its id, UDP port, slot range, PRE group and mark."""
+        table = self.name("tables", self.TABLE)
+        jobs = []
+        for entity in self.conn.read_raw(P4TableEntry(table)):
+            match = match_values(self.conn, table, entity.table_entry)
+            _, params = action_values(self.conn, entity.table_entry)
+            jobs.append(InstalledJob(match["job_id"], udp_port=match["udp_port"],
+                                     first_slot=params["first_slot"],
+                                     num_slots=params["num_slots"], group=params["group"],
+                                     mark=entity.table_entry.metadata))
+        return jobs
 
 
 class SenderIdentification(Control):

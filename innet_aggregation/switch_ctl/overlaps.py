@@ -31,6 +31,7 @@ class InstalledJob:
     group: int | None = None
     service_ip: str | None = None
     service_mac: str | None = None
+    mark: bytes = b""      # its jobs entry's metadata: the job manager marks its own
 
 
 class JobOverlap(ValueError):

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import tomli_w
 
-from innet_aggregation.switch_ctl.client import SwitchConnection
+from innet_aggregation.p4src import protocol
+from innet_aggregation.switch_ctl.client import P4RuntimeError, SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
+from innet_aggregation.testbed.layout import link_mtu
 from innet_aggregation.testbed.netns import Namespaces
 from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port
 from innet_aggregation.testbed.tls import make_bundle
@@ -71,6 +74,7 @@ class Rank:
 class ManagerBed:
     workdir: Path
     target: str = "softswitch"
+    values: int | None = None          # the program's values per packet (None: the default)
     topology: Namespaces | None = None
     switch: SwitchProcess | None = None
     manager: subprocess.Popen | None = None
@@ -80,12 +84,12 @@ class ManagerBed:
     listener: dict = field(default_factory=dict)    # [manager] settings of the listener
 
     def start(self) -> "ManagerBed":
-        self.topology = Namespaces(8, tag=f"mg{os.getpid() % 100000}", management=True).create()
+        self.topology = Namespaces(8, tag=f"mg{os.getpid() % 100000}", management=True,
+                                   mtu=link_mtu(protocol.packet_format(self.values))).create()
         try:
             self.tls = make_bundle(self.workdir / "tls", hosts=(self.topology.mgmt_address,))
             self.other_ca = make_bundle(self.workdir / "other-tls")
-            self.switch = SwitchProcess(self.target, self.topology.switch_ports,
-                                        log_path=self.workdir / "switch.log").start(60)
+            self.start_switch()
             self.port = free_tcp_port()
             self.config_path = self.workdir / "manager.toml"
             self.config_path.write_text(tomli_w.dumps(self.manager_config()))
@@ -105,7 +109,8 @@ class ManagerBed:
                         "cert": str(self.tls.server_cert), "key": str(self.tls.server_key),
                         "database": str(self.workdir / "manager.db"), "lease_seconds": LEASE,
                         "sweep_seconds": SWEEP, "default_slots": JOB_SLOTS, **self.listener},
-            "switch": {"grpc_addr": self.switch.grpc_addr},
+            "switch": {"grpc_addr": self.switch.grpc_addr,
+                       **({"values_per_packet": self.values} if self.values else {})},
             "pool": {"job_ids": [1, 8], "slots": [0, POOL_SLOTS - 1],
                      "services": [{"ip": ip, "mac": mac} for ip, mac in SERVICES]},
             "fabric": {"hosts": [{"mac": h.mac, "switch_port": h.switch_port}
@@ -113,13 +118,13 @@ class ManagerBed:
         }
 
     # -- the manager process ---------------------------------------------------------
-    def start_manager(self) -> None:
+    def start_manager(self, extra_env: dict | None = None) -> None:
         self.log_path = self.workdir / f"manager-{self.restarts}.log"
         with open(self.log_path, "wb") as log:
             self.manager = subprocess.Popen(
                 [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
-                 str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, env=env(),
-                cwd=REPO, start_new_session=True)
+                 str(self.config_path)], stdout=log, stderr=subprocess.STDOUT,
+                env={**env(), **(extra_env or {})}, cwd=REPO, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.manager.poll() is not None:
@@ -140,23 +145,39 @@ class ManagerBed:
     def manager_log(self) -> str:
         return "".join(p.read_text() for p in sorted(self.workdir.glob("manager-*.log")))
 
+    def start_switch(self) -> None:
+        """A switch with no program and no entries, on the ports (and the P4Runtime
+        address) of the one before, if any."""
+        starts = len(list(self.workdir.glob("switch*.log")))
+        self.switch = SwitchProcess(self.target, self.topology.switch_ports,
+                                    grpc_addr=self.switch.grpc_addr if self.switch else None,
+                                    log_path=self.workdir / f"switch-{starts}.log").start(60)
+
+    def kill_switch(self) -> None:
+        self.switch.process.kill()
+        self.switch.process.wait()
+
     def restart_switch(self) -> None:
         """A crash: the switch process killed, a fresh one (no program, no entries) on
         the same ports and P4Runtime address."""
-        self.switch.process.kill()
-        self.switch.process.wait()
-        self.switch = SwitchProcess(self.target, self.topology.switch_ports,
-                                    grpc_addr=self.switch.grpc_addr,
-                                    log_path=self.workdir / "switch-restarted.log").start(60)
+        self.kill_switch()
+        self.start_switch()
 
     def installed(self) -> dict[int, object]:
-        """The jobs the switch holds, read by a backup controller (the manager is primary)."""
-        with SwitchConnection(self.switch.grpc_addr, 0, (0, 1)) as conn:
-            try:
+        """The jobs the switch holds, read by a backup controller (the manager is
+        primary); none while it has no program (or is loading one)."""
+        try:
+            with SwitchConnection(self.switch.grpc_addr, 0, (0, 1)) as conn:
                 conn.load_p4info()
-            except Exception:
-                return {}
-            return {job.id: job for job in Controller(conn).installed_jobs()}
+                return {job.id: job for job in Controller(conn).installed_jobs()}
+        except P4RuntimeError:
+            return {}
+
+    def database(self) -> dict[str, tuple[str, int]]:
+        """The manager's database: job name -> (state, job id)."""
+        with sqlite3.connect(self.workdir / "manager.db") as db:
+            return {name: (state, json.loads(config)["job"]["id"])
+                    for name, state, config in db.execute("SELECT name, state, config FROM jobs")}
 
     def jobs(self) -> dict:
         from innet_aggregation.switch_ctl.manager.client import _Manager

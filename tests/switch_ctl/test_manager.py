@@ -126,7 +126,8 @@ def test_killed_ranks_lose_their_job_within_the_lease_and_the_next_job_is_exact(
     killed = time.monotonic()
     for r in e:
         r.process.wait()
-    until(lambda: not bed.jobs()["running"], LEASE + SWEEP + 10, "job-e reclaimed")
+    until(lambda: not any(bed.jobs()[k] for k in ("running", "removing")), LEASE + SWEEP + 10,
+          "job-e reclaimed and removed")
     reclaimed = time.monotonic() - killed
     # The last renewal came at most a lease before the kill; the sweep looks every SWEEP s;
     # removing the entries and resetting 16 slots takes a fraction of a second.

@@ -15,13 +15,16 @@ class TableError(Exception):
 
 class Entry:
     """One match-action entry; ``values`` are already masked. For a range key,
-    ``values`` holds its low bound and ``masks`` its high bound (both inclusive)."""
+    ``values`` holds its low bound and ``masks`` its high bound (both inclusive).
+    ``metadata``: the controller's opaque cookie (P4Runtime TableEntry.metadata),
+    kept and read back as written."""
 
-    __slots__ = ("values", "masks", "priority", "action", "const", "counter")
+    __slots__ = ("values", "masks", "priority", "action", "const", "counter", "metadata")
 
-    def __init__(self, values, masks, priority, action, const=False):
+    def __init__(self, values, masks, priority, action, const=False, metadata=b""):
         self.values, self.masks, self.priority, self.action, self.const = (
             values, masks, priority, action, const)
+        self.metadata = metadata
         self.counter = [0, 0]    # direct counter: packets, bytes
 
     @property
@@ -92,6 +95,7 @@ class TableEntries:
         if old is None:
             raise TableError("NOT_FOUND", f"table {self.spec.name}: no such entry")
         old.action = self._checked(entry).action
+        old.metadata = entry.metadata
         self._changed(old)
 
     def set_default(self, action) -> None:

@@ -191,7 +191,7 @@ def write_table(config: PipelineConfig, utype, entry) -> None:
         table.delete(ident)
         return
     action = convert_action(config, tinfo, entry, default=False)
-    new = Entry(values, masks, priority, action)
+    new = Entry(values, masks, priority, action, metadata=entry.metadata)
     if utype == U.INSERT:
         table.insert(new)
     else:
@@ -425,6 +425,7 @@ def read_tables(config: PipelineConfig, query) -> list:
             if tinfo.table.spec.match_type in ("ternary", "range"):
                 te.priority = e.priority
             te.is_const = e.const
+            te.metadata = e.metadata
             action_msg(config, tinfo, e.action, te.action)
             if query.HasField("counter_data") and tinfo.table.counted:
                 te.counter_data.packet_count, te.counter_data.byte_count = e.counter

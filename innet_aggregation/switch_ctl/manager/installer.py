@@ -9,6 +9,12 @@ notices (a broken session, a switch without our program, a job missing from its
 jobs table), opens a new session, pushes the program and applies every job again.
 Applying is idempotent, so a manager that restarts in front of a healthy switch
 writes nothing.
+
+Only the manager's sweeper calls in here, never under the jobs' lock: every call
+has a deadline (switch_ctl/client.py), so a hung switch holds up the sweeper a
+bounded time and no rank's renewal at all. The jobs entry of every job the manager
+writes carries MARK as its P4Runtime metadata, so a manager tells its own jobs on a
+switch from those a person applied.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from ..tree import Tree
 from .config import ManagerSwitch
 
 log = logging.getLogger("innet_aggregation.manager")
+MARK = b"innet-aggregation job manager"
+# Reaching a switch: short, since the sweeper tries again every sweep.
+CONNECT_TIMEOUT = 3.0
 
 
 class Installer:
@@ -43,13 +52,14 @@ class Installer:
         if self._ctl is not None:
             return self._ctl
         conn = SwitchConnection(self.switch.grpc_addr, self.switch.device_id,
-                                (0, self.election_id), 5.0, self.switch.tls).connect()
+                                (0, self.election_id), CONNECT_TIMEOUT,
+                                self.switch.tls).connect()
         try:
             if not conn.is_primary:
                 raise P4RuntimeError(f"another controller is primary on {conn.grpc_addr}: "
                                      f"the manager needs election id {self.election_id} to "
                                      f"be the highest")
-            ctl = Controller(conn)
+            ctl = Controller(conn, MARK)
             try:
                 conn.load_p4info()
             except P4RuntimeError as exc:
@@ -208,8 +218,20 @@ def _no_program(exc: P4RuntimeError) -> bool:
 
 
 def _broken(exc: P4RuntimeError) -> bool:
-    """A session the switch no longer has (restarted, or the stream died)."""
+    """A session the switch no longer has (restarted, the stream died, or it stopped
+    answering within a call's deadline)."""
     text = str(exc)
     return any(word in text for word in ("UNAVAILABLE", "no program", "not connected",
                                          "PERMISSION_DENIED", "FAILED_PRECONDITION",
-                                         "CANCELLED"))
+                                         "CANCELLED", "DEADLINE_EXCEEDED"))
+
+
+def refusal(exc: Exception) -> bool:
+    """The switches answered and will not take the job (a collision, an entry they
+    reject, a program without what the job needs): trying again will not help.
+    Anything else (unreachable, a broken session, a deadline) is worth another try."""
+    if isinstance(exc, ValueError):         # JobOverlap, ConfigError
+        return True
+    text = str(exc)
+    return (text.startswith("write rejected") or "which the program on" in text
+            or "is for a program of" in text)

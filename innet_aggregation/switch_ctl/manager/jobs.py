@@ -14,12 +14,29 @@ Its ranks see why they wait until their own timeout ends the wait.
 A tree manager's job spans the switches its ranks are behind and the switches
 between them (up to the lowest one they share, its root): the same id, slots and UDP
 port on each, and a service address of each switch's own.
+
+No switch I/O happens under ``Jobs.cond``, which every registration, renewal, close
+and listing takes: state changes happen under it (a job allocated and its row
+written INSTALLING; lapsed or closed, REMOVING), and the sweeper thread does the
+switch work after, outside it (``sweep``): it takes the removing jobs off the
+switches, installs the installing ones, repairs the switches and reads what they
+hold. A switch that hangs or restarts (and takes tens of seconds to get its program
+back) delays installs and removals, never a renewal. Time the manager itself was
+stuck (stopped, starved; ``alive``) is added to every lease, and a restored job
+gets fresh leases: only a rank's own silence loses its job.
+
+INA_MANAGER_FAULT=<step>, for tests only, makes the manager kill itself
+(os._exit(137), as a SIGKILL) at one step of the switch work: "install" (the row
+says installing, nothing written), "installed" (on the switches, the row still
+installing), "remove" (the row says removing, nothing removed), "removed" (off the
+switches, the row still there).
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,14 +45,28 @@ from innet_aggregation.p4src import protocol
 
 from .. import config as config_mod
 from ..client import P4RuntimeError
+from ..overlaps import InstalledJob, JobOverlap
 from ..tree import Tree, parse_tree
 from .config import STAR, ManagerConfig
-from .installer import Switches, _broken
+from .installer import MARK, Switches, refusal
 from .pool import Allocation, Allocator, Holding
-from .store import Store, StoredJob
+from .store import INSTALLING, REMOVING, RUNNING, Store, StoredJob
 from .wire import BadRequest, Lease, Register, job_name_of
 
 log = logging.getLogger("innet_aggregation.manager")
+FAULT_STEPS = ("install", "installed", "remove", "removed")
+# The listener calls ``alive`` at least every TICK seconds (its accept timeout): a gap
+# over STALL means the manager could not have handled a renewal meanwhile.
+TICK = 0.5
+STALL = 3 * TICK
+
+
+def _fault(step: str) -> None:
+    """Test-only crash at ``step`` (INA_MANAGER_FAULT, see the module's docstring)."""
+    if os.environ.get("INA_MANAGER_FAULT") == step:
+        log.error("INA_MANAGER_FAULT=%s: the manager kills itself here", step)
+        logging.shutdown()
+        os._exit(137)
 
 
 @dataclass(frozen=True)
@@ -61,7 +92,9 @@ class Pending:
     generation: dict[int, int] = field(default_factory=dict)   # rank -> its registration
     complete_since: float | None = None
     message: str = ""
-    outcome: tuple[str, object] | None = None   # ("ready", Running) or ("refused", why)
+    # ("ready", Running) or ("refused", why); ("waiting", why) while being installed:
+    # its ranks are fixed then (one that reconnects finds it again).
+    outcome: tuple[str, object] | None = None
 
     @property
     def title(self) -> str:
@@ -78,6 +111,7 @@ class Running:
     leases: dict[int, float]           # rank -> monotonic deadline
     closed: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.time)
+    pending: Pending | None = None     # while installing: its ranks, waiting for the outcome
 
     @property
     def job(self):
@@ -107,19 +141,41 @@ class Jobs:
         self.cond = threading.Condition()
         self.pending: dict[str, Pending] = {}
         self.running: dict[str, Running] = {}
+        self.installing: dict[str, Running] = {}   # its row written; the switch work to do
+        self.removing: dict[str, Running] = {}     # leaving the switches, its resources held
+        self.wake = threading.Event()              # switch work for the sweeper
         self._generations = 0
+        self._seen: list[InstalledJob] | None = None   # the switches' jobs, as last read
+        self._trouble = "not reached yet"              # why the switches could not be read
+        self._orphans: list[int] = []                  # marked as ours, unknown to the database
+        self._alive = time.monotonic()
+        fault = os.environ.get("INA_MANAGER_FAULT")
+        if fault is not None and fault not in FAULT_STEPS:
+            raise ValueError(f"INA_MANAGER_FAULT={fault!r} is not one of "
+                             f"{', '.join(FAULT_STEPS)}")
 
     # -- start ---------------------------------------------------------------------
     def restore(self) -> None:
-        """The jobs the database holds, with fresh leases (the manager was away, not
-        their ranks), and the switch made to hold them."""
-        deadline = time.monotonic() + self.config.lease_seconds
+        """The jobs the database holds, without a word to the switches (they may be
+        down; the sweeper repairs them): a running one with fresh leases (the manager
+        was away, not its ranks); one caught installing or removing is to be taken off
+        the switches and freed, and its ranks register again."""
+        self._alive = time.monotonic()
+        deadline = self._alive + self.config.lease_seconds
         for stored in self.store.jobs():
             running = self._running(stored, deadline)
-            self.running[stored.name] = running
-            log.info("job %s (id %d) restored from the database: ranks %s", stored.name,
-                     running.job.id, sorted(running.tokens))
-        self.installer.repair([r.tree for r in self.running.values()])
+            if stored.state == RUNNING:
+                self.running[stored.name] = running
+                log.info("job %s (id %d) restored from the database: ranks %s", stored.name,
+                         running.job.id, sorted(running.tokens))
+                continue
+            if stored.state == INSTALLING:
+                self.store.set_state(stored.name, REMOVING)
+            self.removing[stored.name] = running
+            log.warning("job %s (id %d) was %s when the manager stopped: taking it off the "
+                        "switches (its ranks register again)", stored.name, running.job.id,
+                        stored.state)
+        self.wake.set()
 
     def _running(self, stored: StoredJob, deadline: float) -> Running:
         return Running(stored.name, self._tree(stored.config), stored.config, stored.tokens,
@@ -222,16 +278,19 @@ class Jobs:
                        key=lambda p: p.complete_since)
         if not ready:
             return
-        try:
-            held = self._held()
-        except P4RuntimeError as exc:
+        if self._seen is None:
             for pending in ready:
-                pending.message = f"waiting for the switch: {exc}"
+                pending.message = f"waiting for the switch: {self._trouble}"
             return
+        held = self._held()
         for pending in ready:
             if pending.name in self.running:
                 pending.message = (f"waiting for job {pending.title}'s earlier ranks to close "
                                    f"or lose their lease")
+                continue
+            if pending.name in self.removing:
+                pending.message = (f"waiting for job {pending.name}'s earlier run to leave "
+                                   f"the switch")
                 continue
             macs = frozenset(m.mac for m in pending.members.values())
             spanned = self._spanned(pending)
@@ -245,40 +304,35 @@ class Jobs:
         self.cond.notify_all()
 
     def _held(self) -> list[Holding]:
-        """Ours, and whatever else the switch holds (a job someone applied by hand)."""
-        ours = [r.holding() for r in self.running.values()]
+        """Ours (running, and on their way on or off the switches), and whatever else
+        the switches held when last read (a job someone applied by hand)."""
+        ours = [r.holding() for jobs in (self.running, self.installing, self.removing)
+                for r in jobs.values()]
         ids = {h.job_id for h in ours}
-        return ours + [Holding(f"#{j.id} (not the manager's)", j.id, j.first_slot, j.num_slots,
+        return ours + [Holding(f"#{j.id} ({_whose(j)})", j.id, j.first_slot, j.num_slots,
                                j.udp_port, j.service_ip, j.service_mac)
-                       for j in self.installer.installed() if j.id not in ids]
+                       for j in self._seen if j.id not in ids]
 
     def _start(self, pending: Pending, allocation: Allocation,
                spanned: list[str]) -> Running | None:
+        """The job's row, INSTALLING with its allocation, before any switch write; its
+        ranks wait (their registrations are fixed now) until the sweeper installed it."""
         raw = (self._job_dict(pending, allocation) if self.config.tree is None
                else self._tree_dict(pending, allocation, spanned))
         try:
             tree = self._tree(raw)
-            self.installer.install(tree)
-        except (P4RuntimeError, config_mod.ConfigError, ValueError) as exc:
-            if isinstance(exc, P4RuntimeError) and _broken(exc):
-                pending.message = f"waiting for the switch: {exc}"
-                return None
+        except (config_mod.ConfigError, ValueError) as exc:
             log.error("job %s cannot be installed: %s", pending.name, exc)
             pending.outcome = ("refused", f"the switch refused job {pending.title}: {exc}")
             del self.pending[pending.name]
             return None
         tokens = dict(pending.tokens)
-        self.store.add_job(pending.name, raw, tokens)
-        deadline = time.monotonic() + self.config.lease_seconds
-        running = Running(pending.name, tree, raw, tokens, dict.fromkeys(tokens, deadline))
-        self.running[pending.name] = running
-        pending.outcome = ("ready", running)
-        del self.pending[pending.name]
-        log.info("job %s installed: id %d, slots %d..%d, UDP port %d, %s, %d ranks",
-                 pending.name, allocation.job_id, allocation.first_slot,
-                 allocation.first_slot + allocation.num_slots - 1, allocation.udp_port,
-                 ", ".join(f"{name} service {c.job.service_ip} {c.job.service_mac}"
-                           for name, c in tree.switches.items()), pending.world)
+        self.store.add_job(pending.name, raw, tokens, state=INSTALLING)
+        running = Running(pending.name, tree, raw, tokens, {}, pending=pending)
+        self.installing[pending.name] = running
+        pending.message = f"installing job {pending.title} on the switch"
+        pending.outcome = ("waiting", pending.message)
+        self.wake.set()
         return running
 
     def _tree(self, raw: dict) -> Tree:
@@ -369,10 +423,30 @@ class Jobs:
                 self._schedule()
             return None
 
-    def sweep(self) -> None:
-        """Reclaim the jobs with a rank whose lease ran out; give waiting jobs a try;
-        put back on the switch what it lost."""
+    def alive(self) -> None:
+        """The listener's tick (at least every TICK seconds): see ``_live``."""
         with self.cond:
+            self._live()
+
+    def _live(self) -> None:
+        """Time since the last tick beyond STALL is time the manager itself was stuck
+        (stopped, starved, a lock held): no rank could renew then, so every lease is
+        extended by it."""
+        now = time.monotonic()
+        gap, self._alive = now - self._alive, now
+        if gap > STALL:
+            for running in self.running.values():
+                for rank in running.leases:
+                    running.leases[rank] += gap
+            if self.running:
+                log.warning("the manager was stuck for %.1f s: its jobs' leases are extended "
+                            "by that", gap)
+
+    def sweep(self) -> None:
+        """Reclaim the jobs with a rank whose lease ran out and give waiting jobs a
+        try (under the lock); then the switch work, outside it."""
+        with self.cond:
+            self._live()
             now = time.monotonic()
             for running in list(self.running.values()):
                 late = sorted(r for r, deadline in running.leases.items()
@@ -381,24 +455,116 @@ class Jobs:
                     self._finish(running, f"rank{'s' * (len(late) > 1)} "
                                           f"{', '.join(map(str, late))} stopped renewing")
             self._schedule()
+            removing = list(self.removing.values())
+        for running in removing:
+            self._remove(running)
+        with self.cond:
+            self._schedule()
+            installing = list(self.installing.values())
+        for running in installing:
+            self._install(running)
+        with self.cond:
             trees = [r.tree for r in self.running.values()]
         try:
             self.installer.repair(trees)
+            seen = self.installer.installed()
         except P4RuntimeError as exc:
-            log.warning("repairing the switches: %s", exc)
+            with self.cond:
+                if str(exc) != self._trouble:
+                    log.warning("the switch%s cannot be repaired or read now (%s): jobs wait, "
+                                "and it is tried again every %g s",
+                                "es" * (len(self.installer.installers) > 1), exc,
+                                self.config.sweep_seconds)
+                self._trouble = str(exc)
+            return
+        with self.cond:
+            if self._trouble:
+                log.info("the switches are reachable: scheduling the jobs that wait")
+            self._seen, self._trouble = seen, ""
+            ours = {r.job.id for jobs in (self.running, self.installing, self.removing)
+                    for r in jobs.values()}
+            orphans = sorted({j.id for j in seen if j.mark == MARK and j.id not in ours})
+            if orphans and orphans != self._orphans:
+                log.warning("the switches hold job%s %s marked as this manager's that its "
+                            "database does not know (was the database replaced?): left in "
+                            "place, their resources held; remove them by hand",
+                            "s" * (len(orphans) > 1), ", ".join(map(str, orphans)))
+            self._orphans = orphans
+            self._schedule()
+
+    def _install(self, running: Running) -> None:
+        """Put an installing job on its switches; the row says running after. A switch
+        that is away leaves it installing (tried again next sweep); one that refuses
+        it refuses its ranks, and what it wrote is taken off again."""
+        _fault("install")
+        try:
+            self.installer.install(running.tree)
+        except (P4RuntimeError, ValueError) as exc:
+            with self.cond:
+                pending = running.pending
+                if not refusal(exc):
+                    pending.message = f"waiting for the switch: {exc}"
+                    pending.outcome = ("waiting", pending.message)
+                    return
+                log.error("job %s cannot be installed: %s", running.name, exc)
+                pending.outcome = ("refused", f"the switch refused job {running.name}: {exc}")
+                self.pending.pop(running.name, None)
+                del self.installing[running.name]
+                if isinstance(exc, JobOverlap):     # checked before any write: none to undo
+                    self.store.delete_job(running.name)
+                else:
+                    self.store.set_state(running.name, REMOVING)
+                    self.removing[running.name] = running
+                self.cond.notify_all()
+            return
+        _fault("installed")
+        with self.cond:
+            self.store.set_state(running.name, RUNNING)
+            del self.installing[running.name]
+            running.leases = dict.fromkeys(running.tokens,
+                                           time.monotonic() + self.config.lease_seconds)
+            self.running[running.name] = running
+            pending, running.pending = running.pending, None
+            pending.outcome = ("ready", running)
+            self.pending.pop(running.name, None)
+            job = running.job
+            log.info("job %s installed: id %d, slots %d..%d, UDP port %d, %s, %d ranks",
+                     running.name, job.id, job.first_slot, job.first_slot + job.num_slots - 1,
+                     job.udp_port, ", ".join(f"{name} service {c.job.service_ip} "
+                                             f"{c.job.service_mac}"
+                                             for name, c in running.tree.switches.items()),
+                     len(running.tokens))
+            self.cond.notify_all()
 
     def _finish(self, running: Running, why: str) -> None:
-        """Remove the job from the switch, reset its slots, forget it."""
+        """The job leaves: its row says removing before the sweeper takes it off the
+        switches; what it holds stays held until they confirmed."""
+        self.store.set_state(running.name, REMOVING)
+        del self.running[running.name]
+        self.removing[running.name] = running
+        log.info("job %s (id %d) leaving %s: %s", running.name, running.job.id,
+                 ", ".join(running.tree.switches), why)
+        self.wake.set()
+
+    def _remove(self, running: Running) -> None:
+        """Take a removing job off its switches and reset its slots; its row and its
+        resources go once they confirmed, else it is tried again next sweep."""
+        _fault("remove")
         try:
             self.installer.remove(running.tree)
         except P4RuntimeError as exc:
-            # Gone with the switch (a restart), or the switch is away: the database no
-            # longer holds the job, so a repair will not put it back.
-            log.warning("job %s: removing it from the switch failed: %s", running.name, exc)
-        self.store.delete_job(running.name)
-        del self.running[running.name]
-        log.info("job %s (id %d) removed and its %d slots reset on %s: %s", running.name,
-                 running.job.id, running.job.num_slots, ", ".join(running.tree.switches), why)
+            log.warning("job %s: removing it from the switch failed (%s): trying again",
+                        running.name, exc)
+            return
+        _fault("removed")
+        with self.cond:
+            self.store.delete_job(running.name)
+            del self.removing[running.name]
+            if self._seen is not None:
+                self._seen = [j for j in self._seen if j.id != running.job.id]
+            log.info("job %s (id %d) removed and its %d slots reset on %s", running.name,
+                     running.job.id, running.job.num_slots, ", ".join(running.tree.switches))
+            self._schedule()
 
     def listing(self) -> dict:
         with self.cond:
@@ -410,7 +576,13 @@ class Jobs:
             waiting = [{"name": job_name_of(p.name), "owner": owner(p.name),
                         "registered": sorted(p.members), "world": p.world,
                         "slots": p.slots, "message": p.message} for p in self.pending.values()]
-        return {"running": running, "waiting": waiting}
+            removing = [{"name": r.name, "id": r.job.id} for r in self.removing.values()]
+        return {"running": running, "waiting": waiting, "removing": removing}
+
+
+def _whose(job: InstalledJob) -> str:
+    return ("marked as this manager's, unknown to its database" if job.mark == MARK
+            else "not the manager's")
 
 
 def owner(key: str) -> str:

@@ -1,6 +1,9 @@
 """The manager's service: a listener (TLS where the manager has a certificate, one
-request per connection), a thread per request that carried the secret, and a
-sweeper that reclaims lapsed jobs and repairs the switches every ``sweep_seconds``.
+request per connection), a thread per request that carried the secret (or a lease's
+token), and a sweeper that reclaims lapsed jobs and repairs the switches every
+``sweep_seconds``, and does every switch write and read (at once when there is work:
+``Jobs.wake``). The manager starts whether its switches answer or not: jobs wait
+until the sweeper reaches them.
 
 One thread reads every connection's TLS handshake and request line through a
 selector, so an idle or slow client costs a descriptor and a buffer, never a
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 from ..client import P4RuntimeError
 from .config import ManagerConfig, is_loopback
 from .installer import Switches
-from .jobs import Jobs, Member, Pending
+from .jobs import TICK, Jobs, Member, Pending
 from .proof import PortProofs
 from .store import Store
 from .wire import (MAX_LINE, BadRequest, Lease, Register, decode_line, encode, needs_secret,
@@ -97,7 +100,7 @@ class Manager:
         self._open_lock = threading.Lock()
 
     def start(self) -> "Manager":
-        self.jobs.restore()
+        self.jobs.restore()          # the database only: the sweeper reaches the switches
         host, port = self.config.listen
         self._descriptors()
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=128)
@@ -136,6 +139,7 @@ class Manager:
 
     def stop(self) -> None:
         self._stop.set()
+        self.jobs.wake.set()
         for thread in self._threads:
             thread.join(timeout=5)
         if self._sock is not None:
@@ -153,13 +157,14 @@ class Manager:
         paused_until = 0.0      # accepting paused (out of descriptors or memory) until then
         try:
             while not self._stop.is_set():
+                self.jobs.alive()       # leases never run out on the manager's own stalls
                 try:
                     now = time.monotonic()
                     listening = self._sock.fileno() in selector.get_map()
                     if not listening and now >= paused_until:
                         selector.register(self._sock, selectors.EVENT_READ)
                         listening = True
-                    wakes = [self._tallied + TALLY_EVERY]
+                    wakes = [self._tallied + TALLY_EVERY, now + TICK]
                     if not listening:
                         wakes.append(paused_until)
                     if self._incoming:
@@ -395,7 +400,11 @@ class Manager:
 
     # -- threads -------------------------------------------------------------------
     def _sweep(self) -> None:
-        while not self._stop.wait(self.config.sweep_seconds):
+        while True:
+            self.jobs.wake.wait(self.config.sweep_seconds)
+            self.jobs.wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.jobs.sweep()
             except Exception:

@@ -1,7 +1,12 @@
-"""The manager's state in SQLite (WAL): the jobs installed on the switch, each with
-its configuration and its ranks' lease tokens. A restarted manager reads it back and
-keeps those jobs; a restarted switch gets them re-applied from it. Jobs still
-gathering ranks or waiting for room live in memory only: their ranks register again.
+"""The manager's state in SQLite (WAL): the jobs on the switch or on their way on
+or off it, each with its configuration (its allocation), its ranks' lease tokens and
+its state. A job's row is written before any switch write for it (INSTALLING), says
+RUNNING once the switches hold it, REMOVING before its removal starts, and goes
+only once the switches confirmed the removal. So a manager killed at any point
+finds every id, slot, port and address it may have written in here: a restart keeps
+the running jobs and takes the others off the switches. A restarted switch gets the
+running jobs re-applied from it. Jobs still gathering ranks or waiting for room live
+in memory only: their ranks register again.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     name TEXT PRIMARY KEY,
     config TEXT NOT NULL,          -- switch_ctl.config's dict of the job (JSON)
-    started REAL NOT NULL
+    started REAL NOT NULL,
+    state TEXT NOT NULL DEFAULT 'running'     -- installing, running or removing
 );
 CREATE TABLE IF NOT EXISTS ranks (
     job TEXT NOT NULL REFERENCES jobs(name) ON DELETE CASCADE,
@@ -27,6 +33,7 @@ CREATE TABLE IF NOT EXISTS ranks (
     PRIMARY KEY (job, rank)
 );
 """
+INSTALLING, RUNNING, REMOVING = "installing", "running", "removing"
 
 
 @dataclass
@@ -36,6 +43,7 @@ class StoredJob:
     started: float
     tokens: dict[int, str]
     closed: set[int] = field(default_factory=set)
+    state: str = RUNNING
 
 
 class Store:
@@ -50,12 +58,18 @@ class Store:
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+            if "state" not in columns:      # a database of a manager before states
+                self._db.execute("ALTER TABLE jobs ADD COLUMN state TEXT NOT NULL "
+                                 "DEFAULT 'running'")
 
-    def add_job(self, name: str, config: dict, tokens: dict[int, str]) -> None:
+    def add_job(self, name: str, config: dict, tokens: dict[int, str],
+                state: str = RUNNING) -> None:
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.execute("INSERT INTO jobs (name, config, started) VALUES (?, ?, ?)",
-                             (name, json.dumps(config), time.time()))
+            self._db.execute("INSERT INTO jobs (name, config, started, state) "
+                             "VALUES (?, ?, ?, ?)",
+                             (name, json.dumps(config), time.time(), state))
             self._db.executemany("INSERT INTO ranks (job, rank, token) VALUES (?, ?, ?)",
                                  [(name, rank, token) for rank, token in tokens.items()])
 
@@ -64,15 +78,19 @@ class Store:
             self._db.execute("UPDATE ranks SET closed = 1 WHERE job = ? AND rank = ?",
                              (name, rank))
 
+    def set_state(self, name: str, state: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE jobs SET state = ? WHERE name = ?", (state, name))
+
     def delete_job(self, name: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM jobs WHERE name = ?", (name,))
 
     def jobs(self) -> list[StoredJob]:
         with self._lock:
-            jobs = {name: StoredJob(name, json.loads(config), started, {})
-                    for name, config, started in self._db.execute(
-                        "SELECT name, config, started FROM jobs ORDER BY started")}
+            jobs = {name: StoredJob(name, json.loads(config), started, {}, state=state)
+                    for name, config, started, state in self._db.execute(
+                        "SELECT name, config, started, state FROM jobs ORDER BY started")}
             for job, rank, token, closed in self._db.execute(
                     "SELECT job, rank, token, closed FROM ranks"):
                 jobs[job].tokens[rank] = token
