@@ -8,8 +8,10 @@ program changes, the controller, the worker and the tests follow.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
+import struct
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cached_property
@@ -338,8 +340,6 @@ PROOF_NONCE_BYTES = 16
 def proof_frame(dst_mac: str, dst_ip: str, dst_port: int, src_mac: str, src_ip: str,
                 nonce: bytes) -> bytes:
     """Ethernet, IPv4 (checksummed) and UDP (no checksum) around the nonce."""
-    import ipaddress
-    import struct
     payload = PROOF_MAGIC + nonce.hex().encode()
     udp = struct.pack("!HHHH", dst_port, dst_port, 8 + len(payload), 0) + payload
     header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0,
