@@ -104,7 +104,10 @@ class AggregationSession:
         """Sum (or average) ``tensor`` over all workers, in place; returns it.
 
         Accepts numpy float arrays and torch tensors (float32, float16, bfloat16,
-        float64; CPU, or any device by copying). If any worker's values hold NaN,
+        float64; CPU, or any device by copying) of any strides, summed by index
+        (``_host_copy``); not sparse ones, nor ones whose elements share memory
+        (``expand()``). The dtype and shape go into the call's fingerprint: every
+        worker must pass the same. If any worker's values hold NaN,
         Inf or magnitudes of 2**126 or more, every worker raises ``NonFiniteError``
         for this call (the affected blocks are NaN in the tensor) and the session
         stays usable (see ``quantize``). ``name``, if given, must be the same on
