@@ -223,6 +223,10 @@ def layouts(rank: int, world: int, gloo) -> None:
     # Ranks that hold the same logical tensor in different layouts: summed by index.
     emit(check="mixed", **run_in_layout(rank, torch.bfloat16, ("contiguous", "transposed")[rank],
                                         lambda t: dist.all_reduce(t)))
+    # gloo's sums of a slice copied back through the Work's future, as DDP reads it.
+    emit(check="future", **run_in_layout(
+        rank, torch.int64, "columns",
+        lambda t: dist.all_reduce(t, async_op=True).get_future().wait()))
     sparse = logical(rank, (5, 7), torch.float32).to_sparse()
     dist.all_reduce(sparse)
     emit(check="sparse", layout=str(sparse.layout),

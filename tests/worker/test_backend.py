@@ -209,6 +209,8 @@ def test_every_dtype_in_every_layout_is_summed_into_the_callers_tensor(fabric):
         assert seen == want, f"rank {rank}: missing {want - seen}"
         (mixed,) = [line for line in lines if line["check"] == "mixed"]
         assert mixed["values"] == reference((5, 7), "bfloat16") and all(mixed["kept"]), mixed
+        (future,) = [line for line in lines if line["check"] == "future"]
+        assert future["values"] == reference((6, 5), "int64") and future["outside_kept"], future
         (sparse,) = [line for line in lines if line["check"] == "sparse"]
         assert sparse["layout"] == "torch.sparse_coo", sparse
         assert sparse["values"] == reference((5, 7), "float32"), sparse
