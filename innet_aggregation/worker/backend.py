@@ -3,7 +3,7 @@
     import innet_aggregation.worker.backend      # registers "ina"
     dist.init_process_group("cpu:ina")            # or backend="ina", "cpu:ina,cuda:nccl"
 
-all_reduce (and all_reduce_coalesced) with SUM or AVG of float16, bfloat16,
+all_reduce (and all_reduce_coalesced) with SUM or AVG of strided float16, bfloat16,
 float32 and float64 tensors, on the CPU or CUDA (copied to the host), go through
 the job's ``AggregationSession``; everything else (other collectives, ops and
 dtypes) goes to a gloo backend (NCCL for CUDA tensors where it is built) that the
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
+import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -37,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, Work
 
-from .session import AggregationSession
+from .session import AggregationSession, refuse_overlap
 from .transport import RetransmitPolicy
 
 NAME = "ina"
@@ -107,19 +109,22 @@ class InaProcessGroup(ProcessGroup):
         return self._backends[device]
 
     def _through_switch(self, tensors, op) -> bool | None:
-        """average (False: sum) if the switch serves these tensors and op, else None."""
+        """average (False: sum) if the switch serves these tensors and op, else None:
+        strided (dense) float tensors on the CPU or CUDA; sparse and other layouts go
+        to gloo, as every other dtype."""
         if self._session is None or not (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG):
             return None
-        if not all(t.dtype in SWITCH_DTYPES and t.device.type in ("cpu", "cuda")
-                   for t in tensors):
+        if not all(t.layout == torch.strided and t.dtype in SWITCH_DTYPES
+                   and t.device.type in ("cpu", "cuda") for t in tensors):
             return None
         return op == dist.ReduceOp.AVG
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
+        _refuse_overlaps(tensors)
         average = self._through_switch(tensors, opts.reduceOp)
         if average is None:
-            return self._fallback(tensors).allreduce(tensors, opts)
+            return _contiguous(tensors, lambda ts: self._fallback(ts).allreduce(ts, opts))
         if len(tensors) != 1:
             raise ValueError(f"all_reduce takes one tensor, got {len(tensors)} "
                              f"(all_reduce_coalesced takes several)")
@@ -129,9 +134,11 @@ class InaProcessGroup(ProcessGroup):
         """One session call per tensor, in order: no flattening copy, and each
         tensor's size keeps its own exponent history."""
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        _refuse_overlaps(tensors)
         average = self._through_switch(tensors, opts.reduceOp) if tensors else None
         if average is None:
-            return self._fallback(tensors).allreduce_coalesced(tensors, opts)
+            return _contiguous(tensors,
+                               lambda ts: self._fallback(ts).allreduce_coalesced(ts, opts))
         return _SwitchWork([self._session.allreduce_async(t, average) for t in tensors],
                            tensors)
 
@@ -189,18 +196,28 @@ class InaProcessGroup(ProcessGroup):
 
 class _SwitchWork(Work):
     """The Work of a call through the switch: ``wait()`` raises the transport's own
-    error (CallMismatch, AggregationTimeout, NonFiniteError, ...); the future that
-    ``get_future()`` gives holds the tensors as a list, as c10d's do, and fails as an
-    error DDP's C++ raises from ``backward()`` (a Python exception set as a future's
-    result would reach it as a value)."""
+    error (CallMismatch, AggregationTimeout, NonFiniteError, ...), or, past a
+    ``timeout`` given to it, RuntimeError as c10d's ``Work::wait`` does (the call goes
+    on); the future that ``get_future()`` gives holds the tensors as a list, as
+    c10d's do, and fails as an error DDP's C++ raises from ``backward()`` (a Python
+    exception set as a future's result would reach it as a value)."""
 
     def __init__(self, futures, tensors):
         super().__init__()
         self._futures = futures
         self._tensors = tensors
         self._future = None
+        self._done = [_done_event(f) for f in futures]
 
     def wait(self, timeout=None) -> bool:
+        """``timeout`` (a timedelta; None or zero: none, as c10d's kNoTimeout)."""
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        deadline = time.monotonic() + seconds
+        if seconds > 0 and not all(done.wait(max(0.0, deadline - time.monotonic()))
+                                   for done in self._done):
+            raise RuntimeError(f"Operation timed out! The {NAME} all_reduce of "
+                               f"{len(self._tensors)} tensor(s) did not finish within "
+                               f"{seconds:g} s (Work.wait's timeout); it goes on")
         for future in self._futures:
             future.wait()
         return True
@@ -219,6 +236,65 @@ class _SwitchWork(Work):
 
             self._future = futures[-1].then(done)
         return self._future
+
+
+def _refuse_overlaps(tensors) -> None:
+    for t in tensors:
+        if t.layout == torch.strided:
+            refuse_overlap(t.shape, t.stride())
+
+
+def _contiguous(tensors, reduce):
+    """``reduce`` (a fallback backend's all-reduce) on contiguous tensors, the sums
+    copied back into the caller's strided ones: gloo (torch 2.13) sums a view with
+    gaps between its rows as the memory from its first element to its last, gaps
+    included, and sums a dense one in memory order, so ranks whose layouts differ
+    would add unrelated elements. Contiguous tensors are reduced as they are."""
+    if all(t.layout != torch.strided or t.is_contiguous() for t in tensors):
+        return reduce(tensors)
+    copies = [t.contiguous() if t.layout == torch.strided else t for t in tensors]
+    return _CopyBackWork(reduce(copies), tensors, copies)
+
+
+class _CopyBackWork(Work):
+    """A fallback's work on contiguous copies: done, the sums go into the caller's
+    tensors, once, on ``wait()`` or through the future (made on demand)."""
+
+    def __init__(self, work, tensors, copies):
+        super().__init__()
+        self._work = work
+        self._tensors = tensors
+        self._pairs = [(t, c) for t, c in zip(tensors, copies) if t is not c]
+        self._lock = threading.Lock()
+        self._future = None
+
+    def _copy_back(self) -> None:
+        with self._lock:        # held while copying: a second caller returns after it
+            for tensor, copy in self._pairs:
+                tensor.copy_(copy)
+            self._pairs = []
+
+    def wait(self, timeout=None) -> bool:
+        self._work.wait(timeout) if timeout is not None else self._work.wait()
+        self._copy_back()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def get_future(self):
+        if self._future is None:
+            tensors = self._tensors
+            self._future = self._work.get_future().then(
+                lambda _: self._copy_back() or list(tensors))
+        return self._future
+
+
+def _done_event(future) -> threading.Event:
+    """Set when ``future`` is done: torch's futures wait without a timeout."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    return done
 
 
 class _AllWork(Work):

@@ -104,7 +104,10 @@ class AggregationSession:
         """Sum (or average) ``tensor`` over all workers, in place; returns it.
 
         Accepts numpy float arrays and torch tensors (float32, float16, bfloat16,
-        float64; CPU, or any device by copying). If any worker's values hold NaN,
+        float64; CPU, or any device by copying) of any strides, summed by index
+        (``_host_copy``); not sparse ones, nor ones whose elements share memory
+        (``expand()``). The dtype and shape go into the call's fingerprint: every
+        worker must pass the same. If any worker's values hold NaN,
         Inf or magnitudes of 2**126 or more, every worker raises ``NonFiniteError``
         for this call (the affected blocks are NaN in the tensor) and the session
         stays usable (see ``quantize``). ``name``, if given, must be the same on
@@ -113,8 +116,8 @@ class AggregationSession:
         (``transport.history_key``). Any other failure leaves the session
         unusable, and the tensor partly summed: each block's result is written as
         soon as it is final (host memory in place; other devices only at the end)."""
-        work, finish = _host_copy(tensor)
-        self._submit(lambda: (self._reduce(work, average, name), finish())).result()
+        work, finish, signature = _host_copy(tensor)
+        self._submit(lambda: (self._reduce(work, average, name, signature), finish())).result()
         return tensor
 
     def allreduce_async(self, tensor, average: bool = False, *, name: str | None = None):
@@ -124,14 +127,14 @@ class AggregationSession:
 
         future = torch.futures.Future()
         try:
-            work, finish = _host_copy(tensor)   # on the caller's thread: device copies in order
+            work, finish, signature = _host_copy(tensor)   # on the caller's thread
         except Exception as exc:
             future.set_exception(exc)
             return future
 
         def run():
             try:
-                self._reduce(work, average, name)
+                self._reduce(work, average, name, signature)
                 finish()
             except BaseException as exc:  # delivered to whoever waits on the future
                 future.set_exception(exc)
@@ -145,23 +148,26 @@ class AggregationSession:
         with self._lock:
             return self._executor.submit(fn)
 
-    def _reduce(self, values: np.ndarray, average: bool, name: str | None) -> None:
-        """Aggregate a contiguous float array, writing the result into it, block by
+    def _reduce(self, values: np.ndarray, average: bool, name: str | None,
+                signature: tuple) -> None:
+        """Aggregate a C-contiguous float array, writing the result into it, block by
         block as results become final (float32 arrays are read and written in place;
-        others are quantized from a float32 copy). The first call that sends starts
+        others are quantized from a float32 copy). ``signature``, the caller's dtype
+        and shape, goes into the call's fingerprint. The first call that sends starts
         the session (``Transport.start``): its time and counters include the start's
         two rounds."""
         start = time.perf_counter()
         before = self.transport.stats.copy()
         k = self.fmt.values_per_packet
-        flat = values.reshape(-1)
+        flat = values.reshape(-1)       # a view (C-contiguous): the sums land in ``values``
         out = quantize.Blocks(flat, k)
         blocks = out if flat.dtype == np.float32 else quantize.Blocks(flat.astype(np.float32), k)
         own = np.concatenate([quantize.block_exponents(part) for part in blocks.parts])
         # Read before the results overwrite the values.
         mine = (quantize.nonfinite(blocks.flat) if (own == quantize.POISON_EXPONENT).any()
                 else None)
-        scale = self.transport.aggregate(blocks, own, out, average=average, name=name)
+        scale = self.transport.aggregate(blocks, own, out, average=average, name=name,
+                                         signature=signature)
         poisoned = scale == quantize.POISON_EXPONENT
         bound = quantize.error_bound(scale[~poisoned], self.num_workers, average=average)
         self.last_call = CallStats(elements=flat.size, blocks=len(blocks),
@@ -196,32 +202,63 @@ _NUMPY_FLOATS = (np.float16, np.float32, np.float64)
 
 
 def _host_copy(tensor):
-    """A contiguous numpy float array to aggregate in place, and what copies it back.
+    """A C-contiguous numpy float array of the tensor's shape to aggregate in place, what
+    copies it back into the caller's tensor, and the call's signature (dtype, shape).
 
-    CPU float16/32/64 tensors and contiguous numpy arrays are used directly; bfloat16
-    (numpy has none) goes through float32, other devices and strided tensors through
-    a copy."""
+    CPU float16/32/64 tensors and arrays that are C-contiguous are used directly;
+    bfloat16 (numpy has none) goes through float32, other devices and any other
+    strides through a contiguous copy: the workers' element orders must agree, and a
+    tensor's memory order is its own (transposed, channels_last). Refused before any
+    packet: tensors whose elements may share memory (``overlapping``) and layouts
+    other than strided (the backend sends those to gloo)."""
     if isinstance(tensor, np.ndarray):
         if tensor.dtype.type not in _NUMPY_FLOATS:
             raise TypeError(f"can only aggregate float16/32/64 arrays, not {tensor.dtype}")
         if not tensor.flags.writeable:
             raise ValueError("the array is read-only; allreduce works in place")
+        refuse_overlap(tensor.shape, [s // tensor.itemsize for s in tensor.strides])
+        signature = (tensor.dtype.name, tensor.shape)
         if tensor.flags.c_contiguous:
-            return tensor, lambda: None
+            return tensor, lambda: None, signature
         work = np.ascontiguousarray(tensor)
-        return work, lambda: np.copyto(tensor, work)
+        return work, lambda: np.copyto(tensor, work), signature
     torch = sys.modules.get("torch")    # a tensor's owner has imported it already
     if torch is None or not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch tensor or numpy array, not {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"can only aggregate strided (dense) tensors, not {tensor.layout}")
     if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise TypeError(f"can only aggregate floating point tensors, not {tensor.dtype}")
+    refuse_overlap(tensor.shape, tensor.stride())
     data = tensor.detach()
-    host = data.to("cpu")
-    if host.dtype == torch.bfloat16:
-        host = host.float()
-    elif not host.is_contiguous():
-        host = host.contiguous()
-    work = host.numpy()
-    if host.data_ptr() == data.data_ptr():
-        return work, lambda: None
-    return work, lambda: data.copy_(torch.from_numpy(work))
+    signature = (str(data.dtype).removeprefix("torch."), tuple(data.shape))
+    if data.device.type == "cpu" and data.dtype != torch.bfloat16 and data.is_contiguous():
+        return data.numpy(), lambda: None, signature
+    work = torch.empty(data.shape, device="cpu",
+                       dtype=torch.float32 if data.dtype == torch.bfloat16 else data.dtype)
+    work.copy_(data)        # on the caller's thread: a device's copy in its stream's order
+    return work.numpy(), lambda: data.copy_(work), signature
+
+
+def overlapping(shape, strides) -> bool:
+    """Whether elements of this shape and these strides (in elements) may share memory:
+    a stride of 0 (``expand``, ``broadcast_to``), or dimensions whose steps do not
+    clear the extent of the smaller ones (``as_strided``). The sum of a shared
+    element could not be written back to each of its indices."""
+    if 0 in shape:
+        return False
+    dims = sorted((abs(st), n) for n, st in zip(shape, strides) if n > 1)
+    extent = 0
+    for stride, n in dims:
+        if stride <= extent:
+            return True
+        extent += stride * (n - 1)
+    return False
+
+
+def refuse_overlap(shape, strides) -> None:
+    """Raises where ``overlapping``: at the boundary, before any packet."""
+    if overlapping(shape, strides):
+        raise ValueError(f"the tensor's elements may share memory (shape {tuple(shape)}, strides "
+                         f"{tuple(strides)}, e.g. from expand()): allreduce writes each element's "
+                         f"sum in place; pass a .clone() or .contiguous() copy")

@@ -26,7 +26,8 @@ ignored.
 
 **Every worker checks that all sent the same call.** Each packet carries the
 call's fingerprint (``call_fingerprints``: the session's epoch, the call's number,
-its size, its name if it has one, the block's place in it), which the switch sums
+its size, the caller's dtype and shape, its name if it has one, the block's place
+in it), which the switch sums
 like a value. A result whose sum is not n times this worker's own means that some
 worker issued another call (another size, calls in another order, a rank ahead or
 behind) or that the slot held another session's sums. Every worker sees the same
@@ -145,10 +146,13 @@ class SendRefused(RuntimeError):
 
 
 def call_fingerprints(epoch: int, call: int | str, elements: int, name: str | None,
-                      blocks: int) -> np.ndarray:
+                      blocks: int, signature: tuple = ()) -> np.ndarray:
     """Per block of a call, the 32-bit fingerprint it carries (as uint64): the same
-    on every worker that issues this call in this session, unrelated otherwise."""
-    digest = hashlib.blake2b(repr((epoch, call, elements, name)).encode(), digest_size=4)
+    on every worker that issues this call in this session, unrelated otherwise.
+    ``signature`` is the caller's (dtype name, shape): calls of one size but another
+    shape or dtype differ, as torch's TORCH_DISTRIBUTED_DEBUG=DETAIL checks them."""
+    digest = hashlib.blake2b(repr((epoch, call, elements, name, signature)).encode(),
+                             digest_size=4)
     base = int.from_bytes(digest.digest(), "big")
     return (base + np.arange(blocks, dtype=np.uint64) * FINGERPRINT_STEP) & FINGERPRINT_MASK
 
@@ -434,14 +438,16 @@ class Transport:
 
     # -- one call ------------------------------------------------------------------
     def aggregate(self, blocks: quantize.Blocks, own: np.ndarray, out: quantize.Blocks, *,
-                  average: bool, name: str | None = None) -> np.ndarray:
+                  average: bool, name: str | None = None,
+                  signature: tuple = ()) -> np.ndarray:
         """Sum (``average``: the mean of) float32 ``blocks`` over the job's workers into
         ``out`` (any float dtype; ``blocks`` itself to work in place): each block is
         dequantized there as soon as its result is final, from the received packet.
 
         ``own`` are this worker's block exponents; the size and ``name`` (the
-        caller's, if any) go into the call's fingerprint with its number, and
-        choose its exponent history (``history_key``). Returns the scale exponent
+        caller's, if any) go into the call's fingerprint with its number and the
+        caller's ``signature`` (dtype name, shape), and the size and name choose its
+        exponent history (``history_key``). Returns the scale exponent
         each block was quantized with (``POISON_EXPONENT`` for a block some worker
         could not carry)."""
         self._check_usable()
@@ -463,10 +469,10 @@ class Transport:
         if previous is None and name is not None:
             previous = same_name(self.history, name, n)
         label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
-        fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n)
+        fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n, signature)
         scale, agreed = self._run(_Call(self, blocks, out, own, quantize.speculate(previous, n),
                                         label=label, fingerprints=fingerprints, quantized=True,
-                                        average=average))
+                                        average=average, signature=signature))
         self.history.pop(key, None)        # most recent last; the oldest call goes first
         self.history[key] = quantize.remember(agreed)
         if len(self.history) > HISTORY_CALLS:
@@ -543,12 +549,13 @@ class _Call:
     and a final result is dequantized (``average``: the mean) into ``out``;
     otherwise int32 values sent as they are, each result final and stored in
     ``out`` as it is. ``fingerprints``: per chunk, what its packets carry, and its
-    result n times."""
+    result n times; ``signature``, the caller's (dtype, shape) in them, is named
+    where they differ."""
 
     def __init__(self, transport: Transport, blocks: quantize.Blocks, out: quantize.Blocks,
                  own: np.ndarray, scale: np.ndarray, *, label: str, fingerprints: np.ndarray,
                  slots: np.ndarray | None = None, quantized: bool = False,
-                 average: bool = False):
+                 average: bool = False, signature: tuple = ()):
         t = self.t = transport
         w = t.num_slots
         self.blocks = blocks
@@ -556,6 +563,7 @@ class _Call:
         self.own = np.asarray(own, dtype=np.int64)
         self.scale = np.array(scale, dtype=np.int64)
         self.label = label
+        self.signature = signature
         self.quantized = quantized
         self.average = average
         n = self.n = len(blocks)
@@ -926,13 +934,15 @@ class _Call:
         if self.label == START:           # the start's chunk i is in slot i
             raise CallMismatch(_stale(t, START, chunk, "its sum holds other contributions "
                                       "than the workers' starts"))
+        mine = (f"; this worker's: {self.signature[0]}, shape {tuple(self.signature[1])}"
+                if self.signature else "")
         raise CallMismatch(
             f"job {t.job_id}, worker {t.worker_id}, {self.label}: the switch's sum of the "
             f"workers' fingerprints for block {chunk} is {got:#010x}, not {t.num_workers} "
             f"times this worker's ({int(self.expected[chunk]):#010x}): the workers did not all "
-            f"issue this call (another size or name, or calls in another order, on some "
-            f"worker), or the slot held another session's sums. The session is unusable: "
-            f"{RECOVER}")
+            f"issue this call (another size, shape, dtype or name{mine}; or calls in another "
+            f"order, on some worker), or the slot held another session's sums. The session "
+            f"is unusable: {RECOVER}")
 
 
 def _stale(t: Transport, label: str, window_slot: int, why: str) -> str:

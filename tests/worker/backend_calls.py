@@ -13,6 +13,14 @@ Prints one JSON line per check:
   reduce_scatter, barrier, all_reduce_coalesced of ints, on both groups.
 - ``mismatch``: rank r all-reduces 100 * (r + 1) values (async): the error that
   ``Work.wait()`` raised.
+- ``shape``, ``dtype``: rank 0 all-reduces a float32 tensor of shape (4, 8), rank 1
+  one of (8, 4) (``shape``) or a bfloat16 one of (4, 8) (``dtype``): the error.
+- ``layouts``: every dtype in every layout (``LAYOUTS``) through ``dist.all_reduce``
+  on both groups and (floats) through the session; per tensor its logical values
+  after the call, whether it kept its storage and strides, and whether the memory
+  around a view kept its values; an expanded tensor's error; then one DDP step with
+  the switch's hook, per parameter (every float dtype, several layouts) its
+  gradient, and whether the hook's futures held the buckets' own buffers.
 - ``cuda``: as ``dtypes`` (SUM, float32, float16, bfloat16) with CUDA tensors, and
   the device the result is on; then one DDP step of a CUDA model with the switch's
   comm hook (DDP over the gloo group: one GPU holds both ranks, which NCCL refuses):
@@ -149,13 +157,145 @@ def fallback(rank: int, world: int, gloo) -> None:
     emit(check="coalesced_floats", values=[f.tolist() for f in floats])
 
 
+LAYOUT_DTYPES = {**DTYPES, "int32": torch.int32, "int64": torch.int64}
+PAD = 3      # elements of a view's buffer outside it, which must keep their values
+
+
+def logical(rank: int, shape, dtype) -> torch.Tensor:
+    """Rank r's values of a tensor of ``shape``: integers, so every sum is exact."""
+    n = int(torch.tensor(shape).prod()) if shape else 1
+    return ((torch.arange(n) % 61 - 30) * (rank + 1)).reshape(shape).to(dtype)
+
+
+def in_layout(values: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``values`` in ``layout``, and the buffer a view lives in (None if its own)."""
+    if layout == "transposed":      # the same logical tensor, memory in column order
+        return values.t().contiguous().t(), None
+    if layout == "channels_last":
+        return values.contiguous(memory_format=torch.channels_last), None
+    if layout == "offset":          # a contiguous view at a storage offset
+        buffer = torch.full((PAD + values.numel(),), 7, dtype=values.dtype)
+        view = buffer[PAD:].view(values.shape)
+        view.copy_(values)
+        return view, buffer
+    if layout == "columns":         # a slice of columns: an offset and gaps between rows
+        rows, cols = values.shape
+        buffer = torch.full((rows, cols + PAD), 7, dtype=values.dtype)
+        view = buffer[:, 1:1 + cols]
+        view.copy_(values)
+        return view, buffer
+    return values.clone(), None
+
+
+LAYOUTS = {"contiguous": (5, 7), "transposed": (5, 7), "channels_last": (2, 3, 4, 5),
+           "offset": (6, 5), "columns": (6, 5), "zero_size": (0, 3), "zero_d": ()}
+
+
+def run_in_layout(rank: int, dtype, layout: str, reduce) -> dict:
+    """``reduce`` on rank ``rank``'s tensor in ``layout``: what the check needs."""
+    t, buffer = in_layout(logical(rank, LAYOUTS[layout], dtype), "contiguous"
+                          if layout in ("zero_size", "zero_d") else layout)
+    ptr, strides, offset = t.data_ptr(), t.stride(), t.storage_offset()
+    outside = None if buffer is None else buffer.clone()
+    reduce(t)
+    if buffer is not None:          # the view's own elements aside, the buffer is as it was
+        inside = torch.zeros_like(buffer, dtype=torch.bool)
+        (inside[PAD:] if layout == "offset" else inside[:, 1:1 + t.shape[1]]).fill_(True)
+        outside = bool((buffer[~inside] == outside[~inside]).all())
+    return {"values": t.double().reshape(-1).tolist(), "shape": list(t.shape),
+            "kept": [t.data_ptr() == ptr, t.stride() == strides, t.storage_offset() == offset],
+            "outside_kept": outside}
+
+
+def layouts(rank: int, world: int, gloo) -> None:
+    from innet_aggregation.worker.backend import session_of
+
+    session = session_of()
+    paths = {"ina": lambda t: dist.all_reduce(t), "gloo": lambda t: dist.all_reduce(t, group=gloo),
+             "session": session.allreduce}
+    for dname, dtype in LAYOUT_DTYPES.items():
+        for layout in LAYOUTS:
+            for path, reduce in paths.items():
+                if path == "session" and dname not in DTYPES:
+                    continue
+                emit(check="layout", dtype=dname, layout=layout, path=path,
+                     **run_in_layout(rank, dtype, layout, reduce))
+    # Ranks that hold the same logical tensor in different layouts: summed by index.
+    emit(check="mixed", **run_in_layout(rank, torch.bfloat16, ("contiguous", "transposed")[rank],
+                                        lambda t: dist.all_reduce(t)))
+    # gloo's sums of a slice copied back through the Work's future, as DDP reads it.
+    emit(check="future", **run_in_layout(
+        rank, torch.int64, "columns",
+        lambda t: dist.all_reduce(t, async_op=True).get_future().wait()))
+    sparse = logical(rank, (5, 7), torch.float32).to_sparse()
+    dist.all_reduce(sparse)
+    emit(check="sparse", layout=str(sparse.layout),
+         values=sparse.to_dense().double().reshape(-1).tolist())
+    for path, reduce in (("ina", paths["ina"]), ("session", session.allreduce)):
+        try:
+            reduce(torch.ones(3).expand(4, 3))
+            emit(check="expanded", path=path, error=None)
+        except Exception as exc:     # refused on the caller's thread, before any packet
+            emit(check="expanded", path=path, error=f"{type(exc).__name__}: {exc}")
+    ddp_layouts(rank, world, gloo)
+
+
+class Parameters(torch.nn.Module):
+    """Parameters of every float dtype in several layouts; the loss sum(p * x) makes
+    each gradient exactly x, the rank's own integers."""
+
+    SHAPES = {"contiguous": (5, 7), "transposed": (5, 7), "channels_last": (2, 3, 4, 5),
+              "zero_d": ()}
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+        for dname, dtype in DTYPES.items():
+            for layout, shape in self.SHAPES.items():
+                value, _ = in_layout(torch.zeros(shape, dtype=dtype), layout)
+                self.register_parameter(f"{dname}_{layout}", torch.nn.Parameter(value))
+                self.names.append((dname, layout))
+
+    def forward(self, rank: int):
+        return sum((p * logical(rank, p.shape, p.dtype)).sum().double()
+                   for p in self.parameters())
+
+
+def ddp_layouts(rank: int, world: int, gloo) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from innet_aggregation.worker import SwitchHookState, switch_allreduce_hook
+    from innet_aggregation.worker.backend import session_of
+
+    for label in ("hook", "gloo"):
+        model = Parameters()
+        ddp = DistributedDataParallel(model, process_group=gloo)
+        own = []
+        if label == "hook":
+            def hook(state, bucket):
+                buffer = bucket.buffer()
+                return switch_allreduce_hook(state, bucket).then(
+                    lambda done: own.append(done.value().data_ptr() == buffer.data_ptr())
+                    or done.value())
+
+            ddp.register_comm_hook(SwitchHookState(session_of()), hook)
+        ddp(rank).backward()
+        for (dname, layout), p in zip(model.names, model.parameters()):
+            emit(check="ddp", path=label, dtype=dname, layout=layout,
+                 values=p.grad.double().reshape(-1).tolist(),
+                 strides=[list(p.grad.stride()), list(p.stride())])
+        if label == "hook":
+            emit(check="ddp_buffers", own=own)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--worker-id", type=int, required=True)
     parser.add_argument("--master", required=True, help="host:port of rank 0")
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--case", choices=("dtypes", "fallback", "mismatch", "cuda"), required=True)
+    parser.add_argument("--case", required=True, choices=(
+        "dtypes", "fallback", "mismatch", "shape", "dtype", "layouts", "cuda"))
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
     os.environ["INA_JOB_CONFIG"] = args.config
@@ -169,6 +309,13 @@ def main() -> None:
         cuda_ddp(rank, world, dist.new_group(backend="gloo"))
     elif args.case == "fallback":
         fallback(rank, world, dist.new_group(backend="gloo"))
+    elif args.case == "layouts":
+        layouts(rank, world, dist.new_group(backend="gloo"))
+    elif args.case in ("shape", "dtype"):
+        other = rank == 1
+        t = torch.ones((8, 4) if other and args.case == "shape" else (4, 8),
+                       dtype=torch.bfloat16 if other and args.case == "dtype" else torch.float32)
+        emit(check=args.case, error=error(dist.all_reduce(t, async_op=True)))
     else:
         emit(check="mismatch",
              error=error(dist.all_reduce(torch.ones(100 * (rank + 1)), async_op=True)))

@@ -17,6 +17,7 @@ would break it.
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -151,6 +152,84 @@ def test_work_wait_raises_the_transports_error(fabric):
             f"CallMismatch: job {job.id}, worker {rank}, call 1 ({100 * (rank + 1)} elements): "
         ), line
         assert "did not all issue this call" in line["error"]
+    fabric.remove(job)
+
+
+@pytest.mark.parametrize("case", ["shape", "dtype"])
+def test_calls_of_one_size_but_another_shape_or_dtype_are_refused(fabric, case):
+    """Rank 0 all-reduces float32 (4, 8), rank 1 float32 (8, 4) or bfloat16 (4, 8):
+    32 elements each, which the fingerprint told apart by size alone would sum."""
+    job, reports = run_calls(fabric, case, port=30400 if case == "shape" else 30500)
+    mine = {"shape": ["float32, shape (4, 8)", "float32, shape (8, 4)"],
+            "dtype": ["float32, shape (4, 8)", "bfloat16, shape (4, 8)"]}[case]
+    for rank, lines in enumerate(reports):
+        (line,) = lines
+        assert line["error"].startswith(
+            f"CallMismatch: job {job.id}, worker {rank}, call 1 (32 elements): "), line
+        assert f"this worker's: {mine[rank]}" in line["error"], line
+    fabric.remove(job)
+
+
+def reference(shape, dtype: str, scale: float = 3.0) -> list[float]:
+    """backend_calls.logical summed over both ranks, computed in float64 here."""
+    n = int(np.prod(shape)) if shape else 1
+    return ((np.arange(n) % 61 - 30) * scale).tolist()
+
+
+# gloo (torch 2.13) sums a view with gaps (a slice of columns) as the memory from its
+# first element to its last, the elements between its rows included: wrong sums.
+GLOO_WRONG = {"columns"}
+
+
+def test_every_dtype_in_every_layout_is_summed_into_the_callers_tensor(fabric):
+    """dist.all_reduce on the ina group and on gloo, and the session itself, on every
+    dtype in every layout torch makes: the exact sum in the caller's tensor (its
+    storage and strides, the memory around a view untouched); ranks holding one
+    tensor in two layouts sum by index; sparse tensors go to gloo; an expanded
+    tensor is refused before any packet; DDP's buckets through the hook, the
+    gradients of parameters in those layouts the exact mean, as gloo's."""
+    job, reports = run_calls(fabric, "layouts", port=30600)
+    for rank, lines in enumerate(reports):
+        layout_lines = [line for line in lines if line["check"] == "layout"]
+        seen, wrong = set(), []
+        for line in layout_lines:
+            shape = backend_calls.LAYOUTS[line["layout"]]
+            seen.add((line["dtype"], line["layout"], line["path"]))
+            if line["path"] == "gloo" and line["layout"] in GLOO_WRONG:
+                continue
+            if (line["shape"] != list(shape) or line["values"] != reference(shape, line["dtype"])
+                    or line["kept"] != [True, True, True] or line["outside_kept"] is False):
+                wrong.append(f"{line['dtype']} {line['layout']} through {line['path']}: "
+                             f"{line['values'][:8]}..., kept {line['kept']}, "
+                             f"{line['outside_kept']}")
+        assert not wrong, f"rank {rank}:\n" + "\n".join(wrong)
+        want = {(d, layout, path) for d in backend_calls.LAYOUT_DTYPES
+                for layout in backend_calls.LAYOUTS for path in ("ina", "gloo", "session")
+                if path != "session" or d in backend_calls.DTYPES}
+        assert seen == want, f"rank {rank}: missing {want - seen}"
+        (mixed,) = [line for line in lines if line["check"] == "mixed"]
+        assert mixed["values"] == reference((5, 7), "bfloat16") and all(mixed["kept"]), mixed
+        (future,) = [line for line in lines if line["check"] == "future"]
+        assert future["values"] == reference((6, 5), "int64") and future["outside_kept"], future
+        (sparse,) = [line for line in lines if line["check"] == "sparse"]
+        assert sparse["layout"] == "torch.sparse_coo", sparse
+        assert sparse["values"] == reference((5, 7), "float32"), sparse
+        expanded = {line["path"]: line["error"] for line in lines if line["check"] == "expanded"}
+        for path, message in expanded.items():
+            assert message is not None and message.startswith(
+                "ValueError: the tensor's elements may share memory (shape (4, 3), "
+                "strides (0, 1)"), f"rank {rank}, {path}: {message}"
+        assert set(expanded) == {"ina", "session"}
+        ddp = {(line["path"], line["dtype"], line["layout"]): line
+               for line in lines if line["check"] == "ddp"}
+        for (path, dtype, layout), line in ddp.items():
+            shape = backend_calls.Parameters.SHAPES[layout]
+            assert line["values"] == reference(shape, dtype, 1.5), f"rank {rank}: DDP {path} " \
+                f"{dtype} {layout}"
+            assert line["values"] == ddp["gloo", dtype, layout]["values"]
+        assert len(ddp) == 2 * len(backend_calls.DTYPES) * len(backend_calls.Parameters.SHAPES)
+        (buffers,) = [line for line in lines if line["check"] == "ddp_buffers"]
+        assert buffers["own"] and all(buffers["own"]), buffers
     fabric.remove(job)
 
 
@@ -289,3 +368,29 @@ def test_the_job_credential_comes_from_the_environment_or_rank_0_through_the_sto
     assert job_credential(dist.HashStore(), 0) != drawn      # each job draws its own
     monkeypatch.setenv("INA_JOB_CREDENTIAL", "given-by-the-launcher")
     assert job_credential(store, 1) == "given-by-the-launcher"
+
+
+@needs_program
+def test_work_wait_honours_its_timeout(one_process, monkeypatch, tmp_path):
+    """No switch answers: wait(timeout) raises as c10d's Work::wait does, and the call
+    itself ends with the session's own error within the group's timeout."""
+    from innet_aggregation.worker import AggregationTimeout
+    from innet_aggregation.worker.backend import session_of
+    monkeypatch.setenv("INA_JOB_CONFIG", str(loopback_job(tmp_path, 1)))
+    init(timeout=timedelta(seconds=2))
+    # Sparse and expanded tensors never reach the session: gloo's, and refused.
+    sparse = torch.ones(3, 4).to_sparse()
+    dist.all_reduce(sparse)
+    assert sparse.to_dense().tolist() == torch.ones(3, 4).tolist()
+    for t in (torch.ones(3).expand(4, 3), torch.ones(3, dtype=torch.int64).expand(4, 3)):
+        with pytest.raises(ValueError, match=r"elements may share memory \(shape \(4, 3\)"):
+            dist.all_reduce(t)
+    assert session_of().stats.packets_sent == 0
+    work = dist.all_reduce(torch.ones(10), async_op=True)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^Operation timed out! .* within 0.3 s"):
+        work.wait(timeout=timedelta(seconds=0.3))
+    assert 0.3 <= time.monotonic() - start < 1.5
+    assert not work.is_completed()
+    with pytest.raises(AggregationTimeout):
+        work.wait()

@@ -74,7 +74,25 @@ def test_what_cannot_be_aggregated_is_refused_before_sending():
         torch = pytest.importorskip("torch", reason="the [torch] extra is not installed")
         with pytest.raises(TypeError, match="floating point"):
             s.allreduce_async(torch.arange(10)).wait()
+        with pytest.raises(TypeError, match="strided .* not torch.sparse_coo"):
+            s.allreduce(torch.ones(3, 4).to_sparse())
+        # Elements that share memory: their sums could not each be written back.
+        shared = r"elements may share memory \(shape \(4, 3\), strides \(0, 1\)"
+        with pytest.raises(ValueError, match=shared):
+            s.allreduce(torch.ones(3).expand(4, 3))
+        with pytest.raises(ValueError, match=shared):
+            s.allreduce(np.lib.stride_tricks.as_strided(np.ones(3, np.float32), (4, 3), (0, 4)))
         assert s.stats.packets_sent == 0
+
+
+@pytest.mark.parametrize("shape, strides, shared", [
+    ((4, 3), (3, 1), False), ((4, 3), (1, 4), False), ((3, 4), (5, 1), False),  # gaps
+    ((2, 3, 4, 5), (60, 1, 15, 3), False), ((), (), False), ((0, 3), (0, 0), False),
+    ((4, 1), (1, 0), False), ((4, 3), (0, 1), True), ((4, 3), (1, 1), True),
+    ((4, 3), (2, 1), True), ((3, 3), (-3, 1), False)])
+def test_overlapping_strides_are_told_apart(shape, strides, shared):
+    from innet_aggregation.worker.session import overlapping
+    assert overlapping(shape, strides) == shared
 
 
 def test_rto_follows_rfc6298_and_backs_off_once_per_period():
