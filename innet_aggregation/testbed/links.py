@@ -13,8 +13,6 @@ nominal rate are flagged ("burst"), never called bound by the links.
 
 from __future__ import annotations
 
-import os
-
 from innet_aggregation.p4src import protocol
 
 # HTB's bucket in seconds at the link's rate (topology.ShapedIntf): 1 MiB allreduces at
@@ -23,8 +21,9 @@ HTB_BURST_S = 0.008
 MIN_BURST_BYTES = 15000       # Mininet's own bucket; below a few frames HTB under-delivers
 MAX_SHAPED_MBIT = 1000.0      # Mininet's TCIntf ignores a higher rate: the link stays unshaped
 MAX_TESTBED_WORKERS = min(protocol.MAX_WORKERS, 250)   # the switch's lanes; 10.0.0.0/24 hosts
-# One testbed host: its worker process (Python, torch, the session: 330-380 MB resident
-# here) and the gloo buffers of a 1 MiB ring; more workers than memory holds swap or die.
+# One testbed host: its worker process (Python, torch, the session, gloo: 250-280 MB
+# resident here with 1 MiB calls of recorded gradients), with room for larger tensors;
+# more workers than memory holds swap or die.
 WORKER_MEMORY_MB = 450
 LINK_BOUND = 0.8              # first transmissions at this share of the link: bound by it
 
@@ -60,10 +59,6 @@ def check_workers(n: int, memory_mb: float | None = None) -> None:
         raise ValueError(f"{n} workers need about {n * WORKER_MEMORY_MB} MB "
                          f"({WORKER_MEMORY_MB} MB each) and this machine has {memory_mb:.0f} MB "
                          f"available: at most {int(memory_mb // WORKER_MEMORY_MB)} workers")
-
-
-def cpus() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 def capacity_mbit(wire_bytes: int, payload: int, first_chunk: int, seconds: float) -> float:
