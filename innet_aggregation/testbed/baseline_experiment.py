@@ -367,8 +367,8 @@ def plot(lines: list[dict], path: Path, target: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"in-network aggregation ({target}) vs gloo's ring allreduce\nbars: 95 % "
-                 f"bootstrap interval of the median ratio; red rings: not link-bound (hosts, "
-                 f"or a burst above the link)", fontsize=10)
+                 f"bootstrap interval of the median ratio\nred rings: not link-bound (hosts, "
+                 f"or a burst above the link)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
