@@ -19,6 +19,11 @@ MODEL    ?= small
 # demo, bench-allreduce: INA=1 sends the switch's calls through torch.distributed's
 # ina backend (dist.all_reduce, DDP with no hook) instead of the session's API.
 INA      ?=
+# bench-allreduce, bench-scaling: what the calls sum (recorded DDP gradients, normal, integers).
+DATA     ?= recorded
+# bench-scaling: the worker counts and the links' rate (Mbit/s).
+SCALE_N  ?= 2,4,8,12,16
+SCALE_BW ?= 50
 # loss-experiment: the switches whose ports drop (all, or e.g. spine, leaf0).
 LOSS_AT  ?= all
 PYTEST   ?= $(PY) -m pytest
@@ -32,7 +37,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
-        bench-worker bench-backend bench-allreduce bench-exponents demo testbed loss-experiment fuzz clean \
+        bench-worker bench-backend bench-allreduce bench-scaling bench-exponents record-gradients demo testbed loss-experiment fuzz clean \
         p4c-samples docs
 
 setup: apt-deps $(VENV)/.installed
@@ -122,7 +127,7 @@ p4c-samples: setup
 fuzz: setup
 	$(PY) -m tests.worker.fuzz --frames 120000
 
-bench: bench-switch bench-worker bench-backend bench-allreduce bench-exponents
+bench: bench-switch bench-worker bench-backend bench-allreduce bench-scaling bench-exponents
 
 bench-switch: setup
 	$(PY) benchmarks/bench_switch.py
@@ -137,7 +142,15 @@ bench-exponents: setup
 	$(PY) -m benchmarks.bench_exponents
 
 bench-allreduce: setup
-	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY) $(if $(INA),--ina)
+	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY) --data $(DATA) $(if $(INA),--ina)
+
+bench-scaling: setup
+	$(PY) -m innet_aggregation.testbed.scaling_experiment --workers $(SCALE_N) --bw $(SCALE_BW) --data $(DATA)
+
+# DDP gradients of the demo's large MLP and a small CNN (digits, 4 ranks, 300 steps),
+# a sample of them in a committed file of about 2.5 MB that bench-allreduce replays.
+record-gradients: setup
+	$(PY) -m innet_aggregation.testbed.gradients
 
 demo: setup
 	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina)

@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_exponents [--model large|tests] [--workers 4] [--steps 40]
                                          [--save FILE.npz] [--load FILE.npz]
+    python -m benchmarks.bench_exponents --recorded [--out results/exponents]
 
 Trains the demo's large MLP (or the DDP tests' 64-32-10 one) with DDP on gloo
 over loopback, no switch, and records per step and bucket the workers' agreed
@@ -11,6 +12,13 @@ keyed by bucket as the DDP hook's calls are, and prints how many blocks would be
 redone, which side missed (the maximum rose above the scale, or fell more than
 ``SLACK`` below it), the step-to-step changes of the exponents, and where the
 misses are (first steps, buckets, small blocks).
+
+``--recorded`` replays the committed recorded gradients instead (testbed.gradients:
+the demo's large MLP and a small CNN, steps 284-299 of 300, 4 ranks), for 4, 8
+and 16 workers and 64, 256 and 1,024 values per block, under several (headroom,
+slack) rules, with each rule's cost: the blocks redone (a packet and, at a call's
+end, a round trip each) against the bits of precision the bound gives up
+(``b - slack`` bits below a block's maximum); a JSON record of the table.
 """
 
 from __future__ import annotations
@@ -165,6 +173,39 @@ def report(records) -> None:
         for d in sorted(rel_all)))
 
 
+RULES = ((1, 4), (2, 4), (2, 5), (3, 6))     # (headroom, slack) replayed by --recorded
+
+
+def recorded(out) -> None:
+    from innet_aggregation.testbed import gradients
+    from innet_aggregation.testbed import record
+
+    data = gradients.load()
+    rows = []
+    print(f"recorded gradients, steps {data.steps['mlp'][0]}-{data.steps['mlp'][-1]} of "
+          f"{data.total_steps}, played forwards and back; blocks redone after the first "
+          f"call's probes (rose above the scale / fell more than slack below it)")
+    print(f"{'n':>3} {'values':>6} " + " ".join(
+        f"{f'headroom {h}, slack {s}':>24}" for h, s in RULES)
+        + f"   (now: headroom {quantize.HEADROOM}, slack {quantize.SLACK})")
+    for n in (4, 8, 16):
+        for k in (64, 256, 1024):
+            agreed = gradients.agreed_exponents(data, n, k, 2 * data.kept_steps - 1)
+            shares = [gradients.redone_share(agreed, h, s) for h, s in RULES]
+            rows += [dict(r, workers=n, values=k, headroom=h, slack=s,
+                          precision_bits=quantize.scale_bits(n) - s)
+                     for r, (h, s) in zip(shares, RULES)]
+            print(f"{n:>3} {k:>6} " + " ".join(
+                f"{r['redone']:>7.1%} ({r['rose']:.1%}/{r['fell']:.1%})".rjust(24)
+                for r in shares))
+    print("precision kept (b - slack bits below a block's maximum), n = 4, 8, 16: " + "; ".join(
+        f"slack {s}: " + ", ".join(str(quantize.scale_bits(n) - s) for n in (4, 8, 16))
+        for s in sorted({s for _, s in RULES})))
+    print("workers beyond the 4 recorded ranks replay them a step later (testbed.gradients): "
+          "their maximum moves less than 16 real ranks' might")
+    print(f"wrote {record.write('bench-exponents', {'rules': rows}, out=out)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=MODELS, default="large")
@@ -172,7 +213,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--save", help="write the recorded exponents here (.npz)")
     parser.add_argument("--load", help="replay exponents recorded before instead of training")
+    parser.add_argument("--recorded", action="store_true",
+                        help="replay the committed recorded gradients under several rules")
+    parser.add_argument("--out", default="results/exponents", help="--recorded's JSON record")
     args = parser.parse_args()
+    if args.recorded:
+        return recorded(args.out)
     if args.load:
         data = np.load(args.load)
         records = [(int(s), int(i), int(e), a) for s, i, e, a in

@@ -7,29 +7,39 @@
 Why the ratio has a limit: a ring allreduce sends 2(n-1)/n times the tensor from
 every worker; in-network aggregation sends it once (and receives it once). When
 both are limited by the links, t_switch / t_gloo -> n / (2(n-1)): 0.67 for n = 4,
-0.57 for n = 8. The "with headers" limit adds each protocol's per-packet overhead
-(Ethernet, IPv4, UDP and the 14 B aggregation header: 1,080 B frames for 1 KiB of
-values at 256 values per packet, 312 B for 256 B at 64, against 1514 B TCP frames
-for 1448 B; at 1024 values 4,152 B frames for 4 KiB, against TCP's on the same
-jumbo MTU, 4,152 B for 4,086 B).
+0.57 for n = 8, before each protocol's headers. The limit used here is measured,
+not assumed (testbed.links): each testbed first times a TCP transfer of the
+tensor's bytes from one host to another after the same pause as a call (the rate
+the links deliver, HTB's refilled bucket included), and each path's link time is
+the bytes it put on the wire (every worker's /proc/net/dev, the largest) at that
+rate; the limit is their quotient. The nominal one (the rate, each protocol's
+headers) is printed beside it.
 
 The sweep: for each worker count, link rate (0: unshaped) and packet size (a
 program of that many values per packet, make p4), one testbed, its links' MTU the
 one the program needs (layout.link_mtu: 1500 B, 4,138 B at 1024 values). gloo is
 measured in the first testbed of each MTU and is the baseline of every size with
 that MTU at that rate: the same links, so the same segments for its TCP.
-Each size starts with one unrecorded call per backend: the first switch call of a
-shape probes its block exponents, as only the first step of a training run does.
+Each size starts with WARMUP unrecorded calls per backend (the first switch call
+of a shape probes its block exponents, as only a training run's first step does),
+then --reps timed calls (at least MIN_CALLS = 15 to be judged) of --data: recorded
+DDP gradients by default (testbed.gradients), whose exponents move from call to
+call, so some blocks are redone, as in training; integers never miss.
 
-Every figure is a median with its min-max over the repetitions. "bound by" says
-what set the switch path's time: "links" if the workers' first transmissions
-(retransmissions do not count) went out at 80 % or more of what the link carries at
-that frame size, else "hosts" (the workers' and the switch's CPU: on one machine
+Every figure is a median with its 95 % bootstrap interval (testbed.stats); the
+goal (t_switch / t_gloo within 10 % of the limit) is judged on the interval of the
+ratio. "bound" says what set the switch path's time from the workers' first
+transmissions (retransmissions do not count) against the nominal link: "links" at
+80-100 %, "burst" above 100 % (HTB's bucket, not the link: flagged, never counted
+as link-bound), else "hosts" (the workers' and the switch's CPU: on one machine
 they share its cores); unshaped links are never the bound. CPU is given in ms per
 MB of tensor: a worker's (its process, all threads) and the switch process's, for
-the switch path and for gloo (whose TCP frames the switch forwards at L2).
+the switch path and for gloo (whose TCP frames the switch forwards at L2). Rates
+the links cannot be shaped to and more workers than the machine holds are refused
+before anything starts (testbed.links).
 
-Writes <out>/baseline.csv and <out>/baseline.png.
+Writes <out>/baseline.csv, <out>/baseline.png and a JSON record of every figure
+(testbed.record).
 """
 
 from __future__ import annotations
@@ -45,16 +55,24 @@ from pathlib import Path
 
 from innet_aggregation.p4src import protocol
 
+from .gradients import DATA
+from .gradients import load as load_gradients
 from .layout import add_topology_arguments, check_topology, link_mtu
 from . import record
+from .links import (bound, burst_bytes, capacity_mbit, check_rate, check_workers,
+                    link_time_s)
 from .loss_experiment import csv_list
+from .stats import MIN_CALLS, judge, median_interval, ratio_interval
 from .targets import add_switch_arguments, default_target
 
 ETH = 14
 IP_TCP = 20 + 32                # TCP with timestamps, as Linux sends it
-LINK_BOUND = 0.8        # first transmissions at this share of the link's packet rate
-CSV_FIELDS = ["topo", "workers", "values", "mtu", "size", "bytes", "bw_mbit", "backend", "rep",
-              "time_s", "cpu_worker_s", "cpu_switch_s", "first_tx", "retransmissions"]
+WARMUP = 2                      # unrecorded calls a point: the first probes every block
+GOAL = 1.10                     # t_switch / t_gloo within 10 % of the links' limit
+BULK_PORT = 5201
+CSV_FIELDS = ["topo", "workers", "values", "mtu", "size", "bytes", "bw_mbit", "data", "backend",
+              "rep", "time_s", "cpu_worker_s", "cpu_switch_s", "first_tx", "retransmissions",
+              "redone", "tx_bytes", "capacity_mbit"]
 
 
 def agg_frame_bytes(values: int) -> int:
@@ -67,7 +85,8 @@ def mtu_for(values: int) -> int:
 
 def limits(n: int, values: int) -> tuple[float, float]:
     """(pure, with headers) limit of t_switch / t_gloo when both are link-bound, gloo's
-    TCP on links of the MTU that the packet size's testbed has."""
+    TCP on links of the MTU that the packet size's testbed has: the nominal model,
+    shown beside the measured one (``table``)."""
     pure = n / (2 * (n - 1))
     switch_overhead = agg_frame_bytes(values) / (4 * values)
     mtu = mtu_for(values)
@@ -82,9 +101,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="worker counts (default 4,8)")
     parser.add_argument("--sizes", type=csv_list(int), default=[262144],
                         help="tensor sizes in float32 values (default 262144: 1 MiB)")
-    parser.add_argument("--reps", type=int, default=5,
-                        help="repetitions (default 5: gloo's time moves by up to a quarter "
-                             "from call to call here)")
+    add_measure_arguments(parser)
     parser.add_argument("--bw", type=csv_list(float), default=[20, 50, 100, 200, 500, 0],
                         help="link rates in Mbit/s, 0 for unshaped links "
                              "(default 20,50,100,200,500,0)")
@@ -101,28 +118,68 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def measure(testbed, agents, backend: str, size: int, reps: int, ina: bool = False) -> list[dict]:
-    """One warm-up call, then ``reps`` timed ones: per rep the slowest worker's time,
-    the workers' mean CPU and first transmissions, the switch's CPU per call. With
-    ``ina`` the switch's calls go through the torch backend (recorded as "switch")."""
+def add_measure_arguments(parser) -> None:
+    parser.add_argument("--reps", type=int, default=MIN_CALLS,
+                        help=f"timed calls a point, after {WARMUP} warm-up calls (default "
+                             f"{MIN_CALLS}: medians with a 95 %% bootstrap interval; fewer are "
+                             f"measured but never judged against a goal)")
+    parser.add_argument("--data", choices=DATA, default="recorded",
+                        help="what the calls sum: recorded DDP gradients (testbed.gradients, "
+                             "make record-gradients), normal floats, or integers (whose block "
+                             "exponents never change: no block is ever redone) (default recorded)")
+
+
+def check_arguments(args) -> None:
+    """Everything refusable, refused before a testbed starts."""
+    for bw in args.bw:
+        check_rate(bw)
+    for n in args.workers:
+        check_workers(n)
+    if args.reps < 1:
+        raise ValueError(f"--reps must be at least 1, not {args.reps}")
+    if args.data == "recorded":
+        load_gradients()
+
+
+def measure(testbed, agents, backend: str, size: int, reps: int, ina: bool = False,
+            data: str = "integers") -> list[dict]:
+    """``WARMUP`` unrecorded calls, then ``reps`` timed ones: per rep the slowest
+    worker's time, the workers' mean CPU and first transmissions, the most bytes a
+    worker put on its link, the blocks redone (every worker redoes the same), the
+    switch's CPU per call. With ``ina`` the switch's calls go through the torch
+    backend (recorded as "switch")."""
     wire = "ina" if ina and backend == "switch" else backend
-    agents.call({"op": "allreduce", "backend": wire, "size": size, "reps": 1,
-                 "seed": reps, "barrier": True}, timeout=1800)
+    agents.call({"op": "allreduce", "backend": wire, "size": size, "reps": WARMUP,
+                 "seed": reps, "barrier": True, "data": data, "first_call": 0}, timeout=1800)
     cpu = testbed.switch_cpu_seconds()
     answers = agents.call({"op": "allreduce", "backend": wire, "size": size, "reps": reps,
-                           "seed": 0, "barrier": True}, timeout=1800)
+                           "seed": 0, "barrier": True, "data": data, "first_call": WARMUP},
+                          timeout=1800)
     switch_cpu = (testbed.switch_cpu_seconds() - cpu) / reps
     if not all(all(a["exact"]) for a in answers):
         raise RuntimeError(f"{backend} allreduce of {size} values on {len(answers)} workers "
                            f"returned a wrong sum")
-    return [{"backend": backend, "size": size, "bytes": 4 * size, "rep": r,
+    return [{"backend": backend, "size": size, "bytes": 4 * size, "rep": r, "data": data,
              "time_s": max(a["times"][r] for a in answers),
              "cpu_worker_s": statistics.mean(a["cpu"][r] for a in answers),
              "cpu_switch_s": switch_cpu,
              "first_tx": statistics.mean(a["packets"][r] - a["retransmissions"][r]
                                          for a in answers),
-             "retransmissions": sum(a["retransmissions"][r] for a in answers)}
+             "retransmissions": sum(a["retransmissions"][r] for a in answers),
+             "redone": answers[0]["redone"][r],
+             "tx_bytes": max(a["tx_bytes"][r] for a in answers)}
             for r in range(reps)]
+
+
+def measure_capacity(agents, payload: int, reps: int) -> dict:
+    """The links' delivered rate (testbed.links), Mbit/s of frames: a TCP transfer of
+    ``payload`` bytes from worker 0 to worker 1, ``reps`` times, each after a pause."""
+    answers = agents.call({"op": "bulk", "bytes": payload, "reps": reps, "port": BULK_PORT},
+                          timeout=1800)
+    sender, receiver = answers[0], answers[1]
+    rates = [capacity_mbit(w, payload, f, t) for w, f, t in
+             zip(sender["tx_bytes"], receiver["first_chunk"], receiver["seconds"])]
+    return median_interval(rates)
 
 
 def run(args) -> list[dict]:
@@ -140,32 +197,62 @@ def run(args) -> list[dict]:
         mtu = mtu_for(values)
         links = (n, bw, topo, mtu)
         print(f"[baseline] n = {n}: {n} hosts on {shape}, {link} (MTU {mtu} B), {values} values "
-              f"per packet", flush=True)
+              f"per packet, {args.data} data", flush=True)
         with Testbed(n, bw=bw or None, target=target, num_slots=args.slots, topo=topo,
                      leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
                      values_per_packet=values) as testbed, HostAgents(testbed) as agents:
             for size in args.sizes:
+                capacity = measure_capacity(agents, 4 * size, args.reps)
+                print(f"  links deliver {capacity['median']:.1f} Mbit/s "
+                      f"({capacity['lo']:.1f}-{capacity['hi']:.1f}) to a {4 * size} B transfer",
+                      flush=True)
                 for backend in ("switch",) if links in gloo_measured else ("switch", "gloo"):
-                    measured = measure(testbed, agents, backend, size, args.reps, args.ina)
-                    rows += [dict(r, topo=topo, workers=n, values=values, mtu=mtu, bw_mbit=bw)
-                             for r in measured]
-                    times = [r["time_s"] for r in measured]
+                    measured = measure(testbed, agents, backend, size, args.reps, args.ina,
+                                       args.data)
+                    rows += [dict(r, topo=topo, workers=n, values=values, mtu=mtu, bw_mbit=bw,
+                                  capacity_mbit=capacity["median"]) for r in measured]
+                    t = median_interval([r["time_s"] for r in measured])
                     print(f"  n={n} size={size:>8} {topo:<5} {backend:<6} median "
-                          f"{1000 * statistics.median(times):9.1f} ms "
-                          f"({1000 * min(times):.1f}-{1000 * max(times):.1f})", flush=True)
+                          f"{1000 * t['median']:9.1f} ms ({1000 * t['lo']:.1f}-"
+                          f"{1000 * t['hi']:.1f}, 95 %), redone "
+                          f"{statistics.mean(r['redone'] for r in measured):.1f} blocks a call",
+                          flush=True)
         gloo_measured.add(links)
     return rows
 
 
-def spread(values: list[float], scale: float = 1.0) -> dict:
-    return {"median": scale * statistics.median(values), "min": scale * min(values),
-            "max": scale * max(values)}
+def interval_ms(values: list[float]) -> dict:
+    return {k: (1000 * v if k != "n" else v) for k, v in median_interval(values).items()}
+
+
+def path_figures(rows: list[dict], nominal_mbit: float | None, values: int) -> dict:
+    """One path's figures at one point: time (median, 95 % interval), the link time its
+    bytes need at the delivered capacity, first transmissions against the nominal rate."""
+    size = rows[0]["size"]
+    t = interval_ms([r["time_s"] for r in rows])
+    capacity = rows[0]["capacity_mbit"]
+    link_ms = 1000 * link_time_s(statistics.median(r["tx_bytes"] for r in rows), capacity)
+    share = None
+    if nominal_mbit and rows[0]["backend"] == "switch":
+        link_pps = nominal_mbit * 1e6 / (8 * agg_frame_bytes(values))
+        share = statistics.median(r["first_tx"] / r["time_s"] for r in rows) / link_pps
+    mb = 4 * size / 1e6
+    return {"time_ms": t, "wire_bytes": statistics.median(r["tx_bytes"] for r in rows),
+            "capacity_mbit": capacity, "link_ms": link_ms,
+            "link_share": link_ms / t["median"], "first_tx_share": share,
+            "redone_per_call": statistics.mean(r["redone"] for r in rows),
+            "blocks_per_call": -(-size // values),
+            "retransmissions": sum(r["retransmissions"] for r in rows),
+            "cpu_worker_ms_per_mb": 1000 * statistics.median(r["cpu_worker_s"] for r in rows) / mb,
+            "cpu_switch_ms_per_mb": 1000 * statistics.median(r["cpu_switch_s"] for r in rows) / mb}
 
 
 def table(rows: list[dict], topo: str = "star") -> list[dict]:
-    """One line per (n, packet size, link rate, tensor size) on ``topo``: the switch
-    path's and gloo's times, their ratio against the limit, what bound the switch
-    path, and CPU per MB."""
+    """One line per (n, packet size, link rate, tensor size) on ``topo``: each path's
+    figures, t_switch / t_gloo with its interval, the limit of that ratio from the
+    bytes each path put on the wire and the capacity the links delivered (and the
+    nominal one beside it), the goal judged on the interval, and what bound the
+    switch path."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["topo"] == topo:
@@ -178,23 +265,19 @@ def table(rows: list[dict], topo: str = "star") -> list[dict]:
         if backend != "switch":
             continue
         gl = gloo[(n, bw, size, sw[0]["mtu"])]
-        t_sw, t_gl = spread([r["time_s"] for r in sw], 1000), spread([r["time_s"] for r in gl], 1000)
-        pure, with_headers = limits(n, values)
-        mb = 4 * size / 1e6
-        first_tx_rate = statistics.median(r["first_tx"] / r["time_s"] for r in sw)
-        link_pps = bw * 1e6 / (8 * agg_frame_bytes(values)) if bw else None
+        switch, ring = path_figures(sw, bw, values), path_figures(gl, bw, values)
+        ratio = ratio_interval([r["time_s"] for r in sw], [r["time_s"] for r in gl])
+        limit = switch["link_ms"] / ring["link_ms"]
+        over = {"median": ratio["median"] / limit, "lo": ratio["lo"] / limit,
+                "hi": ratio["hi"] / limit}
+        judged = min(len(sw), len(gl)) >= MIN_CALLS
         out.append({
-            "n": n, "values": values, "bw_mbit": bw, "size": size, "t_switch_ms": t_sw,
-            "t_gloo_ms": t_gl, "ratio": t_sw["median"] / t_gl["median"], "limit": pure,
-            "limit_headers": with_headers,
-            "bound": "links" if link_pps and first_tx_rate >= LINK_BOUND * link_pps else "hosts",
-            "first_tx_share": first_tx_rate / link_pps if link_pps else None,
-            "retransmissions": sum(r["retransmissions"] for r in sw),
-            "cpu_worker_ms_per_mb": 1000 * statistics.median(r["cpu_worker_s"] for r in sw) / mb,
-            "cpu_switch_ms_per_mb": 1000 * statistics.median(r["cpu_switch_s"] for r in sw) / mb,
-            "gloo_cpu_worker_ms_per_mb": 1000 * statistics.median(r["cpu_worker_s"] for r in gl) / mb,
-            "gloo_cpu_switch_ms_per_mb": 1000 * statistics.median(r["cpu_switch_s"] for r in gl) / mb,
-        })
+            "n": n, "values": values, "bw_mbit": bw, "size": size, "data": sw[0]["data"],
+            "switch": switch, "gloo": ring, "ratio": ratio, "limit": limit,
+            "limit_nominal": limits(n, values)[1], "over_limit": over,
+            "goal": (judge(over, GOAL) if judged else "too few calls") if bw else "-",
+            "bound": bound(switch["first_tx_share"]),
+            "burst_share": burst_bytes(bw) / switch["wire_bytes"] if bw else None})
     return sorted(out, key=lambda l: (l["n"], l["values"], l["size"], l["bw_mbit"] or 1e9))
 
 
@@ -203,24 +286,29 @@ def rate(bw: float) -> str:
 
 
 def ms(s: dict) -> str:
-    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+    return f"{s['median']:.1f} ({s['lo']:.1f}-{s['hi']:.1f})"
 
 
 def print_table(lines: list[dict]) -> None:
-    header = (f"{'n':>2} {'values':>6} {'Mbit/s':>8} {'tensor':>7} {'switch ms (min-max)':>22} "
-              f"{'gloo ms (min-max)':>22} {'t_sw/t_gloo':>11} {'w/ hdrs':>7} {'/limit':>6} "
-              f"{'bound by':>8} {'1st tx':>6} {'retx':>5}  {'CPU ms/MB: worker, switch':>26}  "
-              f"{'gloo worker, switch':>19}")
+    header = (f"{'n':>2} {'values':>6} {'Mbit/s':>8} {'deliv.':>6} {'tensor':>7} "
+              f"{'switch ms (95 %)':>20} {'gloo ms (95 %)':>20} {'t_sw/t_gloo (95 %)':>18} "
+              f"{'limit':>5} {'nom.':>5} {'/limit':>6} {'goal':>9} {'sw link':>7} "
+              f"{'1st tx':>6} {'bound':>6} {'redone':>10} {'retx':>5}  "
+              f"{'CPU ms/MB worker, switch':>24}  {'gloo':>11}")
     print(header)
     print("-" * len(header))
     for l in lines:
-        share = f"{l['first_tx_share']:.0%}" if l["first_tx_share"] is not None else "-"
-        print(f"{l['n']:>2} {l['values']:>6} {rate(l['bw_mbit']):>8} {l['size']:>7} "
-              f"{ms(l['t_switch_ms']):>22} {ms(l['t_gloo_ms']):>22} {l['ratio']:>11.2f} "
-              f"{l['limit_headers']:>7.2f} {l['ratio'] / l['limit_headers']:>6.2f} "
-              f"{l['bound']:>8} {share:>6} {l['retransmissions']:>5}  "
-              f"{l['cpu_worker_ms_per_mb']:>15.1f}, {l['cpu_switch_ms_per_mb']:>8.1f}  "
-              f"{l['gloo_cpu_worker_ms_per_mb']:>11.1f}, {l['gloo_cpu_switch_ms_per_mb']:>5.1f}")
+        sw, gl, r = l["switch"], l["gloo"], l["ratio"]
+        share = f"{sw['first_tx_share']:.0%}" if sw["first_tx_share"] is not None else "-"
+        print(f"{l['n']:>2} {l['values']:>6} {rate(l['bw_mbit']):>8} {sw['capacity_mbit']:>6.0f} "
+              f"{l['size']:>7} {ms(sw['time_ms']):>20} {ms(gl['time_ms']):>20} "
+              f"{r['median']:>5.2f} ({r['lo']:.2f}-{r['hi']:.2f}) {l['limit']:>5.2f} "
+              f"{l['limit_nominal']:>5.2f} {l['over_limit']['median']:>6.2f} {l['goal']:>9} "
+              f"{sw['link_share']:>7.0%} {share:>6} {l['bound']:>6} "
+              f"{sw['redone_per_call']:>4.1f}/{sw['blocks_per_call']:<4} "
+              f"{sw['retransmissions']:>5}  {sw['cpu_worker_ms_per_mb']:>13.1f}, "
+              f"{sw['cpu_switch_ms_per_mb']:>8.1f}  {gl['cpu_worker_ms_per_mb']:>5.1f}, "
+              f"{gl['cpu_switch_ms_per_mb']:>4.1f}")
 
 
 def highest_link_bound(lines: list[dict]) -> dict[tuple, float | None]:
@@ -257,17 +345,17 @@ def plot(lines: list[dict], path: Path, target: str) -> None:
                 key=lambda l: (l["values"], l["size"])):
             group = list(group)
             xs = [x(l["bw_mbit"]) for l in group]
-            ratio = [l["ratio"] for l in group]
-            lo = [l["ratio"] - l["t_switch_ms"]["min"] / l["t_gloo_ms"]["median"] for l in group]
-            hi = [l["t_switch_ms"]["max"] / l["t_gloo_ms"]["median"] - l["ratio"] for l in group]
+            ratio = [l["ratio"]["median"] for l in group]
+            lo = [l["ratio"]["median"] - l["ratio"]["lo"] for l in group]
+            hi = [l["ratio"]["hi"] - l["ratio"]["median"] for l in group]
             line = ax.errorbar(xs, ratio, yerr=[lo, hi], fmt="o-", capsize=3,
                                label=f"{values} values/packet, {4 * size / 2**20:g} MiB")
-            ax.axhline(limits(n, values)[1], color=line[0].get_color(), ls="-.", lw=1,
-                       label=f"limit with headers, {values} values")
-            hosts = [l for l in group if l["bound"] != "links"]
-            ax.scatter([x(l["bw_mbit"]) for l in hosts], [l["ratio"] for l in hosts], s=150,
-                       facecolors="none", edgecolors="red", zorder=3)
-        ax.axhline(limits(n, 256)[0], color="k", ls=":", lw=1, label="limit n/(2(n-1))")
+            ax.plot(xs, [l["limit"] for l in group], color=line[0].get_color(), ls="-.",
+                    marker="x", lw=1, label=f"limit: bytes sent / delivered rate, {values} values")
+            off = [l for l in group if l["bound"] != "links"]
+            ax.scatter([x(l["bw_mbit"]) for l in off], [l["ratio"]["median"] for l in off],
+                       s=150, facecolors="none", edgecolors="red", zorder=3)
+        ax.axhline(limits(n, 256)[0], color="k", ls=":", lw=1, label="n/(2(n-1))")
         ax.axhline(1.0, color="grey", lw=0.5)
         ax.set_xscale("log")
         ticks = shaped + [unshaped_x]
@@ -278,8 +366,9 @@ def plot(lines: list[dict], path: Path, target: str) -> None:
         ax.set_title(f"n = {n}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"in-network aggregation ({target}) vs gloo's ring allreduce\nbars: min-max; "
-                 f"red rings: bound by the hosts' CPU, not the links", fontsize=10)
+    fig.suptitle(f"in-network aggregation ({target}) vs gloo's ring allreduce\nbars: 95 % "
+                 f"bootstrap interval of the median ratio\nred rings: not link-bound (hosts, "
+                 f"or a burst above the link)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -340,11 +429,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     started, load = time.monotonic(), os.getloadavg()[0]
     try:
+        check_arguments(args)
         for values in args.values:
             protocol.program(values)              # a compiled program of each size
         if args.topo == "tree":
             for n in args.workers:
                 check_topology("tree", n, args.leaves)
+        if os.geteuid() != 0:
+            raise PermissionError("needs root (Mininet)")
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
         with open(args.out / "baseline.csv", "w", newline="") as f:
@@ -353,8 +445,12 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerows(rows)
         lines = table(rows)
         plot(lines, args.out / "baseline.png", args.target or default_target())
-        record.write("bench-allreduce", {"rows": lines, "tree": tree_table(rows) if args.topo == "tree"
-                                         else []}, params=vars(args), load_before=load, out=args.out)
+        figures = {"arguments": {k: (str(v) if isinstance(v, Path) else v)
+                                 for k, v in vars(args).items()},
+                   "warmup_calls": WARMUP, "goal": GOAL, "points": lines,
+                   "tree": tree_table(rows) if args.topo == "tree" else None}
+        path = record.write("bench-allreduce", figures, params=vars(args), load_before=load,
+                            out=args.out)
     except Exception as exc:
         print(f"baseline_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -363,17 +459,21 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print()
     print_table(lines)
-    print(f"\nt_sw/t_gloo below 1: in-network aggregation finished first. w/ hdrs: the ratio "
-          f"if both were link-bound, with\neach protocol's headers; /limit: the ratio over it "
-          f"(1.00: as fast as the links allow). bound by:\n'links' when the workers' first "
-          f"transmissions (1st tx, share of the link's packet rate) reached "
-          f"{LINK_BOUND:.0%},\nelse 'hosts' (the CPU the workers and the switch share); retx: "
-          f"retransmissions. CPU: ms per MB of\ntensor, a worker's process and the switch's, "
-          f"for the switch path and for gloo.")
+    print(f"""
+Times: medians of {args.reps} calls after {WARMUP} warm-up calls, (95 % bootstrap interval).
+deliv.: what a TCP transfer of the tensor's bytes got through the links, Mbit/s of frames
+(testbed.links: the HTB bucket refills before each call, so it can exceed the rate).
+limit: t_switch / t_gloo if both paths moved the bytes they put on the wire at that rate;
+nom.: the same from the nominal rate and each protocol's headers. /limit: the ratio over
+the limit; goal: "met" when its interval is within {GOAL:.2f}, "missed" when all of it is
+above, else "undecided". sw link: the switch path's link time over its time (100 %: as fast
+as the links deliver). 1st tx: first transmissions against the nominal rate; bound: links
+(80-100 %), burst (above 100 %: the bucket, not the link), hosts (below). redone: blocks
+redone a call (exponent misses) of the call's blocks. CPU: ms per MB of tensor.""")
     for (n, values, size), best in highest_link_bound(lines).items():
         print(f"n={n}, {values} values per packet, {size} values: bound by the links "
               + (f"up to {best:g} Mbit/s" if best else "at no rate measured"))
-    print(f"wrote {args.out / 'baseline.csv'}, {args.out / 'baseline.png'}")
+    print(f"wrote {args.out / 'baseline.csv'}, {args.out / 'baseline.png'}, {path}")
     if args.topo == "tree":
         print(f"\nA spine and {args.leaves} leaves (every link at the same rate) beside one "
               f"switch and gloo:\n")

@@ -36,6 +36,7 @@ from .agents import AgentError, HostAgents
 from .layout import (add_program_argument, add_topology_arguments, check_mtu, check_topology,
                      default_values_per_packet, default_window, host_mac, job_config_dict,
                      link_mtu, tree_config_dict)
+from .links import burst_bytes, check_rate
 from .p4switch import BoundedHost, P4Switch, QuietMininet
 from .targets import add_switch_arguments, cpu_seconds, default_target, free_tcp_port
 from .tls import TLSBundle, make_bundle
@@ -50,11 +51,6 @@ ELECTION_ID = (0, 2)
 _instances = itertools.count()
 
 
-# HTB's bucket in seconds at the link's rate (ShapedIntf): 1 MiB allreduces at
-# 500 Mbit/s took 37-40 ms with 2 ms, 33 ms with 8 ms, as fast as unshaped links.
-HTB_BURST_S = 0.008
-
-
 def netem_available() -> bool:
     """Whether this kernel has sch_netem (needed for link delay and loss); probed in a
     throwaway network namespace so no real interface is touched."""
@@ -66,15 +62,16 @@ def netem_available() -> bool:
 class ShapedIntf(TCIntf):
     """Mininet's HTB shaping with an explicit quantum (the default, rate / r2q,
     exceeds the kernel's limit above ~16 Mbit/s and every link setup prints a
-    warning) and bursts (``burst`` and ``cburst``) of ``HTB_BURST_S`` at the link's
-    rate, at least Mininet's 15 kB. HTB sends only what its bucket holds when the
+    warning) and bursts (``burst`` and ``cburst``, ``links.burst_bytes``) of
+    ``links.HTB_BURST_S`` at the link's rate, at least Mininet's 15 kB. HTB sends only what its bucket holds when the
     qdisc is serviced, and on this 2-core VM, busy with the workers and a software
     switch, it is serviced every few milliseconds: with a fixed 15 kB (240 us at
     500 Mbit/s) a 500 Mbit/s link delivered a 1 MiB allreduce in 96 ms against
     33 ms unshaped, for gloo's TCP as for aggregation packets; with a few hundred
     bytes (HTB's default) 20 Mbit/s delivered 308 B frames at half the rate. An
     artifact of the emulation, not a property of a link; the mean rate is the same
-    either way. ``mtu`` (layout.link_mtu) is set before the shaping, whose quantum is
+    either way, but a call of a few bucketfuls after a pause goes faster than the
+    rate: the benchmarks measure what the links deliver (testbed.links). ``mtu`` (layout.link_mtu) is set before the shaping, whose quantum is
     one frame of that size."""
 
     def config(self, mtu: int = 1500, **params):
@@ -84,7 +81,7 @@ class ShapedIntf(TCIntf):
 
     def bwCmds(self, bw=None, *args, **kwargs):
         cmds, parent = super().bwCmds(bw, *args, **kwargs)
-        burst = max(15000, int((bw or 0) * 1e6 / 8 * HTB_BURST_S))
+        burst = burst_bytes(bw or 0)
         return [c.replace(" burst 15k", f" burst {burst} cburst {burst} quantum {self.quantum}")
                 if " htb rate " in c else c for c in cmds], parent
 
@@ -133,6 +130,7 @@ class Testbed:
             raise ValueError(f"workers must be 1..{min(protocol.MAX_WORKERS, 250)}, "
                              f"not {self.workers}")
         check_topology(self.topo, self.workers, self.leaves)
+        check_rate(self.bw or 0)
         self.program = protocol.program(self.values_per_packet
                                         or default_values_per_packet(self.target))
         self.net = None

@@ -6,7 +6,8 @@ Started once per host by ``testbed.agents``; reads one JSON command per line on
 stdin and answers one JSON line on stdout (see testbed/agents.py):
 
     {"op": "allreduce", "backend": "switch"|"ina"|"gloo", "size": 10000, "reps": 3,
-     "seed": 0, "barrier": true}
+     "seed": 0, "barrier": true, "data": "recorded"|"normal"|"integers", "first_call": 0}
+    {"op": "bulk", "bytes": 1048576, "reps": 15, "port": 5201}
     {"op": "train", "backend": "switch"|"ina"|"gloo", "epochs": 5, "batch": 32, "lr": 0.05,
      "hidden": [32], "accuracy": 0.95, "eval_every": 5}
     {"op": "quit"}
@@ -16,9 +17,14 @@ torch.distributed on an ``ina`` process group of the same session, as a user's
 script would (``dist.all_reduce``, and DDP with its default allreduce), so the two
 measure what the backend adds.
 
-Allreduce inputs are integer-valued float32 drawn from (seed, rep, rank), so every
-worker can compute the exact sum of all workers' inputs and check the result
-(``exact``) and report a digest of it (compared across runs for bit-identity).
+Allreduce inputs (``data``) are recorded DDP gradients (testbed.gradients; call
+``first_call + rep`` replays the next step, as a training run's calls would),
+normal floats, or integer-valued float32, all drawn from (seed, rep, rank), so
+every worker can compute the sum of all workers' inputs and check the result
+(``exact``: equal for integers, else within the block floating point bound, which
+also covers gloo's float32 sums) and report a digest of it (compared across runs
+for bit-identity). ``bulk`` times a TCP transfer from worker 0 to worker 1 over the
+same links (testbed.links: the capacity they deliver).
 With ``barrier``, each timed call starts after a barrier, and the checks after it
 wait at a second one, so that no worker's checking runs beside another's call on
 the cores they share. Bytes sent and TCP retransmissions are read from this host's
@@ -46,6 +52,11 @@ import torch.distributed as dist
 from innet_aggregation.switch_ctl import jobfile
 
 INPUT_RANGE = 1000  # |input| <= 1000: exact in float32 and in the switch's fixed point
+# A result is right when every element is within n * 2**(E - TOLERANCE_BITS) of the
+# float64 sum, E its block's largest exponent over the workers: for n <= 32 the
+# switch's bound is n * 2**(E - 22) (quantize: S <= E + SLACK, b >= 26), gloo's float32
+# sums' n * 2**(E - 19); a lost or doubled contribution is off by about 2**(E - 1).
+TOLERANCE_BITS = 18
 
 
 def send(message: dict) -> None:
@@ -78,6 +89,20 @@ def counter_delta(before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in before}
 
 
+def within_bound(result: torch.Tensor, inputs: list[torch.Tensor], values: int) -> bool:
+    """Every element of ``result`` within n * 2**(E - TOLERANCE_BITS) of the float64
+    sum of ``inputs``, E its block's (``values`` a block) largest exponent over them."""
+    from innet_aggregation.worker.quantize import block_exponents
+    pad = -result.numel() % values
+
+    def blocks(t: torch.Tensor) -> np.ndarray:
+        return np.pad(t.numpy(), (0, pad)).reshape(-1, values)
+    top = np.max([block_exponents(blocks(x)) for x in inputs], axis=0)
+    tol = len(inputs) * np.exp2(top.astype(np.float64) - TOLERANCE_BITS)
+    expected = sum(x.double() for x in inputs)
+    return bool((np.abs(blocks(result.double()) - blocks(expected)) <= tol[:, None]).all())
+
+
 class Host:
     """This host's worker: the switch session and (optionally) the gloo process group."""
 
@@ -88,6 +113,7 @@ class Host:
         from innet_aggregation.worker import AggregationSession
         self.session = AggregationSession.from_config(self.config, worker_id)
         self._ina = None
+        self._recorded = None
         if master:
             dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=worker_id,
                                     world_size=world, timeout=timedelta(minutes=5))
@@ -107,9 +133,26 @@ class Host:
         if dist.is_initialized():
             dist.barrier()
 
-    def inputs(self, size: int, seed: int, rep: int, rank: int) -> torch.Tensor:
+    def inputs(self, size: int, seed: int, rep: int, rank: int, data: str = "integers",
+               call: int = 0) -> torch.Tensor:
+        if data == "recorded":
+            if self._recorded is None:
+                from .gradients import load
+                self._recorded = load()
+            from .gradients import replay
+            return torch.from_numpy(replay(self._recorded, size, call, rank))
         gen = torch.Generator().manual_seed(seed * 1_000_003 + rep * 1009 + rank)
-        return torch.randint(-INPUT_RANGE, INPUT_RANGE + 1, (size,), generator=gen).float()
+        if data == "normal":
+            return torch.randn(size, generator=gen)
+        if data == "integers":
+            return torch.randint(-INPUT_RANGE, INPUT_RANGE + 1, (size,), generator=gen).float()
+        raise ValueError(f"data must be recorded, normal or integers, not {data!r}")
+
+    def correct(self, result: torch.Tensor, inputs: list[torch.Tensor], data: str) -> bool:
+        """Equal to the float64 sum for integers; else within the bound (``within_bound``)."""
+        if data == "integers":
+            return bool(torch.equal(result.double(), sum(x.double() for x in inputs)))
+        return within_bound(result, inputs, self.session.fmt.values_per_packet)
 
     def switch_allreduce(self, tensor: torch.Tensor, ina: bool) -> tuple[torch.Tensor, dict]:
         """Through the session, or through torch.distributed on its ``ina`` group: the
@@ -120,16 +163,17 @@ class Host:
             self.session.allreduce(tensor)
         counters = self.session.last_call.counters
         return tensor, {"retransmissions": counters.retransmissions,
-                        "packets": counters.packets_sent}
+                        "packets": counters.packets_sent, "redone": counters.redone}
 
     def allreduce(self, cmd: dict) -> dict:
         size, reps, seed = int(cmd["size"]), int(cmd.get("reps", 1)), int(cmd.get("seed", 0))
-        backend = cmd["backend"]
+        backend, data = cmd["backend"], cmd.get("data", "integers")
         out = {"times": [], "cpu": [], "exact": [], "digests": [], "retransmissions": [],
-               "packets": [], "tx_bytes": [], "tcp_retrans": []}
+               "packets": [], "redone": [], "tx_bytes": [], "tcp_retrans": []}
         for rep in range(reps):
-            tensor = self.inputs(size, seed, rep, self.rank)
-            expected = sum(self.inputs(size, seed, rep, r).double() for r in range(self.world))
+            call = int(cmd.get("first_call", 0)) + rep
+            inputs = [self.inputs(size, seed, rep, r, data, call) for r in range(self.world)]
+            tensor = inputs[self.rank].clone()
             if cmd.get("barrier", True):
                 self.barrier()
             before = interface_counters()
@@ -139,7 +183,7 @@ class Host:
             elif backend == "gloo":
                 dist.all_reduce(tensor)
                 result = tensor
-                stats = {"retransmissions": 0, "packets": 0}
+                stats = {"retransmissions": 0, "packets": 0, "redone": 0}
             else:
                 raise ValueError(f"unknown backend {backend!r}")
             out["times"].append(time.perf_counter() - start)
@@ -150,12 +194,55 @@ class Host:
                 # the cores the workers share they would slow the calls still running.
                 self.barrier()
             result = torch.as_tensor(result)
-            out["exact"].append(bool(torch.equal(result.double(), expected)))
+            out["exact"].append(self.correct(result, inputs, data))
             out["digests"].append(hashlib.sha256(result.numpy().tobytes()).hexdigest()[:16])
             out["retransmissions"].append(stats["retransmissions"])
             out["packets"].append(stats["packets"])
+            out["redone"].append(stats["redone"])
             out["tx_bytes"].append(delta["tx_bytes"])
             out["tcp_retrans"].append(delta["tcp_retrans"])
+        return out
+
+    def bulk(self, cmd: dict) -> dict:
+        """Worker 0 sends ``bytes`` over TCP to worker 1, ``reps`` times, each after a
+        barrier (the pause a timed call has): worker 0 reports its frames' bytes on the
+        wire, worker 1 the time from its first read to its last and the first read's
+        size. The others only join the barriers."""
+        import socket
+        size, reps, port = int(cmd["bytes"]), int(cmd.get("reps", 1)), int(cmd["port"])
+        out = {"tx_bytes": [], "seconds": [], "first_chunk": [], "bytes": size}
+        listener = conn = None
+        if self.rank == 1:
+            listener = socket.create_server(("", port))
+        self.barrier()
+        try:
+            if self.rank == 0:
+                conn = socket.create_connection(("10.0.0.2", port), timeout=60)
+            elif self.rank == 1:
+                listener.settimeout(60)
+                conn, _ = listener.accept()
+            payload = bytes(size)
+            buffer = bytearray(1 << 20)
+            for _ in range(reps):
+                self.barrier()
+                if self.rank == 0:
+                    before = interface_counters()
+                    conn.sendall(payload)
+                    conn.recv(1)                    # every byte arrived
+                    out["tx_bytes"].append(counter_delta(before)["tx_bytes"])
+                elif self.rank == 1:
+                    got = conn.recv_into(buffer)
+                    start, first = time.perf_counter(), got
+                    while got < size:
+                        got += conn.recv_into(buffer, min(len(buffer), size - got))
+                    out["seconds"].append(time.perf_counter() - start)
+                    out["first_chunk"].append(first)
+                    conn.sendall(b"k")
+        finally:
+            for s in (conn, listener):
+                if s is not None:
+                    s.close()
+        self.barrier()
         return out
 
     def train(self, cmd: dict) -> dict:
@@ -298,6 +385,8 @@ def serve(host: Host, lines) -> None:
                 send(host.allreduce(cmd))
             elif op == "train":
                 send(host.train(cmd))
+            elif op == "bulk":
+                send(host.bulk(cmd))
             else:
                 raise ValueError(f"unknown op {op!r}")
         except Exception as exc:

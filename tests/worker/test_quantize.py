@@ -278,10 +278,11 @@ def test_poison_is_probed_again_and_zeros_are_final_at_any_scale():
 
 def test_settle_keeps_only_unclipped_precise_scales_and_redoes_with_the_maximum():
     agreed = np.array([3, 3, 3, 3, 3, -128])
-    scale = np.array([2, 3, 7, 8, 126, 9])     # clipped, exact, +4, +5, probe, zeros
+    # clipped, exact, +SLACK, +SLACK + 1, probe, zeros
+    scale = np.array([2, 3, 3 + q.SLACK, 4 + q.SLACK, 126, 9])
     keep, now = q.settle(scale, agreed)
     assert list(keep) == [False, True, True, False, False, True]
-    assert list(now) == [3, 3, 7, 3, 3, 9]
+    assert list(now) == [3, 3, 3 + q.SLACK, 3, 3, 9]
 
 
 @pytest.mark.parametrize("n", list(range(1, 33)))

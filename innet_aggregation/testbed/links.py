@@ -1,0 +1,86 @@
+"""The links' model, measured rather than assumed, and what the testbed refuses.
+
+A shaped link is an HTB class of ``rate`` with a bucket of ``HTB_BURST_S`` at that
+rate (``burst_bytes``). The bucket refills in the pause before every timed call, so
+a call of a few bucketfuls goes out faster than ``rate`` for its first
+milliseconds: a limit computed from ``rate`` is a model the links do not follow.
+So the benchmarks measure each testbed's capacity as its links deliver it (a TCP
+bulk transfer of a call's bytes, after the same pause, ``Host.bulk`` in
+testbed.train) and compute each path's link time from that capacity and the bytes
+the path actually put on the wire (``link_time_s``). First transmissions above the
+nominal rate are flagged ("burst"), never called bound by the links.
+"""
+
+from __future__ import annotations
+
+from innet_aggregation.p4src import protocol
+
+# HTB's bucket in seconds at the link's rate (topology.ShapedIntf): 1 MiB allreduces at
+# 500 Mbit/s took 37-40 ms with 2 ms, 33 ms with 8 ms, as fast as unshaped links.
+HTB_BURST_S = 0.008
+MIN_BURST_BYTES = 15000       # Mininet's own bucket; below a few frames HTB under-delivers
+MAX_SHAPED_MBIT = 1000.0      # Mininet's TCIntf ignores a higher rate: the link stays unshaped
+MAX_TESTBED_WORKERS = min(protocol.MAX_WORKERS, 250)   # the switch's lanes; 10.0.0.0/24 hosts
+# One testbed host: its worker process (Python, torch, the session, gloo: 250-280 MB
+# resident here with 1 MiB calls of recorded gradients), with room for larger tensors;
+# more workers than memory holds swap or die.
+WORKER_MEMORY_MB = 450
+LINK_BOUND = 0.8              # first transmissions at this share of the link: bound by it
+
+
+def burst_bytes(mbit: float) -> int:
+    """HTB's bucket (burst and cburst) for a link of ``mbit`` Mbit/s."""
+    return max(MIN_BURST_BYTES, int(mbit * 1e6 / 8 * HTB_BURST_S))
+
+
+def check_rate(mbit: float) -> None:
+    """Refuse a rate the links cannot be shaped to (0 is unshaped)."""
+    if not 0 <= mbit <= MAX_SHAPED_MBIT:
+        raise ValueError(f"a link rate of {mbit:g} Mbit/s cannot be shaped: Mininet's HTB "
+                         f"shaping takes 0 < rate <= {MAX_SHAPED_MBIT:g} Mbit/s (0: unshaped) "
+                         f"and would leave the links unshaped above it")
+
+
+def available_memory_mb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def check_workers(n: int, memory_mb: float | None = None) -> None:
+    """Refuse a worker count the switch or this machine cannot run, before anything starts."""
+    if not 2 <= n <= MAX_TESTBED_WORKERS:
+        raise ValueError(f"{n} workers: the testbed runs 2..{MAX_TESTBED_WORKERS} (the "
+                         f"program aggregates at most {protocol.MAX_WORKERS})")
+    memory_mb = available_memory_mb() if memory_mb is None else memory_mb
+    if n * WORKER_MEMORY_MB > memory_mb:
+        raise ValueError(f"{n} workers need about {n * WORKER_MEMORY_MB} MB "
+                         f"({WORKER_MEMORY_MB} MB each) and this machine has {memory_mb:.0f} MB "
+                         f"available: at most {int(memory_mb // WORKER_MEMORY_MB)} workers")
+
+
+def capacity_mbit(wire_bytes: int, payload: int, first_chunk: int, seconds: float) -> float:
+    """A bulk transfer's delivered rate in Mbit/s of frames on the wire: the sender
+    put ``wire_bytes`` on its link for ``payload`` bytes of data; the receiver timed
+    ``seconds`` from its first read (``first_chunk`` bytes, already there) to its last,
+    so those bytes' share of the frames is not counted."""
+    if seconds <= 0 or not 0 <= first_chunk < payload:
+        raise ValueError(f"no rate from {payload} bytes, {first_chunk} before the clock, "
+                         f"in {seconds} s")
+    return 8 * wire_bytes * (payload - first_chunk) / payload / seconds / 1e6
+
+
+def link_time_s(wire_bytes: float, mbit: float) -> float:
+    """The least time ``wire_bytes`` take on a link delivering ``mbit`` Mbit/s."""
+    return 8 * wire_bytes / (mbit * 1e6)
+
+
+def bound(first_tx_share: float | None) -> str:
+    """What set a call's time, from its first transmissions' share of the nominal rate:
+    "burst" above 100 % (the bucket, not the link), "links" from ``LINK_BOUND``, else
+    "hosts" (the CPU the workers and the switch share); unshaped links: "hosts"."""
+    if first_tx_share is None or first_tx_share < LINK_BOUND:
+        return "hosts"
+    return "burst" if first_tx_share > 1.0 else "links"
