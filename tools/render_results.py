@@ -25,10 +25,16 @@ README = REPO / "README.md"
 BEGIN, END = "<!-- results:switch-vs-ring:begin -->", "<!-- results:switch-vs-ring:end -->"
 WITHIN = 1.10          # "within 10 % of the limit", the goal bench-allreduce reports against
 README_VALUES = 1024   # the packet size the README's figure shows: the testbeds' default
+README_SIZE = 262144   # and the tensor, in float32 values: 1 MiB, the sweep's default
 
 
 def load(name: str) -> dict:
     return json.loads((RECORDS / f"{name}.json").read_text())
+
+
+def load_if(name: str) -> dict | None:
+    """A record not committed yet renders as such."""
+    return load(name) if (RECORDS / f"{name}.json").exists() else None
 
 
 def spread(s, fmt: str = ".2f") -> str:
@@ -87,8 +93,169 @@ def link_bound_up_to(rows: list[dict], n: int, values: int) -> float | None:
 
 
 # -- bench-allreduce --------------------------------------------------------------
+# Two schemas: records of testbed.baseline_experiment carry "points" (medians with
+# 95 % bootstrap intervals, the limit from the links' delivered rate, the goal judged
+# on the interval); the committed transcribed history carries "rows" (medians with
+# min-max, the nominal limit). Each renders as it was measured.
 
-def bench_allreduce(r: dict) -> dict[str, str]:
+def is_points(r: dict) -> bool:
+    return "points" in r["figures"]
+
+
+def interval(s: dict, fmt: str = ".1f") -> str:
+    """A median with its 95 % interval, as testbed.stats gives it."""
+    return f"{s['median']:{fmt}} ({s['lo']:{fmt}}-{s['hi']:{fmt}})"
+
+
+def span(xs: list[float], fmt: str = ".2f") -> str:
+    lo, hi = format(min(xs), fmt), format(max(xs), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def mib(size: int) -> str:
+    return f"{4 * size / 2**20:g} MiB"
+
+
+def sweep_points(r: dict, values: int | None = None, size: int | None = None) -> list[dict]:
+    """The record's lines (either schema), at one packet size and tensor size if given."""
+    f = r["figures"]
+    return [x for x in (f["points"] if is_points(r) else f["rows"])
+            if (values is None or x["values"] == values) and (size is None or x["size"] == size)]
+
+
+def met(point: dict) -> bool:
+    """The goal of the sweep, on the interval: met on shaped links, the whole interval
+    at most 1.0 (faster than the ring) on unshaped ones."""
+    return point["goal"] == "met" if point["bw_mbit"] else point["ratio"]["hi"] <= 1.0
+
+
+def goal_met_up_to(points: list[dict], n: int, values: int, size: int) -> tuple[float | None, dict | None]:
+    """The highest shaped rate up to which the goal was met at every rate, and the
+    first point past it (None: met everywhere)."""
+    best = None
+    for x in sorted((x for x in points if (x["n"], x["values"], x["size"]) == (n, values, size)
+                     and x["bw_mbit"]), key=lambda x: x["bw_mbit"]):
+        if x["goal"] != "met":
+            return best, x
+        best = x["bw_mbit"]
+    return best, None
+
+
+def bound_cell(sw: dict, bound: str) -> str:
+    share = sw["first_tx_share"]
+    return bound if share is None else f"{bound} ({share:.0%})"
+
+
+def bench_allreduce_points(r: dict) -> dict[str, str]:
+    f = r["figures"]
+    points = f["points"]
+    body = []
+    for x in points:
+        sw, gl = x["switch"], x["gloo"]
+        ratio = interval(x["ratio"], ".2f")
+        body.append([x["n"], x["values"], f"{rate(x['bw_mbit'])} ({sw['capacity_mbit']:.0f})",
+                     mib(x["size"]), interval(sw["time_ms"]), interval(gl["time_ms"]),
+                     f"**{ratio}**" if met(x) else ratio,
+                     f"{x['limit']:.2f} ({x['limit_nominal']:.2f})",
+                     interval(x["over_limit"], ".2f"), x["goal"], bound_cell(sw, x["bound"]),
+                     f"{sw['redone_per_call']:.1f} / {sw['blocks_per_call']}", sw["retransmissions"],
+                     f"{sw['cpu_worker_ms_per_mb']:.0f}, {sw['cpu_switch_ms_per_mb']:.0f} "
+                     f"({gl['cpu_worker_ms_per_mb']:.0f}, {gl['cpu_switch_ms_per_mb']:.0f})"])
+    sizes = sorted({x["values"] for x in points}, reverse=True)
+    calls = min(x["ratio"]["n"] for x in points)
+    data = ", ".join(sorted({x["data"] for x in points}))
+    md = provenance(r) + "\n" + "".join(
+        f"![t_switch / t_gloo against the link rate, {v} values per packet](generated/"
+        f"bench_allreduce_{v}.png)\n" for v in sizes) + (
+        f"\n{calls} timed calls a point after {f['warmup_calls']} warm-up calls, {data} data; "
+        f"times are medians with their 95 % bootstrap interval.\n\n") + table(
+        ["n", "values/packet", "link Mbit/s (delivered)", "tensor", "switch ms (95 %)",
+         "gloo ms (95 %)", "t_sw/t_gloo (95 %)", "limit (nominal)", "ratio / limit (95 %)",
+         "goal", "bound (1st tx)", "blocks redone a call", "retx",
+         "CPU ms/MB worker, switch (gloo's)"], body)
+    md += ("\nLimit: the ratio if both paths moved the bytes they put on the wire at the "
+           "delivered rate; nominal: from the link rate and each protocol's headers. "
+           f"Goal: ratio / limit at most {f['goal']:g}, judged on its interval. "
+           "Bold: the goal met (unshaped: the whole interval at most 1.0). "
+           "Bound: burst when first transmissions passed the nominal rate (the HTB bucket, "
+           "not the link).\n\n")
+    for n, values, size in sorted({(x["n"], x["values"], x["size"]) for x in points},
+                                  key=lambda k: (k[0], -k[1], k[2])):
+        best, past = goal_met_up_to(points, n, values, size)
+        md += (f"- n = {n}, {values} values per packet, {mib(size)}: within 10 % of the limit "
+               + (f"at every rate up to {best:g} Mbit/s" if best else "at no shaped rate")
+               + (f"; {past['goal']} at {past['bw_mbit']:g}\n" if past else "\n"))
+    return {"bench_allreduce.md": md, "switch_vs_ring.md": switch_vs_ring_text(r, "generated/")}
+
+
+def switch_vs_ring_points(r: dict, image_dir: str) -> str:
+    points = sweep_points(r, README_VALUES, README_SIZE)
+    if not points:
+        raise SystemExit(f"docs/results/{r['experiment']}.json: no point at {README_VALUES} "
+                         f"values per packet and {README_SIZE} values, the README's figure")
+    ns = sorted({x["n"] for x in points})
+    shaped = {n: [x for x in points if x["n"] == n and x["bw_mbit"]] for n in ns}
+    unshaped = {n: next((x for x in points if x["n"] == n and not x["bw_mbit"]), None) for n in ns}
+    rates = span([x["bw_mbit"] for n in ns for x in shaped[n]], "g")
+    ratios = ", ".join(
+        f"{span([x['ratio']['median'] for x in shaped[n]])} for n = {n} (limit "
+        f"{span([x['limit'] for x in shaped[n]])})" for n in ns if shaped[n])
+    best = {n: goal_met_up_to(points, n, README_VALUES, README_SIZE)[0] for n in ns}
+    within = (f"{best[ns[0]]:g} Mbit/s for every n" if len(set(best.values())) == 1 and best[ns[0]]
+              else " and ".join(f"{b:g} Mbit/s for n = {n}" for n, b in best.items() if b)
+              or "no shaped rate")
+    burst = ", ".join(f"n = {x['n']} at {x['bw_mbit']:g} Mbit/s" for n in ns for x in shaped[n]
+                      if x["bound"] == "burst")
+    unsh = ", ".join(f"{interval(unshaped[n]['ratio'], '.2f')} for n = {n}"
+                     for n in ns if unshaped[n])
+    calls = min(x["ratio"]["n"] for x in points)
+    return (f"![The switch path's time over the ring's, against the link rate]"
+            f"({image_dir}switch_vs_ring.png)\n\n"
+            f"Summing a {mib(README_SIZE)} tensor in the switch took {ratios} of gloo's ring "
+            f"allreduce time at shaped link rates of {rates} Mbit/s ({README_VALUES} values per "
+            f"packet, medians; the limit: the ratio if both paths moved the bytes they sent at "
+            f"the rate the links delivered). "
+            f"It kept within 10 % of that limit, judged on the 95 % interval, at every rate up to "
+            f"{within}" + (f" (first transmissions above the link's rate, the HTB bucket's "
+                           f"burst: {burst})" if burst else "")
+            + (f"; on unshaped links, where the hosts' CPU binds, it took {unsh} of the ring's "
+               f"time" if unsh else "") + ". "
+            f"Measured on {r['date']} at `{r['commit']}` on a {r['machine'].get('cpus')}-CPU VM, "
+            f"{calls} calls a point of {points[0]['data']} data "
+            f"(`docs/results/{r['experiment']}.json`, {r['source']}).\n")
+
+
+def plot_switch_vs_ring_points(r: dict, path: Path, values: int) -> None:
+    """t_switch / t_gloo (95 % interval) against the link rate at one packet size, one
+    line per n, each with its measured limit (dashed) and nominal one (dotted)."""
+    plt = _pyplot()
+    points = sweep_points(r, values, README_SIZE)
+    rates = sorted({x["bw_mbit"] for x in points}, key=lambda b: b or 1e9)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for n, color in zip(sorted({x["n"] for x in points}), ("tab:blue", "tab:orange", "tab:green")):
+        mine = {x["bw_mbit"]: x for x in points if x["n"] == n}
+        xs = [i for i, b in enumerate(rates) if b in mine]
+        mid = [mine[rates[i]]["ratio"]["median"] for i in xs]
+        ax.errorbar(xs, mid, yerr=[[m - mine[rates[i]]["ratio"]["lo"] for m, i in zip(mid, xs)],
+                                   [mine[rates[i]]["ratio"]["hi"] - m for m, i in zip(mid, xs)]],
+                    fmt="o-", color=color, capsize=3, label=f"n = {n}")
+        ax.plot(xs, [mine[rates[i]]["limit"] for i in xs], "x--", color=color, lw=1)
+        ax.axhline(next(iter(mine.values()))["limit_nominal"], color=color, ls=":", lw=1)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(rates)), [rate(b) for b in rates])
+    ax.set_xlabel("link rate, Mbit/s")
+    ax.set_ylabel("switch time / ring time")
+    ax.set_ylim(0, max(1.1, max(x["ratio"]["hi"] for x in points) * 1.1))
+    ax.set_title(f"{mib(README_SIZE)} allreduce, {values} values per packet, 95 % intervals\n"
+                 f"dashed: the limit at the delivered rate; dotted: the nominal one", fontsize=9)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def bench_allreduce_rows(r: dict) -> dict[str, str]:
     rows = r["figures"]["rows"]
     body = [[x["n"], x["values"], rate(x["bw_mbit"]), spread(x["t_switch_ms"], ".1f"),
              spread(x["t_gloo_ms"], ".1f"),
@@ -115,7 +282,14 @@ def bench_allreduce(r: dict) -> dict[str, str]:
     return {"bench_allreduce.md": md, "switch_vs_ring.md": switch_vs_ring_text(r, "generated/")}
 
 
+def bench_allreduce(r: dict) -> dict[str, str]:
+    return bench_allreduce_points(r) if is_points(r) else bench_allreduce_rows(r)
+
+
 def switch_vs_ring_text(r: dict, image_dir: str) -> str:
+    """The README's three sentences on the sweep."""
+    if is_points(r):
+        return switch_vs_ring_points(r, image_dir)
     rows = [x for x in r["figures"]["rows"] if x["values"] == README_VALUES]
     ns = sorted({x["n"] for x in rows})
     shaped = {n: [x for x in rows if x["n"] == n and x["bw_mbit"]] for n in ns}
@@ -148,8 +322,10 @@ def _pyplot():
 
 def plot_switch_vs_ring(r: dict, path: Path, values: int = README_VALUES) -> None:
     """t_switch / t_gloo against the link rate at one packet size, one line per n."""
+    if is_points(r):
+        return plot_switch_vs_ring_points(r, path, values)
     plt = _pyplot()
-    rows = [x for x in r["figures"]["rows"] if x["values"] == values]
+    rows = sweep_points(r, values)
     rates = sorted({x["bw_mbit"] for x in rows}, key=lambda b: b or 1e9)
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for n, color in zip(sorted({x["n"] for x in rows}), ("tab:blue", "tab:orange", "tab:green")):
@@ -190,6 +366,64 @@ def plot_loss(r: dict, path: Path) -> None:
         x["exact"] == x["identical"] == x["calls"] for x in pts) else "allreduce with loss", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+# -- bench-scaling ----------------------------------------------------------------
+
+def bench_scaling(r: dict | None) -> dict[str, str]:
+    """Time per MiB against n (testbed.scaling_experiment), or a line saying that no
+    record is committed yet."""
+    if r is None:
+        return {"bench_scaling.md": "*Not measured yet: no record in "
+                                    "`docs/results/bench-scaling.json`.*\n"}
+    f, p = r["figures"], r["params"]
+    body = [[x["n"], f"{x['switch']['capacity_mbit']:.0f}",
+             *(c for b in ("switch", "gloo") for c in (
+                 interval(x[b]["ms_per_mib"]), f"{x[b]['limit_ms_per_mib']:.1f}",
+                 f"{x[b]['nominal_ms_per_mib']:.1f}", f"{x[b]['link_share']:.0%}")),
+             f"{x['switch']['redone_per_call']:.1f} / {x['switch']['blocks_per_call']}"]
+            for x in f["points"]]
+    calls = min(x["switch"]["time_ms"]["n"] for x in f["points"])
+    md = (provenance(r) + f"\n![ms per MiB against the number of workers](generated/"
+          f"bench_scaling.png)\n\n{p.get('bw'):g} Mbit/s links, {p.get('values')} values per "
+          f"packet, {p.get('target')}; {calls} timed calls a point after {f['warmup_calls']} "
+          f"warm-up calls, {p.get('data')} data; medians with their 95 % bootstrap interval.\n\n"
+          + table(["n", "delivered Mbit/s", "switch ms/MiB (95 %)", "limit", "nominal",
+                   "switch link", "gloo ms/MiB (95 %)", "limit", "nominal", "gloo link",
+                   "blocks redone a call"], body)
+          + "\nLimit: the bytes the path put on the wire at the delivered rate; nominal: at the "
+            "link rate with headers; link: the limit over the measured time (100 %: as fast as "
+            "the links deliver).\n")
+    return {"bench_scaling.md": md}
+
+
+def plot_scaling(r: dict, path: Path) -> None:
+    """ms per MiB (95 % interval) against n for both paths, each with its limit at the
+    delivered rate (dashed) and at the nominal one (dotted)."""
+    plt = _pyplot()
+    points = r["figures"]["points"]
+    ns = [x["n"] for x in points]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for backend, label, color in (("switch", "in-network aggregation", "tab:blue"),
+                                  ("gloo", "gloo ring", "tab:orange")):
+        t = [x[backend]["ms_per_mib"] for x in points]
+        mid = [s["median"] for s in t]
+        ax.errorbar(ns, mid, yerr=[[m - s["lo"] for m, s in zip(mid, t)],
+                                   [s["hi"] - m for m, s in zip(mid, t)]],
+                    fmt="o-", color=color, capsize=3, label=label)
+        ax.plot(ns, [x[backend]["limit_ms_per_mib"] for x in points], "x--", color=color, lw=1)
+        ax.plot(ns, [x[backend]["nominal_ms_per_mib"] for x in points], ":", color=color, lw=1)
+    ax.set_xticks(ns)
+    ax.set_xlabel("workers n")
+    ax.set_ylabel("ms per MiB of tensor")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{r['params'].get('bw'):g} Mbit/s links, 95 % intervals\ndashed: the limit at "
+                 f"the delivered rate; dotted: the nominal one", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
@@ -347,6 +581,7 @@ def render() -> dict[str, str]:
     """Every generated file's text, by name under docs/generated/."""
     out = {}
     out.update(bench_allreduce(load("bench-allreduce")))
+    out.update(bench_scaling(load_if("bench-scaling")))
     out.update(bench_switch(load("bench-switch")))
     out.update(bench_worker(load("bench-worker")))
     out.update(bench_backend(load("bench-backend")))
@@ -362,9 +597,13 @@ def plot_all() -> list[Path]:
     sweep = load("bench-allreduce")
     paths = [OUT / "switch_vs_ring.png"]
     plot_switch_vs_ring(sweep, paths[0])
-    for values in sorted({x["values"] for x in sweep["figures"]["rows"]}):
+    for values in sorted({x["values"] for x in sweep_points(sweep)}):
         paths.append(OUT / f"bench_allreduce_{values}.png")
         plot_switch_vs_ring(sweep, paths[-1], values)
+    scaling = load_if("bench-scaling")
+    if scaling:
+        paths.append(OUT / "bench_scaling.png")
+        plot_scaling(scaling, paths[-1])
     paths.append(OUT / "loss.png")
     plot_loss(load("loss-experiment"), paths[-1])
     return paths

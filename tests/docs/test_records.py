@@ -6,7 +6,7 @@ import json
 
 import render_results  # tools/, on pytest's pythonpath (pyproject.toml)
 
-from innet_aggregation.testbed import baseline_experiment, loss_experiment, record
+from innet_aggregation.testbed import baseline_experiment, loss_experiment, record, scaling_experiment
 
 
 def test_a_record_names_its_commit_date_machine_and_load(tmp_path):
@@ -34,20 +34,62 @@ def test_the_loss_experiment_records_each_point_as_it_prints_it():
     assert points[1]["exact"] == points[1]["calls"] == 3
 
 
-def test_the_sweep_records_the_rows_the_docs_render(tmp_path):
-    rows = [{"topo": "star", "workers": 4, "values": 1024, "mtu": 4138, "size": 262144, "bytes": 1 << 20,
-             "bw_mbit": 100, "backend": b, "rep": r, "time_s": t, "cpu_worker_s": 0.01,
-             "cpu_switch_s": 0.02, "first_tx": 3000, "retransmissions": 0}
-            for b, times in (("switch", (0.082, 0.084, 0.081)), ("gloo", (0.123, 0.124, 0.126)))
-            for r, t in enumerate(times)]
+def _sweep_row(backend, rep, time_s, tx_bytes, workers=4):
+    """A row as baseline_experiment.measure and run() make it (CSV_FIELDS): 1024
+    values, 1 MiB on 100 Mbit/s links that delivered 100 Mbit/s."""
+    row = {"topo": "star", "workers": workers, "values": 1024, "mtu": 4138, "size": 262144,
+           "bytes": 1 << 20, "bw_mbit": 100, "data": "recorded", "backend": backend, "rep": rep,
+           "time_s": time_s, "cpu_worker_s": 0.01, "cpu_switch_s": 0.02,
+           "first_tx": 256 if backend == "switch" else 390, "retransmissions": 0,
+           "redone": 3 if backend == "switch" else 0, "tx_bytes": tx_bytes, "capacity_mbit": 100.0}
+    assert set(row) == set(baseline_experiment.CSV_FIELDS)
+    return row
+
+
+def test_the_sweep_records_the_points_the_docs_render(tmp_path):
+    # 15 calls a path (the least judged): 80-84 ms through the switch, 122-126 through
+    # the ring; 256 frames of 4,152 B against the ring's 1,598,400 B on the wire.
+    rows = [_sweep_row(b, r, t / 1000, wire)
+            for b, base, wire in (("switch", 80, 1_062_912), ("gloo", 122, 1_598_400))
+            for r, t in enumerate(base + i for i in range(5) for _ in range(3))]
     lines = baseline_experiment.table(rows)
-    path = record.write("bench-allreduce", {"rows": lines, "tree": []}, out=tmp_path)
-    (line,) = json.loads(path.read_text())["figures"]["rows"]
-    assert line["t_switch_ms"]["median"] == 82.0 and round(line["ratio"], 3) == round(82 / 124, 3)
-    assert set(line) >= {"limit_headers", "bound", "first_tx_share", "cpu_worker_ms_per_mb"}
-    rendered = render_results.bench_allreduce(json.loads(path.read_text()))["bench_allreduce.md"]
-    assert "| 4 | 1024 | 100 | 82.0 (81.0-84.0) | 124.0 (123.0-126.0) | **0.66** |" in rendered
+    path = record.write("bench-allreduce", {"warmup_calls": baseline_experiment.WARMUP,
+                                            "goal": baseline_experiment.GOAL, "points": lines,
+                                            "tree": None}, out=tmp_path)
+    r = json.loads(path.read_text())
+    (point,) = r["figures"]["points"]
+    assert point["switch"]["time_ms"]["median"] == 82.0 and point["gloo"]["time_ms"]["median"] == 124.0
+    assert round(point["ratio"]["median"], 6) == round(82 / 124, 6) and round(point["limit"], 4) == round(1_062_912 / 1_598_400, 4)
+    # 256 first transmissions in 82 ms pass the link's 3,011 frames/s: the bucket, flagged
+    assert (point["goal"], point["bound"]) == ("met", "burst")
+    md = render_results.bench_allreduce(r)
+    rendered = md["bench_allreduce.md"]
+    assert ("| 4 | 1024 | 100 (100) | 1 MiB | 82.0 (81.0-83.0) | 124.0 (123.0-125.0) | "
+            "**0.66 (0.65-0.67)** | 0.66 (0.67) | 0.99 (0.97-1.01) | met | burst (104%) | "
+            "3.0 / 256 | 0 | 10, 19 (10, 19) |") in rendered
+    assert "15 timed calls a point after 2 warm-up calls, recorded data" in rendered
+    assert "- n = 4, 1024 values per packet, 1 MiB: within 10 % of the limit at every rate up to 100 Mbit/s\n" in rendered
     assert "source" not in rendered and "measured" in rendered
+    text = md["switch_vs_ring.md"]
+    assert "took 0.66 for n = 4 (limit 0.66) of gloo's ring allreduce time at shaped link rates of 100 Mbit/s" in text
+    assert "at every rate up to 100 Mbit/s for every n (first transmissions above" in text
+
+
+def test_the_scaling_record_renders_ms_per_mib_against_both_limits(tmp_path):
+    rows = [_sweep_row(b, r, t / 1000, wire, workers=n)
+            for n, gloo_ms, gloo_wire in ((2, 130, 1_065_000), (8, 230, 1_865_000))
+            for b, base, wire in (("switch", 86, 1_062_912), ("gloo", gloo_ms, gloo_wire))
+            for r, t in enumerate(base + i for i in range(5) for _ in range(3))]
+    lines = scaling_experiment.table(rows, 1024, 100)
+    path = record.write("bench-scaling", {"warmup_calls": baseline_experiment.WARMUP,
+                                          "points": lines},
+                        params={"bw": 100.0, "values": 1024, "target": "softswitch",
+                                "data": "recorded"}, out=tmp_path)
+    rendered = render_results.bench_scaling(json.loads(path.read_text()))["bench_scaling.md"]
+    # 1,062,912 B at 100 Mbit/s: 85.0 ms; nominally 1 MiB in frames of 4,152 B for 4,096 of values
+    assert "| 2 | 100 | 88.0 (87.0-89.0) | 85.0 | 85.0 | 97% | 132.0 (131.0-133.0) | 85.2 |" in rendered
+    assert "| 8 | 100 | 88.0 (87.0-89.0) | 85.0 | 85.0 | 97% | 232.0 (231.0-233.0) | 149.2 |" in rendered
+    assert render_results.bench_scaling(None)["bench_scaling.md"].startswith("*Not measured yet")
 
 
 def test_the_p4c_samples_record_counts_against_what_bmv2_passes():
