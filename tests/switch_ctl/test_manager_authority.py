@@ -223,5 +223,6 @@ def test_a_port_proof_is_the_nonce_sent_to_that_host_once_and_in_time(jobs, monk
     proofs.challenge(request, member)
     monkeypatch.setattr(proof_mod, "PROOF_SECONDS", -1.0)
     late = Ether(proofs.challenge(request, member))
+    proofs.sent(request)                     # its time starts when the frame leaves
     with pytest.raises(BadRequest, match="expired"):
         proofs.check(echo(protocol.proof_nonce(bytes(late["UDP"].payload))), member)

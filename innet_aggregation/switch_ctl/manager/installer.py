@@ -32,6 +32,7 @@ from ..tree import Tree
 from .config import ManagerSwitch
 
 log = logging.getLogger("innet_aggregation.manager")
+BUSY_WAIT = 2.0      # seconds a port proof waits for a session the sweeper holds
 MARK = b"innet-aggregation job manager"
 # Reaching a switch: short, since the sweeper tries again every sweep.
 CONNECT_TIMEOUT = 3.0
@@ -89,9 +90,14 @@ class Installer:
         with self._lock:
             self._drop()
 
-    def _run(self, action):
-        """``action(controller)``; a broken session is reopened once and retried."""
-        with self._lock:
+    def _run(self, action, wait: float = -1):
+        """``action(controller)``; a broken session is reopened once and retried.
+        ``wait``: how long to wait for the session (-1: as long as it takes), else
+        P4RuntimeError saying the switch is busy."""
+        if not self._lock.acquire(timeout=wait):
+            raise P4RuntimeError(f"switch {self.switch.grpc_addr} is busy (a program push or a "
+                                 f"repair): try again")
+        try:
             for attempt in (0, 1):
                 ctl = self._controller()
                 try:
@@ -101,6 +107,8 @@ class Installer:
                         raise
                     log.warning("switch session broke (%s): reconnecting", exc)
                     self._drop()
+        finally:
+            self._lock.release()
 
     # -- jobs ----------------------------------------------------------------------
     def installed(self) -> list[InstalledJob]:
@@ -114,7 +122,9 @@ class Installer:
         self._run(lambda ctl: ctl.apply(config))
 
     def send_frame(self, port: int, frame: bytes) -> None:
-        self._run(lambda ctl: ctl.send_frame(port, frame))
+        """A registration's port proof: it does not wait behind a push or repair (tens
+        of seconds), the rank asks again."""
+        self._run(lambda ctl: ctl.send_frame(port, frame), wait=BUSY_WAIT)
 
     def remove(self, config: Config) -> None:
         """Entries first, so no straggler's packet reaches the slots, then the slots

@@ -184,7 +184,12 @@ class Jobs:
 
     # -- registration ----------------------------------------------------------------
     def member(self, request: Register) -> Member:
-        """The rank's interface the fabric knows, and the switch port behind it."""
+        """The rank's interface the fabric knows, and the switch port behind it; what
+        the request alone can be refused for is refused here, before the port proof."""
+        slots = request.slots or self.config.default_slots
+        if slots > len(self.config.pool.slots):
+            raise BadRequest(f"job {request.name} asks for {slots} slots; the manager's pool "
+                             f"has {len(self.config.pool.slots)}")
         known = [(i, self.config.fabric[i.mac]) for i in request.interfaces
                  if i.mac in self.config.fabric]
         listed = ", ".join(f"{i.ifname} {i.mac}" for i in request.interfaces)
@@ -206,9 +211,6 @@ class Jobs:
     def register(self, request: Register, member: Member) -> tuple[Pending, int]:
         """Enter the rank; returns its job and its registration's generation."""
         slots = request.slots or self.config.default_slots
-        if slots > len(self.config.pool.slots):
-            raise BadRequest(f"job {request.name} asks for {slots} slots; the manager's pool "
-                             f"has {len(self.config.pool.slots)}")
         with self.cond:
             running = self.running.get(request.job)
             if (running is not None and request.rank in running.tokens

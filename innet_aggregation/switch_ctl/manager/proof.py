@@ -6,7 +6,8 @@ holding the manager's secret cannot enter another's host in its job (which would
 send that host results and keep its owner's jobs off it).
 
 A nonce is good for one registration of one (job, rank, token), for
-``PROOF_SECONDS``; the table of outstanding nonces is bounded, oldest dropped first.
+``PROOF_SECONDS`` from when it left; the table of outstanding nonces is bounded,
+oldest dropped first.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ PROOF_SECONDS = 10.0
 MAX_OUTSTANDING = 4096
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Challenge:
     nonce: str
     member: Member
-    expires: float
+    expires: float = float("inf")      # set when the frame has left
 
 
 class PortProofs:
@@ -48,12 +49,18 @@ class PortProofs:
         key = (request.job, request.rank, request.token_hash)
         with self._lock:
             self._outstanding.pop(key, None)
-            self._outstanding[key] = _Challenge(nonce.hex(), member,
-                                                time.monotonic() + PROOF_SECONDS)
+            self._outstanding[key] = _Challenge(nonce.hex(), member)
             while len(self._outstanding) > MAX_OUTSTANDING:
                 self._outstanding.popitem(last=False)
         mac, ip = self._source
         return protocol.proof_frame(member.mac, member.ip, member.udp_port, mac, ip, nonce)
+
+    def sent(self, request: Register) -> None:
+        """The frame left: the nonce's time starts."""
+        with self._lock:
+            challenge = self._outstanding.get((request.job, request.rank, request.token_hash))
+            if challenge is not None:
+                challenge.expires = time.monotonic() + PROOF_SECONDS
 
     def check(self, request: Register, member: Member) -> None:
         """BadRequest unless ``request.proof`` is the nonce sent to this very host."""

@@ -464,6 +464,7 @@ class Manager:
             reply(status="waiting", message=f"waiting for the switch to send the port proof: "
                                             f"{exc}")
             return
+        self.proofs.sent(request)
         reply(status="prove", message=f"a nonce went to {member.mac} / {member.ip} UDP "
                                       f"{member.udp_port} through {member.switch} port "
                                       f"{member.switch_port}: register again with it")
