@@ -47,6 +47,7 @@ from innet_aggregation.p4src import protocol
 
 from .layout import add_topology_arguments, check_topology, link_mtu
 from .loss_experiment import csv_list
+from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
 ETH = 14
@@ -338,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         print("baseline_experiment: every worker count must be at least 2", file=sys.stderr)
         return 1
     started = time.monotonic()
+    stop_on_signals()
     try:
         for values in args.values:
             protocol.program(values)              # a compiled program of each size
@@ -355,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"baseline_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("baseline_experiment: interrupted; the topology was torn down", file=sys.stderr)
-        return 130
+    except Stopped as stop:
+        print(f"baseline_experiment: stopped by {stop.name}; the topology was torn down", file=sys.stderr)
+        return stop.code
     print()
     print_table(lines)
     print(f"\nt_sw/t_gloo below 1: in-network aggregation finished first. w/ hdrs: the ratio "
