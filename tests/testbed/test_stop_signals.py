@@ -75,6 +75,20 @@ def alive(procs: dict[int, int]) -> list[str]:
     return left
 
 
+def state(line: str) -> str:
+    """A survivor's state, kernel wait channel and log tail, for the failure message."""
+    pid = line.split(":")[0]
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        log = Path(os.readlink(f"/proc/{pid}/fd/1"))
+        tail = log.read_text(errors="replace").splitlines()[-5:] if log.is_file() else []
+    except OSError as exc:
+        return f"{line}: {exc}"
+    return "\n".join([line, *[s for s in status if s.startswith(("State", "Threads"))],
+                      f"wchan {wchan}", *tail])
+
+
 def cmdlines(procs) -> list[str]:
     out = []
     for pid in procs:
@@ -109,18 +123,21 @@ CASES = {
     "demo": ("demo", TREE + ["--epochs", "1"], 3, True),
     "baseline": ("baseline_experiment", STAR + ["--bw", "0", "--values", "256", "--sizes",
                                                 "1024", "--reps", "1"], 1, True),
+    "loss": ("loss_experiment", STAR + ["--loss", "1", "--directions", "ingress", "--sizes",
+                                        "1024", "--reps", "1"], 1, True),
 }
 
 
 @pytest.mark.parametrize("case, sig", [
     ("testbed", signal.SIGTERM), ("testbed", signal.SIGINT), ("testbed", signal.SIGHUP),
     ("testbed", signal.SIGKILL), ("demo", signal.SIGTERM), ("demo", signal.SIGINT),
-    ("demo", signal.SIGKILL), ("baseline", signal.SIGTERM), ("baseline", signal.SIGINT)],
+    ("demo", signal.SIGKILL), ("baseline", signal.SIGTERM), ("baseline", signal.SIGINT),
+    ("loss", signal.SIGTERM)],
     ids=lambda p: p if isinstance(p, str) else p.name)
 def test_a_signal_tears_everything_down(case, sig, tmp_path):
     module, options, switches, workers = CASES[case]
     argv = [sys.executable, "-m", f"innet_aggregation.testbed.{module}", *options]
-    if module == "baseline_experiment":
+    if module.endswith("_experiment"):
         argv += ["--out", str(tmp_path / "out")]
     proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -163,7 +180,9 @@ def test_a_signal_tears_everything_down(case, sig, tmp_path):
         deadline = time.monotonic() + (STOP_WITHIN if sig == signal.SIGKILL else 0.5)
         while alive(procs) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert alive(procs) == [], f"{case} left processes running after {sig.name}:\n{text}"
+        left = alive(procs)
+        assert left == [], (f"{case} left processes running after {sig.name}:\n"
+                            + "\n".join(map(state, left)) + f"\n{text}")
         if sig == signal.SIGKILL:
             # No teardown ran: the switches and workers stop with it (stopping.
             # dies_with_parent), the host shells when their terminal closes; links and
