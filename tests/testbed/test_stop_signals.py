@@ -89,11 +89,11 @@ def state(line: str) -> str:
                       f"wchan {wchan}", *tail])
 
 
-def cmdlines(procs) -> list[str]:
-    out = []
+def cmdlines(procs) -> dict[int, str]:
+    out = {}
     for pid in procs:
         try:
-            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             pass
     return out
@@ -153,7 +153,7 @@ def test_a_signal_tears_everything_down(case, sig, tmp_path):
             assert time.monotonic() < deadline, (f"{case} not up within {START_TIMEOUT:g} s:\n"
                                                  + b"".join(output).decode(errors="replace"))
             procs = descendants(proc.pid)
-            commands = cmdlines(procs)
+            commands = cmdlines(procs).values()
             up = (sum("innet_aggregation.softswitch" in c for c in commands) == switches
                   and (b"job configuration:" in b"".join(output) if not workers
                        else sum("innet_aggregation.testbed.train" in c for c in commands) == 2))
@@ -162,7 +162,7 @@ def test_a_signal_tears_everything_down(case, sig, tmp_path):
             time.sleep(0.2)
         made = interfaces(proc.pid)
         assert made, f"no interface of {case}'s topology found"
-        dirs = run_dirs(pid for pid, c in zip(procs, cmdlines(procs))
+        dirs = run_dirs(pid for pid, c in cmdlines(procs).items()
                         if "innet_aggregation.softswitch" in c)
         assert dirs, "no run directory found"
         procs = descendants(proc.pid)
