@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from innet_aggregation.testbed.stopping import stop_on_signals  # noqa: E402
 from namespace_job import install_job  # noqa: E402  (beside this file)
 
 from innet_aggregation.testbed import record  # noqa: E402
@@ -59,7 +60,12 @@ def run(target: str, sizes: list[int], reps: int, slots: int) -> list[dict]:
                          cwd=REPO) for i, h in enumerate(topo.hosts)]
         # Drained together: a worker blocked on a full pipe would stall the others.
         with ThreadPoolExecutor(len(procs)) as pool:
-            outputs = list(pool.map(lambda p: p.communicate(timeout=900), procs))
+            try:
+                outputs = list(pool.map(lambda p: p.communicate(timeout=900), procs))
+            except BaseException:   # a stop signal: the pool would wait for the workers
+                for proc in procs:
+                    proc.kill()
+                raise
     for proc, (_, err) in zip(procs, outputs):
         if proc.returncode:
             raise SystemExit(f"a worker failed ({proc.returncode}):\n{err.strip()[-3000:]}")
@@ -77,6 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench-backend needs root (network namespaces)")
+    stop_on_signals()       # a stop signal tears down as the end does
     print(f"{WORKERS} workers, {args.target}, float32, session.allreduce and dist.all_reduce "
           f"on a cpu:ina group in turns, {args.reps} calls each per size after one to warm "
           f"up; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")

@@ -56,6 +56,7 @@ from innet_aggregation.switch_ctl.controller import Controller  # noqa: E402
 from innet_aggregation.testbed import record  # noqa: E402
 from innet_aggregation.testbed.layout import link_mtu  # noqa: E402
 from innet_aggregation.testbed.netns import Namespaces, in_netns  # noqa: E402
+from innet_aggregation.testbed.stopping import dies_with_parent, stop_on_signals  # noqa: E402
 from innet_aggregation.testbed.targets import (SwitchProcess, available_targets, bmv2_path,  # noqa: E402
                                                cpu_seconds)
 
@@ -141,7 +142,8 @@ class Reflector:
     """The ceiling, started like a switch target (no P4Runtime)."""
 
     def __init__(self, native: Native, topo: Namespaces):
-        self.process = subprocess.Popen([native.reflector] + [h.switch_ifname for h in topo.hosts])
+        self.process = subprocess.Popen(dies_with_parent([native.reflector]
+                                                         + [h.switch_ifname for h in topo.hosts]))
 
     def __enter__(self):
         time.sleep(0.2)
@@ -293,6 +295,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_switch needs root for network namespaces", file=sys.stderr)
         return 1
+    stop_on_signals()       # a stop signal tears down as the end does
     native = Native()
     try:
         with ExitStack() as stack:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from innet_aggregation.p4src import protocol  # noqa: E402
 from innet_aggregation.testbed import record  # noqa: E402
+from innet_aggregation.testbed.stopping import dies_with_parent, stop_on_signals  # noqa: E402
 from innet_aggregation.worker import quantize  # noqa: E402
 from namespace_job import install_job  # noqa: E402  (beside this file)
 
@@ -157,7 +158,8 @@ def worker_rate(window: int, seconds: float, repeats: int) -> None:
         env = dict(os.environ, AGG_TYPE_OFFSET=str(fmt.dtype.fields["msg_type"][1]),
                    AGG_COUNT_OFFSET=str(fmt.dtype.fields["contributions"][1]),
                    AGG_RESULT_TYPE=str(int(protocol.MsgType.RESULT)))
-        reflector = subprocess.Popen([str(binary), "reflect", str(port)], env=env)
+        reflector = subprocess.Popen(dies_with_parent([str(binary), "reflect", str(port)]),
+                                     env=env)
         try:
             time.sleep(0.2)
             session = AggregationSession(0, 1, "127.0.0.1", 1, port, 0, window, "127.0.0.1",
@@ -217,7 +219,12 @@ def against_gloo(topo, target: str, values: int, elements: int, reps: int, slots
                          cwd=REPO) for i, h in enumerate(topo.hosts)]
         # Drained together: a worker blocked on a full pipe would stall the others.
         with ThreadPoolExecutor(len(procs)) as pool:
-            outputs = list(pool.map(lambda p: p.communicate(timeout=900), procs))
+            try:
+                outputs = list(pool.map(lambda p: p.communicate(timeout=900), procs))
+            except BaseException:   # a stop signal: the pool would wait for the workers
+                for proc in procs:
+                    proc.kill()
+                raise
         if switch.process.poll() is not None:
             print(f"  {target}: the switch exited ({switch.process.returncode}):\n{switch.log_tail()}")
             return None
@@ -345,6 +352,7 @@ def main() -> None:
                              "installed target at 256 values, and softswitch at 64)")
     parser.add_argument("--sections", nargs="*", type=int, default=[1, 2, 3])
     args = parser.parse_args()
+    stop_on_signals()       # a stop signal tears down as the end does
     if 1 in args.sections:
         pipeline(args.elements, args.batch, args.repeats)
     if 2 in args.sections:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from innet_aggregation import IMPORT_ROOT
 
+from .stopping import dies_with_parent, whole
+
 if TYPE_CHECKING:   # a type only: importing the topology would pull in Mininet
     from .topology import Testbed
 
@@ -51,13 +53,13 @@ class HostAgents:
                 if not self.gloo:
                     argv.append("--no-gloo")
                 with open(log, "wb") as err:
-                    self.procs.append(host.popen(argv, stdin=-1, stdout=-1, stderr=err,
-                                                 cwd=str(IMPORT_ROOT), env=env))
+                    self.procs.append(host.popen(dies_with_parent(argv), stdin=-1, stdout=-1,
+                                                 stderr=err, cwd=str(IMPORT_ROOT), env=env))
                 self.logs.append(log)
                 self._buffers.append(b"")
             self.call({"op": "ready"}, timeout=self.start_timeout)
         except BaseException:
-            self.stop()
+            self.stop(graceful=False)
             raise
         return self
 
@@ -116,14 +118,22 @@ class HostAgents:
             out.append(f"--- {self.logs[i]} ---\n" + "\n".join(text))
         return "\n".join(out)
 
-    def stop(self) -> None:
+    @whole
+    def stop(self, graceful: bool = True) -> None:
+        """Ask each worker to quit (``graceful``: between commands, as at a normal end)
+        or terminate it (after an error or a stop signal, when it may be in the middle
+        of a long command); kill what has not exited within 10 s."""
         for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    proc.stdin.write(b'{"op": "quit"}\n')
-                    proc.stdin.flush()
-                except OSError:
-                    pass
+            if proc.poll() is not None:
+                continue
+            if not graceful:
+                proc.terminate()
+                continue
+            try:
+                proc.stdin.write(b'{"op": "quit"}\n')
+                proc.stdin.flush()
+            except OSError:
+                pass
         deadline = time.monotonic() + 10
         for proc in self.procs:
             try:
@@ -136,5 +146,5 @@ class HostAgents:
     def __enter__(self) -> "HostAgents":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __exit__(self, exc_type, *_) -> None:
+        self.stop(graceful=exc_type is None)

@@ -63,6 +63,7 @@ from .links import (bound, burst_bytes, capacity_mbit, check_rate, check_workers
                     link_time_s)
 from .loss_experiment import csv_list
 from .stats import MIN_CALLS, judge, median_interval, ratio_interval
+from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
 ETH = 14
@@ -428,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         print("baseline_experiment: every worker count must be at least 2", file=sys.stderr)
         return 1
     started, load = time.monotonic(), os.getloadavg()[0]
+    stop_on_signals()
     try:
         check_arguments(args)
         for values in args.values:
@@ -454,9 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"baseline_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("baseline_experiment: interrupted; the topology was torn down", file=sys.stderr)
-        return 130
+    except Stopped as stop:
+        print(f"baseline_experiment: stopped by {stop.name}; the topology was torn down", file=sys.stderr)
+        return stop.code
     print()
     print_table(lines)
     print(f"""

@@ -29,6 +29,7 @@ from innet_aggregation.p4src import protocol
 from . import record
 from .baseline_experiment import agg_frame_bytes
 from .layout import add_program_argument, add_topology_arguments
+from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
 
@@ -227,14 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("demo: needs root (Mininet creates namespaces and links)", file=sys.stderr)
         return 1
+    stop_on_signals()
     try:
         run(args)
     except Exception as exc:
         print(f"demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("demo: interrupted; the topology was torn down", file=sys.stderr)
-        return 130
+    except Stopped as stop:
+        print(f"demo: stopped by {stop.name}; the topology was torn down", file=sys.stderr)
+        return stop.code
     return 0
 
 

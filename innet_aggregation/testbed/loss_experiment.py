@@ -37,6 +37,7 @@ from pathlib import Path
 
 from . import record
 from .layout import add_program_argument, add_topology_arguments
+from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
 DIRECTIONS = {"ingress": (1, 0), "egress": (0, 1), "both": (1, 1)}
@@ -318,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         print("loss_experiment: needs root (Mininet)", file=sys.stderr)
         return 1
     started, load = time.monotonic(), os.getloadavg()[0]
+    stop_on_signals()
     try:
         points(args)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -329,9 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"loss_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("loss_experiment: interrupted; the topology was torn down", file=sys.stderr)
-        return 130
+    except Stopped as stop:
+        print(f"loss_experiment: stopped by {stop.name}; the topology was torn down", file=sys.stderr)
+        return stop.code
     print("\n" + summary(rows))
     print(f"\nneeded: the retransmissions the drops require (every worker's for a lost "
           f"contribution, one for a lost result).\nexact: result equals the true integer sum on "

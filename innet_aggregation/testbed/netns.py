@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .stopping import dies_with_parent, whole
+
 CLONE_NEWNET = 0x40000000
 _topologies = itertools.count()
 ETH_P_ALL = 0x0003
@@ -76,7 +78,10 @@ class Host:
     mgmt_ip: str | None = None          # on mgmt0, where the topology has a management network
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
-        return subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], **kwargs)
+        """``argv`` in this host's namespace; it stops if this process is killed outright
+        (stopping.dies_with_parent), as the namespace goes with it."""
+        return subprocess.Popen(["ip", "netns", "exec", self.netns, *dies_with_parent(argv)],
+                                **kwargs)
 
     def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(["ip", "netns", "exec", self.netns, *argv], **kwargs)
@@ -192,6 +197,7 @@ class Namespaces:
         _run("ip", "link", "set", outer, "master", self.bridge)
         _run("ip", "link", "set", outer, "up")
 
+    @whole
     def destroy(self) -> None:
         for host in self.hosts:
             _run("ip", "link", "del", host.switch_ifname, check=False)  # removes the peer too
@@ -241,5 +247,6 @@ class SwitchLink:
             raise
         return self
 
+    @whole
     def destroy(self) -> None:
         _run("ip", "link", "del", self.ends[0], check=False)

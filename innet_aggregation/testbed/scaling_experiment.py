@@ -37,6 +37,7 @@ from .baseline_experiment import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_argume
 from .layout import default_values_per_packet
 from .loss_experiment import csv_list
 from . import record
+from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
 MIB = 2**20
@@ -161,6 +162,7 @@ def plot(lines: list[dict], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.monotonic()
+    stop_on_signals()
     try:
         if args.bw <= 0:
             raise ValueError("scaling needs shaped links (a rate above 0 Mbit/s): on unshaped "
@@ -186,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"scaling_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("scaling_experiment: interrupted; the topology was torn down", file=sys.stderr)
-        return 130
+    except Stopped as stop:
+        print(f"scaling_experiment: stopped by {stop.name}; the topology was torn down",
+              file=sys.stderr)
+        return stop.code
     print()
     print_table(lines)
     print(f"\nms per MiB: medians of {args.reps} calls after {WARMUP} warm-up calls (95 % "

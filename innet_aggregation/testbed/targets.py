@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 from innet_aggregation import IMPORT_ROOT
 from innet_aggregation.p4src import protocol
 
+from .stopping import dies_with_parent, whole
+
 if TYPE_CHECKING:
     from .tls import TLSBundle
 
@@ -169,9 +171,19 @@ class SwitchProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
         with open(self.log_path, "wb") as log:
             # Its own session: a Ctrl-C meant for the experiment must not kill the switch
-            # before the experiment's teardown has stopped everything in order.
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                            env=env, start_new_session=True)
+            # before the experiment's teardown has stopped everything in order. It
+            # stops if the experiment is killed outright (stopping.dies_with_parent).
+            self.process = subprocess.Popen(dies_with_parent(self.argv), stdout=log,
+                                            stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        try:
+            self._wait_listening(timeout)
+        except BaseException:       # a timeout, or a stop signal: ``with`` calls no __exit__
+            self.stop()
+            raise
+        return self
+
+    def _wait_listening(self, timeout: float) -> None:
         host, port = self.grpc_addr.rsplit(":", 1)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -180,10 +192,9 @@ class SwitchProcess:
                                    f"{self.log_tail()}")
             try:
                 with socket.create_connection((host, int(port)), timeout=0.5):
-                    return self
+                    return
             except OSError:
                 time.sleep(0.1)
-        self.stop()
         raise TimeoutError(f"{self.target} did not listen on {self.listen_addr} within "
                            f"{timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
 
@@ -202,6 +213,7 @@ class SwitchProcess:
         except FileNotFoundError:
             return "(no log)"
 
+    @whole
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return

@@ -17,6 +17,7 @@ import argparse
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from .layout import (add_program_argument, add_topology_arguments, check_mtu, ch
                      link_mtu, tree_config_dict)
 from .links import burst_bytes, check_rate
 from .p4switch import BoundedHost, P4Switch, QuietMininet
+from .stopping import STOP_SIGNALS, Stopped, stop_on_signals, whole
 from .targets import add_switch_arguments, cpu_seconds, default_target, free_tcp_port
 from .tls import TLSBundle, make_bundle
 
@@ -279,11 +281,16 @@ class Testbed:
         """The switch-side interfaces (the only ones in the root namespace)."""
         return sorted(i for s in set(self.switches.values()) for i in s.port_map().values())
 
+    @whole
     def stop(self) -> None:
         for control in self.controllers.values():
             control.conn.close()
         self.controllers = {}
         if self.net is not None:
+            for node in self.net.values():
+                if node.shell is not None and node.waiting:    # a signal cut a command short
+                    node.sendInt()
+                    node.waitOutput()
             for switch in self.switches.values():
                 if switch.process is not None:
                     switch.process.stop()  # before its interfaces disappear
@@ -306,6 +313,14 @@ class TestbedCLI(CLI):
         self.testbed = testbed
         self.agents = None
         super().__init__(testbed.net, **kwargs)
+
+    def run(self):
+        try:
+            super().run()
+        finally:                    # at exit, or a stop signal (stopping.Stopped)
+            if self.agents is not None:
+                self.agents.stop(graceful=False)
+                self.agents = None
 
     def do_counters(self, _line):
         """Print each switch's outcome counters."""
@@ -343,7 +358,7 @@ class TestbedCLI(CLI):
             print(f"allreduce: {exc}\n(worker processes stopped; the next allreduce starts new "
                   f"ones, on slots the switch may hold half-aggregated: restart the testbed)")
             if self.agents is not None:
-                self.agents.stop()
+                self.agents.stop(graceful=False)
                 self.agents = None
             return
         for host, a in zip(self.testbed.hosts, answers):
@@ -365,6 +380,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # At a terminal, Ctrl-C interrupts the CLI's command (Mininet's) and `exit` ends
+    # the testbed; from a script or a scheduler, SIGINT ends it as SIGTERM does.
+    stop_on_signals([s for s in STOP_SIGNALS if s != signal.SIGINT or not sys.stdin.isatty()])
     try:
         testbed = Testbed(args.workers, bw=args.bw, target=args.target or default_target(),
                           delay=args.delay, link_loss=args.link_loss, num_slots=args.slots,
@@ -384,12 +402,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{testbed.config_path}")
             print("try: h1 ping -c1 hN | allreduce 4096 | loss 1 | loss 5 0 spine | counters   "
                   "(hosts h1..hN are workers 0..N-1)\n")
-            cli = TestbedCLI(testbed)
-            if cli.agents is not None:
-                cli.agents.stop()
+            TestbedCLI(testbed)
     except (RuntimeError, PermissionError, ValueError, OSError) as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
+    except Stopped as stop:
+        print(f"testbed: stopped by {stop.name}; the topology was torn down", file=sys.stderr)
+        return stop.code
     except KeyboardInterrupt:
         print("testbed: interrupted; the topology was torn down", file=sys.stderr)
         return 130

@@ -162,24 +162,35 @@ class Fabric:
     # -- workers -----------------------------------------------------------------
     def run(self, job: Job, args: list[str], *, workers: list[int] | None = None,
             extra: dict[int, list[str]] | None = None, module: str = "innet_aggregation.worker.run",
-            late: dict[int, float] | None = None, timeout: float = 180) -> list[WorkerRun]:
+            late: dict[int, float] | None = None, together: bool = False,
+            timeout: float = 180) -> list[WorkerRun]:
         """Run ``module`` on each worker's host (all of them, or ``workers``) with
         ``--config <job> --worker-id <i>`` plus ``args`` (and ``extra[i]``), starting
-        worker i ``late[i]`` seconds after the others (a straggler); waits for all."""
+        worker i ``late[i]`` seconds after the others (a straggler); waits for all.
+        ``together``: each runs ``module.main`` once all are ready (tests.worker.together),
+        a straggler ``late[i]`` after that, for a test that judges the order of their
+        first packets: started one after another, their interpreters' start-ups on a
+        busy machine differ by seconds."""
         ids = list(range(job.num_workers) if workers is None else workers)
         extra, late = extra or {}, late or {}
         launched = time.monotonic()
         # Output goes to files, not pipes: a pipe nobody drains fills after ~160 reports
         # and blocks its worker in print(), which stalls every other worker's call.
         outdir = Path(tempfile.mkdtemp(prefix=f"job{job.id}-", dir=self.workdir))
+        if together:
+            (outdir / "gate").mkdir()
         procs = {}
         for i in sorted(ids, key=lambda i: late.get(i, 0.0)):
-            time.sleep(max(0.0, launched + late.get(i, 0.0) - time.monotonic()))
+            if together:
+                start = [sys.executable, "-m", "tests.worker.together", str(outdir / "gate"),
+                         str(len(ids)), str(late.get(i, 0.0)), module]
+            else:
+                start = [sys.executable, "-m", module]
+                time.sleep(max(0.0, launched + late.get(i, 0.0) - time.monotonic()))
             with open(outdir / f"{i}.out", "w") as out, open(outdir / f"{i}.err", "w") as err:
                 procs[i] = job.hosts[i].popen(
-                    [sys.executable, "-m", module, "--config", str(job.path), "--worker-id",
-                     str(i), *args, *extra.get(i, [])], stdout=out, stderr=err,
-                    env=_env(), cwd=REPO)
+                    [*start, "--config", str(job.path), "--worker-id", str(i), *args,
+                     *extra.get(i, [])], stdout=out, stderr=err, env=_env(), cwd=REPO)
         deadline = time.monotonic() + timeout
         for i, proc in procs.items():
             try:

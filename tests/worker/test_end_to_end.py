@@ -166,10 +166,12 @@ def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp
     for the Python backend (~20k packets/s), 20 ms for BMv2 (~3k packets/s).
 
     A timer restarts on every answer, so while the switch keeps answering none need
-    expire: worker 3 starts half a second late, and the others' first packets wait
-    for it many caps long. Whether a retransmission then crosses its result is
-    timing: a session without a duplicate result is followed by another with a new
-    seed, at most three, and every session's result is checked."""
+    expire: worker 3 starts half a second after the others are ready (fabric.run's
+    ``together``: launched half a second late, it could still be ready first on a
+    busy machine), and the others' first packets wait for it many caps long. Whether
+    a retransmission then crosses its result is timing: a session without a duplicate
+    result is followed by another with a new seed, at most three, and every session's
+    result is checked."""
     cap = {"softswitch": "0.0001", "softswitch-python": "0.002", "bmv2": "0.02"}[fabric.target]
     job = fabric.job(4, num_slots=8)
     straggler = 0.5
@@ -178,7 +180,7 @@ def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp
         runs = fabric.run(job, ["--size", "6000", "--reps", "3", "--seed", str(seed),
                                 "--initial-rto", cap, "--min-rto", cap,
                                 "--max-rto", cap, "--save", str(outdir), *result_path],
-                          late={3: straggler})
+                          late={3: straggler}, together=True)
         check_run(runs, job, outdir, size=6000, seed=seed, reps=3)
         check_path(runs, result_path)
         waited = [run.reports[0]["counters"]["retransmissions"] for run in runs[:3]]
@@ -194,8 +196,11 @@ def test_spurious_retransmissions_and_duplicate_results_are_harmless(fabric, tmp
 
 def test_a_dead_worker_ends_the_others_with_a_clear_error(fabric):
     job = fabric.job(3, num_slots=8)
+    # Workers 0 and 1 start their sessions together: each gives up 3 s after its first
+    # packet, and names worker 2 alone only if the other had contributed by then,
+    # which a worker still starting its interpreter on a busy machine had not.
     runs = fabric.run(job, ["--size", "2000", "--peer-timeout", "3", "--max-rto", "0.5"],
-                      workers=[0, 1], timeout=60)
+                      workers=[0, 1], together=True, timeout=60)
     # fabric.run's 60 s limit is the hang guard; the workers gave up on their own.
     for run in runs:
         assert run.returncode == 1

@@ -46,8 +46,10 @@ def test_a_session_killed_mid_call_then_new_sessions_are_exact_or_fail_clearly(f
     (their inputs differ from the dead session's, so one would be far off). After
     the reset the error asks for, new sessions are exact."""
     job = fabric.job(3, num_slots=8)
+    # Together: each worker's 1.5 s run from the common start, so every one dies in
+    # its calls, none before the others have started their session.
     runs = fabric.run(job, ["--size", "6000", "--reps", "100000", "--die-after", "1.5"],
-                      timeout=60)
+                      together=True, timeout=60)
     assert all(run.returncode == 137 and run.reports for run in runs), \
         [(run.returncode, len(run.reports)) for run in runs]
     outcomes = set()

@@ -15,8 +15,11 @@ PAUSE = 40.0          # seconds: longer than the old 30 s peer_timeout, as a che
 
 def test_a_rank_that_dies_is_named_by_every_other_within_the_timeout(fabric):
     job = fabric.job(3, num_slots=8)
+    # Together: worker 2's 2 s start from the common start, so it dies in a call, not
+    # in a session start the others have not reached yet.
     runs = fabric.run(job, ["--size", "6000", "--reps", "100000", "--peer-timeout", "5",
-                            "--max-rto", "0.5"], extra={2: ["--die-after", "2"]}, timeout=60)
+                            "--max-rto", "0.5"], extra={2: ["--die-after", "2"]},
+                      together=True, timeout=60)
     assert runs[2].returncode == 137
     for run in runs[:2]:
         assert run.returncode == 1
@@ -40,7 +43,9 @@ def test_a_rank_that_pauses_longer_than_before_is_waited_for(fabric, tmp_path):
     check_run(runs, job, tmp_path, size=6000, seed=5, reps=2)
     for run in (runs[0], runs[2]):
         waited = run.reports[1]
-        assert waited["seconds"] >= PAUSE
+        # Its call began when its call-0 result came, worker 1's pause when worker 1's
+        # did: a scheduling delay apart, either way.
+        assert waited["seconds"] >= PAUSE - 1.0
         # While waiting, a line every progress_interval (10 s) names the paused rank
         # (before the call's first result a timeout resends one slot's packet a
         # period, so the first lines may count slots not asked about yet).
