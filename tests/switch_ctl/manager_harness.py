@@ -82,6 +82,7 @@ class ManagerBed:
     restarts: int = 0
     ranks: list[Rank] = field(default_factory=list)
     listener: dict = field(default_factory=dict)    # [manager] settings of the listener
+    unlisted: tuple[int, ...] = ()     # hosts left out of fabric.hosts: the manager learns them
 
     def start(self) -> "ManagerBed":
         self.topology = Namespaces(8, tag=f"mg{os.getpid() % 100000}", management=True,
@@ -110,11 +111,13 @@ class ManagerBed:
                         "database": str(self.workdir / "manager.db"), "lease_seconds": LEASE,
                         "sweep_seconds": SWEEP, "default_slots": JOB_SLOTS, **self.listener},
             "switch": {"grpc_addr": self.switch.grpc_addr,
+                       "ports": sorted(h.switch_port for h in self.topology.hosts),
                        **({"values_per_packet": self.values} if self.values else {})},
             "pool": {"job_ids": [1, 8], "slots": [0, POOL_SLOTS - 1],
                      "services": [{"ip": ip, "mac": mac} for ip, mac in SERVICES]},
             "fabric": {"hosts": [{"mac": h.mac, "switch_port": h.switch_port}
-                                 for h in self.topology.hosts]},
+                                 for h in self.topology.hosts
+                                 if h.index not in self.unlisted]},
         }
 
     # -- the manager process ---------------------------------------------------------

@@ -38,7 +38,7 @@ def bed(tmp_path_factory):
     reason = unavailable("softswitch")
     if reason:
         pytest.skip(reason)
-    bed = ManagerBed(tmp_path_factory.mktemp("manager")).start()
+    bed = ManagerBed(tmp_path_factory.mktemp("manager"), unlisted=(7,)).start()
     yield bed
     bed.stop()
 
@@ -97,7 +97,8 @@ def test_two_jobs_share_the_switch_a_third_waits_and_a_fourth_gives_up(bed):
 
     # The pool is full: C waits, saying why; D gives up after its own timeout.
     c = bed.launch("job-c", [4, 5], "--reps", "2", "--seed", "3")
-    d = bed.launch("job-d", [6, 7], extra_env={"INA_JOIN_TIMEOUT": "4"})
+    # Host 7 is not in the fabric map: it names its data-plane interface to be learned.
+    d = bed.launch("job-d", [6, 7], extra_env={"INA_JOIN_TIMEOUT": "4", "INA_IFNAME": "eth0"})
     for r in d:
         assert r.wait(30) == 2
         error = r.events()[0]["error"]
@@ -241,6 +242,17 @@ def test_a_registration_cannot_claim_a_host_it_is_not(bed):
     finished(p, calls=1)
 
 
+def test_a_host_the_fabric_does_not_list_is_learned_and_aggregates(bed):
+    """Host 7 is not in fabric.hosts: its rank (naming its data-plane interface) gets a
+    nonce out of every host port, echoes the one port 8 carried, and its job runs."""
+    host = bed.topology.hosts[7]
+    learned = bed.launch("job-l", [7], "--reps", "2", extra_env={"INA_IFNAME": "eth0"})
+    finished(learned, calls=2)
+    assert (f"learned that {host.mac} ({host.ip}) is behind switch port {host.switch_port}"
+            in bed.manager_log())
+    assert "to learn its port" in learned[0].stderr
+
+
 def test_a_wrong_secret_is_refused_and_installs_nothing(bed):
     with pytest.raises(JoinError, match="the manager refused rank 0 of job job-x: wrong secret"):
         join(bed.address, "job-x", 0, 1, "not-the-secret-at-all", ca_cert=bed.tls.ca_cert,
@@ -279,8 +291,10 @@ LEASE_ONLY = {"secret": None, "world": None, "interfaces": None, "udp_port": Non
      "interfaces[0].mac '02:00:00:00:01' is not a MAC address"),
     ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.300", "mac": "02:00:00:00:00:01"}]},
      "interfaces[0].ip '10.0.0.300' is not an IPv4 address"),
-    ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.1", "mac": "02:00:00:00:99:01"}]},
-     "none of rank 0's interfaces (eth0 02:00:00:00:99:01) is in the manager's fabric"),
+    ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.1", "mac": "02:00:00:00:99:01"},
+                     {"ifname": "eth1", "ip": "10.0.1.1", "mac": "02:00:00:00:99:02"}]},
+     "none of rank 0's interfaces (eth0 02:00:00:00:99:01, eth1 02:00:00:00:99:02) is in the "
+     "manager's fabric (fabric.hosts): name the data-plane interface with INA_IFNAME"),
     ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.250", "mac": "02:00:00:00:00:01"}]},
      "rank 0's address 10.0.0.250 is a service address"),
     ({"extra": 1}, "unknown fields 'extra' in a register request"),

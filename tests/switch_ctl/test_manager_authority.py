@@ -187,23 +187,31 @@ def test_the_database_holds_token_hashes_only(jobs, tmp_path):
     assert CRED_A.encode() not in text
 
 
-def test_a_port_proof_is_the_nonce_sent_to_that_host_once_and_in_time(jobs, monkeypatch):
+def nonce_of(frames) -> str:
     from scapy.layers.l2 import Ether
 
     from innet_aggregation.p4src import protocol
+    ((_, _, frame),) = frames
+    return protocol.proof_nonce(bytes(Ether(frame)["UDP"].payload))
+
+
+def test_a_port_proof_is_the_nonce_sent_to_that_host_once_and_in_time(jobs, monkeypatch):
+    from scapy.layers.l2 import Ether
+
     from innet_aggregation.switch_ctl.manager import proof as proof_mod
     proofs = proof_mod.PortProofs(jobs.config)
     message = register_message(0)
     request = parse(message)
     member = jobs.member(request)
-    frame = Ether(proofs.challenge(request, member))
-    # To the claimed host, from the pool's first service address, checksummed.
+    ((switch, port, raw),) = proofs.challenge(request, member)
+    frame = Ether(raw)
+    # Out of the host's port, to the claimed host, from the pool's first service address.
+    assert (switch, port) == ("switch", 1)
     assert (frame.dst, frame["IP"].dst, frame["UDP"].dport) == (MACS[0], "10.0.0.1", 40000)
     assert (frame.src, frame["IP"].src) == ("02:00:00:00:00:fa", "10.0.0.250")
     checksum = frame["IP"].chksum
     del frame["IP"].chksum
     assert Ether(bytes(frame))["IP"].chksum == checksum
-    nonce = protocol.proof_nonce(bytes(frame["UDP"].payload))
 
     def echo(value, **change):
         return parse({**message, "proof": value, **change})
@@ -212,17 +220,39 @@ def test_a_port_proof_is_the_nonce_sent_to_that_host_once_and_in_time(jobs, monk
                                          "02:00:00:00:00:01 / 10.0.0.1 UDP 40000 through "
                                          "switch port 1"):
         proofs.check(echo("0" * 32), member)
-    proofs.challenge(request, member)
+    nonce = nonce_of(proofs.challenge(request, member))
     with pytest.raises(BadRequest, match="echoed a port proof the manager did not send"):
         proofs.check(echo(nonce, token=secrets.token_hex(16)), member)   # another client's
-    fresh = Ether(proofs.challenge(request, member))
-    nonce = protocol.proof_nonce(bytes(fresh["UDP"].payload))
-    proofs.check(echo(nonce), member)
+    nonce = nonce_of(proofs.challenge(request, member))
+    assert proofs.check(echo(nonce), member) == member
     with pytest.raises(BadRequest, match="did not send"):
         proofs.check(echo(nonce), member)                                   # once only
-    proofs.challenge(request, member)
     monkeypatch.setattr(proof_mod, "PROOF_SECONDS", -1.0)
-    late = Ether(proofs.challenge(request, member))
-    proofs.sent(request)                     # its time starts when the frame leaves
+    late = nonce_of(proofs.challenge(request, member))
+    proofs.sent(request)                     # its time starts when the frames leave
     with pytest.raises(BadRequest, match="expired"):
-        proofs.check(echo(protocol.proof_nonce(bytes(late["UDP"].payload))), member)
+        proofs.check(echo(late), member)
+
+
+def test_a_host_the_fabric_does_not_list_is_learned_from_the_port_its_nonce_left(jobs):
+    from scapy.layers.l2 import Ether
+
+    from innet_aggregation.p4src import protocol
+    from innet_aggregation.switch_ctl.manager import proof as proof_mod
+    proofs = proof_mod.PortProofs(jobs.config)
+    unlisted = {"ifname": "eth0", "ip": "10.0.0.9", "mac": "02:00:00:00:00:09"}
+    message = {**register_message(0), "interfaces": [unlisted]}
+    request = parse(message)
+    member = jobs.member(request)
+    assert (member.switch, member.switch_port) == ("", None)
+    frames = proofs.challenge(request, member)
+    assert [(s, p) for s, p, _ in frames] == [("switch", p) for p in (1, 2, 3, 4)]
+    nonces = {p: protocol.proof_nonce(bytes(Ether(f)["UDP"].payload)) for _, p, f in frames}
+    assert len(set(nonces.values())) == 4              # each port its own
+    proven = proofs.check(parse({**message, "proof": nonces[3]}), member)
+    assert (proven.switch, proven.switch_port, proven.mac) == ("switch", 3, unlisted["mac"])
+    # Two unlisted interfaces: which one to learn is the rank's to say.
+    two = {**message, "interfaces": [unlisted, {**unlisted, "ifname": "eth1",
+                                                "mac": "02:00:00:00:00:0a", "ip": "10.0.1.9"}]}
+    with pytest.raises(BadRequest, match="name the data-plane interface with INA_IFNAME"):
+        jobs.member(parse(two))

@@ -279,6 +279,9 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
                                         f"{answer.get('error')}")
                     message = str(answer.get("message", answer))
                     if status == "prove":
+                        if message != last:
+                            progress(f"ina: rank {rank} of job {job}: {message}")
+                            last, said = message, time.monotonic()
                         request["proof"] = proofs.receive(PROOF_WAIT)
                         if request["proof"] is None:
                             unproven += 1

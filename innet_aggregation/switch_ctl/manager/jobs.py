@@ -71,13 +71,14 @@ def _fault(step: str) -> None:
 
 @dataclass(frozen=True)
 class Member:
-    """A registered rank: its data-plane interface, and the switch and port behind it."""
+    """A registered rank: its data-plane interface, and the switch and port behind it
+    (None and "" until a host the fabric does not list has proven them)."""
     rank: int
     ifname: str
     ip: str
     mac: str
     udp_port: int
-    switch_port: int
+    switch_port: int | None
     switch: str = STAR
 
 
@@ -193,20 +194,31 @@ class Jobs:
         known = [(i, self.config.fabric[i.mac]) for i in request.interfaces
                  if i.mac in self.config.fabric]
         listed = ", ".join(f"{i.ifname} {i.mac}" for i in request.interfaces)
+        if not known and self.config.prove_ports and len(request.interfaces) == 1:
+            # Not listed: its port is learned from the proof (proof.py).
+            (interface,) = request.interfaces
+            self._not_a_service(request, interface)
+            return Member(request.rank, interface.ifname, interface.ip, interface.mac,
+                          request.udp_port, None, "")
         if not known:
             raise BadRequest(f"none of rank {request.rank}'s interfaces ({listed}) is in the "
-                             f"manager's fabric (fabric.hosts): is INA_IFNAME the data-plane "
-                             f"interface, and is this host behind the switch?")
+                             f"manager's fabric (fabric.hosts)"
+                             + (": name the data-plane interface with INA_IFNAME for the "
+                                "manager to learn its port" if self.config.prove_ports else
+                                ": is INA_IFNAME the data-plane interface, and is this host "
+                                "behind the switch?"))
         if len(known) > 1:
             raise BadRequest(f"rank {request.rank} has several interfaces in the fabric "
                              f"({', '.join(i.ifname for i, _ in known)}): name one with INA_IFNAME")
         interface, port = known[0]
-        services = {s.ip for s in self.config.pool.services}
-        if interface.ip in services:
-            raise BadRequest(f"rank {request.rank}'s address {interface.ip} is a service "
-                             f"address of the manager's pool")
+        self._not_a_service(request, interface)
         return Member(request.rank, interface.ifname, interface.ip, interface.mac,
                       request.udp_port, port, self.config.homes[interface.mac])
+
+    def _not_a_service(self, request: Register, interface) -> None:
+        if interface.ip in {s.ip for s in self.config.pool.services}:
+            raise BadRequest(f"rank {request.rank}'s address {interface.ip} is a service "
+                             f"address of the manager's pool")
 
     def register(self, request: Register, member: Member) -> tuple[Pending, int]:
         """Enter the rank; returns its job and its registration's generation."""

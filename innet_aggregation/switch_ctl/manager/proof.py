@@ -5,6 +5,11 @@ registers again echoing it. Only the host behind that port receives it, so a ten
 holding the manager's secret cannot enter another's host in its job (which would
 send that host results and keep its owner's jobs off it).
 
+A host the fabric map does not list is learned the same way: a nonce of its own goes
+out of every port that faces hosts (on every switch of a tree), and the one the rank
+echoes names the port it is behind. Learning trusts whoever answers at that MAC, so
+list the hosts you know; an unlisted MAC is only ever learned for one registration.
+
 A nonce is good for one registration of one (job, rank, token), for
 ``PROOF_SECONDS`` from when it left; the table of outstanding nonces is bounded,
 oldest dropped first.
@@ -12,6 +17,7 @@ oldest dropped first.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import secrets
 import threading
@@ -31,44 +37,64 @@ MAX_OUTSTANDING = 4096
 
 @dataclass
 class _Challenge:
-    nonce: str
     member: Member
-    expires: float = float("inf")      # set when the frame has left
+    nonces: dict[str, tuple[str, int]]    # nonce -> the (switch, port) it left by
+    expires: float = float("inf")         # set when the frames have left
+
+
+def host_ports(config: ManagerConfig) -> list[tuple[str, int]]:
+    """Every (switch, port) a host may be behind: the switches' ports less the links
+    between switches."""
+    links = config.tree
+    between = set()
+    if links is not None:
+        between = ({(name, port) for name, port in links.uplink_ports.items()}
+                   | {(links.parents[name], port) for name, port in links.parent_ports.items()})
+    return [(name, port) for name, sw in config.switches.items() for port in sw.ports
+            if (name, port) not in between]
 
 
 class PortProofs:
     def __init__(self, config: ManagerConfig):
         service = config.pool.services[0]      # a source on the hosts' subnet
         self._source = (service.mac, service.ip)
+        self._candidates = host_ports(config)
         self._lock = threading.Lock()
         self._outstanding: OrderedDict[tuple, _Challenge] = OrderedDict()
 
-    def challenge(self, request: Register, member: Member) -> bytes:
-        """The frame to send out of ``member.switch_port`` for this registration."""
-        nonce = secrets.token_bytes(protocol.PROOF_NONCE_BYTES)
+    def challenge(self, request: Register, member: Member) -> list[tuple[str, int, bytes]]:
+        """The frames to send, (switch, port, frame): out of the member's port, or, for a
+        host to learn (``member.switch_port`` None), one out of every host port."""
+        ports = ([(member.switch, member.switch_port)] if member.switch_port is not None
+                 else self._candidates)
+        nonces = {secrets.token_hex(protocol.PROOF_NONCE_BYTES): where for where in ports}
         key = (request.job, request.rank, request.token_hash)
         with self._lock:
             self._outstanding.pop(key, None)
-            self._outstanding[key] = _Challenge(nonce.hex(), member)
+            self._outstanding[key] = _Challenge(member, nonces)
             while len(self._outstanding) > MAX_OUTSTANDING:
                 self._outstanding.popitem(last=False)
         mac, ip = self._source
-        return protocol.proof_frame(member.mac, member.ip, member.udp_port, mac, ip, nonce)
+        return [(switch, port, protocol.proof_frame(member.mac, member.ip, member.udp_port, mac,
+                                                    ip, bytes.fromhex(nonce)))
+                for nonce, (switch, port) in nonces.items()]
 
     def sent(self, request: Register) -> None:
-        """The frame left: the nonce's time starts."""
+        """The frames left: the nonce's time starts."""
         with self._lock:
             challenge = self._outstanding.get((request.job, request.rank, request.token_hash))
             if challenge is not None:
                 challenge.expires = time.monotonic() + PROOF_SECONDS
 
-    def check(self, request: Register, member: Member) -> None:
-        """BadRequest unless ``request.proof`` is the nonce sent to this very host."""
+    def check(self, request: Register, member: Member) -> Member:
+        """The member, proven (a learned host's port filled in); BadRequest unless
+        ``request.proof`` is a nonce sent to this very host."""
         with self._lock:
             challenge = self._outstanding.pop((request.job, request.rank, request.token_hash),
                                               None)
         where = (f"{member.mac} / {member.ip} UDP {member.udp_port} through "
-                 f"{member.switch} port {member.switch_port}")
+                 + (f"{member.switch} port {member.switch_port}" if member.switch_port is not None
+                    else "every port that faces hosts"))
         if challenge is None or challenge.member != member:
             raise BadRequest(f"rank {request.rank} of job {request.name} echoed a port proof "
                              f"the manager did not send to {where}: register without one to "
@@ -76,7 +102,11 @@ class PortProofs:
         if time.monotonic() > challenge.expires:
             raise BadRequest(f"rank {request.rank} of job {request.name}: the port proof sent "
                              f"to {where} expired ({PROOF_SECONDS:g} s)")
-        if not hmac.compare_digest(challenge.nonce, request.proof):
+        port = next((where for nonce, where in challenge.nonces.items()
+                     if hmac.compare_digest(nonce, request.proof)), None)
+        if port is None:
             raise BadRequest(f"rank {request.rank} of job {request.name} echoed a wrong port "
-                             f"proof: the nonce went to {where}, and this host did not get it "
-                             f"(is it behind that port? the fabric map says it is)")
+                             f"proof: the nonce went to {where}, and this host did not get it"
+                             + (" (is it behind that port? the fabric map says it is)"
+                                if member.switch_port is not None else ""))
+        return dataclasses.replace(member, switch=port[0], switch_port=port[1])

@@ -442,7 +442,11 @@ class Manager:
                 if request.proof is None:
                     self._challenge(request, member, reply)
                     return
-                self.proofs.check(request, member)
+                proven = self.proofs.check(request, member)
+                if member.switch_port is None:
+                    log.info("%s: learned that %s (%s) is behind %s port %d", where, proven.mac,
+                             proven.ip, proven.switch, proven.switch_port)
+                member = proven
             pending, generation = self.jobs.register(request, member)
         except BadRequest as exc:
             log.warning("%s: registration refused: %s", where, exc)
@@ -455,19 +459,22 @@ class Manager:
             raise
 
     def _challenge(self, request: Register, member: Member, reply) -> None:
-        """Send the port proof's nonce through the switch; the rank registers again
-        with it (proof.py)."""
-        frame = self.proofs.challenge(request, member)
+        """Send the port proof's nonce through the switch (one out of every host port
+        for a host to learn); the rank registers again with it (proof.py)."""
+        frames = self.proofs.challenge(request, member)
         try:
-            self.installer.send_frame(member.switch, member.switch_port, frame)
+            for switch, port, frame in frames:
+                self.installer.send_frame(switch, port, frame)
         except (P4RuntimeError, ValueError) as exc:
             reply(status="waiting", message=f"waiting for the switch to send the port proof: "
                                             f"{exc}")
             return
         self.proofs.sent(request)
+        where = (f"through {member.switch} port {member.switch_port}"
+                 if member.switch_port is not None
+                 else f"out of each of {len(frames)} host ports, to learn its port")
         reply(status="prove", message=f"a nonce went to {member.mac} / {member.ip} UDP "
-                                      f"{member.udp_port} through {member.switch} port "
-                                      f"{member.switch_port}: register again with it")
+                                      f"{member.udp_port} {where}: register again with it")
 
     def _await(self, pending: Pending, member: Member, generation: int, reply) -> None:
         """Progress lines until the job runs or is refused; a rank that hangs up is
