@@ -1,0 +1,116 @@
+"""torchrun, three ranks, DDP with no hook on the ``ina`` backend through the job
+manager, while the switch's side goes away (``fallback.py``): training completes
+every step, the ranks' parameters are identical after every step, the final ones
+match the exact-mean reference within test_torchrun's bound, and the calls go
+through the switch again once it is back. Gloo runs on the management network, as
+in a cluster, so it survives the switch. Each test takes 40-70 s (marked slow).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import time
+
+import pytest
+import torch
+
+from innet_aggregation.switch_ctl.client import SwitchConnection
+from innet_aggregation.switch_ctl.controller import Controller
+from tests.switch_ctl.manager_harness import ManagerBed, until
+from tests.worker import torchrun_chaos as script
+from tests.worker import torchrun_train
+from tests.worker.harness import skip_unless_runnable
+from tests.worker.test_torchrun import BOUND, torchrun
+
+pytestmark = pytest.mark.slow
+SWITCH_TIMEOUT = "2"
+
+
+@pytest.fixture
+def bed(tmp_path):
+    skip_unless_runnable("softswitch")
+    bed = ManagerBed(tmp_path).start()
+    yield bed
+    bed.stop()
+
+
+def reference(world: int) -> list[torch.Tensor]:
+    net = torchrun_train.model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=torchrun_train.LR)
+    for step in range(script.STEPS):
+        for rank in range(world):
+            x, y = torchrun_train.batch(step, rank)
+            (torch.nn.functional.mse_loss(net(x), y) / world).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.detach() for p in net.parameters()]
+
+
+def steps_done(out, world: int) -> int:
+    """The fewest steps any rank has logged."""
+    counts = []
+    for rank in range(world):
+        path = out.parent / f"{out.name}.{rank}.jsonl"
+        counts.append(len(path.read_text().splitlines()) if path.exists() else 0)
+    return min(counts)
+
+
+def switch_packets(bed: ManagerBed) -> int:
+    """Aggregation packets the (current) switch has counted, read as a backup controller."""
+    with SwitchConnection(bed.switch.grpc_addr, 0, (0, 1)) as conn:
+        conn.load_p4info()
+        return sum(c["packets"] for c in Controller(conn).counters().values())
+
+
+def train_through(bed: ManagerBed, tmp_path, fault, world: int = 3):
+    """torchrun on hosts 0..world-1, ``fault(bed)`` at a random step from 3 to 8;
+    returns the ranks' step logs."""
+    out = tmp_path / "chaos"
+    processes = torchrun(bed, "chaos", list(range(world)), 29900, out,
+                         script="tests/worker/torchrun_chaos.py",
+                         extra_env={"INA_SWITCH_TIMEOUT": SWITCH_TIMEOUT})
+    try:
+        at = random.randint(3, 8)
+        until(lambda: steps_done(out, world) >= at or any(p.poll() is not None
+                                                          for p, _ in processes),
+              60, "the ranks' first steps")
+        fault(bed)
+        for node_rank, (process, _) in enumerate(processes):
+            code = process.wait(timeout=80)
+            text = (tmp_path / f"chaos-{node_rank}.log").read_text()
+            assert code == 0, f"node {node_rank}:\n{text[-4000:]}"
+    finally:
+        for process, log in processes:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            log.close()
+    logs = [[json.loads(line) for line in (tmp_path / f"chaos.{r}.jsonl").read_text().splitlines()]
+            for r in range(world)]
+    assert all(len(log) == script.STEPS for log in logs), [len(log) for log in logs]
+    for step in zip(*logs):
+        assert len({s["hash"] for s in step}) == 1, f"the ranks' parameters differ: {step}"
+    ranks = [torch.load(tmp_path / f"chaos.{rank}.pt") for rank in range(world)]
+    for got, want in zip(ranks[0], reference(world)):
+        torch.testing.assert_close(got, want, rtol=0, atol=BOUND)
+    return logs
+
+
+def test_a_switch_killed_and_restarted_during_training_costs_no_step(bed, tmp_path):
+    def kill_and_restart(bed):
+        bed.kill_switch()
+        time.sleep(5)
+        bed.start_switch()
+    logs = train_through(bed, tmp_path, kill_and_restart)
+    paths = [[("switch" if s["switch"] and not s["gloo"] else "gloo" if s["gloo"] else "-")
+              for s in log] for log in logs]
+    assert all("gloo" in p for p in paths), paths
+    # Back on the switch: the last steps' calls went through it, and it counted them.
+    assert all(p[-1] == "switch" for p in paths), paths
+    assert switch_packets(bed) > 0
