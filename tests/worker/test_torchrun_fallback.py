@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import subprocess
 import time
 
@@ -18,7 +19,7 @@ import torch
 
 from innet_aggregation.switch_ctl.client import SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
-from tests.switch_ctl.manager_harness import ManagerBed, until
+from tests.switch_ctl.manager_harness import LEASE, POOL_SLOTS, SWEEP, ManagerBed, until
 from tests.worker import torchrun_chaos as script
 from tests.worker import torchrun_train
 from tests.worker.harness import skip_unless_runnable
@@ -66,7 +67,7 @@ def switch_packets(bed: ManagerBed) -> int:
 
 def train_through(bed: ManagerBed, tmp_path, fault, world: int = 3):
     """torchrun on hosts 0..world-1, ``fault(bed)`` at a random step from 3 to 8;
-    returns the ranks' step logs."""
+    returns the ranks' step logs, each step's path ("switch", "gloo") on each rank."""
     out = tmp_path / "chaos"
     processes = torchrun(bed, "chaos", list(range(world)), 29900, out,
                          script="tests/worker/torchrun_chaos.py",
@@ -76,6 +77,7 @@ def train_through(bed: ManagerBed, tmp_path, fault, world: int = 3):
         until(lambda: steps_done(out, world) >= at or any(p.poll() is not None
                                                           for p, _ in processes),
               60, "the ranks' first steps")
+        faulted = time.time()
         fault(bed)
         for node_rank, (process, _) in enumerate(processes):
             code = process.wait(timeout=80)
@@ -99,7 +101,22 @@ def train_through(bed: ManagerBed, tmp_path, fault, world: int = 3):
     ranks = [torch.load(tmp_path / f"chaos.{rank}.pt") for rank in range(world)]
     for got, want in zip(ranks[0], reference(world)):
         torch.testing.assert_close(got, want, rtol=0, atol=BOUND)
-    return logs
+    paths = [["gloo" if s["gloo"] else "switch" for s in log] for log in logs]
+    report(logs[0], paths[0])
+    return logs, paths, faulted
+
+
+def report(log, paths) -> None:
+    """The fault's cost, as rank 0 saw it (pytest -s shows it): the first gloo step's
+    time against the median step, and how long until a step was through the switch again."""
+    if "gloo" not in paths:
+        return
+    first = paths.index("gloo")
+    back = next((i for i in range(first, len(paths)) if paths[i] == "switch"), None)
+    median = statistics.median(s["seconds"] for s in log)
+    print(f"fault at step {first}: {log[first]['seconds']:.3f} s (median step {median:.4f} s); "
+          + (f"through the switch again from step {back}, "
+             f"{log[back]['at'] - log[first]['at']:.1f} s later" if back else "gloo to the end"))
 
 
 def test_a_switch_killed_and_restarted_during_training_costs_no_step(bed, tmp_path):
@@ -107,10 +124,50 @@ def test_a_switch_killed_and_restarted_during_training_costs_no_step(bed, tmp_pa
         bed.kill_switch()
         time.sleep(5)
         bed.start_switch()
-    logs = train_through(bed, tmp_path, kill_and_restart)
-    paths = [[("switch" if s["switch"] and not s["gloo"] else "gloo" if s["gloo"] else "-")
-              for s in log] for log in logs]
+    _, paths, _ = train_through(bed, tmp_path, kill_and_restart)
     assert all("gloo" in p for p in paths), paths
     # Back on the switch: the last steps' calls went through it, and it counted them.
     assert all(p[-1] == "switch" for p in paths), paths
     assert switch_packets(bed) > 0
+
+
+def test_a_revoked_lease_goes_to_gloo_and_back(bed, tmp_path):
+    """The ranks' way to the manager cut (gloo's, between the hosts, kept) for longer
+    than the lease: the manager reclaims the job and takes it off the switch; the
+    ranks go on through gloo and join again once they reach the manager."""
+    def cut_the_manager_off(bed):
+        manager = bed.topology.mgmt_address
+        hosts = bed.topology.hosts[:3]
+        for host in hosts:
+            host.run(["ip", "route", "add", "prohibit", f"{manager}/32"], check=True)
+        until(lambda: not bed.installed(), 20, "the manager reclaiming the job")
+        time.sleep(1)
+        for host in hosts:
+            host.run(["ip", "route", "del", "prohibit", f"{manager}/32"], check=True)
+    logs, paths, cut = train_through(bed, tmp_path, cut_the_manager_off)
+    assert all("gloo" in p for p in paths), paths
+    # Within lease + sweep + the switch timeout (and a step's pause) of the cut.
+    for log, p in zip(logs, paths):
+        assert log[p.index("gloo")]["at"] - cut < LEASE + SWEEP + float(SWITCH_TIMEOUT) + 2, log
+    assert all(p[-1] == "switch" for p in paths), paths
+    assert "reclaimed" in bed.manager_log() or "stopped renewing" in bed.manager_log()
+
+
+def test_a_killed_and_restarted_manager_costs_the_data_path_nothing(bed, tmp_path):
+    def kill_and_restart(bed):
+        bed.kill_manager()
+        time.sleep(2)
+        bed.start_manager()
+    _, paths, _ = train_through(bed, tmp_path, kill_and_restart)
+    assert all(p == ["switch"] * script.STEPS for p in paths), paths
+
+
+def test_a_job_with_no_free_slots_starts_on_gloo_and_moves_to_the_switch(bed, tmp_path):
+    """Another job holds the whole pool: the ranks start on gloo at once (not after
+    INA_JOIN_TIMEOUT), and move to the switch when it leaves."""
+    hold = tmp_path / "hold"
+    hog = bed.launch("hog", [3, 4], "--reps", "0", "--hold", str(hold),
+                     extra_env={"INA_SLOTS": str(POOL_SLOTS)})
+    until(lambda: all(r.event("held") for r in hog), 60, "the other job holding the pool")
+    _, paths, _ = train_through(bed, tmp_path, lambda bed: hold.touch())
+    assert all(p[0] == "gloo" and p[-1] == "switch" for p in paths), paths

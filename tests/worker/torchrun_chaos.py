@@ -4,7 +4,7 @@ PAUSE seconds, so that a test can fault the switch's side during the run:
     torchrun ... tests/worker/torchrun_chaos.py OUT
 
 Per step, a JSON line in OUT.RANK.jsonl: a hash of the parameters' bytes after the
-step, the step's seconds, and how many of its calls went through the switch and
+step, the step's seconds and its end (time.time()), and how many of its calls went through the switch and
 through gloo; at the end the parameters (OUT.RANK.pt).
 """
 
@@ -43,7 +43,7 @@ def main(out: str) -> int:
             flat = torch.cat([p.detach().reshape(-1) for p in net.module.parameters()])
             log.write(json.dumps({
                 "step": step, "hash": hashlib.blake2b(flat.numpy().tobytes()).hexdigest(),
-                "seconds": time.monotonic() - started,
+                "seconds": time.monotonic() - started, "at": time.time(),
                 **{path: fallback.counts[path] - before[path] for path in before}}) + "\n")
             log.flush()
             time.sleep(PAUSE)
