@@ -19,6 +19,9 @@ MODEL    ?= small
 # demo, bench-allreduce: INA=1 sends the switch's calls through torch.distributed's
 # ina backend (dist.all_reduce, DDP with no hook) instead of the session's API.
 INA      ?=
+# demo: CHAOS=1 trains through the job manager while the switch is killed and
+# restarted, then the job's lease revoked: per step the path taken (testbed/chaos.py).
+CHAOS    ?=
 # loss-experiment: the switches whose ports drop (all, or e.g. spine, leaf0).
 LOSS_AT  ?= all
 PYTEST   ?= $(PY) -m pytest
@@ -140,7 +143,7 @@ bench-allreduce: setup
 	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY) $(if $(INA),--ina)
 
 demo: setup
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina)
+	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina) $(if $(CHAOS),--chaos)
 
 testbed: setup
 	$(PY) -m innet_aggregation.testbed.topology --workers $(N) $(TOPOLOGY)

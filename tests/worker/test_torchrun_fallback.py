@@ -171,3 +171,41 @@ def test_a_job_with_no_free_slots_starts_on_gloo_and_moves_to_the_switch(bed, tm
     until(lambda: all(r.event("held") for r in hog), 60, "the other job holding the pool")
     _, paths, _ = train_through(bed, tmp_path, lambda bed: hold.touch())
     assert all(p[0] == "gloo" and p[-1] == "switch" for p in paths), paths
+
+
+@pytest.mark.parametrize("fault", ["switch", "lease", "slots"])
+def test_with_ina_fallback_error_each_fault_raises_on_every_rank_naming_it(bed, tmp_path, fault):
+    """INA_FALLBACK=error: the training fails on every rank with SwitchUnavailable,
+    within the switch timeout of the fault reaching the data path, naming why."""
+    hold = tmp_path / "hold"
+    if fault == "slots":
+        hog = bed.launch("hog", [3, 4], "--reps", "0", "--hold", str(hold),
+                         extra_env={"INA_SLOTS": str(POOL_SLOTS)})
+        until(lambda: all(r.event("held") for r in hog), 60, "the other job holding the pool")
+    out = tmp_path / "chaos"
+    processes = torchrun(bed, "chaos", [0, 1, 2], 29950, out, script="tests/worker/torchrun_chaos.py",
+                         extra_env={"INA_SWITCH_TIMEOUT": SWITCH_TIMEOUT, "INA_FALLBACK": "error"})
+    try:
+        if fault != "slots":
+            until(lambda: steps_done(out, 3) >= 3, 60, "the ranks' first steps")
+            if fault == "switch":
+                bed.kill_switch()
+            else:
+                for host in bed.topology.hosts[:3]:
+                    host.run(["ip", "route", "add", "prohibit", f"{bed.topology.mgmt_address}/32"],
+                             check=True)
+        codes = [process.wait(timeout=60) for process, _ in processes]
+    finally:
+        hold.touch()
+        for process, log in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            log.close()
+    why = {"switch": "switch restarted or unreachable",
+           "lease": "the manager unreachable: the lease may be lost",
+           "slots": f"not joined within {SWITCH_TIMEOUT} s"}[fault]
+    for rank, code in enumerate(codes):
+        text = (tmp_path / f"chaos-{rank}.log").read_text()
+        assert code != 0, text[-3000:]
+        assert f"SwitchUnavailable: rank {rank}" in text and why in text, text[-3000:]
