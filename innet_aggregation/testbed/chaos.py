@@ -189,6 +189,7 @@ def _steps(out: Path, rank: int) -> list[dict]:
 
 def rank_main(argv: list[str] | None = None) -> int:
     """A rank of one phase: DDP (no hook) on the digits, as testbed/train.py's model."""
+    import numpy as np
     import torch
     import torch.distributed as dist
     from sklearn.datasets import load_digits
@@ -202,13 +203,13 @@ def rank_main(argv: list[str] | None = None) -> int:
     for name in ("--master", "--out", "--backend"):
         parser.add_argument(name, required=True)
     args = parser.parse_args(argv)
-    if args.backend != "gloo":
-        import innet_aggregation.worker.backend as backend  # registers "ina"
+    from innet_aggregation.worker import backend    # registers "ina"
+
     dist.init_process_group(args.backend, init_method=f"tcp://{args.master}", rank=args.rank,
                             world_size=args.world)
     fallback = backend.session_of().fallback if args.backend != "gloo" else None
     x, y = load_digits(return_X_y=True)
-    order = torch.tensor(__import__("numpy").random.default_rng(0).permutation(len(x)))
+    order = torch.tensor(np.random.default_rng(0).permutation(len(x)))
     x = torch.tensor(x / 16.0, dtype=torch.float32)[order]
     y = torch.tensor(y)[order]
     n_test = len(x) // 5

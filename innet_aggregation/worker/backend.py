@@ -385,7 +385,10 @@ class _Joiner:
         """The membership, if the job started within ``timeout`` seconds (taken: the
         next call joins anew), else None."""
         self._thread.join(timeout)
-        if self._result is None or self._result[0] != "ok":
+        if self._result is None:
+            return None
+        if self._result[0] == "error":
+            self.said = str(self._result[1])
             return None
         return self()
 
@@ -426,7 +429,7 @@ def open_session(rank: int, world_size: int, timeout: timedelta, store, group,
             session = AggregationSession.on_gloo(rank, world_size, fallback)
             print(f"{NAME}: rank {rank}: from call 1 on, through gloo: {why}",
                   file=sys.stderr, flush=True)
-            fallback.leave_and_rejoin(session)
+            fallback.leave_and_rejoin(session, leave=False)
             return _Owner(session)
         config, rejoin = membership.config, joiner
     elif os.environ.get("INA_JOB_CONFIG"):

@@ -41,7 +41,6 @@ import hashlib
 import os
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,6 +122,7 @@ class Fallback:
         self._last_number = 0
         self._stop = threading.Event()
         self._thread = None
+        self._said = ""                      # the last reason a rejoin failed
         self.session = None
         if path == GLOO:
             self.changes.append((1, GLOO, why))
@@ -263,28 +263,26 @@ class Fallback:
         if path == GLOO:
             self.leave_and_rejoin(session)
 
-    def leave_and_rejoin(self, session) -> None:
+    def leave_and_rejoin(self, session, leave: bool = True) -> None:
         """In the background (``_come_back``), if there is a way back (a manager)."""
         if self._rejoin is not None:
-            self._thread = threading.Thread(target=self._come_back, args=(session,),
+            self._thread = threading.Thread(target=self._come_back, args=(session, leave),
                                             daemon=True, name=f"ina-rejoin-{self.rank}")
             self._thread.start()
 
-    def _come_back(self, session) -> None:
-        """Leave the job (the manager resets its slots) and join again until it runs."""
-        old, self.membership = self.membership, None
-        if old is not None:
+    def _come_back(self, session, leave: bool) -> None:
+        """Leave the job (the manager resets its slots) and join again until it runs;
+        at the start (``leave`` False) a rank that joined already keeps its job, which
+        the others are joining too."""
+        old = self.membership
+        if leave and old is not None:
+            self.membership = None
             old.close()
-        said = ""
         while not self._stop.is_set():
-            try:
-                membership = self._rejoin()
-            except Exception as exc:        # noqa: BLE001 (the manager away, the switch full)
-                if str(exc) != said:
-                    print(f"ina: rank {self.rank}: joining the job again: {exc}; retrying",
-                          file=sys.stderr, flush=True)
-                    said = str(exc)
-                self._stop.wait(1.0)
+            if not leave and old is not None:
+                membership, old = old, None
+                self.membership = None
+            elif (membership := self._next_membership()) is None:
                 continue
             if self._stop.is_set():
                 membership.close()
@@ -301,6 +299,18 @@ class Fallback:
             self.membership = membership
             self.standby = transport
             return
+
+    def _next_membership(self):
+        """The job joined again, or None (each new reason said once) after a pause."""
+        try:
+            return self._rejoin()
+        except Exception as exc:        # noqa: BLE001 (the manager away, the switch full)
+            if str(exc) != self._said:
+                print(f"ina: rank {self.rank}: joining the job again: {exc}; retrying",
+                      file=sys.stderr, flush=True)
+                self._said = str(exc)
+            self._stop.wait(1.0)
+            return None
 
     # -- closing ---------------------------------------------------------------------
     def settle(self) -> bool:
