@@ -133,3 +133,15 @@ def test_with_ina_fallback_error_every_rank_raises_within_the_bound_naming_why(
         why = ("switch restarted or unreachable" if fault == "killed" or rank == 2
                else "the switch waits for a worker")
         assert why in last["error"], last
+
+
+def test_the_policy_is_checked_at_the_boundary():
+    from innet_aggregation.worker.fallback import DEFAULT_SWITCH_TIMEOUT, FallbackPolicy
+    assert FallbackPolicy.from_env({}) == FallbackPolicy("gloo", DEFAULT_SWITCH_TIMEOUT)
+    assert FallbackPolicy.from_env({"INA_FALLBACK": "error", "INA_SWITCH_TIMEOUT": "3.5"}) \
+        == FallbackPolicy("error", 3.5)
+    with pytest.raises(ValueError, match="INA_FALLBACK must be one of gloo, error, not 'nccl'"):
+        FallbackPolicy.from_env({"INA_FALLBACK": "nccl"})
+    for bad in ("soon", "0", "-1"):
+        with pytest.raises(ValueError, match="INA_SWITCH_TIMEOUT must be a"):
+            FallbackPolicy.from_env({"INA_SWITCH_TIMEOUT": bad})
