@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .quantize import NonFiniteError
 from .transport import (AggregationTimeout, CallAborted, CallMismatch, SendRefused,
                         TransportBroken)
 
@@ -119,7 +120,6 @@ class Fallback:
         self.standby = None                  # a fresh transport, ready for the switch again
         self._input = None                   # the pending call's original input
         self._last = None                    # the last call's switch result
-        self._last_number = 0
         self._stop = threading.Event()
         self._thread = None
         self._said = ""                      # the last reason a rejoin failed
@@ -177,14 +177,14 @@ class Fallback:
                     raise exc from None
                 raise
             return
-        except BaseException:       # NonFiniteError: complete, its NaN blocks agreed
+        except NonFiniteError:      # complete: its NaN blocks agreed on every rank
             self._kept(number, work, keeping)
             raise
         self._kept(number, work, keeping)
 
     def _kept(self, number: int, work: np.ndarray, keeping: bool = True) -> None:
         if keeping:
-            self._last, self._last_number = _keep(self._last, work), number
+            self._last = _keep(self._last, work)
         self._done(number, SWITCH)
 
     def _done(self, number: int, path: str) -> None:
