@@ -24,6 +24,9 @@ DATA     ?= recorded
 # bench-scaling: the worker counts and the links' rate (Mbit/s).
 SCALE_N  ?= 2,4,8,12,16
 SCALE_BW ?= 50
+# demo: CHAOS=1 trains through the job manager while the switch is killed and
+# restarted, then the job's lease revoked: per step the path taken (testbed/chaos.py).
+CHAOS    ?=
 # loss-experiment: the switches whose ports drop (all, or e.g. spine, leaf0).
 LOSS_AT  ?= all
 PYTEST   ?= $(PY) -m pytest
@@ -153,7 +156,7 @@ record-gradients: setup
 	$(PY) -m innet_aggregation.testbed.gradients
 
 demo: setup
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina)
+	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina) $(if $(CHAOS),--chaos)
 
 testbed: setup
 	$(PY) -m innet_aggregation.testbed.topology --workers $(N) $(TOPOLOGY)

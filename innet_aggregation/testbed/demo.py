@@ -1,7 +1,7 @@
 """Train a model with DDP across the testbed: gradients summed in the switch, then with gloo.
 
     python -m innet_aggregation.testbed.demo --workers 4 [--model small|large] [--epochs E] [--bw MBIT]
-                           [--target softswitch|bmv2]
+                           [--target softswitch|bmv2] [--chaos]
 
 An MLP on scikit-learn's digits, one process per Mininet host. The gloo process
 group (rendezvous over the hosts' addresses, through the switch) starts DDP; in the
@@ -14,6 +14,9 @@ step is mostly the workers' CPU. ``large``: 64-1024-1024-10, 1.13 M parameters
 (4.5 MB of gradient a step), 100 Mbit/s links, where the links set the pace; it
 also measures each backend's time to a test accuracy (--accuracy), the clock
 stopped while worker 0 scores the held-out fifth of the digits.
+
+``--chaos`` (``make demo CHAOS=1``) trains through the job manager instead, while the
+switch is killed and restarted and then the job's lease revoked (``chaos.py``).
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ina", action="store_true",
                         help="train through torch.distributed's ina backend (DDP with no hook) "
                              "instead of the switch's DDP hook")
+    parser.add_argument("--chaos", action="store_true",
+                        help="through the job manager, the switch killed and restarted during "
+                             "training, then the job's lease revoked; per step the path taken, "
+                             "and the accuracy against gloo's (testbed/chaos.py)")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
     add_program_argument(parser)
@@ -230,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     stop_on_signals()
     try:
-        run(args)
+        if args.chaos:
+            from . import chaos
+            chaos.run(args)
+        else:
+            run(args)
     except Exception as exc:
         print(f"demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

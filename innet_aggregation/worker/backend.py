@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, Work
 
+from .fallback import GLOO, Fallback, FallbackPolicy, SwitchUnavailable
 from .session import AggregationSession, refuse_overlap
 from .transport import RetransmitPolicy
 
@@ -49,9 +51,11 @@ SWITCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 @dataclass
 class InaOptions:
     """``pg_options`` of ``init_process_group(backend="ina")``: a session made by the
-    caller (tests, a caller with its own parameters), instead of the environment's.
-    The group closes it when it is destroyed."""
-    session: AggregationSession
+    caller (tests, a caller with its own parameters), instead of the environment's
+    (the group closes it when it is destroyed); and the fallback policy, instead of
+    INA_FALLBACK and INA_SWITCH_TIMEOUT (``fallback.FallbackPolicy``)."""
+    session: AggregationSession | None = None
+    fallback: FallbackPolicy | None = None
 
 
 class InaProcessGroup(ProcessGroup):
@@ -323,23 +327,18 @@ def _all(works):
 
 
 class _Owner:
-    """The job's session in this process and what closes it: the session, then the
-    membership of the manager's job (if it joined one). One at a time
-    (``_open``): two sessions of one job would share its slots."""
+    """The job's session in this process, which closes its fallback and the
+    membership of the manager's job. One at a time (``_open``): two sessions of
+    one job would share its slots."""
 
-    def __init__(self, session: AggregationSession, membership=None):
+    def __init__(self, session: AggregationSession):
         self.session = session
-        self.membership = membership
 
     def close(self) -> None:
         global _open
         if _open is self:
             _open = None
-        try:
-            self.session.close()
-        finally:
-            if self.membership is not None:
-                self.membership.close()
+        self.session.close()
 
 
 _open: _Owner | None = None
@@ -358,28 +357,95 @@ def job_credential(store, rank: int) -> str:
     return store.get("job-credential").decode()
 
 
-def open_session(rank: int, world_size: int, timeout: timedelta, store) -> _Owner:
-    """The session of ``rank`` from the environment (see the module's docstring);
-    its calls wait for a peer as long as the group's ``timeout``."""
-    policy = replace(RetransmitPolicy(), peer_timeout=timeout.total_seconds())
-    membership = None
+class _Joiner:
+    """Joins the manager's job in the background: the group starts on gloo if that
+    takes longer than the switch timeout (no manager reachable, no free slots), and
+    the fallback takes the join's result when it comes (``__call__``), or joins anew."""
+
+    def __init__(self, rank: int, world: int, credential: str):
+        from innet_aggregation.switch_ctl.manager.client import join_from_env
+        self._join = lambda: join_from_env(rank, world, credential, progress=self._said)
+        self.said = "no answer from the manager yet"
+        self._result = None
+        self._thread = threading.Thread(target=self._first, daemon=True,
+                                        name=f"{NAME}-join-{rank}")
+        self._thread.start()
+
+    def _said(self, line: str) -> None:
+        self.said = line.removeprefix("ina: ")
+        print(line, file=sys.stderr, flush=True)
+
+    def _first(self) -> None:
+        try:
+            self._result = ("ok", self._join())
+        except Exception as exc:       # noqa: BLE001  handed to whoever waits
+            self._result = ("error", exc)
+
+    def wait(self, timeout: float):
+        """The membership, if the job started within ``timeout`` seconds (taken: the
+        next call joins anew), else None."""
+        self._thread.join(timeout)
+        if self._result is None:
+            return None
+        if self._result[0] == "error":
+            self.said = str(self._result[1])
+            return None
+        return self()
+
+    def __call__(self):
+        if self._thread is not None:        # the first join, still going or done
+            thread, self._thread = self._thread, None
+            thread.join()
+            kind, value = self._result
+            self._result = None
+            if kind == "error":
+                raise value
+            return value
+        return self._join()
+
+
+def open_session(rank: int, world_size: int, timeout: timedelta, store, group,
+                 policy: FallbackPolicy) -> _Owner:
+    """The session of ``rank`` from the environment (see the module's docstring),
+    with ``group`` (gloo, the session's alone) to fall back on. Collective: with a
+    manager, the ranks go to the switch only if every one of them joined within
+    the switch timeout; else they start on gloo, joining in the background (with
+    INA_FALLBACK=error: raise, naming why)."""
+    retransmit = replace(RetransmitPolicy(), peer_timeout=timeout.total_seconds())
     if os.environ.get("INA_MANAGER"):
-        from innet_aggregation.switch_ctl.manager import join_from_env
-        membership = join_from_env(rank, world_size, job_credential(store, rank))
-        config = membership.config
+        joiner = _Joiner(rank, world_size, job_credential(store, rank))
+        membership = joiner.wait(policy.switch_timeout)
+        joined = torch.tensor([float(membership is not None)])
+        group.allreduce([joined]).wait()
+        if joined.item() < world_size:
+            why = f"not joined within {policy.switch_timeout:g} s: {joiner.said}"
+            if policy.mode == "error":
+                if membership is not None:
+                    membership.close()
+                raise SwitchUnavailable(f"rank {rank}: the job is not on the switch: {why} "
+                                        f"(INA_FALLBACK=error; =gloo starts on gloo)")
+            fallback = Fallback(group, policy, membership=membership, rejoin=joiner,
+                                path=GLOO, why=why)
+            session = AggregationSession.on_gloo(rank, world_size, fallback)
+            print(f"{NAME}: rank {rank}: from call 1 on, through gloo: {why}",
+                  file=sys.stderr, flush=True)
+            fallback.leave_and_rejoin(session, leave=False)
+            return _Owner(session)
+        config, rejoin = membership.config, joiner
     elif os.environ.get("INA_JOB_CONFIG"):
-        config = os.environ["INA_JOB_CONFIG"]
+        config, membership, rejoin = os.environ["INA_JOB_CONFIG"], None, None
     else:
         raise RuntimeError(f"the {NAME} backend needs the job's switch: set INA_MANAGER "
                            f"(host:port of the job manager) or INA_JOB_CONFIG (the job's "
                            f"TOML file, worker id = rank)")
     try:
-        session = AggregationSession.from_config(config, rank, policy=policy)
+        session = AggregationSession.from_config(config, rank, policy=retransmit)
     except BaseException:
         if membership is not None:
             membership.close()
         raise
-    return _Owner(session, membership)
+    session.attach(Fallback(group, policy, membership=membership, rejoin=rejoin))
+    return _Owner(session)
 
 
 def create(options, pg_options) -> InaProcessGroup:
@@ -389,7 +455,9 @@ def create(options, pg_options) -> InaProcessGroup:
     job's session, or takes ``pg_options``' one, and closes it when destroyed; later
     groups of every rank share it (their calls join its call sequence, so every
     rank must order them alike, as the fingerprints check). A group of part of the
-    job cannot use the job's slots: it is gloo (NCCL) only."""
+    job cannot use the job's slots: it is gloo (NCCL) only. The session falls back
+    on a gloo group of its own (``fallback``), never on the group's: their
+    collectives come from other threads, in another order."""
     global _open
     rank, size, timeout = options.group_rank, options.group_size, options.timeout
     ranks = list(options.global_ranks_in_group)
@@ -398,13 +466,21 @@ def create(options, pg_options) -> InaProcessGroup:
                         f"not {type(pg_options).__name__}")
     if ranks and ranks != list(range(dist.get_world_size())):
         return InaProcessGroup(options.store, rank, size, timeout, None)
+    given = pg_options.session if pg_options is not None else None
     if _open is not None:
-        if pg_options is not None:
+        if given is not None:
             raise ValueError(f"an {NAME} group of this job holds a session already; "
                              f"its other groups share it")
         return InaProcessGroup(options.store, rank, size, timeout, _open.session)
-    owner = (_Owner(pg_options.session) if pg_options is not None
-             else open_session(rank, size, timeout, options.store))
+    policy = ((pg_options.fallback if pg_options is not None else None)
+              or FallbackPolicy.from_env())
+    group = dist.ProcessGroupGloo(dist.PrefixStore(f"{NAME}-fallback/", options.store), rank,
+                                  size, timeout)
+    if given is not None:
+        given.attach(Fallback(group, policy))
+        owner = _Owner(given)
+    else:
+        owner = open_session(rank, size, timeout, options.store, group, policy)
     if owner.session.num_workers != size:
         owner.close()
         raise ValueError(f"the job has {owner.session.num_workers} workers, the process group "

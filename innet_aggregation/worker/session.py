@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,16 +58,54 @@ class AggregationSession:
         self.worker_id = worker_id
         self.num_workers = num_workers
         self.fmt = packet_format or protocol.packet_format()
+        self._policy = policy
         self.transport = Transport(self.fmt, job_id=job_id, worker_id=worker_id,
                                    num_workers=num_workers, switch_ip=switch_ip,
                                    job_udp_port=job_udp_port, local_ip=local_ip,
                                    local_port=local_port, first_slot=first_slot,
                                    num_slots=num_slots, local_workers=local_workers,
                                    policy=policy, fast_path=fast_path)
+        self._start(worker_id)
+
+    def _start(self, worker_id: int) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1,
                                             thread_name_prefix=f"aggregation-{worker_id}")
         self._lock = threading.Lock()
         self.last_call: CallStats | None = None
+        self.fallback = None        # fallback.Fallback, if attached: gloo when the switch fails
+
+    @classmethod
+    def on_gloo(cls, worker_id: int, num_workers: int, fallback) -> "AggregationSession":
+        """A session with no switch yet (no manager reachable, or no free slots): its
+        calls go through ``fallback``'s gloo group until it has joined the job."""
+        session = cls.__new__(cls)
+        session.worker_id, session.num_workers = worker_id, num_workers
+        session.fmt, session.transport, session._policy = None, None, RetransmitPolicy()
+        session._start(worker_id)
+        session.attach(fallback)
+        return session
+
+    def attach(self, fallback) -> None:
+        """Calls that fail on the switch go to ``fallback`` (gloo) from now on; a
+        switch call without progress for its ``switch_timeout`` (or the peer timeout,
+        if shorter) has failed."""
+        self.fallback = fallback
+        fallback.session = self
+        if self.transport is not None:
+            self._bound(self.transport, fallback)
+
+    def _bound(self, transport: Transport, fallback) -> None:
+        transport.policy = replace(transport.policy, peer_timeout=min(
+            transport.policy.peer_timeout, fallback.policy.switch_timeout))
+        transport.abort = fallback.abort_reason
+
+    def transport_for(self, config) -> Transport:
+        """A fresh transport of this worker in the job of ``config`` (a new session)."""
+        fmt, args = _transport_args(config, self.worker_id, None)
+        transport = Transport(fmt, **args, policy=self._policy)
+        if self.fallback is not None:
+            self._bound(transport, self.fallback)
+        return transport
 
     @classmethod
     def from_config(cls, config: config_mod.Config | str | Path, worker_id: int,
@@ -75,30 +113,17 @@ class AggregationSession:
         """The session of worker ``worker_id`` of the job in a TOML file (or a Config,
         or a Tree): the switch is the service address of the worker's own switch,
         reached through its ARP responder."""
-        given = kwargs.get("packet_format")
-        if isinstance(config, (str, Path)):
-            config = jobfile.load(config, pool_size=given.pool_size if given else None)
-        if not isinstance(config, config_mod.Config):
-            config = config.for_worker(worker_id)
-        job = config.job
-        fmt = given or protocol.packet_format(job.values_per_packet)
-        if job.values_per_packet not in (None, fmt.values_per_packet):
-            raise ValueError(f"job {job.id}'s switch program carries {job.values_per_packet} "
-                             f"values per packet, this worker's {fmt.values_per_packet}: "
-                             f"start it with the program of the job's size")
-        me = [w for w in job.workers if w.id == worker_id]
-        if not me:
-            raise ValueError(f"worker {worker_id} is not in job {job.id} "
-                             f"(workers {[w.id for w in job.workers]})")
+        fmt, args = _transport_args(config, worker_id, kwargs.get("packet_format"))
         kwargs["packet_format"] = fmt
-        return cls(worker_id, job.num_workers, job.service_ip, job.id, job.udp_port,
-                   job.first_slot, job.num_slots, me[0].ip, me[0].udp_port,
-                   local_workers=[w.id for w in job.workers], **kwargs)
+        return cls(worker_id, args["num_workers"], args["switch_ip"], args["job_id"],
+                   args["job_udp_port"], args["first_slot"], args["num_slots"],
+                   args["local_ip"], args["local_port"],
+                   local_workers=args["local_workers"], **kwargs)
 
     @property
     def stats(self) -> Stats:
-        """Counters since the session started."""
-        return self.transport.stats.copy()
+        """Counters of the switch's transport since it started (none: zeros)."""
+        return self.transport.stats.copy() if self.transport is not None else Stats()
 
     def allreduce(self, tensor, average: bool = False, *, name: str | None = None):
         """Sum (or average) ``tensor`` over all workers, in place; returns it.
@@ -117,7 +142,7 @@ class AggregationSession:
         unusable, and the tensor partly summed: each block's result is written as
         soon as it is final (host memory in place; other devices only at the end)."""
         work, finish, signature = _host_copy(tensor)
-        self._submit(lambda: (self._reduce(work, average, name, signature), finish())).result()
+        self._submit(lambda: (self._call(work, average, name, signature), finish())).result()
         return tensor
 
     def allreduce_async(self, tensor, average: bool = False, *, name: str | None = None):
@@ -134,7 +159,7 @@ class AggregationSession:
 
         def run():
             try:
-                self._reduce(work, average, name, signature)
+                self._call(work, average, name, signature)
                 finish()
             except BaseException as exc:  # delivered to whoever waits on the future
                 future.set_exception(exc)
@@ -148,6 +173,13 @@ class AggregationSession:
         with self._lock:
             return self._executor.submit(fn)
 
+    def _call(self, values: np.ndarray, average: bool, name: str | None,
+              signature: tuple) -> None:
+        if self.fallback is None:
+            self._reduce(values, average, name, signature)
+        else:
+            self.fallback.run(self, values, average, name, signature)
+
     def _reduce(self, values: np.ndarray, average: bool, name: str | None,
                 signature: tuple) -> None:
         """Aggregate a C-contiguous float array, writing the result into it, block by
@@ -158,7 +190,7 @@ class AggregationSession:
         two rounds."""
         start = time.perf_counter()
         before = self.transport.stats.copy()
-        k = self.fmt.values_per_packet
+        k = self.transport.fmt.values_per_packet
         flat = values.reshape(-1)       # a view (C-contiguous): the sums land in ``values``
         out = quantize.Blocks(flat, k)
         blocks = out if flat.dtype == np.float32 else quantize.Blocks(flat.astype(np.float32), k)
@@ -181,13 +213,29 @@ class AggregationSession:
         """Wait for the queued calls, park the slots (collective: every worker closes,
         so the next session on the job finds them as its start needs), release the
         socket. A session that failed (its transport is broken) does not park: the
-        switch's slot state is unknown, and the error said to reset it."""
+        switch's slot state is unknown, and the error said to reset it. With a
+        fallback, the ranks first agree (``Fallback.settle``), and park only if all
+        are on the switch and the lease holds; a park that fails then is reported,
+        not raised (the manager resets a job's slots when it leaves)."""
         with self._lock:
             self._executor.shutdown(wait=True)
+        fallback = self.fallback
         try:
-            self.transport.park()
+            if fallback is None:
+                self.transport.park()
+            elif fallback.settle() and fallback.abort_reason() is None:
+                try:
+                    self.transport.park()
+                except Exception as exc:     # noqa: BLE001  bounded by switch_timeout
+                    print(f"ina: worker {self.worker_id}: parking the slots failed: {exc}",
+                          file=sys.stderr, flush=True)
         finally:
-            self.transport.close()
+            try:
+                if self.transport is not None:
+                    self.transport.close()
+            finally:
+                if fallback is not None:
+                    fallback.close()
 
     def __enter__(self) -> "AggregationSession":
         return self
@@ -199,6 +247,31 @@ class AggregationSession:
 
 
 _NUMPY_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def _transport_args(config, worker_id: int, given: protocol.PacketFormat | None):
+    """The packet format and ``Transport``'s arguments for
+    worker ``worker_id`` of the job in ``config`` (a TOML file, a Config, or a Tree):
+    the switch is the service address of the worker's own switch."""
+    if isinstance(config, (str, Path)):
+        config = jobfile.load(config, pool_size=given.pool_size if given else None)
+    if not isinstance(config, config_mod.Config):
+        config = config.for_worker(worker_id)
+    job = config.job
+    fmt = given or protocol.packet_format(job.values_per_packet)
+    if job.values_per_packet not in (None, fmt.values_per_packet):
+        raise ValueError(f"job {job.id}'s switch program carries {job.values_per_packet} "
+                         f"values per packet, this worker's {fmt.values_per_packet}: "
+                         f"start it with the program of the job's size")
+    me = [w for w in job.workers if w.id == worker_id]
+    if not me:
+        raise ValueError(f"worker {worker_id} is not in job {job.id} "
+                         f"(workers {[w.id for w in job.workers]})")
+    args = dict(job_id=job.id, worker_id=worker_id, num_workers=job.num_workers,
+                switch_ip=job.service_ip, job_udp_port=job.udp_port, local_ip=me[0].ip,
+                local_port=me[0].udp_port, first_slot=job.first_slot, num_slots=job.num_slots,
+                local_workers=[w.id for w in job.workers])
+    return fmt, args
 
 
 def _host_copy(tensor):

@@ -128,7 +128,18 @@ log = logging.getLogger("worker")
 
 
 class AggregationTimeout(RuntimeError):
-    """No result for some slots within ``peer_timeout``: a worker or the switch is gone."""
+    """No result for some slots within ``peer_timeout``: a worker or the switch is gone.
+    ``switch_answered``: the switch said whom it waits for (it is alive; a worker is
+    slow or its results are lost), or not (it is gone, restarted or unreachable)."""
+
+    def __init__(self, message: str, switch_answered: bool = False):
+        super().__init__(message)
+        self.switch_answered = switch_answered
+
+
+class CallAborted(RuntimeError):
+    """The call was given up on the caller's word (``Transport.abort``): the job's
+    lease is lost, so the switch no longer serves it."""
 
 
 class CallMismatch(RuntimeError):
@@ -321,6 +332,9 @@ class Transport:
         self.calls = 0                              # calls issued, the empty ones included
         self.broken: BaseException | None = None
         self.label = ""                             # the call running, for errors
+        # Asked on every timer wake-up (at most ``max_rto`` apart): a reason to give
+        # up the call now (the job's lease is lost), or None.
+        self.abort = lambda: None
         # One packet per slot, rewritten when the slot takes its next chunk; a
         # retransmission resends the row as it is.
         self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
@@ -857,6 +871,9 @@ class _Call:
         dead = now - self.first_sent_at >= t.policy.peer_timeout
         if dead.any():
             self._give_up(now)
+        if (reason := t.abort()) is not None:
+            raise CallAborted(f"job {t.job_id}, worker {t.worker_id}, {self.label}: given up "
+                              f"after {now - self.started:.1f} s: {reason}")
         expired = self._due() <= now
         lost = (~expired & (self.sent_seq < self.rack_seq)
                 & (self.sent_at + self.rack_rtt + t.rto.reorder_window <= now))
@@ -927,7 +944,8 @@ class _Call:
             f"job {t.job_id}, worker {t.worker_id}, {self.label}: no result for {len(slots)} "
             f"slot(s) [{shown}] after {oldest:.1f} s (peer_timeout {t.policy.peer_timeout:g} s, "
             f"{int(self.retries[waiting].sum())} timer expiries); {self._waiting_for()}. "
-            f"The switch's slot state for this job is now unknown: {RECOVER}")
+            f"The switch's slot state for this job is now unknown: {RECOVER}",
+            switch_answered=bool(self.told[waiting].any()))
 
     def _mismatch(self, chunk: int, got: int) -> None:
         t = self.t

@@ -323,7 +323,9 @@ def test_the_job_file_gives_the_session_and_destroy_closes_it(one_process, monke
     assert isinstance(group, InaProcessGroup) and dist.get_backend() == "cpu:ina"
     session = session_of()
     assert (session.worker_id, session.num_workers) == (0, 1)
-    assert session.transport.policy.peer_timeout == 42    # the group's timeout
+    # The switch's bound (INA_SWITCH_TIMEOUT, 10 s by default), not the group's timeout:
+    # past it, calls go to gloo (fallback.py).
+    assert session.transport.policy.peer_timeout == 10
     t = torch.tensor([3, 4])                               # int: gloo's, one rank
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     assert t.tolist() == [3, 4]
@@ -373,10 +375,12 @@ def test_the_job_credential_comes_from_the_environment_or_rank_0_through_the_sto
 @needs_program
 def test_work_wait_honours_its_timeout(one_process, monkeypatch, tmp_path):
     """No switch answers: wait(timeout) raises as c10d's Work::wait does, and the call
-    itself ends with the session's own error within the group's timeout."""
-    from innet_aggregation.worker import AggregationTimeout
+    itself ends within the group's timeout (shorter than INA_SWITCH_TIMEOUT's) with
+    the session's own error (INA_FALLBACK=error: SwitchUnavailable, naming why)."""
     from innet_aggregation.worker.backend import session_of
+    from innet_aggregation.worker.fallback import SwitchUnavailable
     monkeypatch.setenv("INA_JOB_CONFIG", str(loopback_job(tmp_path, 1)))
+    monkeypatch.setenv("INA_FALLBACK", "error")
     init(timeout=timedelta(seconds=2))
     # Sparse and expanded tensors never reach the session: gloo's, and refused.
     sparse = torch.ones(3, 4).to_sparse()
@@ -392,5 +396,5 @@ def test_work_wait_honours_its_timeout(one_process, monkeypatch, tmp_path):
         work.wait(timeout=timedelta(seconds=0.3))
     assert 0.3 <= time.monotonic() - start < 1.5
     assert not work.is_completed()
-    with pytest.raises(AggregationTimeout):
+    with pytest.raises(SwitchUnavailable, match="switch restarted or unreachable"):
         work.wait()

@@ -50,7 +50,8 @@ def reference(world: int) -> list[torch.Tensor]:
     return [p.detach() for p in net.parameters()]
 
 
-def torchrun(bed: ManagerBed, job: str, hosts: list[int], port: int, out) -> list:
+def torchrun(bed: ManagerBed, job: str, hosts: list[int], port: int, out, *,
+             script: str = "tests/worker/torchrun_train.py", extra_env=None) -> list:
     """Rendezvous and gloo on the management network, as in a cluster: the switch
     forwards between the job's hosts only once the manager has installed the job."""
     master = bed.topology.hosts[hosts[0]]
@@ -59,13 +60,14 @@ def torchrun(bed: ManagerBed, job: str, hosts: list[int], port: int, out) -> lis
         host = bed.topology.hosts[index]
         rank_env = {**env(), "INA_MANAGER": bed.address, "INA_SECRET": SECRET,
                     "INA_CA_CERT": str(bed.tls.ca_cert), "INA_JOIN_TIMEOUT": "120",
-                    "GLOO_SOCKET_IFNAME": bed.topology.MGMT_IFNAME, "OMP_NUM_THREADS": "1"}
+                    "GLOO_SOCKET_IFNAME": bed.topology.MGMT_IFNAME, "OMP_NUM_THREADS": "1",
+                    **(extra_env or {})}
         log = open(out.parent / f"{job}-{node_rank}.log", "w")
         processes.append((host.popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)),
              "--node-rank", str(node_rank), "--nproc-per-node", "1",
              "--rdzv-endpoint", f"{master.mgmt_ip}:{port}", "--rdzv-id", job, "--max-restarts", "0",
-             "tests/worker/torchrun_train.py", str(out)],
+             script, str(out)],
             stdout=log, stderr=log, env=rank_env, cwd=REPO), log))
     return processes
 

@@ -100,6 +100,7 @@ class Membership:
         self.config = config
         self.lease_seconds = lease_seconds
         self.lost: str | None = None
+        self.unreachable_since: float | None = None   # since when renewing fails (monotonic)
         self._manager = manager
         self._token = token
         self._stop = threading.Event()
@@ -120,11 +121,13 @@ class Membership:
                 if not away:
                     _say(f"ina: cannot renew job {self.job}'s lease at "
                          f"{self._manager.address}: {exc}; retrying")
+                    self.unreachable_since = time.monotonic()
                 away = True
                 continue
             if away:
                 _say(f"ina: job {self.job}'s lease renewed again")
                 away = False
+                self.unreachable_since = None
             if answer.get("status") != "ok":
                 self.lost = str(answer.get("error", answer))
                 _say(f"ina: job {self.job} is lost: {self.lost}")
@@ -394,7 +397,8 @@ def job_credential_from_env(env=os.environ) -> str | None:
     return None
 
 
-def join_from_env(rank: int, world: int, credential: str | None = None) -> Membership:
+def join_from_env(rank: int, world: int, credential: str | None = None,
+                  progress: Callable[[str], None] | None = None) -> Membership:
     """``join`` with INA_MANAGER, INA_SECRET or INA_SECRET_FILE, INA_JOB, INA_CA_CERT,
     INA_IFNAME, INA_SLOTS and INA_JOIN_TIMEOUT (seconds) from the environment; the
     job's credential is ``credential`` (the torch backend's, from the job's store),
@@ -424,7 +428,7 @@ def join_from_env(rank: int, world: int, credential: str | None = None) -> Membe
         raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT: {exc}") from None
     return join(address, default_job_name(env), rank, world, secret, credential=credential,
                 ca_cert=env.get("INA_CA_CERT") or None, ifname=env.get("INA_IFNAME") or None,
-                slots=slots, timeout=timeout)
+                slots=slots, timeout=timeout, progress=progress)
 
 
 def _say(line: str) -> None:

@@ -1,0 +1,343 @@
+"""When the switch's side goes away, the session's calls go to gloo, all ranks alike.
+
+In-network aggregation is a speed-up; a switch restart, a reclaimed lease or a full
+switch must not cost the job. Each call of a session ends one of two ways on every
+rank: through the switch, or through gloo (a group of the job's ranks that only
+the session uses), with each rank's own input. Never a mix.
+
+**Why the ranks can always agree.** A session's calls run one at a time, in call
+order, and a rank sends call k+1 only once its call k is complete; the switch
+finishes a block only with every rank's contribution. So when the switch path
+fails the ranks are at most one call apart: some completed call k (they wait in
+k+1, or close), the others wait in k, and every rank that completed k holds the
+same bits (the switch sends one sum to all, which each dequantizes alike). A rank
+whose switch call fails (``INA_SWITCH_TIMEOUT`` without progress, a lost lease, a
+refused route) recovers over the gloo group: the ranks gather (calls completed,
+call pending, the pending call's signature); where some completed k and others
+did not, the lowest rank that did broadcasts its kept copy of k's result, so k is
+the switch's on every rank; the pending call is then redone through gloo from a
+copy of its original input (the switch writes results in place as they arrive);
+from there on every call goes to gloo. The others' switch calls fail within the
+same bound (no rank contributes to them any more), so every rank reaches the
+recovery. A rank returns call k before its peers know k is done: safe, since a
+peer that did not complete k gets exactly k's bits from the broadcast.
+
+Cost (only with a fallback attached): per call, a copy of its input before it
+and of its result after it (two memcpy of the call's size, into buffers reused
+while sizes repeat): memory of twice the largest call (DDP: its largest bucket).
+
+**Coming back.** While on gloo, a thread leaves the manager's job (the manager
+takes it off the switch and resets its slots) and joins it again, retrying while
+the manager is away or the switch full, and opens a fresh transport. Each gloo
+call then sums one more number, 1 from each rank that is ready: when all are,
+the next call goes through the switch on every rank (its first call starts the
+new session; a failure there falls back again). Without a manager (a job file)
+the slots cannot be reset from here, and the session stays on gloo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .quantize import NonFiniteError
+from .transport import (AggregationTimeout, CallAborted, CallMismatch, SendRefused,
+                        TransportBroken)
+
+MODES = ("gloo", "error")
+# Seconds a switch call may go without progress before it is given up: 5 times the
+# retransmission timer's ceiling (2 s), so backing off is never taken for a dead
+# switch, and well inside the manager's default lease (10 s) plus sweep, so a
+# restart is ridden out on gloo, not waited for; round trips are 0.1-10 ms.
+DEFAULT_SWITCH_TIMEOUT = 10.0
+SWITCH, GLOO = "switch", "gloo"
+CLOSING = -1                 # the call number a closing rank reports in an agreement
+# What a switch call can end with that gloo can take over (a NonFiniteError is a
+# completed call; a mismatch of the callers' own calls is told apart below).
+SWITCH_FAILURES = (AggregationTimeout, CallAborted, CallMismatch, SendRefused, TransportBroken,
+                   OSError)
+
+
+class SwitchUnavailable(RuntimeError):
+    """INA_FALLBACK=error: the switch path failed within INA_SWITCH_TIMEOUT; says why."""
+
+
+@dataclass(frozen=True)
+class FallbackPolicy:
+    """``mode``: ``gloo`` (go on through gloo) or ``error`` (raise); ``switch_timeout``:
+    seconds a switch call may go without progress."""
+    mode: str = "gloo"
+    switch_timeout: float = DEFAULT_SWITCH_TIMEOUT
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"INA_FALLBACK must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if not self.switch_timeout > 0:
+            raise ValueError(f"INA_SWITCH_TIMEOUT must be a positive number of seconds, "
+                             f"not {self.switch_timeout!r}")
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "FallbackPolicy":
+        try:
+            timeout = float(env.get("INA_SWITCH_TIMEOUT", DEFAULT_SWITCH_TIMEOUT))
+        except ValueError:
+            raise ValueError(f"INA_SWITCH_TIMEOUT must be a number of seconds, not "
+                             f"{env['INA_SWITCH_TIMEOUT']!r}") from None
+        return cls(env.get("INA_FALLBACK", "gloo"), timeout)
+
+
+def signature_hash(elements: int, signature: tuple, name: str | None) -> int:
+    """A call's identity as a positive int64, compared across ranks in a recovery."""
+    digest = hashlib.blake2b(repr((elements, signature, name)).encode(), digest_size=7)
+    return int.from_bytes(digest.digest(), "big")
+
+
+class Fallback:
+    """A session's way to gloo and back. ``group``: a gloo ProcessGroup of the job's
+    ranks that nothing else uses (its collectives run on the session's thread);
+    ``membership``: the manager's, or None; ``rejoin``: joins the job again and
+    returns the new membership (None: no coming back)."""
+
+    def __init__(self, group, policy: FallbackPolicy, *, membership=None, rejoin=None,
+                 path: str = SWITCH, why: str = ""):
+        self.group = group
+        self.policy = policy
+        self.rank = group.rank()
+        self.world = group.size()
+        self.membership = membership
+        self._rejoin = rejoin
+        self.path = path
+        self.counts = {SWITCH: 0, GLOO: 0}   # calls completed per path
+        self.taken = 0                       # calls whose switch result came from a peer
+        self.changes: list[tuple[int, str, str]] = []   # (call, path, why)
+        self.completed = 0                   # calls complete on this rank, by either path
+        self.issued = 0
+        self.standby = None                  # a fresh transport, ready for the switch again
+        self._input = None                   # the pending call's original input
+        self._last = None                    # the last call's switch result
+        self._stop = threading.Event()
+        self._thread = None
+        self._said = ""                      # the last reason a rejoin failed
+        self.session = None
+        if path == GLOO:
+            self.changes.append((1, GLOO, why))
+
+    # -- the lease -----------------------------------------------------------------
+    def abort_reason(self) -> str | None:
+        """Asked by the transport on every timer wake-up: the lease is lost."""
+        m = self.membership
+        return f"lease lost ({m.lost})" if m is not None and m.lost else None
+
+    def cause(self, exc: BaseException) -> str:
+        if (lost := self.abort_reason()) is not None:
+            return lost
+        if isinstance(exc, AggregationTimeout):
+            if exc.switch_answered:
+                return "the switch waits for a worker (its packets or results are lost)"
+            away = self.membership is not None and self.membership.unreachable_since
+            return ("switch restarted or unreachable (no answer)"
+                    + (" and the manager unreachable: the lease may be lost" if away else ""))
+        if isinstance(exc, CallMismatch):
+            return "the job's slots hold other state (switch restarted or slots reset)"
+        if isinstance(exc, SendRefused):
+            return "the route to the switch refuses the packets"
+        return f"{type(exc).__name__}: {exc}"
+
+    # -- one call, on the session's thread -------------------------------------------
+    def run(self, session, work: np.ndarray, average: bool, name, signature) -> None:
+        """Complete the session's next call on ``work`` by the agreed path."""
+        self.issued += 1
+        number = self.issued
+        if self.path == GLOO:
+            self._gloo(work, average)
+            self._done(number, GLOO)
+            return
+        keeping = self.policy.mode == "gloo"     # error: nothing to redo, nothing kept
+        if keeping:
+            self._input = _keep(self._input, work)
+        try:
+            session._reduce(work, average, name, signature)
+        except SWITCH_FAILURES as exc:
+            why = self.cause(exc)
+            if not keeping:
+                raise SwitchUnavailable(
+                    f"rank {self.rank}, call {number}: the switch path failed within "
+                    f"INA_SWITCH_TIMEOUT={self.policy.switch_timeout:g} s: {why} "
+                    f"(INA_FALLBACK=error; =gloo goes on through gloo)") from exc
+            try:
+                self._recover(session, number, work, average,
+                              signature_hash(work.size, signature, name), why)
+            except CallMismatch:
+                if isinstance(exc, CallMismatch):   # the callers' own calls differ: its words
+                    raise exc from None
+                raise
+            return
+        except NonFiniteError:      # complete: its NaN blocks agreed on every rank
+            self._kept(number, work, keeping)
+            raise
+        self._kept(number, work, keeping)
+
+    def _kept(self, number: int, work: np.ndarray, keeping: bool = True) -> None:
+        if keeping:
+            self._last = _keep(self._last, work)
+        self._done(number, SWITCH)
+
+    def _done(self, number: int, path: str) -> None:
+        self.completed = number
+        self.counts[path] += 1
+
+    def _recover(self, session, number, work, average, sig, why) -> None:
+        lo, hi, _ = self._agree(number, sig, work)
+        self._change(session, number, GLOO, why)
+        if lo < hi and number == hi:      # a peer completed it: its switch result is in work
+            self.taken += 1
+            self._kept(number, work)
+            return
+        np.copyto(work, self._input)      # the switch wrote some results in place
+        self._gloo(work, average)
+        self._done(number, GLOO)
+
+    def _agree(self, number: int, sig: int, pending=None) -> tuple[int, int, bool]:
+        """Gather every rank's (completed, pending call or CLOSING, its signature);
+        where some completed call ``hi`` and others did not, the lowest that did
+        broadcasts its kept result into the others' ``pending`` output. Returns the
+        fewest and most calls completed, and whether every rank is closing."""
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor([self.completed, number, sig], dtype=torch.int64)
+        rows = [torch.empty(3, dtype=torch.int64) for _ in range(self.world)]
+        self.group.allgather([rows], [mine]).wait()
+        rows = [tuple(int(v) for v in r) for r in rows]
+        done = [r[0] for r in rows]
+        lo, hi = min(done), max(done)
+        ahead = {r[1] for r in rows if r[0] == hi}     # all pending hi + 1, or all closing
+        signatures = {}
+        ok = (hi - lo <= 1 and len(ahead) == 1 and ahead <= {hi + 1, CLOSING}
+              and all(r[1] == hi for r in rows if r[0] < hi)
+              and all(signatures.setdefault(r[1], r[2]) == r[2] for r in rows if r[1] > 0))
+        if not ok:
+            raise CallMismatch(f"rank {self.rank}: the ranks did not issue the same calls "
+                               f"(calls completed, call pending, its signature, per rank: "
+                               f"{rows})")
+        if lo < hi:
+            options = dist.BroadcastOptions()
+            options.rootRank = done.index(hi)
+            buffer = self._last if self.completed == hi else pending
+            self.group.broadcast([torch.from_numpy(buffer)], options).wait()
+        return lo, hi, ahead == {CLOSING}
+
+    def _gloo(self, work: np.ndarray, average: bool) -> None:
+        """The call through gloo, in place; on it, whether every rank is ready to go
+        back to the switch (one more number summed, while a way back exists)."""
+        import torch
+
+        tensor = torch.from_numpy(work)
+        self.group.allreduce([tensor]).wait()
+        if average:
+            tensor.div_(self.world)
+        standby = self.standby
+        ready = torch.tensor([1.0 if standby is not None else 0.0], dtype=torch.float64)
+        self.group.allreduce([ready]).wait()
+        if ready.item() == self.world:
+            self.standby = None
+            self.session.transport = standby
+            self._change(self.session, self.issued + 1, SWITCH,
+                         "the manager installed the job again on every rank")
+
+    # -- paths -------------------------------------------------------------------------
+    def _change(self, session, number: int, path: str, why: str) -> None:
+        if path == self.path:
+            return
+        self.path = path
+        self.changes.append((number, path, why))
+        if path == GLOO and session.transport is not None:
+            session.transport.close()       # no switch I/O until a fresh one
+        print(f"ina: rank {self.rank}: from call {number} on, through "
+              f"{'gloo' if path == GLOO else 'the switch'}: {why}", file=sys.stderr, flush=True)
+        if path == GLOO:
+            self.leave_and_rejoin(session)
+
+    def leave_and_rejoin(self, session, leave: bool = True) -> None:
+        """In the background (``_come_back``), if there is a way back (a manager)."""
+        if self._rejoin is not None:
+            self._thread = threading.Thread(target=self._come_back, args=(session, leave),
+                                            daemon=True, name=f"ina-rejoin-{self.rank}")
+            self._thread.start()
+
+    def _come_back(self, session, leave: bool) -> None:
+        """Leave the job (the manager resets its slots) and join again until it runs;
+        at the start (``leave`` False) a rank that joined already keeps its job, which
+        the others are joining too."""
+        old = self.membership
+        if leave and old is not None:
+            self.membership = None
+            old.close()
+        while not self._stop.is_set():
+            if not leave and old is not None:
+                membership, old = old, None
+                self.membership = None
+            elif (membership := self._next_membership()) is None:
+                continue
+            if self._stop.is_set():
+                membership.close()
+                return
+            try:
+                transport = session.transport_for(membership.config)
+            except Exception as exc:        # noqa: BLE001
+                print(f"ina: rank {self.rank}: no transport for the new job: {exc}",
+                      file=sys.stderr, flush=True)
+                membership.close()
+                self._stop.wait(1.0)
+                continue
+            transport.abort = self.abort_reason
+            self.membership = membership
+            self.standby = transport
+            return
+
+    def _next_membership(self):
+        """The job joined again, or None (each new reason said once) after a pause."""
+        try:
+            return self._rejoin()
+        except Exception as exc:        # noqa: BLE001 (the manager away, the switch full)
+            if str(exc) != self._said:
+                print(f"ina: rank {self.rank}: joining the job again: {exc}; retrying",
+                      file=sys.stderr, flush=True)
+                self._said = str(exc)
+            self._stop.wait(1.0)
+            return None
+
+    # -- closing ---------------------------------------------------------------------
+    def settle(self) -> bool:
+        """Collective, when the session closes: serve any rank still missing a call's
+        switch result (its recovery's agreement) until every rank closes. Whether
+        the slots can be parked: every rank is on the switch path. (INA_FALLBACK=error
+        has no recoveries: each rank parks unless its own transport failed.)"""
+        if self.policy.mode == "error":
+            return True
+        while True:
+            lo, hi, closing = self._agree(CLOSING, 0)
+            if lo == hi and closing:
+                return self.path == SWITCH
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if self.standby is not None:
+            self.standby.close()
+        if self.membership is not None:
+            self.membership.close()
+
+
+def _keep(buffer, values: np.ndarray) -> np.ndarray:
+    """``values`` copied into ``buffer``, reused while shape and dtype repeat."""
+    if buffer is None or buffer.shape != values.shape or buffer.dtype != values.dtype:
+        return values.copy()
+    np.copyto(buffer, values)
+    return buffer
