@@ -256,3 +256,18 @@ def test_a_host_the_fabric_does_not_list_is_learned_from_the_port_its_nonce_left
                                                 "mac": "02:00:00:00:00:0a", "ip": "10.0.1.9"}]}
     with pytest.raises(BadRequest, match="name the data-plane interface with INA_IFNAME"):
         jobs.member(parse(two))
+
+
+def test_a_nonce_that_arrives_after_the_rank_asked_again_still_proves_it(jobs):
+    """A stalled switch delivers its PacketOuts when it resumes, oldest first: the
+    rank may echo an earlier nonce of its own registration."""
+    from innet_aggregation.switch_ctl.manager import proof as proof_mod
+    proofs = proof_mod.PortProofs(jobs.config)
+    message = register_message(0)
+    request = parse(message)
+    member = jobs.member(request)
+    first = nonce_of(proofs.challenge(request, member))
+    proofs.sent(request)
+    nonce_of(proofs.challenge(request, member))        # the rank asked again
+    proofs.sent(request)
+    assert proofs.check(parse({**message, "proof": first}), member) == member

@@ -110,15 +110,24 @@ def test_forged_icmp_of_every_type_and_code_is_at_most_a_loss(fabric, tmp_path, 
     frames = [forged(attacker, w, icmp, job.udp_port) for w in job.hosts
               for icmp in icmps + frag_needed * 6]
     size, reps = 20_000, 24
+    errors = 0
     try:
+        # Each frame twice at least: once while calls ran, whatever a start took. How
+        # many frames a run of calls meets depends on the machine's load: runs go on
+        # until the flood has sent them all twice (at most 4).
         with Flood(attacker, frames, 300 if fabric.target == "bmv2" else 1500) as flood:
-            runs = fabric.run(job, ["--size", str(size), "--reps", str(reps), "--seed", "17",
-                                    "--save", str(tmp_path), "--peer-timeout", "20",
-                                    *PATHS[path]])
-        # Each frame twice at least: once while the calls ran, whatever the start took.
+            for attempt in range(4):
+                out = tmp_path / f"run{attempt}"
+                out.mkdir()
+                runs = fabric.run(job, ["--size", str(size), "--reps", str(reps), "--seed",
+                                        "17", "--save", str(out), "--peer-timeout", "20",
+                                        *PATHS[path]])
+                check_run(runs, job, out, size=size, seed=17, reps=reps)
+                errors += sum(r["counters"]["socket_errors"] for run in runs
+                              for r in run.reports)
+                if flood.sent >= 2 * len(frames):
+                    break
         assert flood.sent >= 2 * len(frames), f"{flood.sent} sent, of {len(frames)} frames"
-        check_run(runs, job, tmp_path, size=size, seed=17, reps=reps)
-        errors = sum(r["counters"]["socket_errors"] for run in runs for r in run.reports)
         assert errors > 0, f"{flood.sent} forged ICMP messages, none seen by a worker"
         for w in job.hosts:
             route = w.run(["ip", "-4", "route", "get", SERVICE_IP], capture_output=True,

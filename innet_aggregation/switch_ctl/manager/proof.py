@@ -11,8 +11,10 @@ echoes names the port it is behind. Learning trusts whoever answers at that MAC,
 list the hosts you know; an unlisted MAC is only ever learned for one registration.
 
 A nonce is good for one registration of one (job, rank, token), for
-``PROOF_SECONDS`` from when it left; the table of outstanding nonces is bounded,
-oldest dropped first.
+``PROOF_SECONDS`` from when it left. A rank that asked again (its nonce late: a switch
+that stalled delivers its PacketOuts when it resumes, oldest first) may echo any of
+its last ``NONCES_KEPT``; the table of outstanding registrations is bounded, oldest
+dropped first.
 """
 
 from __future__ import annotations
@@ -31,15 +33,22 @@ from .config import ManagerConfig
 from .jobs import Member
 from .wire import BadRequest, Register
 
-PROOF_SECONDS = 10.0
+PROOF_SECONDS = 30.0
 MAX_OUTSTANDING = 4096
+NONCES_KEPT = 16
+
+
+@dataclass
+class _Nonce:
+    switch: str
+    port: int
+    expires: float = float("inf")         # set when its frame has left
 
 
 @dataclass
 class _Challenge:
     member: Member
-    nonces: dict[str, tuple[str, int]]    # nonce -> the (switch, port) it left by
-    expires: float = float("inf")         # set when the frames have left
+    nonces: dict[str, _Nonce]             # nonce -> the port it left by, newest last
 
 
 def host_ports(config: ManagerConfig) -> list[tuple[str, int]]:
@@ -67,24 +76,29 @@ class PortProofs:
         host to learn (``member.switch_port`` None), one out of every host port."""
         ports = ([(member.switch, member.switch_port)] if member.switch_port is not None
                  else self._candidates)
-        nonces = {secrets.token_hex(protocol.PROOF_NONCE_BYTES): where for where in ports}
+        fresh = {secrets.token_hex(protocol.PROOF_NONCE_BYTES): _Nonce(switch, port)
+                 for switch, port in ports}
         key = (request.job, request.rank, request.token_hash)
         with self._lock:
-            self._outstanding.pop(key, None)
-            self._outstanding[key] = _Challenge(member, nonces)
+            earlier = self._outstanding.pop(key, None)
+            kept = (dict(list(earlier.nonces.items())[-NONCES_KEPT:])
+                    if earlier is not None and earlier.member == member else {})
+            self._outstanding[key] = _Challenge(member, {**kept, **fresh})
             while len(self._outstanding) > MAX_OUTSTANDING:
                 self._outstanding.popitem(last=False)
         mac, ip = self._source
-        return [(switch, port, protocol.proof_frame(member.mac, member.ip, member.udp_port, mac,
-                                                    ip, bytes.fromhex(nonce)))
-                for nonce, (switch, port) in nonces.items()]
+        return [(n.switch, n.port, protocol.proof_frame(member.mac, member.ip, member.udp_port,
+                                                        mac, ip, bytes.fromhex(nonce)))
+                for nonce, n in fresh.items()]
 
     def sent(self, request: Register) -> None:
-        """The frames left: the nonce's time starts."""
+        """The frames left: their nonces' time starts."""
+        now = time.monotonic()
         with self._lock:
             challenge = self._outstanding.get((request.job, request.rank, request.token_hash))
-            if challenge is not None:
-                challenge.expires = time.monotonic() + PROOF_SECONDS
+            for nonce in challenge.nonces.values() if challenge is not None else ():
+                if nonce.expires == float("inf"):
+                    nonce.expires = now + PROOF_SECONDS
 
     def check(self, request: Register, member: Member) -> Member:
         """The member, proven (a learned host's port filled in); BadRequest unless
@@ -99,14 +113,14 @@ class PortProofs:
             raise BadRequest(f"rank {request.rank} of job {request.name} echoed a port proof "
                              f"the manager did not send to {where}: register without one to "
                              f"get a nonce")
-        if time.monotonic() > challenge.expires:
-            raise BadRequest(f"rank {request.rank} of job {request.name}: the port proof sent "
-                             f"to {where} expired ({PROOF_SECONDS:g} s)")
-        port = next((where for nonce, where in challenge.nonces.items()
-                     if hmac.compare_digest(nonce, request.proof)), None)
-        if port is None:
+        match = next((n for nonce, n in challenge.nonces.items()
+                      if hmac.compare_digest(nonce, request.proof)), None)
+        if match is None:
             raise BadRequest(f"rank {request.rank} of job {request.name} echoed a wrong port "
                              f"proof: the nonce went to {where}, and this host did not get it"
                              + (" (is it behind that port? the fabric map says it is)"
                                 if member.switch_port is not None else ""))
-        return dataclasses.replace(member, switch=port[0], switch_port=port[1])
+        if time.monotonic() > match.expires:
+            raise BadRequest(f"rank {request.rank} of job {request.name}: the port proof sent "
+                             f"to {where} expired ({PROOF_SECONDS:g} s)")
+        return dataclasses.replace(member, switch=match.switch, switch_port=match.port)
