@@ -281,8 +281,11 @@ def main() -> int:
                         help="timed runs per target; the median and min-max are reported")
     parser.add_argument("--sizes", type=int, nargs="*", default=None,
                         help="values per packet of the builds to run (default: every build)")
-    parser.add_argument("--targets", nargs="*", default=["ceiling"] + available_targets())
+    parser.add_argument("--targets", nargs="*",
+                        help="ceiling and the switches to time (default: ceiling and every "
+                             "switch installed here)")
     args = parser.parse_args()
+    args.targets = args.targets or ["ceiling"] + available_targets()
     if not protocol.PROGRAM_JSON.exists():
         print(f"{protocol.PROGRAM_JSON} is missing: compile the P4 program first (make p4)",
               file=sys.stderr)
