@@ -18,7 +18,6 @@ they changed, and at exit), where the testbed reads them beside the P4 counters.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ import signal
 import sys
 import threading
 
+from innet_aggregation.addresses import is_loopback
 from innet_aggregation.softswitch.frontend import DROP_PORT
 
 LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
@@ -127,16 +127,6 @@ def describe_server(args) -> str:
         return (f"{args.grpc_server_addr} (TLS, client certificates required, signed by "
                 f"{args.grpc_server_cacert})")
     return f"{args.grpc_server_addr} (TLS, no client certificates)"
-
-
-def is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -275,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("device %d (%s backend): ports %s, P4Runtime on %s%s", args.device_id, backend,
              ", ".join(f"{p}@{i}" for p, i in sorted(args.ports.items())) or "none",
              describe_server(args), "" if pipeline else ", waiting for a pipeline")
-    if not is_loopback(args.grpc_server_addr) and not args.grpc_server_with_client_auth:
+    if not is_loopback(args.grpc_server_addr.rpartition(":")[0].strip("[]")) and not args.grpc_server_with_client_auth:
         log.warning("P4Runtime on %s takes connections from other machines without client "
                     "certificates: whoever reaches it can program this switch (use "
                     "--grpc-server-ssl ... --grpc-server-with-client-auth)",

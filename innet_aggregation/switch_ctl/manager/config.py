@@ -65,11 +65,11 @@ Paths are relative to the file.
 
 from __future__ import annotations
 
-import ipaddress
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from innet_aggregation.addresses import is_loopback
 from innet_aggregation.p4src import protocol
 
 from ..config import TLS_KEYS, ConfigError, TLSConfig, _check_ip, _check_mac, tls_config
@@ -279,17 +279,6 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
                          fabric=fabric, homes=homes, tree=tree, prove_ports=prove_ports,
                          max_connections=max_connections, max_connections_per_peer=per_peer,
                          request_seconds=float(request_seconds), insecure=insecure)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address, or localhost) is reachable from this machine alone;
-    any other name counts as reachable from elsewhere."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _switch(sw: dict, where: str, fabric: dict[str, int], base: Path, get,

@@ -42,8 +42,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from innet_aggregation.addresses import is_loopback
+
 from ..client import P4RuntimeError
-from .config import ManagerConfig, is_loopback
+from .config import ManagerConfig
 from .installer import Switches
 from .jobs import TICK, Jobs, Member, Pending
 from .proof import PortProofs
