@@ -22,7 +22,8 @@ Prints one JSON line per check:
   the switch's hook, per parameter (every float dtype, several layouts) its
   gradient, and whether the hook's futures held the buckets' own buffers.
 - ``cuda``: as ``dtypes`` (SUM, float32, float16, bfloat16) with CUDA tensors, and
-  the device the result is on; then one DDP step of a CUDA model with the switch's
+  the device the result is on; as ``layouts`` for CUDA tensors in ``CUDA_LAYOUTS``
+  (through the backend and the session, where strided tensors are copied); then one DDP step of a CUDA model with the switch's
   comm hook (DDP over the gloo group: one GPU holds both ranks, which NCCL refuses):
   the bucket's device, and its largest difference from the mean of every rank's
   own gradient, each computed here in float64 without communication.
@@ -85,6 +86,14 @@ def cuda(rank: int) -> None:
         t = integers(rank, DTYPES[name]).cuda()
         dist.all_reduce(t)
         emit(check="cuda", dtype=name, device=str(t.device), values=t.double().tolist())
+    from innet_aggregation.worker.backend import session_of
+
+    paths = {"ina": lambda t: dist.all_reduce(t), "session": session_of().allreduce}
+    for name in ("float32", "float16", "bfloat16"):
+        for layout in CUDA_LAYOUTS:
+            for path, reduce in paths.items():
+                emit(check="cuda_layout", dtype=name, layout=layout, path=path,
+                     **run_in_layout(rank, DTYPES[name], layout, reduce, device="cuda"))
 
 
 def cuda_ddp(rank: int, world: int, gloo) -> None:
@@ -174,13 +183,13 @@ def in_layout(values: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Te
     if layout == "channels_last":
         return values.contiguous(memory_format=torch.channels_last), None
     if layout == "offset":          # a contiguous view at a storage offset
-        buffer = torch.full((PAD + values.numel(),), 7, dtype=values.dtype)
+        buffer = torch.full((PAD + values.numel(),), 7, dtype=values.dtype, device=values.device)
         view = buffer[PAD:].view(values.shape)
         view.copy_(values)
         return view, buffer
     if layout == "columns":         # a slice of columns: an offset and gaps between rows
         rows, cols = values.shape
-        buffer = torch.full((rows, cols + PAD), 7, dtype=values.dtype)
+        buffer = torch.full((rows, cols + PAD), 7, dtype=values.dtype, device=values.device)
         view = buffer[:, 1:1 + cols]
         view.copy_(values)
         return view, buffer
@@ -189,11 +198,12 @@ def in_layout(values: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Te
 
 LAYOUTS = {"contiguous": (5, 7), "transposed": (5, 7), "channels_last": (2, 3, 4, 5),
            "offset": (6, 5), "columns": (6, 5), "zero_size": (0, 3), "zero_d": ()}
+CUDA_LAYOUTS = ("contiguous", "transposed", "channels_last", "offset", "columns")
 
 
-def run_in_layout(rank: int, dtype, layout: str, reduce) -> dict:
+def run_in_layout(rank: int, dtype, layout: str, reduce, device: str = "cpu") -> dict:
     """``reduce`` on rank ``rank``'s tensor in ``layout``: what the check needs."""
-    t, buffer = in_layout(logical(rank, LAYOUTS[layout], dtype), "contiguous"
+    t, buffer = in_layout(logical(rank, LAYOUTS[layout], dtype).to(device), "contiguous"
                           if layout in ("zero_size", "zero_d") else layout)
     ptr, strides, offset = t.data_ptr(), t.stride(), t.storage_offset()
     outside = None if buffer is None else buffer.clone()
@@ -203,6 +213,7 @@ def run_in_layout(rank: int, dtype, layout: str, reduce) -> dict:
         (inside[PAD:] if layout == "offset" else inside[:, 1:1 + t.shape[1]]).fill_(True)
         outside = bool((buffer[~inside] == outside[~inside]).all())
     return {"values": t.double().reshape(-1).tolist(), "shape": list(t.shape),
+            "device": str(t.device),
             "kept": [t.data_ptr() == ptr, t.stride() == strides, t.storage_offset() == offset],
             "outside_kept": outside}
 

@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--fallback", default="gloo")
     parser.add_argument("--switch-timeout", default="2")
     parser.add_argument("--size", type=int, default=20000)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
     os.environ.update(INA_JOB_CONFIG=args.config, INA_FALLBACK=args.fallback,
@@ -57,7 +58,7 @@ def main() -> None:
                 (out / f"ready.{rank}").touch()
                 while not (out / "go").exists():
                     time.sleep(0.05)
-            t = values(call, rank, args.size)
+            t = values(call, rank, args.size).to(args.device)
             exact = sum(values(call, r, args.size).double() for r in range(world))
             started, before = time.monotonic(), dict(fallback.counts)
             try:
@@ -68,8 +69,9 @@ def main() -> None:
                 log.flush()
                 break
             log.write(json.dumps({
-                "call": call, "hash": hashlib.blake2b(t.numpy().tobytes()).hexdigest(),
-                "error": None, "deviation": float((t.double() - exact).abs().max()),
+                "call": call, "hash": hashlib.blake2b(t.cpu().numpy().tobytes()).hexdigest(),
+                "device": str(t.device),
+                "error": None, "deviation": float((t.double().cpu() - exact).abs().max()),
                 "scale": float(exact.abs().max()),
                 "via": next(p for p in before if fallback.counts[p] > before[p]),
                 "taken": fallback.taken, "counts": fallback.counts}) + "\n")

@@ -239,8 +239,18 @@ def test_every_dtype_in_every_layout_is_summed_into_the_callers_tensor(fabric):
 def test_cuda_tensors_go_through_the_switch(fabric):
     job, reports = run_calls(fabric, "cuda", port=30300)
     for rank, lines in enumerate(reports):
+        strided = [line for line in lines if line["check"] == "cuda_layout"]
+        lines = [line for line in lines if line["check"] != "cuda_layout"]
         *sums, ddp = lines
         assert [line["dtype"] for line in sums] == ["float32", "float16", "bfloat16"]
+        assert len(strided) == 3 * len(backend_calls.CUDA_LAYOUTS) * 2
+        for line in strided:
+            shape, what = backend_calls.LAYOUTS[line["layout"]], \
+                f"rank {rank}: {line['dtype']} {line['layout']} through {line['path']}"
+            assert line["device"].startswith("cuda"), what
+            assert line["values"] == reference(shape, line["dtype"]), what
+            assert line["kept"] == [True, True, True] and line["outside_kept"] is not False, \
+                f"{what}: kept {line['kept']}, {line['outside_kept']}"
         for line in sums:
             assert line["device"].startswith("cuda"), line
             assert line["values"] == expected_integers(3.0), f"rank {rank}: {line['dtype']}"

@@ -19,6 +19,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl.client import SwitchConnection
@@ -33,7 +34,7 @@ RELATIVE = 2.0**-20
 
 
 def run_with_fault(fabric: Fabric, tmp_path, port: int, fault, *, mode: str = "gloo",
-                   size: int = 20000):
+                   size: int = 20000, device: str = "cpu"):
     """The ranks' call logs (fallback_calls.py), ``fault(job)`` (which may return
     what undoes it) done between the warm-up and the rest: the job, the logs, the runs."""
     job = fabric.job(3, num_slots=SLOTS)
@@ -41,7 +42,7 @@ def run_with_fault(fabric: Fabric, tmp_path, port: int, fault, *, mode: str = "g
     done = {}
     runner = threading.Thread(target=lambda: done.update(runs=fabric.run(
         job, ["--master", master, "--world", "3", "--out", str(tmp_path), "--fallback", mode,
-              "--switch-timeout", str(SWITCH_TIMEOUT), "--size", str(size)],
+              "--switch-timeout", str(SWITCH_TIMEOUT), "--size", str(size), "--device", device],
         module="tests.worker.fallback_calls", timeout=80)))
     runner.start()
     deadline = time.monotonic() + 60
@@ -80,12 +81,17 @@ def drop_results_to(fabric: Fabric, rank: int):
     return fault
 
 
-def test_a_partial_result_is_agreed_on_every_rank_and_the_rest_goes_to_gloo(fabric, tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is "
+    "false, so the fallback's CUDA path (gloo on CUDA tensors) is untested here"))])
+def test_a_partial_result_is_agreed_on_every_rank_and_the_rest_goes_to_gloo(fabric, tmp_path,
+                                                                             device):
     """Rank 2's results dropped: ranks 0 and 1 complete the call, rank 2 does not;
     all agree (rank 2 takes the call's switch result from rank 0), the next call is
     redone through gloo from its original input, and the rest go through gloo."""
-    _, logs, runs = run_with_fault(fabric, tmp_path, 30700, drop_results_to(fabric, 2),
-                                   size=ONE_WINDOW)
+    _, logs, runs = run_with_fault(fabric, tmp_path, 30700 if device == "cpu" else 30750,
+                                   drop_results_to(fabric, 2), size=ONE_WINDOW, device=device)
+    assert all(c["device"].startswith(device) for log in logs for c in log), logs[0][:1]
     check_exact_and_agreed(logs)
     warmup = 5
     for log in logs:
