@@ -57,6 +57,11 @@ class WorkerConfig:
     switch_port: int
 
 
+# A deadline longer than this is a wait a worker's own timers end first
+# (transport.RetransmitPolicy.peer_timeout's default is minutes; a step is seconds).
+MAX_DEADLINE_MS = 60_000
+
+
 @dataclass(frozen=True)
 class ParentLink:
     """A leaf's way to its parent switch: out of ``port``, to the parent's service address."""
@@ -80,6 +85,10 @@ class JobConfig:
     # The switch's program's packet size, if the file says it: `apply` refuses a
     # switch whose program has another, a worker starts with the build of this size.
     values_per_packet: int | None = None
+    # Bounded-time aggregation: how long a worker waits for a round after its own
+    # contribution before it asks the switch to release what it holds (None: never;
+    # the v1model program only, p4src/v1model/deadline.p4).
+    deadline_ms: float | None = None
 
     @property
     def num_workers(self) -> int:
@@ -231,6 +240,12 @@ def parse(raw: dict, pool_size: int | None = None, base: Path | None = None) -> 
                                or values < 1):
         problems.append(f"job.values_per_packet must be a positive integer, not {values!r}")
         values = None
+    deadline = jb.get("deadline_ms")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not 0 < deadline <= MAX_DEADLINE_MS):
+        problems.append(f"job.deadline_ms must be a number of milliseconds in (0, "
+                        f"{MAX_DEADLINE_MS}], not {deadline!r}")
+        deadline = None
     workers = _workers(jb.get("workers", []), set(ports), problems, service_ip, service_mac)
     loss = LossConfig(ingress=get(ls, "ingress", float, "loss", 0.0),
                       egress=get(ls, "egress", float, "loss", 0.0))
@@ -241,7 +256,8 @@ def parse(raw: dict, pool_size: int | None = None, base: Path | None = None) -> 
         raise ConfigError(problems)
     job = JobConfig(id=job_id, udp_port=udp_port, service_ip=service_ip, service_mac=service_mac,
                     first_slot=first_slot, num_slots=num_slots, workers=workers,
-                    multicast_group=group, values_per_packet=values)
+                    multicast_group=group, values_per_packet=values,
+                    deadline_ms=None if deadline is None else float(deadline))
     return Config(switch=switch, job=job, loss=loss)
 
 

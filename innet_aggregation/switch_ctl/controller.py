@@ -11,7 +11,8 @@ from .client import P4RuntimeError, SwitchConnection
 from .config import Config
 from .control_base import Changes
 from .controls import (ArpResponder, BitmapChecker, DropSimulator, JobLookup, L2Forwarding,
-                       OutcomeCounters, ResultRewrite, SenderIdentification, SourceGuard)
+                       OutcomeCounters, ResultRewrite, RoundTracker, SenderIdentification,
+                       SourceGuard)
 from .overlaps import InstalledJob, JobOverlap, conflicts
 
 
@@ -26,6 +27,7 @@ class Controller:
         self.source_guard = SourceGuard(conn)
         self.job_lookup = JobLookup(conn, mark)
         self.sender_identification = SenderIdentification(conn)
+        self.round_tracker = RoundTracker(conn)
         self.result_rewrite = ResultRewrite(conn)
         self.drop_simulator = DropSimulator(conn)
         self.outcome_counters = OutcomeCounters(conn)
@@ -34,8 +36,8 @@ class Controller:
         # that make workers known, so no packet is admitted before its result can be
         # delivered, nor before spoofs of its result are refused; the loss simulator last.
         self._job_controls = [self.source_guard, self.l2_forwarding, self.arp_responder,
-                              self.result_rewrite, self.sender_identification, self.job_lookup,
-                              self.drop_simulator]
+                              self.result_rewrite, self.sender_identification,
+                              self.round_tracker, self.job_lookup, self.drop_simulator]
 
     def push(self, bmv2_json: Path = protocol.PROGRAM_JSON, p4info: Path = protocol.P4INFO) -> None:
         self.conn.push_pipeline(bmv2_json, p4info)
@@ -128,3 +130,6 @@ class Controller:
 
     def counters(self) -> dict[str, dict[str, int]]:
         return self.outcome_counters.read_counters()
+
+    def deadline_counters(self, job_id: int) -> dict[str, int]:
+        return self.round_tracker.read_counters(job_id)

@@ -259,6 +259,42 @@ class DropSimulator(Control):
         return self.set(config.switch.ports, {"ingress": 0.0, "egress": 0.0})
 
 
+class RoundTracker(Control):
+    """The jobs with a deadline (job.deadline_ms), whose rounds a worker may have
+    released early (p4src/v1model/deadline.p4), and what the deadline did, per job.
+    The v1model program's alone: installing a deadline job on another is refused."""
+    TABLE = "AggIngress.round_tracker.deadline_jobs"
+    ACTIONS = ("AggIngress.round_tracker.set_deadline",)
+    COUNTER = "AggIngress.deadline_outcomes"
+    # deadline.p4's DEADLINE_* indexes, per job: job_id * len(OUTCOMES) + index
+    OUTCOMES = ("released", "late", "stale", "release_refused")
+
+    def needs(self, config: Config) -> list[tuple[str, str]]:
+        return super().needs(config) if config.job.deadline_ms else []
+
+    def present(self, config: Config) -> bool:
+        return self.has(self.TABLE)
+
+    def install(self, config: Config) -> Changes:
+        if not self.has(self.TABLE):
+            return Changes()
+        job = config.job
+        desired = ([self.entry(self.TABLE, self.ACTIONS[0], {"job_id": job.id}, {})]
+                   if job.deadline_ms else [])
+        return self.sync(self.TABLE, desired, lambda m: m["job_id"] == job.id)
+
+    def clear(self, config: Config) -> Changes:
+        return self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
+
+    def read_counters(self, job_id: int) -> dict[str, int]:
+        """Packets per outcome of ``job_id``'s deadline: rounds released, contributions
+        that came after a release, stale packets dropped, releases refused."""
+        base = job_id * len(self.OUTCOMES)
+        cells = {cell.index: cell.data.packet_count
+                 for cell in self.conn.read(P4CounterEntry(self.name("counters", self.COUNTER)))}
+        return {name: cells.get(base + i, 0) for i, name in enumerate(self.OUTCOMES)}
+
+
 class OutcomeCounters(Control):
     """The pipeline-level counters: one cell per outcome enum member."""
     COUNTERS = {"AggIngress.ingress_outcomes": protocol.IngressOutcome,

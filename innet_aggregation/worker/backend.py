@@ -444,6 +444,12 @@ def open_session(rank: int, world_size: int, timeout: timedelta, store, group,
         if membership is not None:
             membership.close()
         raise
+    asked = os.environ.get("INA_DEADLINE_MS")
+    if membership is None and asked and session.transport.deadline * 1000 != float(asked):
+        session.close()
+        raise RuntimeError(f"INA_DEADLINE_MS={asked}, but the job file (INA_JOB_CONFIG) says "
+                           f"job.deadline_ms = {session.transport.deadline * 1000 or 'none'}: "
+                           f"the switch's job and its workers must agree; set it in the file")
     session.attach(Fallback(group, policy, membership=membership, rejoin=rejoin))
     return _Owner(session)
 

@@ -51,7 +51,8 @@ class AggregationSession:
                  job_udp_port: int, first_slot: int, num_slots: int, local_ip: str,
                  local_port: int, *, local_workers=None,
                  policy: RetransmitPolicy = RetransmitPolicy(),
-                 packet_format: protocol.PacketFormat | None = None, fast_path: bool = True):
+                 packet_format: protocol.PacketFormat | None = None, fast_path: bool = True,
+                 deadline: float = 0.0):
         if not 0 <= worker_id < protocol.MAX_WORKERS or not 1 <= num_workers <= protocol.MAX_WORKERS:
             raise ValueError(f"worker_id {worker_id} / num_workers {num_workers} out of range "
                              f"(at most {protocol.MAX_WORKERS} workers)")
@@ -64,7 +65,7 @@ class AggregationSession:
                                    job_udp_port=job_udp_port, local_ip=local_ip,
                                    local_port=local_port, first_slot=first_slot,
                                    num_slots=num_slots, local_workers=local_workers,
-                                   policy=policy, fast_path=fast_path)
+                                   policy=policy, fast_path=fast_path, deadline=deadline)
         self._start(worker_id)
 
     def _start(self, worker_id: int) -> None:
@@ -118,7 +119,7 @@ class AggregationSession:
         return cls(worker_id, args["num_workers"], args["switch_ip"], args["job_id"],
                    args["job_udp_port"], args["first_slot"], args["num_slots"],
                    args["local_ip"], args["local_port"],
-                   local_workers=args["local_workers"], **kwargs)
+                   local_workers=args["local_workers"], deadline=args["deadline"], **kwargs)
 
     @property
     def stats(self) -> Stats:
@@ -270,7 +271,8 @@ def _transport_args(config, worker_id: int, given: protocol.PacketFormat | None)
     args = dict(job_id=job.id, worker_id=worker_id, num_workers=job.num_workers,
                 switch_ip=job.service_ip, job_udp_port=job.udp_port, local_ip=me[0].ip,
                 local_port=me[0].udp_port, first_slot=job.first_slot, num_slots=job.num_slots,
-                local_workers=[w.id for w in job.workers])
+                local_workers=[w.id for w in job.workers],
+                deadline=(job.deadline_ms or 0.0) / 1000.0)
     return fmt, args
 
 

@@ -83,6 +83,18 @@ timeout or a mismatch the switch's slot state for this job is unknown (some
 workers may have contributed, others not), so the transport refuses further
 calls: reset the job's slots (``python -m innet_aggregation.switch_ctl reset job.toml``) and open
 new sessions on every worker.
+
+**Bounded time** (a job's ``deadline_ms``; off by default). A slot that has waited the
+deadline since this worker's contribution asks the switch to release its round
+(RELEASE, ``_release``): the switch sends what it holds to every worker as RELEASED,
+with the bitmap of who is in it, and answers any later packet of that round with the
+same bits (p4src/v1model/deadline.p4). A worker that is not in a released round keeps
+its blocks' values and adds them to the same blocks of the next call of the same
+history key (``carry``): a gradient is applied one call late, never dropped, and AVG
+still divides by the job's size. The session's start and parking never release.
+A late worker takes the released results it finds queued as the others did, and its
+own packets for those rounds are answered with them or, once the others have moved
+the slot on, dropped by the switch as stale.
 """
 
 from __future__ import annotations
@@ -101,7 +113,8 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO, MsgType, PacketFormat
+from innet_aggregation.p4src.protocol import (EXPONENT_OF_ZERO, MSG_RELEASE, MSG_RELEASED, MsgType,
+                                              PacketFormat)
 
 from . import quantize
 from .batchio import BatchSocket
@@ -123,6 +136,7 @@ RECOVER = ("reset the job's slots (python -m innet_aggregation.switch_ctl reset 
            "sessions on every worker")
 NONCE_BITS = 26               # |nonce| < 2**26: 32 workers' sum cannot saturate
 IDLE_SEQ = np.iinfo(np.int64).max   # a slot without a packet in flight: sent after every other
+EARLY_ROUNDS = 64             # released rounds per slot kept for a late worker to reach
 
 log = logging.getLogger("worker")
 
@@ -246,6 +260,10 @@ class Stats:
     malformed_ignored: int = 0        # datagrams of the wrong length
     timeouts: int = 0
     socket_errors: int = 0            # failed sends/receives, repaired as losses
+    releases: int = 0                 # RELEASE packets sent: a slot waited the job's deadline
+    released: int = 0                 # results the switch released before every worker was in
+    late: int = 0                     # of which this worker's contribution was not in
+    carried_values: int = 0           # values carried into the next call of the same name
 
     def __sub__(self, other: "Stats") -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
@@ -307,7 +325,8 @@ class Transport:
     def __init__(self, fmt: PacketFormat, *, job_id: int, worker_id: int, num_workers: int,
                  switch_ip: str, job_udp_port: int, local_ip: str, local_port: int,
                  first_slot: int, num_slots: int, local_workers=None,
-                 policy: RetransmitPolicy = RetransmitPolicy(), fast_path: bool = True):
+                 policy: RetransmitPolicy = RetransmitPolicy(), fast_path: bool = True,
+                 deadline: float = 0.0):
         if not 1 <= num_slots <= fmt.pool_size or not 0 <= first_slot <= fmt.pool_size - num_slots:
             raise ValueError(f"slots [{first_slot}, {first_slot + num_slots}) are not within the "
                              f"pool of {fmt.pool_size}")
@@ -321,7 +340,17 @@ class Transport:
         self.first_slot = first_slot
         self.num_slots = num_slots
         self.policy = policy
-        self.fast_path = fast_path      # False: every result through Python (fastpath.py)
+        if deadline < 0:
+            raise ValueError(f"the deadline must not be negative, not {deadline}")
+        # The job's deadline (seconds, 0: none): a slot that has waited it since this
+        # worker's contribution asks the switch to release the round (``_release``).
+        self.deadline = deadline
+        # Released results are handled in Python only.
+        self.fast_path = fast_path and not deadline   # False: every result through Python
+        # history_key -> (chunks, values): this worker's blocks a release left out,
+        # added into the same blocks of the next call of that key (``aggregate``).
+        self.carry: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self.early = np.zeros(0, dtype=fmt.dtype)    # released rounds not reached yet
         self.rto = RtoEstimator(policy)
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
@@ -340,10 +369,10 @@ class Transport:
         self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
         # The fields a send rewrites, as views made once (a field lookup costs a call).
         self.set_slot_word = fmt.word("set")
-        self.tx_set_slot, self.tx_pkt_id, self.tx_exponent, self.tx_fingerprint, \
+        self.tx_type, self.tx_set_slot, self.tx_pkt_id, self.tx_exponent, self.tx_fingerprint, \
             self.tx_contributions, self.tx_values = (
-                self.tx[f] for f in (self.set_slot_word, "pkt_id", "exponent", "fingerprint",
-                                     "contributions", "values"))
+                self.tx[f] for f in ("msg_type", self.set_slot_word, "pkt_id", "exponent",
+                                     "fingerprint", "contributions", "values"))
         # Per set (rows) and slot (columns), the word holding both, as sent.
         words = np.zeros(2 * num_slots, dtype=fmt.header_dtype)
         fmt.write_header(words, set=np.repeat([0, 1], num_slots),
@@ -484,9 +513,18 @@ class Transport:
             previous = same_name(self.history, name, n)
         label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
         fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n, signature)
-        scale, agreed = self._run(_Call(self, blocks, out, own, quantize.speculate(previous, n),
-                                        label=label, fingerprints=fingerprints, quantized=True,
-                                        average=average, signature=signature))
+        if key in self.carry:
+            own = _add_carried(blocks, own, *self.carry.pop(key))
+        call = _Call(self, blocks, out, own, quantize.speculate(previous, n), label=label,
+                     fingerprints=fingerprints, quantized=True, average=average,
+                     signature=signature)
+        scale, agreed = self._run(call)
+        if call.carried:
+            chunks = np.concatenate([c for c, _ in call.carried])
+            self.carry[key] = (chunks, np.concatenate([v for _, v in call.carried]))
+            whole = int(np.count_nonzero(chunks < len(blocks.whole)))
+            self.stats.carried_values += (whole * blocks.whole.shape[1] + (len(chunks) - whole)
+                                          * (blocks.flat.size - blocks.whole.size))
         self.history.pop(key, None)        # most recent last; the oldest call goes first
         self.history[key] = quantize.remember(agreed)
         if len(self.history) > HISTORY_CALLS:
@@ -617,6 +655,11 @@ class _Call:
         self.next_seq = 0
         self.rack_seq = -1              # the newest packet answered
         self.rack_rtt = 0.0
+        # The job's deadline, for the calls of the caller (quantized: the session's
+        # start and parking need every worker), and the slots whose RELEASE went out.
+        self.deadline = t.deadline if quantized else 0.0
+        self.releasing = np.zeros(w, dtype=bool)
+        self.carried: list[tuple[np.ndarray, np.ndarray]] = []   # (chunks, own values) left out
         self.fast = FastCall.bind(self)  # the common results in C, if it handles this call
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
@@ -624,6 +667,9 @@ class _Call:
         t = self.t
         loaded = np.flatnonzero(self.chunk >= 0)
         self._load(loaded, self.chunk[loaded], time.monotonic())
+        if len(t.early) and self.deadline:   # released rounds that came before this call
+            early, t.early = t.early, t.early[:0]
+            self._on_released(early, time.monotonic())
         # The earliest timer or RACK deadline; recomputed only when the state changed,
         # and nothing to recover before it (most wake-ups: results, no loss).
         wake = self._next_wakeup()
@@ -688,6 +734,8 @@ class _Call:
         t.tx_exponent[slots] = own
         t.tx_fingerprint[slots] = self.fingerprints[chunks]
         t.tx_contributions[slots] = 0             # asks for nothing (see _recover)
+        t.tx_type[slots] = int(MsgType.CONTRIBUTION)
+        self.releasing[slots] = False
         self.expect_id[slots] = t.tx_identity[slots]
         self.expect[slots, t.type_offset] = int(MsgType.RESULT)
         blocks = self.blocks.rows(chunks)
@@ -741,6 +789,8 @@ class _Call:
             behind = self.sent_seq < self.rack_seq
             wake = min(wake, self.sent_at[behind].min() + self.rack_rtt
                        + t.rto.reorder_window)
+        if self.deadline and not self.releasing.all():
+            wake = min(wake, self.first_sent_at[~self.releasing].min() + self.deadline)
         return wake
 
     def _answers(self, records: np.ndarray, kind: MsgType) -> tuple[np.ndarray, np.ndarray]:
@@ -767,15 +817,14 @@ class _Call:
             if handled == len(packets):
                 return
             packets = packets[handled:]
+        if t.deadline:
+            released = packets["msg_type"] == MSG_RELEASED
+            if released.any():
+                self._on_released(packets[released], now)
+                packets = packets[~released]
         match, slot = self._answers(packets, MsgType.RESULT)
         match &= packets["contributions"] == t.num_workers
-        index = match.nonzero()[0]
-        s = slot[index]
-        if len(s) > 1 and np.bincount(s).max() > 1:
-            # A result twice in one batch (resent by the switch) counts once; arrival
-            # order is kept, so every worker sends its next packets in the same order.
-            first = np.sort(np.unique(s, return_index=True)[1])
-            index, s = index[first], s[first]
+        index, s = self._once(match, slot)
         t.stats.duplicates_ignored += len(packets) - len(index)
         if not len(index):
             return
@@ -789,6 +838,78 @@ class _Call:
             self._mismatch(int(chunks[first]), int(got[first]))
         t.stats.results_received += len(index)
         self._measure(s, now)
+        self._settle(packets, rows, index, s, chunks, now)
+
+    @staticmethod
+    def _once(match: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The matching datagrams and their slots, a slot's first only: a result twice
+        in one batch (resent by the switch) counts once; arrival order is kept, so
+        every worker sends its next packets in the same order."""
+        index = match.nonzero()[0]
+        s = slot[index]
+        if len(s) > 1 and np.bincount(s).max() > 1:
+            first = np.sort(np.unique(s, return_index=True)[1])
+            index, s = index[first], s[first]
+        return index, s
+
+    def _on_released(self, packets: np.ndarray, now: float) -> None:
+        """Rounds the switch released at the job's deadline (RELEASED: what it held,
+        ``contributions`` of them, and in the fingerprint's place the bitmap of who is
+        in it). Every worker gets the same packet, the late ones too, and takes it as a
+        result; a worker that is not in it keeps its blocks' values for the next call
+        of the same name (``carried``). A late worker finds several rounds of a slot
+        queued at once: each pass takes a slot's next one. The bitmap replaces the
+        call check's sum, so it is checked for what it can say: as many bits as
+        contributions, all of them the job's workers."""
+        t = self.t
+        while len(packets):
+            match, slot = self._answers(packets, MSG_RELEASED)
+            index, s = self._once(match, slot)
+            if not len(index):
+                break
+            chunks = self.chunk[s]
+            bitmap = packets["fingerprint"][index].astype(np.int64)
+            count = packets["contributions"][index].astype(np.int64)
+            bits = np.unpackbits(bitmap.astype(">u4").view(np.uint8).reshape(-1, 4),
+                                 axis=1).sum(axis=1)
+            bad = (bits != count) | (count == 0) | ((bitmap & ~t.local_mask) != 0)
+            if bad.any():
+                first = int(np.argmax(bad))
+                raise CallMismatch(_stale(
+                    t, self.label, int(s[first]), f"a released round names workers "
+                    f"{int(bitmap[first]):#x} ({int(count[first])} contributions), which are "
+                    f"not this job's"))
+            t.stats.results_received += len(index)
+            self._measure(s, now)
+            self._settle(packets, index, index, s, chunks, now,
+                         left_out=(bitmap >> t.worker_id) & 1 == 0)
+            rest = np.ones(len(packets), dtype=bool)
+            rest[index] = False
+            packets = packets[rest]
+        self._keep_early(packets)
+
+    def _keep_early(self, packets: np.ndarray) -> None:
+        """Released rounds of a slot that this worker has not reached yet (the others
+        went on without it, into later calls): kept, for the call that reaches them
+        (``run``); anything else is a duplicate."""
+        t = self.t
+        slot = t.fmt.unpack(packets, ("slot",))["slot"] - t.first_slot
+        inside = (slot >= 0) & (slot < t.num_slots)
+        ahead = inside & (((packets["pkt_id"].astype(np.int64)
+                            - t.next_pkt_id[slot.clip(0, t.num_slots - 1)]) & PKT_ID_MASK)
+                          < EARLY_ROUNDS)
+        t.stats.duplicates_ignored += len(packets) - int(np.count_nonzero(ahead))
+        if ahead.any():      # as the packets' own dtype (concatenate would swap it to native)
+            early = np.empty(len(t.early) + int(np.count_nonzero(ahead)), dtype=t.fmt.dtype)
+            early[:len(t.early)], early[len(t.early):] = t.early, packets[ahead]
+            t.early = early[-EARLY_ROUNDS * t.num_slots:]
+
+    def _settle(self, packets: np.ndarray, rows, index: np.ndarray, s: np.ndarray,
+                chunks: np.ndarray, now: float, left_out: np.ndarray | None = None) -> None:
+        """The results (``packets[rows]``, datagrams ``index``) of slots ``s``, chunks
+        ``chunks``: final ones stored, those to redo sent again, the next chunks sent.
+        ``left_out``: released results, and which of them lack this worker's values."""
+        t = self.t
         agreed = packets["exponent"][rows]
         self.agreed[chunks] = agreed
         keep = None
@@ -796,6 +917,13 @@ class _Call:
             keep, self.scale[chunks] = quantize.settle(self.scale[chunks], agreed)
             if keep.all():
                 keep = None
+        if left_out is not None:
+            final = left_out if keep is None else left_out & keep
+            t.stats.released += len(chunks) if keep is None else int(np.count_nonzero(keep))
+            if final.any():     # its own values, before the result overwrites them in place
+                late = chunks[final]
+                self.carried.append((late, np.array(self.blocks.rows(late), copy=True)))
+                t.stats.late += len(late)
         if keep is None:                  # every result final: the common case
             self._store(chunks, packets["values"][rows])
             following = chunks + self.step
@@ -874,6 +1002,8 @@ class _Call:
         if (reason := t.abort()) is not None:
             raise CallAborted(f"job {t.job_id}, worker {t.worker_id}, {self.label}: given up "
                               f"after {now - self.started:.1f} s: {reason}")
+        if self.deadline:
+            self._release(now)
         expired = self._due() <= now
         lost = (~expired & (self.sent_seq < self.rack_seq)
                 & (self.sent_at + self.rack_rtt + t.rto.reorder_window <= now))
@@ -892,6 +1022,20 @@ class _Call:
             t.stats.retransmissions += sent
             t.stats.fast_retransmissions += int(min(sent, lost.sum()))
             self.resent[again] = True
+
+    def _release(self, now: float) -> None:
+        """Slots that have waited the job's deadline since this worker's contribution
+        ask the switch to release their round with what it holds: the packet goes out
+        again as a RELEASE (its retransmissions too), which every worker's copy of the
+        round answers alike (RELEASED, ``_on_released``)."""
+        due = ~self.releasing & (self.first_sent_at + self.deadline <= now)
+        if not due.any():
+            return
+        slots = np.flatnonzero(due)
+        self.releasing[slots] = True
+        self.t.tx_type[slots] = MSG_RELEASE
+        self.t.stats.releases += self._transmit(slots, now)
+        self.resent[slots] = True          # Karn: the answer may be either packet's
 
     def _probe(self, expired: np.ndarray, now: float) -> np.ndarray:
         """Before the call's first answer, a timeout is more often workers that have not
@@ -961,6 +1105,23 @@ class _Call:
             f"issue this call (another size, shape, dtype or name{mine}; or calls in another "
             f"order, on some worker), or the slot held another session's sums. The session "
             f"is unusable: {RECOVER}")
+
+
+def _add_carried(blocks: quantize.Blocks, own: np.ndarray, chunks: np.ndarray,
+                 values: np.ndarray) -> np.ndarray:
+    """This worker's values that a release left out of the last call of this key,
+    added into the same blocks of this one (error feedback: applied a step late, never
+    dropped), and the exponents of the blocks they change."""
+    chunks, values = chunks[chunks < len(blocks)], values[chunks < len(blocks)]
+    whole = chunks < len(blocks.whole)
+    blocks.whole[chunks[whole]] += values[whole]
+    if not whole.all():                  # the partial last block: its row and the array
+        blocks.tail[0] += values[~whole][0]
+        last = blocks.flat[blocks.whole.size:]
+        last += values[~whole][0][:last.size]
+    own = np.array(own, copy=True)
+    own[chunks] = quantize.block_exponents(blocks.rows(chunks))
+    return own
 
 
 def _stale(t: Transport, label: str, window_slot: int, why: str) -> str:

@@ -30,15 +30,19 @@ WORKER_UDP_PORT = 40000
 
 def make_config(hosts: list[Host], switch_ports: list[int], grpc_addr: str, job_id: int,
                 first_slot: int, num_slots: int, udp_port: int = protocol.AGG_UDP_PORT_BASE,
-                parent: Host | None = None, total_workers: int = 0) -> Config:
+                parent: Host | None = None, total_workers: int = 0,
+                deadline_ms: float | None = None) -> Config:
     """A job with one worker per host, worker id = position in ``hosts``; with
     ``parent``, the switch is a leaf whose parent switch is that host's address."""
+    job = {"id": job_id, "udp_port": udp_port, "service_ip": SERVICE_IP,
+           "service_mac": SERVICE_MAC, "first_slot": first_slot, "num_slots": num_slots,
+           "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": WORKER_UDP_PORT,
+                        "switch_port": h.switch_port} for i, h in enumerate(hosts)]}
+    if deadline_ms is not None:
+        job["deadline_ms"] = deadline_ms
     config = parse({
         "switch": {"grpc_addr": grpc_addr, "device_id": 0, "ports": sorted(switch_ports)},
-        "job": {"id": job_id, "udp_port": udp_port, "service_ip": SERVICE_IP,
-                "service_mac": SERVICE_MAC, "first_slot": first_slot, "num_slots": num_slots,
-                "workers": [{"id": i, "mac": h.mac, "ip": h.ip, "udp_port": WORKER_UDP_PORT,
-                             "switch_port": h.switch_port} for i, h in enumerate(hosts)]},
+        "job": job,
     })
     if parent is None:
         return config
@@ -88,11 +92,11 @@ class TestHost:
 
     def contribute(self, values, *, job_id: int, slot: int, set_: int, pkt_id: int = 0,
                    exponent: int = 0, fingerprint: int = 0, asks: bool = False,
-                   **frame_kw) -> None:
+                   msg_type: int = protocol.MsgType.CONTRIBUTION, **frame_kw) -> None:
         """``asks``: for a WAITING reply, should it be a duplicate of an unfinished slot."""
         payload = contribution(values, job_id=job_id, slot=slot, set_=set_, pkt_id=pkt_id,
                                exponent=exponent, fingerprint=fingerprint,
-                               contributions=int(asks))
+                               contributions=int(asks), msg_type=msg_type)
         self.send_frame(self.frame(payload, **frame_kw))
 
     # -- receiving -----------------------------------------------------------

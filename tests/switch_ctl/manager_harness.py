@@ -176,6 +176,13 @@ class ManagerBed:
         except P4RuntimeError:
             return {}
 
+    def deadline_jobs(self) -> list[int]:
+        """The job ids the switch's round tracker holds (jobs with a deadline)."""
+        with SwitchConnection(self.switch.grpc_addr, 0, (0, 1)) as conn:
+            conn.load_p4info()
+            tracker = Controller(conn).round_tracker
+            return [match["job_id"] for match, *_ in tracker.entries(tracker.TABLE)]
+
     def database(self) -> dict[str, tuple[str, int]]:
         """The manager's database: job name -> (state, job id)."""
         with sqlite3.connect(self.workdir / "manager.db") as db:

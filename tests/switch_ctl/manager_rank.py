@@ -59,7 +59,7 @@ def main() -> int:
     job = membership.config.job
     say(event="joined", job_id=job.id, first_slot=job.first_slot, num_slots=job.num_slots,
         udp_port=job.udp_port, service_ip=job.service_ip, service_mac=job.service_mac,
-        ip=[w.ip for w in job.workers if w.id == args.rank][0])
+        ip=[w.ip for w in job.workers if w.id == args.rank][0], deadline_ms=job.deadline_ms)
     policy = RetransmitPolicy(peer_timeout=20.0)
     call = 0
     for session_number in range(args.sessions):

@@ -85,6 +85,10 @@ switch_port = 2
     (lambda r: r["job"].update(multicast_group=protocol.FLOOD_MCAST_GROUP), "floods"),
     (lambda r: r["job"]["workers"][1].pop("ip"), "is missing ip"),
     (lambda r: r["job"]["workers"][0].update(ip="10.0.0.254"), "service address"),
+    (lambda r: r["job"].update(deadline_ms=0), "job.deadline_ms must be a number of "
+                                               "milliseconds in (0, 60000], not 0"),
+    (lambda r: r["job"].update(deadline_ms=True), "job.deadline_ms must be"),
+    (lambda r: r["job"].update(deadline_ms=1e9), "job.deadline_ms must be"),
 ])
 def test_each_problem_is_named(change, expected):
     found = problems(variant(change))

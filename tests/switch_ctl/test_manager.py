@@ -253,6 +253,23 @@ def test_a_host_the_fabric_does_not_list_is_learned_and_aggregates(bed):
     assert "to learn its port" in learned[0].stderr
 
 
+def test_a_deadline_job_is_installed_with_it_and_its_ranks_must_agree(bed):
+    ranks = bed.launch("job-dl", [0, 1], "--reps", "2", extra_env={"INA_DEADLINE_MS": "500"})
+    assert [j["deadline_ms"] for j in joined(ranks)] == [500.0, 500.0]
+    assert bed.deadline_jobs() == [ranks[0].event("joined")["job_id"]]
+    finished(ranks, calls=2)
+    # Ranks that ask for different deadlines: the second is refused, naming both.
+    first = bed.launch("job-dm", [2], "--world", "2", extra_env={"INA_DEADLINE_MS": "50"})
+    until(lambda: bed.jobs()["waiting"], 30, "the first rank registered")
+    second = launch_rank(bed.topology.hosts[3], bed.workdir / "job-dm", 1, 2, bed.address,
+                         "job-dm", {"INA_CA_CERT": str(bed.tls.ca_cert)}, [])
+    assert second.wait(30) == 2
+    assert "asks for deadline_ms None; its other ranks asked for 50.0" in \
+        second.events()[0]["error"], second.events()
+    first[0].process.kill()
+    first[0].process.wait()
+
+
 def test_a_wrong_secret_is_refused_and_installs_nothing(bed):
     with pytest.raises(JoinError, match="the manager refused rank 0 of job job-x: wrong secret"):
         join(bed.address, "job-x", 0, 1, "not-the-secret-at-all", ca_cert=bed.tls.ca_cert,
@@ -286,6 +303,9 @@ LEASE_ONLY = {"secret": None, "world": None, "interfaces": None, "udp_port": Non
     ({"udp_port": 80}, "udp_port must be an integer in 1024..65535, not 80"),
     ({"slots": 0}, "slots must be an integer in 1..32768, not 0"),
     ({"slots": 4096}, "job job-y asks for 4096 slots; the manager's pool has 32"),
+    ({"deadline_ms": 0}, "deadline_ms must be a number of milliseconds in (0, 60000], not 0"),
+    ({"deadline_ms": "5"}, "deadline_ms must be a number of milliseconds in (0, 60000], "
+                           "not '5'"),
     ({"interfaces": []}, "interfaces must list 1..32 interfaces"),
     ({"interfaces": [{"ifname": "eth0", "ip": "10.0.0.1", "mac": "02:00:00:00:01"}]},
      "interfaces[0].mac '02:00:00:00:01' is not a MAC address"),

@@ -5,6 +5,8 @@ the Tofino build alike, and what a program lacks is refused or named before any 
 
 from __future__ import annotations
 
+import dataclasses
+
 import ipaddress
 import subprocess
 import sys
@@ -170,7 +172,9 @@ def test_keys_and_parameters_are_as_wide_on_both_targets():
                                                           "AggIngress.value_aggregator",
                                                           "AggIngress.exponent_max",
                                                           "AggIngress.fingerprint_sum",
-                                                          "AggIngress.bitmap_checker"))
+                                                          "AggIngress.bitmap_checker",
+                                                          # the deadline: v1model's alone
+                                                          "AggIngress.round_tracker"))
                   and "set_leaf_job" not in k[1] and "set_parent" not in k[1]}
     assert {k: tofino.get(k) for k in controlled} == {k: bmv2[k] for k in controlled}
 
@@ -229,3 +233,19 @@ def test_check_prints_what_apply_would_write(p4info, tmp_path):
                for l in lines), result.stdout
     inserts = sum(l.startswith("insert ") for l in lines)
     assert f"job 1: {inserts} inserted, 0 modified, 0 deleted" in lines
+
+
+def test_a_deadline_job_gets_its_entry_on_v1model_and_is_refused_on_tna():
+    config = one_switch_job()
+    config = dataclasses.replace(config, job=dataclasses.replace(config.job, deadline_ms=20.0))
+    run, _ = apply(protocol.P4INFO, config)
+    assert ("AggIngress.round_tracker.deadline_jobs", (("job_id", ("exact", config.job.id)),),
+            "AggIngress.round_tracker.set_deadline", ()) in written(run)
+    run, _ = apply(protocol.P4INFO, one_switch_job())      # none for a job without one
+    assert not any(e[0] == "AggIngress.round_tracker.deadline_jobs" for e in written(run))
+    if not protocol.TNA_P4INFO.exists():
+        pytest.skip(NO_TNA_BUILD)
+    run = DryRun(protocol.TNA_P4INFO)
+    with pytest.raises(P4RuntimeError, match="needs AggIngress.round_tracker.deadline_jobs"):
+        Controller(run).apply(config)
+    assert not run.written

@@ -125,9 +125,11 @@ class Fabric:
         return jobfile.load(job.path)
 
     def job(self, num_workers: int, num_slots: int = 16, *, first_host: int = 0,
-            service: tuple[str, str] = (SERVICE_IP, SERVICE_MAC)) -> Job:
+            service: tuple[str, str] = (SERVICE_IP, SERVICE_MAC),
+            deadline_ms: float | None = None) -> Job:
         """A job over hosts ``first_host``..., on slots no earlier job used and a UDP
-        port of its own, with ``service`` as its (IPv4, MAC) service address."""
+        port of its own, with ``service`` as its (IPv4, MAC) service address, and
+        ``deadline_ms`` if given."""
         job_id = self.next_job
         self.next_job += 1
         hosts = self.topology.hosts[first_host:first_host + num_workers]
@@ -136,6 +138,8 @@ class Fabric:
                  "[job]", f"id = {job_id}", f"udp_port = {job_udp_port(job_id)}",
                  f'service_ip = "{service[0]}"', f'service_mac = "{service[1]}"',
                  f"first_slot = {self.next_slot}", f"num_slots = {num_slots}"]
+        if deadline_ms is not None:
+            lines.append(f"deadline_ms = {deadline_ms}")
         for i, h in enumerate(hosts):
             lines += ["", "[[job.workers]]", f"id = {i}", f'mac = "{h.mac}"', f'ip = "{h.ip}"',
                       f"udp_port = {WORKER_UDP_PORT}", f"switch_port = {h.switch_port}"]

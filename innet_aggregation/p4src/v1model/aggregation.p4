@@ -12,12 +12,16 @@
  * Switches form a tree per job, by table entries alone: a leaf sends its local sum
  * to its parent as one contribution and hands the parent's result to its workers;
  * the root is a one-switch job whose workers include child switches.
+ *
+ * A job with a deadline (deadline.p4) may have a round released before every worker
+ * has contributed: its workers get the partial sum and who is in it.
  */
 #include <core.p4>
 #include <v1model.p4>
 
 #include "unroll_wide.p4"     // before shared/header.p4: sizes past 256 values
 #include "../shared/header.p4"
+#include "deadline.p4"
 #include "parser.p4"
 #include "control/source_guard.p4"
 #include "control/l2_forwarding.p4"
@@ -25,6 +29,7 @@
 #include "control/drop_simulator.p4"
 #include "control/job_lookup.p4"
 #include "control/sender_identification.p4"
+#include "control/round_tracker.p4"
 #include "control/bitmap_checker.p4"
 #include "control/contribution_counter.p4"
 #include "control/next_step_selector.p4"
@@ -47,6 +52,7 @@ control AggIngress(inout headers_t hdr,
     L2Forwarding()         l2_forwarding;
     JobLookup()            job_lookup;
     SenderIdentification() sender_identification;
+    RoundTracker()         round_tracker;
     BitmapChecker()        bitmap_checker;
     ContributionCounter()  contribution_counter;
     NextStepSelector()     next_step_selector;
@@ -55,6 +61,8 @@ control AggIngress(inout headers_t hdr,
     FingerprintSum()       fingerprint_sum;
 
     counter(NUM_INGRESS_OUTCOMES, CounterType.packets_and_bytes) ingress_outcomes;
+    // Per job (job_id * DEADLINE_OUTCOMES + outcome): what its deadline did.
+    counter(256 * DEADLINE_OUTCOMES, CounterType.packets) deadline_outcomes;
 
     // The packet leaves as a result: from the service address it was sent to.
     action become_result() {
@@ -96,6 +104,8 @@ control AggIngress(inout headers_t hdr,
     }
 
     apply {
+        deadline_t d = {0, 0, 0, 0, 0, 0, 0, 0};
+        bit<32> deadline_outcome = DEADLINE_OUTCOMES;     // none
         // BMv2 sends to port 0 when nothing sets egress_spec (behavioral-model #992).
         mark_to_drop(standard_metadata);
         meta.next_step = NextStep.FORWARD_L2;
@@ -111,7 +121,7 @@ control AggIngress(inout headers_t hdr,
             meta.next_step = NextStep.DROP;
             if (hdr.packet_out.op == (bit<8>)ControlOp.RESET_SLOT
                     && (bit<32>)hdr.packet_out.slot < POOL_SIZE) {
-                bitmap_checker.apply(hdr, meta);
+                bitmap_checker.apply(hdr, meta, d);
                 meta.outcome = IngressOutcome.SLOT_RESET;
             } else if (hdr.packet_out.op == CONTROL_OP_SEND_FRAME
                        && hdr.packet_out.slot < (bit<16>)CPU_PORT) {
@@ -141,7 +151,8 @@ control AggIngress(inout headers_t hdr,
                            && (!hdr.values.isValid() || hdr.udp.length != AGG_UDP_LENGTH))
                        || (hdr.agg.msg_type != MsgType.CONTRIBUTION
                            && hdr.agg.msg_type != MsgType.RESULT
-                           && hdr.agg.msg_type != MsgType.WAITING)) {
+                           && hdr.agg.msg_type != MsgType.WAITING
+                           && (bit<8>)hdr.agg.msg_type != MSG_RELEASE)) {
                 meta.outcome = IngressOutcome.MALFORMED;
             } else {
                 job_lookup.apply(hdr, meta, job_found);
@@ -156,9 +167,10 @@ control AggIngress(inout headers_t hdr,
                     if (!meta.known_sender) {
                         meta.outcome = IngressOutcome.UNKNOWN_SENDER;
                     } else if ((meta.from_parent == 1)
-                               != (hdr.agg.msg_type != MsgType.CONTRIBUTION)) {
-                        // Workers send contributions only, a parent results and
-                        // WAITING replies only.
+                               != (hdr.agg.msg_type != MsgType.CONTRIBUTION
+                                   && (bit<8>)hdr.agg.msg_type != MSG_RELEASE)) {
+                        // Workers send contributions and releases only, a parent
+                        // results and WAITING replies only.
                         meta.outcome = IngressOutcome.MALFORMED;
                     } else if (hdr.agg.msg_type == MsgType.WAITING) {
                         // The parent still waits for another child: the workers
@@ -167,22 +179,44 @@ control AggIngress(inout headers_t hdr,
                     } else {
                         meta.cell = hdr.agg.slot ++ hdr.agg.set;
                         meta.asks = (hdr.agg.contributions != 0) ? 1w1 : 1w0;
-                        // The parent is not a worker here: it has no bit to mark.
-                        meta.seen = 0;
-                        meta.first = 0;
-                        if (meta.from_parent == 0) {
-                            bitmap_checker.apply(hdr, meta);
+                        d.release = ((bit<8>)hdr.agg.msg_type == MSG_RELEASE) ? 1w1 : 1w0;
+                        round_tracker.apply(hdr, meta, d);
+                        if (d.release == 1 && (d.on == 0 || meta.has_parent == 1)) {
+                            // Only a job with a deadline releases, and only at its root.
+                            meta.outcome = IngressOutcome.MALFORMED;
+                            deadline_outcome = DEADLINE_RELEASE_REFUSED;
+                        } else {
+                            // The parent is not a worker here: it has no bit to mark.
+                            meta.seen = 0;
+                            meta.first = 0;
+                            if (meta.from_parent == 0) {
+                                bitmap_checker.apply(hdr, meta, d);
+                            }
+                            contribution_counter.apply(meta, d);
+                            next_step_selector.apply(meta, d);
+                            value_aggregator.apply(hdr, meta);
+                            exponent_max.apply(hdr, meta);
+                            fingerprint_sum.apply(hdr, meta, d);
+                            if (d.stale == 1) {
+                                deadline_outcome = DEADLINE_STALE;
+                            } else if (d.empty == 1) {
+                                deadline_outcome = DEADLINE_RELEASE_REFUSED;
+                            } else if (d.record == 1) {
+                                deadline_outcome = DEADLINE_RELEASED;
+                            } else if (d.as_released == 1 && d.release == 0
+                                       && (hdr.agg.fingerprint & meta.worker_bit) == 0) {
+                                deadline_outcome = DEADLINE_LATE;
+                            }
                         }
-                        contribution_counter.apply(meta);
-                        next_step_selector.apply(meta);
-                        value_aggregator.apply(hdr, meta);
-                        exponent_max.apply(hdr, meta);
-                        fingerprint_sum.apply(hdr, meta);
                     }
                 }
             }
         }
         ingress_outcomes.count((bit<32>)(bit<8>)meta.outcome);
+        if (deadline_outcome != DEADLINE_OUTCOMES) {
+            deadline_outcomes.count((bit<32>)hdr.agg.job_id * DEADLINE_OUTCOMES
+                                    + deadline_outcome);
+        }
 
         if (meta.next_step == NextStep.FORWARD_L2) {
             bool replied;
@@ -196,6 +230,11 @@ control AggIngress(inout headers_t hdr,
         } else if (meta.next_step == NextStep.UNICAST) {
             become_result();
             standard_metadata.egress_spec = standard_metadata.ingress_port;
+        }
+        if (d.as_released == 1) {
+            // Who is in it: how many (and, in the fingerprint's place, which).
+            hdr.agg.msg_type = (MsgType)MSG_RELEASED;
+            hdr.agg.contributions = meta.count;
         } else if (meta.next_step == NextStep.WAITING) {
             become_waiting();
         } else if (meta.next_step == NextStep.UPSTREAM) {

@@ -249,7 +249,8 @@ class _Manager:
 def join(address: str, job: str, rank: int, world: int, secret: str, *, credential: str,
          ca_cert: str | Path | None = None, ifname: str | None = None,
          slots: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-         progress: Callable[[str], None] | None = None) -> Membership:
+         progress: Callable[[str], None] | None = None,
+         deadline_ms: float | None = None) -> Membership:
     """Register rank ``rank`` of ``world`` in job ``job`` (whose ranks share
     ``credential``) and wait until the manager has installed the job (every rank
     registered, and room on the switch), at most ``timeout`` seconds; retried while
@@ -266,6 +267,8 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
                    "credential": credential, "token": token}
         if slots is not None:
             request["slots"] = slots
+        if deadline_ms is not None:
+            request["deadline_ms"] = deadline_ms
         deadline = time.monotonic() + timeout
         last, said, unanswered, unproven = "", 0.0, 0, 0
         while True:
@@ -400,7 +403,8 @@ def job_credential_from_env(env=os.environ) -> str | None:
 def join_from_env(rank: int, world: int, credential: str | None = None,
                   progress: Callable[[str], None] | None = None) -> Membership:
     """``join`` with INA_MANAGER, INA_SECRET or INA_SECRET_FILE, INA_JOB, INA_CA_CERT,
-    INA_IFNAME, INA_SLOTS and INA_JOIN_TIMEOUT (seconds) from the environment; the
+    INA_IFNAME, INA_SLOTS, INA_DEADLINE_MS (the job's deadline, milliseconds; unset or
+    0: none) and INA_JOIN_TIMEOUT (seconds) from the environment; the
     job's credential is ``credential`` (the torch backend's, from the job's store),
     else INA_JOB_CREDENTIAL or INA_JOB_CREDENTIAL_FILE."""
     env = os.environ
@@ -424,11 +428,16 @@ def join_from_env(rank: int, world: int, credential: str | None = None,
     try:
         slots = int(env["INA_SLOTS"]) if env.get("INA_SLOTS") else None
         timeout = float(env.get("INA_JOIN_TIMEOUT", DEFAULT_TIMEOUT))
+        deadline = float(env.get("INA_DEADLINE_MS") or 0) or None
     except ValueError as exc:
-        raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT: {exc}") from None
+        raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT / INA_DEADLINE_MS: {exc}") from None
+    if deadline is not None and not 0 < deadline <= config_mod.MAX_DEADLINE_MS:
+        raise JoinError(f"INA_DEADLINE_MS must be milliseconds in (0, "
+                        f"{config_mod.MAX_DEADLINE_MS}], "
+                        f"not {env['INA_DEADLINE_MS']}")
     return join(address, default_job_name(env), rank, world, secret, credential=credential,
                 ca_cert=env.get("INA_CA_CERT") or None, ifname=env.get("INA_IFNAME") or None,
-                slots=slots, timeout=timeout, progress=progress)
+                slots=slots, timeout=timeout, progress=progress, deadline_ms=deadline)
 
 
 def _say(line: str) -> None:

@@ -88,6 +88,7 @@ class Pending:
     name: str
     world: int
     slots: int
+    deadline_ms: float | None = None
     members: dict[int, Member] = field(default_factory=dict)
     tokens: dict[int, str] = field(default_factory=dict)        # rank -> its token's hash
     generation: dict[int, int] = field(default_factory=dict)   # rank -> its registration
@@ -223,6 +224,9 @@ class Jobs:
     def register(self, request: Register, member: Member) -> tuple[Pending, int]:
         """Enter the rank; returns its job and its registration's generation."""
         slots = request.slots or self.config.default_slots
+        if request.deadline_ms is not None and self.config.tree is not None:
+            raise BadRequest(f"job {request.name} asks for a deadline; this manager's switches "
+                             f"form a tree, whose leaves do not release rounds")
         with self.cond:
             running = self.running.get(request.job)
             if (running is not None and request.rank in running.tokens
@@ -232,13 +236,18 @@ class Jobs:
                 return Pending(request.job, request.world, slots, outcome=("ready", running)), 0
             pending = self.pending.get(request.job)
             if pending is None:
-                pending = self.pending[request.job] = Pending(request.job, request.world, slots)
+                pending = self.pending[request.job] = Pending(request.job, request.world, slots,
+                                                              request.deadline_ms)
             if pending.world != request.world:
                 raise BadRequest(f"rank {request.rank} of job {request.name} says world size "
                                  f"{request.world}; its other ranks said {pending.world}")
             if pending.slots != slots:
                 raise BadRequest(f"rank {request.rank} of job {request.name} asks for {slots} "
                                  f"slots; its other ranks asked for {pending.slots}")
+            if pending.deadline_ms != request.deadline_ms:
+                raise BadRequest(f"rank {request.rank} of job {request.name} asks for deadline_ms "
+                                 f"{request.deadline_ms}; its other ranks asked for "
+                                 f"{pending.deadline_ms}")
             first = pending.members.get(member.rank)
             if first is not None and not _same(pending.tokens[member.rank], request.token_hash):
                 raise BadRequest(f"rank {member.rank} of job {request.name} is already registered "
@@ -411,7 +420,9 @@ class Jobs:
                 "job": {"id": a.job_id, "udp_port": a.udp_port, "service_ip": a.service.ip,
                         "service_mac": a.service.mac, "first_slot": a.first_slot,
                         "num_slots": a.num_slots, "values_per_packet": sw.values_per_packet,
-                        "workers": workers},
+                        "workers": workers,
+                        **({} if pending.deadline_ms is None
+                           else {"deadline_ms": pending.deadline_ms})},
                 "loss": {"ingress": 0.0, "egress": 0.0}}
 
     # -- leases ----------------------------------------------------------------------

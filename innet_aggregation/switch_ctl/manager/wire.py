@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 from innet_aggregation.p4src import protocol
 
+from ..config import MAX_DEADLINE_MS
+
 MAX_LINE = 64 * 1024
 MAX_DEPTH = 16       # arrays and objects inside each other: a request needs 3, an answer 6
 MAX_NUMBER = 24      # characters of one number: any int64, and any double as repr writes it
@@ -69,6 +71,7 @@ class Register:
     slots: int | None
     token_hash: str          # of the token the rank drew, which renews its lease
     proof: str | None = None # the nonce the manager sent the host through the switch
+    deadline_ms: float | None = None   # the job's deadline (config.JobConfig.deadline_ms)
 
     @property
     def name(self) -> str:
@@ -204,7 +207,7 @@ def parse(message: dict) -> Register | Lease | str:
         rank = _int(message, "rank", 0, protocol.MAX_WORKERS - 1)
         return Lease(op, key, rank, token_hash(_token(message)))
     _only(message, {"op", "secret", "job", "rank", "world", "interfaces", "udp_port", "slots",
-                    "credential", "token", "proof"})
+                    "credential", "token", "proof", "deadline_ms"})
     name = _job_name(message.get("job"))
     credential = message.get("credential")
     if not isinstance(credential, str) or not CREDENTIAL.match(credential):
@@ -218,12 +221,19 @@ def parse(message: dict) -> Register | Lease | str:
         raise BadRequest(f"rank {rank} is not below the world size {world}")
     udp_port = _int(message, "udp_port", 1024, 65535)
     slots = None if message.get("slots") is None else _int(message, "slots", 1, 1 << 15)
+    deadline = message.get("deadline_ms")
+    if deadline is not None and (isinstance(deadline, bool)
+                                 or not isinstance(deadline, (int, float))
+                                 or not 0 < deadline <= MAX_DEADLINE_MS):
+        raise BadRequest(f"deadline_ms must be a number of milliseconds in (0, "
+                         f"{MAX_DEADLINE_MS}], not {deadline!r:.40}")
     raw = message.get("interfaces")
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_INTERFACES:
         raise BadRequest(f"interfaces must list 1..{MAX_INTERFACES} interfaces, not {raw!r:.80}")
     return Register(job_key(name, credential), rank, world,
                     tuple(_interface(i, n) for n, i in enumerate(raw)), udp_port, slots,
-                    token_hash(token), _proof(message.get("proof")))
+                    token_hash(token), _proof(message.get("proof")),
+                    None if deadline is None else float(deadline))
 
 
 def _proof(value) -> str | None:

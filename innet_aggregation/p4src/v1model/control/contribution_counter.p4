@@ -7,11 +7,13 @@
  * arrival sets FINAL_FLAG, but only on a complete local sum (a result for a round
  * the leaf has not finished is stale). The next round's first contribution
  * writes 1 and so clears it. One read-modify-write per packet in every case.
+ * In a deadline job, a release, a packet for a released round and a stale one
+ * only read (deadline.p4): a released round's count is final.
  */
 #ifndef _CONTRIBUTION_COUNTER_P4_
 #define _CONTRIBUTION_COUNTER_P4_
 
-control ContributionCounter(inout metadata_t meta) {
+control ContributionCounter(inout metadata_t meta, in deadline_t d) {
     register<count_t>(NUM_CELLS) counts;
 
     action count_first() {
@@ -41,17 +43,23 @@ control ContributionCounter(inout metadata_t meta) {
 
     table count_op {
         key = {
+            d.release:        ternary @name("release");
+            d.released:       ternary @name("released");
+            d.stale:          ternary @name("stale");
             meta.from_parent: ternary @name("from_parent");
             meta.seen:        ternary @name("seen");
             meta.first:       ternary @name("first");
         }
         actions = { count_first; count_next; count_read; count_finalize; }
         const entries = {
-            // parent seen first
-            (  0,     0,   1  ): count_first();     // first contribution to this (slot, set)
-            (  0,     0,   0  ): count_next();      // a further worker's contribution
-            (  0,     1,   _  ): count_read();      // retransmission: no change
-            (  1,     _,   _  ): count_finalize();  // the parent's result
+            // release released stale parent seen first
+            (  1,      _,       _,    _,     _,   _  ): count_read();      // a release
+            (  _,      1,       _,    _,     _,   _  ): count_read();      // a released round
+            (  _,      _,       1,    _,     _,   _  ): count_read();      // stale
+            (  _,      _,       _,    0,     0,   1  ): count_first();     // first contribution to this (slot, set)
+            (  _,      _,       _,    0,     0,   0  ): count_next();      // a further worker's contribution
+            (  _,      _,       _,    0,     1,   _  ): count_read();      // retransmission: no change
+            (  _,      _,       _,    1,     _,   _  ): count_finalize();  // the parent's result
         }
         const default_action = count_read();
     }

@@ -5,11 +5,15 @@
  * result carries n times its own: workers that issued different calls, or a stored
  * sum of another session's, cannot pass unseen. The switch compares nothing; it
  * adds, as it adds the values, in one read-modify-write per packet.
+ *
+ * A release (deadline.p4) writes who is in the round over the sum instead: the
+ * RELEASED packet carries that bitmap where a result carries the sum, to every
+ * worker then and to each that comes later.
  */
 #ifndef _FINGERPRINT_SUM_P4_
 #define _FINGERPRINT_SUM_P4_
 
-control FingerprintSum(inout headers_t hdr, in metadata_t meta) {
+control FingerprintSum(inout headers_t hdr, in metadata_t meta, in deadline_t d) {
     register<fingerprint_t>(NUM_CELLS) fingerprints;
 
     action write_fingerprint() {
@@ -38,8 +42,17 @@ control FingerprintSum(inout headers_t hdr, in metadata_t meta) {
         const default_action = NoAction();
     }
 
+    action record_contributors() {
+        fingerprints.write((bit<32>)meta.cell, meta.contributors);
+        hdr.agg.fingerprint = meta.contributors;
+    }
+
     apply {
-        register_op.apply();
+        if (d.record == 1) {
+            record_contributors();
+        } else {
+            register_op.apply();
+        }
     }
 }
 

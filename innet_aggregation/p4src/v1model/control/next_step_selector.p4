@@ -19,7 +19,7 @@
 #ifndef _NEXT_STEP_SELECTOR_P4_
 #define _NEXT_STEP_SELECTOR_P4_
 
-control NextStepSelector(inout metadata_t meta) {
+control NextStepSelector(inout metadata_t meta, inout deadline_t d) {
     // A contribution that is not the last: store it, then drop the packet.
     action consume(RegisterOp op) {
         meta.register_op = op;
@@ -78,8 +78,44 @@ control NextStepSelector(inout metadata_t meta) {
         meta.outcome = IngressOutcome.PARENT_RESULT;
     }
 
+    // A release of an open round: what it holds leaves for every worker, and the
+    // fingerprint register keeps who is in it, for the workers that come later.
+    action release_round() {
+        meta.register_op = RegisterOp.READ;
+        meta.next_step = NextStep.MULTICAST;
+        meta.outcome = IngressOutcome.COMPLETED;
+        d.as_released = 1;
+        d.record = 1;
+    }
+
+    // A packet for a released round, or a release again: the released sum, to the sender.
+    action resend_released() {
+        meta.register_op = RegisterOp.READ;
+        meta.next_step = NextStep.UNICAST;
+        meta.outcome = IngressOutcome.RESENT;
+        d.as_released = 1;
+    }
+
+    // A packet of an older round than its (slot, set)'s: its round is gone.
+    action drop_stale() {
+        meta.register_op = RegisterOp.NONE;
+        meta.next_step = NextStep.DROP;
+        meta.outcome = IngressOutcome.DUPLICATE_DROPPED;
+    }
+
+    // A release for a round nobody has contributed to: nothing to release.
+    action refuse_release() {
+        meta.register_op = RegisterOp.NONE;
+        meta.next_step = NextStep.DROP;
+        meta.outcome = IngressOutcome.MALFORMED;
+    }
+
     table next_step {
         key = {
+            d.stale:          ternary @name("stale");
+            d.release:        ternary @name("release");
+            d.empty:          ternary @name("empty");
+            d.released:       ternary @name("released");
             meta.from_parent: ternary @name("from_parent");
             meta.has_parent:  ternary @name("has_parent");
             meta.seen:        ternary @name("seen");
@@ -89,22 +125,30 @@ control NextStepSelector(inout metadata_t meta) {
             meta.asks:        ternary @name("asks");
         }
         actions = { consume; complete; resend; reply_waiting; drop_duplicate;
-                    send_up; resend_up; accept_result; }
+                    send_up; resend_up; accept_result;
+                    release_round; resend_released; drop_stale; refuse_release; }
         const entries = {
+            // stale release empty released | parent leaf seen first done final asks
+            (  1,     _,      _,    _,          _,     _,   _,   _,   _,   _,    _  ): drop_stale();
+            (  0,     1,      1,    _,          _,     _,   _,   _,   _,   _,    _  ): refuse_release();
+            (  0,     1,      0,    _,          0,     0,   _,   _,   1,   _,    _  ): resend();  // finished: the whole sum
+            (  0,     0,      0,    1,          0,     0,   _,   _,   1,   _,    _  ): resend();
+            (  0,     _,      0,    1,          0,     0,   _,   _,   0,   _,    _  ): resend_released();
+            (  0,     1,      0,    0,          0,     0,   _,   _,   0,   _,    _  ): release_round();
             // parent leaf seen first done final asks
-            (  0,     _,   0,   1,   0,   _,    _  ): consume(RegisterOp.WRITE);
-            (  0,     _,   0,   0,   0,   _,    _  ): consume(RegisterOp.ADD);
-            (  0,     0,   0,   1,   1,   _,    _  ): complete(RegisterOp.WRITE);  // single worker
-            (  0,     0,   0,   0,   1,   _,    _  ): complete(RegisterOp.ADD);
-            (  0,     1,   0,   1,   1,   _,    _  ): send_up(RegisterOp.WRITE);   // single worker
-            (  0,     1,   0,   0,   1,   _,    _  ): send_up(RegisterOp.ADD);
-            (  0,     0,   1,   _,   1,   _,    _  ): resend();
-            (  0,     1,   1,   _,   1,   1,    _  ): resend();
-            (  0,     1,   1,   _,   1,   0,    _  ): resend_up();
-            (  0,     _,   1,   _,   0,   _,    1  ): reply_waiting();
-            (  0,     _,   1,   _,   0,   _,    0  ): drop_duplicate();
-            (  1,     _,   _,   _,   1,   0,    _  ): accept_result();
-            (  1,     _,   _,   _,   _,   _,    _  ): drop_duplicate();  // stale, or already stored
+            (  _,     _,      _,    _,          0,     _,   0,   1,   0,   _,    _  ): consume(RegisterOp.WRITE);
+            (  _,     _,      _,    _,          0,     _,   0,   0,   0,   _,    _  ): consume(RegisterOp.ADD);
+            (  _,     _,      _,    _,          0,     0,   0,   1,   1,   _,    _  ): complete(RegisterOp.WRITE);  // single worker
+            (  _,     _,      _,    _,          0,     0,   0,   0,   1,   _,    _  ): complete(RegisterOp.ADD);
+            (  _,     _,      _,    _,          0,     1,   0,   1,   1,   _,    _  ): send_up(RegisterOp.WRITE);   // single worker
+            (  _,     _,      _,    _,          0,     1,   0,   0,   1,   _,    _  ): send_up(RegisterOp.ADD);
+            (  _,     _,      _,    _,          0,     0,   1,   _,   1,   _,    _  ): resend();
+            (  _,     _,      _,    _,          0,     1,   1,   _,   1,   1,    _  ): resend();
+            (  _,     _,      _,    _,          0,     1,   1,   _,   1,   0,    _  ): resend_up();
+            (  _,     _,      _,    _,          0,     _,   1,   _,   0,   _,    1  ): reply_waiting();
+            (  _,     _,      _,    _,          0,     _,   1,   _,   0,   _,    0  ): drop_duplicate();
+            (  _,     _,      _,    _,          1,     _,   _,   _,   1,   0,    _  ): accept_result();
+            (  _,     _,      _,    _,          1,     _,   _,   _,   _,   _,    _  ): drop_duplicate();  // stale, or already stored
         }
         const default_action = drop_duplicate();
     }

@@ -1,0 +1,47 @@
+/*
+ * Bounded-time aggregation (a job's deadline), v1model's alone: the TNA program fills
+ * Tofino 1's 12 stages and is rebuilt only with bf-p4c, so the shared headers and enums
+ * stay as they are and this program adds its own.
+ *
+ * A worker whose contribution has waited its job's deadline sends RELEASE for that
+ * (slot, set): the switch sends what it holds to every worker as RELEASED, a result
+ * whose `contributions` is how many it sums and whose `fingerprint` is the bitmap of
+ * who is in it. A contribution that comes after the release gets the same packet back,
+ * as a retransmission gets a stored result, so every worker applies the same bits.
+ *
+ * Workers then move on without the late one, so a (slot, set) may see a later round
+ * while a late worker still sends an earlier one. Every worker sends a round with the
+ * same packet id (transport.py: ids count the packets sent in a slot), so a deadline
+ * job's (slot, set) keeps the id of its round: a packet with that id belongs to it, a
+ * newer one starts the next round, an older one is stale and dropped.
+ */
+#ifndef _DEADLINE_P4_
+#define _DEADLINE_P4_
+
+const bit<8> MSG_RELEASE = 4;     // worker to switch: release this (slot, set) now
+const bit<8> MSG_RELEASED = 5;    // switch to workers: a released partial sum
+
+// A packet id at most this many rounds behind its (slot, set)'s is stale; any other
+// id than the round's is newer (ids wrap at 2^32). A late worker trails the others
+// by the rounds they finish without it: far fewer.
+const bit<32> STALE_ROUNDS = 0x1000;
+
+// Index (per job: job_id * 4 + outcome) into the deadline_outcomes counter.
+const bit<32> DEADLINE_RELEASED = 0;          // a release sent a partial sum to every worker
+const bit<32> DEADLINE_LATE = 1;              // a contribution after a release, answered with it
+const bit<32> DEADLINE_STALE = 2;             // a packet of an older round: dropped
+const bit<32> DEADLINE_RELEASE_REFUSED = 3;   // a release for no round, or of a job without a deadline
+const bit<32> DEADLINE_OUTCOMES = 4;
+
+struct deadline_t {
+    bit<1> on;          // the job has a deadline (the deadline_jobs table)
+    bit<1> release;     // the packet is a RELEASE
+    bit<1> released;    // the round the packet names was released
+    bit<1> fresh;       // it starts its (slot, set)'s next round: the set's bitmap starts over
+    bit<1> stale;       // it names an older round
+    bit<1> empty;       // a release for a round nobody has contributed to
+    bit<1> as_released; // the packet leaves as RELEASED
+    bit<1> record;      // a release: the fingerprint register keeps who is in the round
+}
+
+#endif  // _DEADLINE_P4_

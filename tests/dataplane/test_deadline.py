@@ -1,0 +1,141 @@
+"""A deadline job's release (p4src/v1model/deadline.p4), packet by packet: what the
+round holds goes to every worker with who is in it; a contribution after the release
+gets those same bits and changes nothing; the next rounds of both shadow sets work;
+a packet of an older round is dropped; and a release from a host that is not the
+job's, for another job's slot, for a round nobody began or in a job without a
+deadline is refused and counted."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from innet_aggregation.p4src import protocol
+
+from .harness import SERVICE_IP
+
+DEADLINE_MS = 50
+
+
+def k() -> int:
+    return protocol.packet_format().values_per_packet
+
+
+def delta(before, after):
+    return {name: after[name] - before[name] for name in after}
+
+
+def wait_for(switch, before, name: str, count: int) -> None:
+    """Until the switch has counted ``count`` more ``name`` (frames from several ports
+    may be taken in any order)."""
+    deadline = time.monotonic() + 10
+    while delta(before, switch.counters())[name] < count:
+        assert time.monotonic() < deadline, f"the switch never counted {count} {name}"
+        time.sleep(0.02)
+
+
+def released(results, values, bitmap: int, count: int, pkt_id: int, slot: int, set_: int):
+    for r in results:
+        assert r.header["msg_type"] == protocol.MSG_RELEASED, r.header
+        assert (r.header["slot"], r.header["set"], r.header["pkt_id"]) == (slot, set_, pkt_id)
+        assert (r.header["fingerprint"], r.header["contributions"]) == (bitmap, count)
+        assert r.values is not None and (r.values == values).all()
+
+
+def test_a_release_sends_the_partial_sum_and_who_is_in_it_to_every_worker(switch, hosts, job):
+    config = job(3, deadline_ms=DEADLINE_MS)
+    jid, slot = config.job.id, config.job.first_slot
+    values = (np.arange(3 * k()).reshape(3, k()) - 100) * 3
+    before, deadline_before = switch.counters(), switch.controller.deadline_counters(jid)
+    for w in (0, 2):
+        hosts[w].contribute(values[w], job_id=jid, slot=slot, set_=0, pkt_id=77, exponent=w)
+    wait_for(switch, before, "ingress.consumed", 2)
+    # Worker 0's deadline: the round goes to every worker with what it holds.
+    hosts[0].contribute(values[0], job_id=jid, slot=slot, set_=0, pkt_id=77,
+                        msg_type=protocol.MSG_RELEASE)
+    partial = values[0] + values[2]
+    for h in hosts[:3]:
+        got = h.results(2, timeout=1.0)
+        assert len(got) == 1, got
+        released(got, partial, 0b101, 2, 77, slot, 0)
+        assert got[0].src == (SERVICE_IP, config.job.udp_port)
+        assert got[0].header["exponent"] == 2            # the maximum of those in it
+    # Worker 1 comes late: it gets those same bits, alone; nothing changes them.
+    hosts[1].contribute(values[1], job_id=jid, slot=slot, set_=0, pkt_id=77)
+    released(hosts[1].results(2, timeout=1.0), partial, 0b101, 2, 77, slot, 0)
+    for w in (0, 2):   # a retransmission, and a second release: the same, alone
+        hosts[w].contribute(values[w], job_id=jid, slot=slot, set_=0, pkt_id=77,
+                            msg_type=protocol.MSG_RELEASE if w else protocol.MsgType.CONTRIBUTION)
+        released(hosts[w].results(2, timeout=1.0), partial, 0b101, 2, 77, slot, 0)
+    assert all(h.results(1, timeout=0.2) == [] for h in hosts[:3])
+    counted = delta(deadline_before, switch.controller.deadline_counters(jid))
+    assert counted == {"released": 1, "late": 1, "stale": 0, "release_refused": 0}, counted
+
+
+def test_both_shadow_sets_go_on_after_a_release_and_an_older_round_is_dropped(
+        switch, hosts, job):
+    config = job(3, deadline_ms=DEADLINE_MS)
+    jid, slot = config.job.id, config.job.first_slot
+    values = np.arange(3 * k()).reshape(3, k()) + 1
+    before = switch.counters()
+    # Round 10 in set 0, released without worker 1, which never sends it.
+    for w in (0, 2):
+        hosts[w].contribute(values[w], job_id=jid, slot=slot, set_=0, pkt_id=10)
+    wait_for(switch, before, "ingress.consumed", 2)
+    hosts[2].contribute(values[2], job_id=jid, slot=slot, set_=0, pkt_id=10,
+                        msg_type=protocol.MSG_RELEASE)
+    for h in hosts[:3]:
+        released(h.results(2, timeout=1.0), values[0] + values[2], 0b101, 2, 10, slot, 0)
+    # Rounds 11 (set 1) and 12 (set 0) with everyone: whole sums, as without a deadline.
+    for pkt_id, set_ in ((11, 1), (12, 0)):
+        for w in range(3):
+            hosts[w].contribute(values[w] * pkt_id, job_id=jid, slot=slot, set_=set_,
+                                pkt_id=pkt_id)
+        for h in hosts[:3]:
+            (r,) = h.results(2, timeout=2.0)
+            assert r.header["msg_type"] == protocol.MsgType.RESULT
+            assert (r.header["pkt_id"], r.header["contributions"]) == (pkt_id, 3)
+            assert (r.values == values.sum(axis=0) * pkt_id).all()
+    # Worker 1's packet of round 10 now: older than set 0's round, dropped unanswered.
+    deadline_before = switch.controller.deadline_counters(jid)
+    hosts[1].contribute(values[1], job_id=jid, slot=slot, set_=0, pkt_id=10)
+    assert hosts[1].results(1, timeout=0.5) == []
+    counted = delta(deadline_before, switch.controller.deadline_counters(jid))
+    assert counted["stale"] == 1, counted
+    # Round 12's result is still what a retransmission gets.
+    hosts[0].contribute(values[0] * 12, job_id=jid, slot=slot, set_=0, pkt_id=12)
+    (r,) = hosts[0].results(2, timeout=1.0)
+    assert (r.values == values.sum(axis=0) * 12).all()
+
+
+def test_a_release_is_refused_unless_a_member_releases_a_begun_round_of_its_deadline_job(
+        switch, hosts, job):
+    config = job(2, deadline_ms=DEADLINE_MS)
+    jid, slot = config.job.id, config.job.first_slot
+    ones = np.ones(k())
+    hosts[0].contribute(ones, job_id=jid, slot=slot, set_=0, pkt_id=5)
+    before, deadline_before = switch.counters(), switch.controller.deadline_counters(jid)
+    release = dict(job_id=jid, set_=0, pkt_id=5, msg_type=protocol.MSG_RELEASE)
+    hosts[2].contribute(ones, slot=slot, **release)                    # not the job's host
+    hosts[0].contribute(ones, slot=slot + config.job.num_slots, **release)  # not its slot
+    hosts[0].contribute(ones, slot=slot + 1, **release)                 # a round nobody began
+    assert all(h.results(1, timeout=0.5) == [] for h in hosts[:3])
+    counted = delta(before, switch.counters())
+    assert counted["ingress.unknown_sender"] == 1 and counted["ingress.bad_slot"] == 1, counted
+    assert counted["ingress.malformed"] == 1, counted
+    assert delta(deadline_before, switch.controller.deadline_counters(jid)) == {
+        "released": 0, "late": 0, "stale": 0, "release_refused": 1}
+
+
+def test_a_job_without_a_deadline_refuses_a_release(switch, hosts, job):
+    ones = np.ones(k())
+    plain = job(2)
+    pid, pslot = plain.job.id, plain.job.first_slot
+    hosts[0].contribute(ones, job_id=pid, slot=pslot, set_=0, pkt_id=5)
+    before = switch.counters()
+    hosts[0].contribute(ones, job_id=pid, slot=pslot, set_=0, pkt_id=5,
+                        msg_type=protocol.MSG_RELEASE)
+    assert hosts[0].results(1, timeout=0.5) == []
+    assert delta(before, switch.counters())["ingress.malformed"] == 1
+    assert switch.controller.deadline_counters(pid)["release_refused"] == 1

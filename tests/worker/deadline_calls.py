@@ -1,0 +1,58 @@
+"""One rank of the deadline tests (a job with ``deadline_ms``; the session alone):
+
+    python -m tests.worker.deadline_calls --config job.toml --worker-id 0 --out DIR \
+        [--calls 8] [--size 16384] [--sleep 0.3 --sleep-calls 2,5]
+
+Every call all-reduces, under one name, ``run.make_inputs(size, SEED, call, rank)``
+(normal values, steady scales per 64), which any process can recompute; a rank given
+``--sleep`` first sleeps that long before the calls in ``--sleep-calls``. Per call,
+DIR/RANK.CALL.npz holds the result and the blocks this rank's values were left out
+of (a released round without them) with the values it carries into the next call,
+and a JSON line on stdout the call's counters and error bound.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from innet_aggregation.worker.run import make_inputs
+from innet_aggregation.worker.session import AggregationSession
+
+SEED = 11
+NAME = "bucket"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--worker-id", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--size", type=int, default=16384)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--sleep-calls", default="")
+    args = parser.parse_args()
+    rank, out = args.worker_id, Path(args.out)
+    sleeps = {int(c) for c in args.sleep_calls.split(",") if c}
+    with AggregationSession.from_config(args.config, rank) as session:
+        carry = session.transport.carry
+        for call in range(args.calls):
+            if call in sleeps:
+                time.sleep(args.sleep)
+            values = make_inputs(args.size, SEED, call, rank, steady=True)
+            session.allreduce(values, name=NAME)
+            (chunks, carried), = carry.values() if carry else ((np.zeros(0, np.int64),
+                                                                np.zeros((0, 0), np.float32)),)
+            np.savez(out / f"{rank}.{call}.npz", result=values, left_out=chunks, carried=carried)
+            stats = session.last_call
+            print(json.dumps({"call": call, "bound": stats.max_error_bound,
+                              **stats.counters.as_dict()}), flush=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
