@@ -15,10 +15,13 @@ misses are (first steps, buckets, small blocks).
 
 ``--recorded`` replays the committed recorded gradients instead (testbed.gradients:
 the demo's large MLP and a small CNN, steps 284-299 of 300, 4 ranks), for 4, 8
-and 16 workers and 64, 256 and 1,024 values per block, under several (headroom,
-slack) rules, with each rule's cost: the blocks redone (a packet and, at a call's
-end, a round trip each) against the bits of precision the bound gives up
-(``b - slack`` bits below a block's maximum); a JSON record of the table.
+and 16 workers and 64, 256 and 1,024 values per block, under several (depth,
+headroom, slack) rules, the one before 2026-11-27 and the current one among them,
+with each rule's cost: the blocks redone (a packet and, at a call's end, a round
+trip each) against the precision given up (the bits a kept block's scale is above
+its maximum, typically, and ``b - slack`` bits below it, the bound); the current
+rule's worst error over every element, as a share of the bound; a JSON record of
+the table.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import os
 import socket
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -123,8 +127,7 @@ def replay(records, speculate=quantize.speculate, usable=quantize.usable,
             previous = same_name(history, name, len(agreed))
         scale = speculate(previous, len(agreed))
         out.append((scale, usable(scale, agreed)))
-        history.pop(key, None)
-        history[key] = remember(agreed)
+        history[key] = remember(agreed, history.pop(key, None))
     return out
 
 
@@ -173,7 +176,35 @@ def report(records) -> None:
         for d in sorted(rel_all)))
 
 
-RULES = ((1, 4), (2, 4), (2, 5), (3, 6))     # (headroom, slack) replayed by --recorded
+# (depth, headroom, slack) replayed by --recorded: the rule before 2026-11-27 and others
+RULES = ((1, 2, 4), (1, 2, 5), (1, 3, 6), (1, 4, 8), (3, 2, 6), (4, 2, 7),
+         (quantize.DEPTH, quantize.HEADROOM, quantize.SLACK))
+BEFORE = (1, 2, 5)
+
+
+def measured_error(data, workers: int, values: int, calls: int) -> float:
+    """The current rule's largest error, over every element of ``calls`` replayed calls,
+    as a share of its bound in terms of the block's maximum (n * 2**(E_max + SLACK -
+    b - 1)): the worker's own quantize/settle/dequantize against a float64 sum."""
+    from innet_aggregation.testbed import gradients
+
+    length = len(gradients.MODELS) * gradients.PIECES * gradients.PIECE
+    history, worst = None, 0.0
+    for c in range(calls):
+        inputs = [gradients.replay(data, length, c, w).reshape(-1, values)
+                  for w in range(workers)]
+        own = [quantize.block_exponents(x) for x in inputs]
+        agreed = np.max(own, axis=0).astype(np.int64)
+        _, scale = quantize.settle(quantize.speculate(history, len(agreed)), agreed)
+        total = np.sum([quantize.quantize(x, e, scale, workers).astype(np.int64)
+                        for x, e in zip(inputs, own)], axis=0)
+        result = quantize.dequantize(total, scale, workers, average=False, dtype=np.float64)
+        exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+        bound = quantize.error_bound(agreed + quantize.SLACK, workers, average=False)
+        live = agreed != EXPONENT_OF_ZERO
+        worst = max(worst, float((np.abs(result - exact)[live] / bound[live, None]).max()))
+        history = quantize.remember(agreed, history)
+    return worst
 
 
 def recorded(out) -> None:
@@ -182,25 +213,39 @@ def recorded(out) -> None:
 
     data = gradients.load()
     rows = []
+    calls = 2 * data.kept_steps - 1
     print(f"recorded gradients, steps {data.steps['mlp'][0]}-{data.steps['mlp'][-1]} of "
           f"{data.total_steps}, played forwards and back; blocks redone after the first "
-          f"call's probes (rose above the scale / fell more than slack below it)")
-    print(f"{'n':>3} {'values':>6} " + " ".join(
-        f"{f'headroom {h}, slack {s}':>24}" for h, s in RULES)
-        + f"   (now: headroom {quantize.HEADROOM}, slack {quantize.SLACK})")
+          f"call's probes (rose above the scale / fell more than slack below it). A rule: "
+          f"the largest agreed maximum of the last `depth` calls + headroom; kept if at "
+          f"most `slack` above the maximum")
+    now = (quantize.DEPTH, quantize.HEADROOM, quantize.SLACK)
+    names = ["{}/+{}/{}".format(*rule)
+             + (" before" if rule == BEFORE else " now" if rule == now else "") for rule in RULES]
+    print("rules as depth/+headroom/slack")
+    print(f"{'n':>3} {'values':>6} " + " ".join(f"{name:>18}" for name in names)
+          + "   worst error / bound now")
     for n in (4, 8, 16):
         for k in (64, 256, 1024):
-            agreed = gradients.agreed_exponents(data, n, k, 2 * data.kept_steps - 1)
-            shares = [gradients.redone_share(agreed, h, s) for h, s in RULES]
-            rows += [dict(r, workers=n, values=k, headroom=h, slack=s,
-                          precision_bits=quantize.scale_bits(n) - s)
-                     for r, (h, s) in zip(shares, RULES)]
+            agreed = gradients.agreed_exponents(data, n, k, calls)
+            shares = [gradients.redone_share(agreed, *rule) for rule in RULES]
+            error = measured_error(data, n, k, calls)
+            rows += [dict(r, workers=n, values=k, **dict(zip(("depth", "headroom", "slack"), rule)),
+                          precision_bits=quantize.scale_bits(n) - rule[2], now=rule == now,
+                          before=rule == BEFORE)
+                     for r, rule in zip(shares, RULES)]
+            rows[-1]["error_of_bound"] = error
             print(f"{n:>3} {k:>6} " + " ".join(
-                f"{r['redone']:>7.1%} ({r['rose']:.1%}/{r['fell']:.1%})".rjust(24)
-                for r in shares))
+                f"{r['redone']:>6.2%} ({r['rose']:.1%}/{r['fell']:.1%})".rjust(18)
+                for r in shares) + f"   {error:.3f}")
+    print("mean bits a kept block's scale is above its maximum (the typical precision "
+          "given up), n = 4, 8, 16: " + "; ".join(
+              f"{name.split()[0]}: " + ", ".join(
+                  f"{np.mean([r['waste'] for r in rows[i::len(RULES)] if r['workers'] == n]):.2f}"
+                  for n in (4, 8, 16)) for i, name in enumerate(names)))
     print("precision kept (b - slack bits below a block's maximum), n = 4, 8, 16: " + "; ".join(
         f"slack {s}: " + ", ".join(str(quantize.scale_bits(n) - s) for n in (4, 8, 16))
-        for s in sorted({s for _, s in RULES})))
+        for s in sorted({s for _, _, s in RULES})))
     print("workers beyond the 4 recorded ranks replay them a step later (testbed.gradients): "
           "their maximum moves less than 16 real ranks' might")
     print(f"wrote {record.write('bench-exponents', {'rules': rows}, out=out)}")
@@ -215,7 +260,8 @@ def main() -> None:
     parser.add_argument("--load", help="replay exponents recorded before instead of training")
     parser.add_argument("--recorded", action="store_true",
                         help="replay the committed recorded gradients under several rules")
-    parser.add_argument("--out", default="results/exponents", help="--recorded's JSON record")
+    parser.add_argument("--out", type=Path, default=Path("results/exponents"),
+                        help="--recorded's JSON record")
     args = parser.parse_args()
     if args.recorded:
         return recorded(args.out)

@@ -151,20 +151,25 @@ def agreed_exponents(recorded: Recorded, workers: int, values: int, calls: int) 
                     for w in range(workers)], axis=0) for c in range(calls)]
 
 
-def redone_share(agreed: list, headroom: int, slack: int) -> dict:
-    """Speculation replayed on ``agreed`` (quantize.speculate, usable) with this
-    headroom and slack: the share of blocks redone after the first call's probes,
-    and which side missed (rose above the scale, fell more than ``slack`` below)."""
+def redone_share(agreed: list, depth: int, headroom: int, slack: int) -> dict:
+    """Speculation replayed on ``agreed`` (quantize.speculate, usable, remember) with
+    this depth, headroom and slack: the share of blocks redone after the first call's
+    probes, which side missed (rose above the scale, fell more than ``slack`` below),
+    and the kept blocks' mean scale above their maximum (``waste``, bits)."""
     from innet_aggregation.worker import quantize
     redone = rose = total = 0
-    for last, now in zip(agreed, agreed[1:]):
-        scale = quantize.speculate(last, len(last), headroom)
+    waste = []
+    history = quantize.remember(agreed[0], None, depth)
+    for now in agreed[1:]:
+        scale = quantize.speculate(history, len(now), headroom)
         keep = quantize.usable(scale, now, slack)
         redone += int((~keep).sum())
         rose += int((~keep & (now > scale)).sum())
         total += len(keep)
+        waste.append((scale - now)[keep & (now != quantize.EXPONENT_OF_ZERO)])
+        history = quantize.remember(now, history, depth)
     return {"redone": redone / total, "rose": rose / total, "fell": (redone - rose) / total,
-            "blocks": total}
+            "waste": float(np.concatenate(waste).mean()), "blocks": total}
 
 
 # Recording --------------------------------------------------------------------------

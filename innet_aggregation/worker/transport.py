@@ -487,8 +487,8 @@ class Transport:
         scale, agreed = self._run(_Call(self, blocks, out, own, quantize.speculate(previous, n),
                                         label=label, fingerprints=fingerprints, quantized=True,
                                         average=average, signature=signature))
-        self.history.pop(key, None)        # most recent last; the oldest call goes first
-        self.history[key] = quantize.remember(agreed)
+        # Most recent last; the oldest call goes first.
+        self.history[key] = quantize.remember(agreed, self.history.pop(key, None))
         if len(self.history) > HISTORY_CALLS:
             del self.history[next(iter(self.history))]
         return scale
