@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO
@@ -50,66 +47,41 @@ MODELS = {   # hidden widths, optimizer, learning rate, DDP bucket cap (MB), as 
 
 
 def _rank(rank: int, world: int, port: int, model_name: str, steps: int, queue) -> None:
-    from sklearn.datasets import load_digits
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
+    from innet_aggregation.testbed.gradients import ddp_group, train_ddp
     from innet_aggregation.testbed.train import mlp
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
     hidden, optimizer_name, lr, cap = MODELS[model_name]
-    x, y = load_digits(return_X_y=True)
-    order = np.random.default_rng(0).permutation(len(x))
-    x = torch.tensor(x[order] / 16.0, dtype=torch.float32)[len(x) // 5:][rank::world]
-    y = torch.tensor(y[order], dtype=torch.long)[len(y) // 5:][rank::world]
-    torch.manual_seed(0)
-    model = mlp(list(hidden))
-    ddp = DDP(model) if cap is None else DDP(model, bucket_cap_mb=cap)
     k = protocol.packet_format().values_per_packet
     records = []
 
-    def hook(_, bucket):
+    def record_exponents(step, bucket):
+        # This rank's own; their maximum is taken after training, not by a collective
+        # inside the hook beside DDP's own all-reduces.
         flat = bucket.buffer().detach().reshape(-1).numpy()
-        exponents = torch.from_numpy(quantize.block_exponents(np.vstack(
-            Blocks(flat.copy(), k).parts)).astype(np.int32))
-        dist.all_reduce(exponents, op=dist.ReduceOp.MAX)
-        records.append((step, bucket.index(), flat.size, exponents.numpy().astype(np.int8)))
-        bucket.buffer().div_(world)
-        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
-            lambda f: f.value()[0])
+        exponents = quantize.block_exponents(np.vstack(Blocks(flat.copy(), k).parts))
+        records.append((step, bucket.index(), flat.size, exponents))
 
-    ddp.register_comm_hook(None, hook)
-    optimizer = (torch.optim.Adam(ddp.parameters(), lr=lr) if optimizer_name == "adam"
-                 else torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9))
-    batch, per_epoch = 32, len(x) // 32
-    step = 0
-    while step < steps:
-        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(step // per_epoch))
-        for i in range(per_epoch):
-            if step == steps:
-                break
-            idx = perm[i * batch:(i + 1) * batch]
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx]).backward()
-            optimizer.step()
-            step += 1
-    if rank == 0:
-        queue.put(records)
-    dist.destroy_process_group()
+    def optimizer(parameters):
+        return (torch.optim.Adam(parameters, lr=lr) if optimizer_name == "adam"
+                else torch.optim.SGD(parameters, lr=lr, momentum=0.9))
+
+    with ddp_group(rank, world, port):
+        torch.manual_seed(0)
+        train_ddp(rank, world, mlp(list(hidden)), optimizer, steps, record_exponents, cap)
+        queue.put((rank, records))
 
 
 def record(model: str, workers: int, steps: int) -> list[tuple[int, int, int, np.ndarray]]:
-    """(step, bucket index, elements, agreed exponents) of every bucket DDP reduced."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    queue = mp.get_context("spawn").SimpleQueue()
-    ctx = mp.start_processes(_rank, args=(workers, port, model, steps, queue), nprocs=workers,
-                             join=False, start_method="spawn")
-    records = queue.get()
-    ctx.join()
-    return records
+    """(step, bucket index, elements, agreed exponents) of every bucket DDP reduced: each
+    block's maximum over the ranks, as the switch returns it."""
+    from innet_aggregation.testbed.gradients import run_ranks
+
+    by_rank = run_ranks(_rank, workers, model, steps)
+    calls = [r[:3] for r in by_rank[0]]
+    if any([r[:3] for r in records] != calls for records in by_rank):
+        raise RuntimeError("the ranks reduced different buckets")
+    return [(*call, np.max([records[i][3] for records in by_rank], axis=0))
+            for i, call in enumerate(calls)]
 
 
 def replay(records, speculate=quantize.speculate, usable=quantize.usable,

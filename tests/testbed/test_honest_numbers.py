@@ -4,6 +4,7 @@ the JSON record."""
 
 from __future__ import annotations
 
+import os
 
 import numpy as np
 import pytest
@@ -155,3 +156,20 @@ def test_a_float_sum_is_checked_against_its_bound():
     assert not within_bound(off, inputs, 256)
     assert within_bound(exact.float()[:4999], [x[:4999] for x in inputs], 256)   # partial block
 
+
+
+def _rank_result(rank: int, world: int, port: int, die: int, queue) -> None:
+    if rank == die:
+        os._exit(3)
+    queue.put((rank, (rank, world, port > 0)))
+
+
+def test_ranks_hand_their_results_over_and_one_that_dies_ends_the_wait():
+    """What the gradient recording and bench_exponents' training stand on: every
+    rank's result comes back in rank order; a rank that dies without one (as
+    bench_exponents' training ranks sometimes did, SIGABRT) ends the wait with its
+    exit, not a hang."""
+    from torch.multiprocessing import ProcessExitedException
+    assert gradients.run_ranks(_rank_result, 2, -1) == [(0, 2, True), (1, 2, True)]
+    with pytest.raises(ProcessExitedException, match="process 1 terminated with exit code 3"):
+        gradients.run_ranks(_rank_result, 2, 1)
