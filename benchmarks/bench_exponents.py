@@ -15,23 +15,24 @@ misses are (first steps, buckets, small blocks).
 
 ``--recorded`` replays the committed recorded gradients instead (testbed.gradients:
 the demo's large MLP and a small CNN, steps 284-299 of 300, 4 ranks), for 4, 8
-and 16 workers and 64, 256 and 1,024 values per block, under several (headroom,
-slack) rules, with each rule's cost: the blocks redone (a packet and, at a call's
-end, a round trip each) against the bits of precision the bound gives up
-(``b - slack`` bits below a block's maximum); a JSON record of the table.
+and 16 workers and 64, 256 and 1,024 values per block, under several (depth,
+headroom, slack) rules, the one before 2026-11-27 and the current one among them,
+with each rule's cost: the blocks redone (a packet and, at a call's end, a round
+trip each) against the precision given up (the bits a kept block's scale is above
+its maximum, typically, and ``b - slack`` bits below it, the bound); the current
+rule's worst error over every element, as a share of the bound; a JSON record of
+the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO
@@ -46,66 +47,41 @@ MODELS = {   # hidden widths, optimizer, learning rate, DDP bucket cap (MB), as 
 
 
 def _rank(rank: int, world: int, port: int, model_name: str, steps: int, queue) -> None:
-    from sklearn.datasets import load_digits
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
+    from innet_aggregation.testbed.gradients import ddp_group, train_ddp
     from innet_aggregation.testbed.train import mlp
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
     hidden, optimizer_name, lr, cap = MODELS[model_name]
-    x, y = load_digits(return_X_y=True)
-    order = np.random.default_rng(0).permutation(len(x))
-    x = torch.tensor(x[order] / 16.0, dtype=torch.float32)[len(x) // 5:][rank::world]
-    y = torch.tensor(y[order], dtype=torch.long)[len(y) // 5:][rank::world]
-    torch.manual_seed(0)
-    model = mlp(list(hidden))
-    ddp = DDP(model) if cap is None else DDP(model, bucket_cap_mb=cap)
     k = protocol.packet_format().values_per_packet
     records = []
 
-    def hook(_, bucket):
+    def record_exponents(step, bucket):
+        # This rank's own; their maximum is taken after training, not by a collective
+        # inside the hook beside DDP's own all-reduces.
         flat = bucket.buffer().detach().reshape(-1).numpy()
-        exponents = torch.from_numpy(quantize.block_exponents(np.vstack(
-            Blocks(flat.copy(), k).parts)).astype(np.int32))
-        dist.all_reduce(exponents, op=dist.ReduceOp.MAX)
-        records.append((step, bucket.index(), flat.size, exponents.numpy().astype(np.int8)))
-        bucket.buffer().div_(world)
-        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
-            lambda f: f.value()[0])
+        exponents = quantize.block_exponents(np.vstack(Blocks(flat.copy(), k).parts))
+        records.append((step, bucket.index(), flat.size, exponents))
 
-    ddp.register_comm_hook(None, hook)
-    optimizer = (torch.optim.Adam(ddp.parameters(), lr=lr) if optimizer_name == "adam"
-                 else torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9))
-    batch, per_epoch = 32, len(x) // 32
-    step = 0
-    while step < steps:
-        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(step // per_epoch))
-        for i in range(per_epoch):
-            if step == steps:
-                break
-            idx = perm[i * batch:(i + 1) * batch]
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx]).backward()
-            optimizer.step()
-            step += 1
-    if rank == 0:
-        queue.put(records)
-    dist.destroy_process_group()
+    def optimizer(parameters):
+        return (torch.optim.Adam(parameters, lr=lr) if optimizer_name == "adam"
+                else torch.optim.SGD(parameters, lr=lr, momentum=0.9))
+
+    with ddp_group(rank, world, port):
+        torch.manual_seed(0)
+        train_ddp(rank, world, mlp(list(hidden)), optimizer, steps, record_exponents, cap)
+        queue.put((rank, records))
 
 
 def record(model: str, workers: int, steps: int) -> list[tuple[int, int, int, np.ndarray]]:
-    """(step, bucket index, elements, agreed exponents) of every bucket DDP reduced."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    queue = mp.get_context("spawn").SimpleQueue()
-    ctx = mp.start_processes(_rank, args=(workers, port, model, steps, queue), nprocs=workers,
-                             join=False, start_method="spawn")
-    records = queue.get()
-    ctx.join()
-    return records
+    """(step, bucket index, elements, agreed exponents) of every bucket DDP reduced: each
+    block's maximum over the ranks, as the switch returns it."""
+    from innet_aggregation.testbed.gradients import run_ranks
+
+    by_rank = run_ranks(_rank, workers, model, steps)
+    calls = [r[:3] for r in by_rank[0]]
+    if any([r[:3] for r in records] != calls for records in by_rank):
+        raise RuntimeError("the ranks reduced different buckets")
+    return [(*call, np.max([records[i][3] for records in by_rank], axis=0))
+            for i, call in enumerate(calls)]
 
 
 def replay(records, speculate=quantize.speculate, usable=quantize.usable,
@@ -123,8 +99,7 @@ def replay(records, speculate=quantize.speculate, usable=quantize.usable,
             previous = same_name(history, name, len(agreed))
         scale = speculate(previous, len(agreed))
         out.append((scale, usable(scale, agreed)))
-        history.pop(key, None)
-        history[key] = remember(agreed)
+        history[key] = remember(agreed, history.pop(key, None))
     return out
 
 
@@ -173,7 +148,35 @@ def report(records) -> None:
         for d in sorted(rel_all)))
 
 
-RULES = ((1, 4), (2, 4), (2, 5), (3, 6))     # (headroom, slack) replayed by --recorded
+# (depth, headroom, slack) replayed by --recorded: the rule before 2026-11-27 and others
+RULES = ((1, 2, 4), (1, 2, 5), (1, 3, 6), (1, 4, 8), (3, 2, 6), (4, 2, 7),
+         (quantize.DEPTH, quantize.HEADROOM, quantize.SLACK))
+BEFORE = (1, 2, 5)
+
+
+def measured_error(data, workers: int, values: int, calls: int) -> float:
+    """The current rule's largest error, over every element of ``calls`` replayed calls,
+    as a share of its bound in terms of the block's maximum (n * 2**(E_max + SLACK -
+    b - 1)): the worker's own quantize/settle/dequantize against a float64 sum."""
+    from innet_aggregation.testbed import gradients
+
+    length = len(gradients.MODELS) * gradients.PIECES * gradients.PIECE
+    history, worst = None, 0.0
+    for c in range(calls):
+        inputs = [gradients.replay(data, length, c, w).reshape(-1, values)
+                  for w in range(workers)]
+        own = [quantize.block_exponents(x) for x in inputs]
+        agreed = np.max(own, axis=0).astype(np.int64)
+        _, scale = quantize.settle(quantize.speculate(history, len(agreed)), agreed)
+        total = np.sum([quantize.quantize(x, e, scale, workers).astype(np.int64)
+                        for x, e in zip(inputs, own)], axis=0)
+        result = quantize.dequantize(total, scale, workers, average=False, dtype=np.float64)
+        exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+        bound = quantize.error_bound(agreed + quantize.SLACK, workers, average=False)
+        live = agreed != EXPONENT_OF_ZERO
+        worst = max(worst, float((np.abs(result - exact)[live] / bound[live, None]).max()))
+        history = quantize.remember(agreed, history)
+    return worst
 
 
 def recorded(out) -> None:
@@ -182,25 +185,39 @@ def recorded(out) -> None:
 
     data = gradients.load()
     rows = []
+    calls = 2 * data.kept_steps - 1
     print(f"recorded gradients, steps {data.steps['mlp'][0]}-{data.steps['mlp'][-1]} of "
           f"{data.total_steps}, played forwards and back; blocks redone after the first "
-          f"call's probes (rose above the scale / fell more than slack below it)")
-    print(f"{'n':>3} {'values':>6} " + " ".join(
-        f"{f'headroom {h}, slack {s}':>24}" for h, s in RULES)
-        + f"   (now: headroom {quantize.HEADROOM}, slack {quantize.SLACK})")
+          f"call's probes (rose above the scale / fell more than slack below it). A rule: "
+          f"the largest agreed maximum of the last `depth` calls + headroom; kept if at "
+          f"most `slack` above the maximum")
+    now = (quantize.DEPTH, quantize.HEADROOM, quantize.SLACK)
+    names = ["{}/+{}/{}".format(*rule)
+             + (" before" if rule == BEFORE else " now" if rule == now else "") for rule in RULES]
+    print("rules as depth/+headroom/slack")
+    print(f"{'n':>3} {'values':>6} " + " ".join(f"{name:>18}" for name in names)
+          + "   worst error / bound now")
     for n in (4, 8, 16):
         for k in (64, 256, 1024):
-            agreed = gradients.agreed_exponents(data, n, k, 2 * data.kept_steps - 1)
-            shares = [gradients.redone_share(agreed, h, s) for h, s in RULES]
-            rows += [dict(r, workers=n, values=k, headroom=h, slack=s,
-                          precision_bits=quantize.scale_bits(n) - s)
-                     for r, (h, s) in zip(shares, RULES)]
+            agreed = gradients.agreed_exponents(data, n, k, calls)
+            shares = [gradients.redone_share(agreed, *rule) for rule in RULES]
+            error = measured_error(data, n, k, calls)
+            rows += [dict(r, workers=n, values=k, **dict(zip(("depth", "headroom", "slack"), rule)),
+                          precision_bits=quantize.scale_bits(n) - rule[2], now=rule == now,
+                          before=rule == BEFORE)
+                     for r, rule in zip(shares, RULES)]
+            rows[-1]["error_of_bound"] = error
             print(f"{n:>3} {k:>6} " + " ".join(
-                f"{r['redone']:>7.1%} ({r['rose']:.1%}/{r['fell']:.1%})".rjust(24)
-                for r in shares))
+                f"{r['redone']:>6.2%} ({r['rose']:.1%}/{r['fell']:.1%})".rjust(18)
+                for r in shares) + f"   {error:.3f}")
+    print("mean bits a kept block's scale is above its maximum (the typical precision "
+          "given up), n = 4, 8, 16: " + "; ".join(
+              f"{name.split()[0]}: " + ", ".join(
+                  f"{np.mean([r['waste'] for r in rows[i::len(RULES)] if r['workers'] == n]):.2f}"
+                  for n in (4, 8, 16)) for i, name in enumerate(names)))
     print("precision kept (b - slack bits below a block's maximum), n = 4, 8, 16: " + "; ".join(
         f"slack {s}: " + ", ".join(str(quantize.scale_bits(n) - s) for n in (4, 8, 16))
-        for s in sorted({s for _, s in RULES})))
+        for s in sorted({s for _, _, s in RULES})))
     print("workers beyond the 4 recorded ranks replay them a step later (testbed.gradients): "
           "their maximum moves less than 16 real ranks' might")
     print(f"wrote {record.write('bench-exponents', {'rules': rows}, out=out)}")
@@ -215,7 +232,8 @@ def main() -> None:
     parser.add_argument("--load", help="replay exponents recorded before instead of training")
     parser.add_argument("--recorded", action="store_true",
                         help="replay the committed recorded gradients under several rules")
-    parser.add_argument("--out", default="results/exponents", help="--recorded's JSON record")
+    parser.add_argument("--out", type=Path, default=Path("results/exponents"),
+                        help="--recorded's JSON record")
     args = parser.parse_args()
     if args.recorded:
         return recorded(args.out)

@@ -27,6 +27,7 @@ to the first), both models' pieces one after the other, repeated to the call's s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
@@ -151,20 +152,25 @@ def agreed_exponents(recorded: Recorded, workers: int, values: int, calls: int) 
                     for w in range(workers)], axis=0) for c in range(calls)]
 
 
-def redone_share(agreed: list, headroom: int, slack: int) -> dict:
-    """Speculation replayed on ``agreed`` (quantize.speculate, usable) with this
-    headroom and slack: the share of blocks redone after the first call's probes,
-    and which side missed (rose above the scale, fell more than ``slack`` below)."""
+def redone_share(agreed: list, depth: int, headroom: int, slack: int) -> dict:
+    """Speculation replayed on ``agreed`` (quantize.speculate, usable, remember) with
+    this depth, headroom and slack: the share of blocks redone after the first call's
+    probes, which side missed (rose above the scale, fell more than ``slack`` below),
+    and the kept blocks' mean scale above their maximum (``waste``, bits)."""
     from innet_aggregation.worker import quantize
     redone = rose = total = 0
-    for last, now in zip(agreed, agreed[1:]):
-        scale = quantize.speculate(last, len(last), headroom)
+    waste = []
+    history = quantize.remember(agreed[0], None, depth)
+    for now in agreed[1:]:
+        scale = quantize.speculate(history, len(now), headroom)
         keep = quantize.usable(scale, now, slack)
         redone += int((~keep).sum())
         rose += int((~keep & (now > scale)).sum())
         total += len(keep)
+        waste.append((scale - now)[keep & (now != quantize.EXPONENT_OF_ZERO)])
+        history = quantize.remember(now, history, depth)
     return {"redone": redone / total, "rose": rose / total, "fell": (redone - rose) / total,
-            "blocks": total}
+            "waste": float(np.concatenate(waste).mean()), "blocks": total}
 
 
 # Recording --------------------------------------------------------------------------
@@ -180,36 +186,48 @@ def cnn():
                          nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def _rank(rank: int, world: int, port: int, model_name: str, steps: int, queue) -> None:
+@contextlib.contextmanager
+def ddp_group(rank: int, world: int, port: int):
+    """A gloo process group over loopback for the block, left together: every rank
+    waits at a barrier before tearing it down, so that none closes its connections
+    while another still uses them."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    yield
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train_ddp(rank: int, world: int, model, optimizer, steps: int, record,
+              bucket_cap_mb: float | None = None) -> None:
+    """Train ``model`` (built alike on every rank) with DDP on scikit-learn's digits,
+    32 samples a rank a step, in a ``ddp_group``. Every bucket DDP reduces is shown
+    to ``record(step, bucket)`` first (the ranks' own gradients; the hook then takes
+    their mean through gloo). ``optimizer`` makes the optimizer from the parameters."""
     import torch
     import torch.distributed as dist
     from sklearn.datasets import load_digits
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .train import mlp
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
     x, y = load_digits(return_X_y=True)
     order = np.random.default_rng(0).permutation(len(x))
     x = torch.tensor(x[order] / 16.0, dtype=torch.float32)[len(x) // 5:][rank::world]
     y = torch.tensor(y[order], dtype=torch.long)[len(y) // 5:][rank::world]
-    torch.manual_seed(0)
-    model = mlp([1024, 1024]) if model_name == "mlp" else cnn()
-    ddp = DDP(model)
-    kept: dict[int, dict[int, np.ndarray]] = {}
+    ddp = DDP(model) if bucket_cap_mb is None else DDP(model, bucket_cap_mb=bucket_cap_mb)
     step = 0
 
     def hook(_, bucket):
-        if step >= steps - KEPT_STEPS:
-            kept.setdefault(step, {})[bucket.index()] = bucket.buffer().detach().numpy().copy()
+        record(step, bucket)
         bucket.buffer().div_(world)
         return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
             lambda f: f.value()[0])
 
     ddp.register_comm_hook(None, hook)
-    optimizer = torch.optim.Adam(ddp.parameters(), lr=0.001)
+    optimize = optimizer(ddp.parameters())
     batch, per_epoch = 32, len(x) // 32
     while step < steps:
         perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(step // per_epoch))
@@ -217,27 +235,59 @@ def _rank(rank: int, world: int, port: int, model_name: str, steps: int, queue) 
             if step == steps:
                 break
             idx = perm[i * batch:(i + 1) * batch]
-            optimizer.zero_grad()
+            optimize.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx]).backward()
-            optimizer.step()
+            optimize.step()
             step += 1
-    flat = {s: np.concatenate([b[i] for i in sorted(b)]) for s, b in kept.items()}
-    queue.put((rank, flat))
-    dist.destroy_process_group()
 
 
-def record(model: str, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(kept steps, RANKS, PIECES * PIECE) float32 gradients, the steps, the parameters."""
+def _rank(rank: int, world: int, port: int, model_name: str, steps: int, queue) -> None:
+    import torch
+
+    from .train import mlp
+
+    kept: dict[int, dict[int, np.ndarray]] = {}
+
+    def record(step, bucket):
+        if step >= steps - KEPT_STEPS:
+            kept.setdefault(step, {})[bucket.index()] = bucket.buffer().detach().numpy().copy()
+
+    with ddp_group(rank, world, port):
+        torch.manual_seed(0)
+        model = mlp([1024, 1024]) if model_name == "mlp" else cnn()
+        train_ddp(rank, world, model, lambda p: torch.optim.Adam(p, lr=0.001), steps, record)
+        flat = {s: np.concatenate([b[i] for i in sorted(b)]) for s, b in kept.items()}
+        queue.put((rank, flat))
+
+
+def run_ranks(target, world: int, *args) -> list:
+    """Each rank's result, in rank order: ``target(rank, world, port, *args, queue)`` in
+    ``world`` spawned processes, each putting ``(rank, result)`` on the queue. A rank
+    that dies ends the wait with its exit (torch's ProcessExitedException)."""
+    import queue as queues
+
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    queue = mp.get_context("spawn").SimpleQueue()
-    ctx = mp.start_processes(_rank, args=(RANKS, port, model, steps, queue), nprocs=RANKS,
+    queue = mp.get_context("spawn").Queue()
+    ctx = mp.start_processes(target, args=(world, port, *args, queue), nprocs=world,
                              join=False, start_method="spawn")
-    by_rank = dict(queue.get() for _ in range(RANKS))
+    results: dict = {}
+    while len(results) < world:
+        try:
+            rank, result = queue.get(timeout=1)
+            results[rank] = result
+        except queues.Empty:
+            ctx.join(timeout=0)
     ctx.join()
+    return [results[rank] for rank in range(world)]
+
+
+def record(model: str, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(kept steps, RANKS, PIECES * PIECE) float32 gradients, the steps, the parameters."""
+    by_rank = run_ranks(_rank, RANKS, model, steps)
     kept = sorted(by_rank[0])
     parameters = len(by_rank[0][kept[0]])
     offsets = piece_offsets(parameters)

@@ -54,7 +54,7 @@ from innet_aggregation.switch_ctl import jobfile
 INPUT_RANGE = 1000  # |input| <= 1000: exact in float32 and in the switch's fixed point
 # A result is right when every element is within n * 2**(E - TOLERANCE_BITS) of the
 # float64 sum, E its block's largest exponent over the workers: for n <= 32 the
-# switch's bound is n * 2**(E - 22) (quantize: S <= E + SLACK, b >= 26), gloo's float32
+# switch's bound is n * 2**(E - 20) (quantize: S <= E + SLACK, b >= 26), gloo's float32
 # sums' n * 2**(E - 19); a lost or doubled contribution is off by about 2**(E - 1).
 TOLERANCE_BITS = 18
 

@@ -4,12 +4,13 @@ One block is the values of one packet. Each worker computes its block exponent
 ``E`` (the smallest integer with ``max|x| < 2**E``, read from the float32 bits
 like SwitchML's quantizer) and sends it with the block; the switch returns the
 maximum ``E_max`` over the workers. Every worker quantizes a block with the same
-scale exponent ``S``, chosen before ``E_max`` is known (``speculate``: the
-maximum the same call agreed on last time, plus ``HEADROOM`` = 2), and keeps the
-result only if ``E_max <= S <= E_max + SLACK`` (``usable``, ``SLACK`` = 5);
-otherwise every worker redoes the block with ``S = E_max``, a round trip more. So
-a block is kept when its maximum rose by at most 2 bits or fell by at most 3 since
-the call's last time (the speculation's comment below says why). A kept block was
+scale exponent ``S``, chosen before ``E_max`` is known (``speculate``: the largest
+of the maxima the same call agreed on its last ``DEPTH`` = 3 times, plus
+``HEADROOM`` = 2), and keeps the result only if ``E_max <= S <= E_max + SLACK``
+(``usable``, ``SLACK`` = 7); otherwise every worker redoes the block with
+``S = E_max``, a round trip more. So a block is kept when its maximum rose by at
+most 2 bits above those last three, or fell by at most 5 below the largest of them
+(the speculation's comment below says why). A kept block was
 never clipped, and:
 
     b = 31 - ceil(log2 n)                 # n workers; n * (2**b - 1) < 2**31
@@ -22,16 +23,18 @@ Error bound, per element: each worker's rint is off by at most half a unit of
 
     |y - sum_i x_i| <= n * 2**(S - b - 1)          (divided by n for the mean)
 
-with ``S <= E_max + SLACK``, plus the final rounding to the output dtype (half an
-ulp for float32 and float16; for bfloat16 the float32 -> bfloat16 step adds
-another half ulp). In bits: a worker's values are rounded to a step of
-``2**(S - b) <= 2**(E_max - (b - SLACK))``, ``b - SLACK`` bits below the block's
-``2**E_max``: 24 for 4 workers (25 for 2, 21 for 32), where float32's 24-bit
-mantissa gives the block's largest value a step of ``2**(E_max - 24)``. Each bit
-more of ``SLACK`` would cost one of them; ``HEADROOM`` costs none of the bound (a
-typical kept block uses ``HEADROOM`` of the ``SLACK`` bits allowed). The reference
-is the float64 sum of the float32-rounded inputs (float16/bfloat16 inputs are exact
-in float32; float64 inputs are rounded to float32 first).
+with ``S <= E_max + SLACK``: at most ``n * 2**(E_max + SLACK - b - 1)``, which is
+``2**(E_max - 21)`` for 4 workers and ``2**(E_max - 19)`` for 8; plus the final
+rounding to the output dtype (half an ulp for float32 and float16; for bfloat16 the
+float32 -> bfloat16 step adds another half ulp). In bits: a worker's values are
+rounded to a step of ``2**(S - b) <= 2**(E_max - (b - SLACK))``, ``b - SLACK`` bits
+below the block's ``2**E_max``: 22 for 4 workers (23 for 2, 19 for 32), where
+float32's 24-bit mantissa gives the block's largest value a step of
+``2**(E_max - 24)``. Each bit more of ``SLACK`` would cost one of them; ``HEADROOM``
+and ``DEPTH`` cost none of the bound (a typical kept block uses 2.2-2.8 of the
+``SLACK`` bits allowed). The reference is the float64 sum of the float32-rounded
+inputs (float16/bfloat16 inputs are exact in float32; float64 inputs are rounded
+to float32 first).
 
 Policy for values the format cannot carry (NaN, Inf, or a magnitude of 2**126 or
 more): such a block is sent with the reserved exponent ``POISON_EXPONENT`` (127)
@@ -265,41 +268,50 @@ def error_bound(scale: np.ndarray, num_workers: int, *, average: bool) -> np.nda
 
 # Speculation: the scale a block is quantized with before the switch has said what
 # the workers' maximum is. Every worker computes the same scale from what all of
-# them received identically (the maxima the same call agreed on last time), so
-# no bootstrap round is needed; the result's maximum says whether it is usable.
-# DDP's gradients (benchmarks/bench_exponents.py, the demo's 1.13 M-parameter MLP, 4
-# workers): a block's agreed exponent changes by 0 in 46 % of steps, by 1 either way
-# in 46 %, by 2 in 7 % and by 3 in 0.6 %. With HEADROOM 2 the kept window
-# [last - 2, last + 2] takes all but the changes by 3: 0.6 % of the blocks redone,
-# against 3.1 % with HEADROOM 1 (the +2 rises). Late in training the gradients are
-# noisier: on the recorded ones (testbed.gradients, steps 284-299 of 300 of that MLP
-# and a small CNN; `bench_exponents --recorded`), 4 workers, a SLACK of 4 redid
-# 8.2 % of 256-value blocks (4.1 % rises by 3 or more, 4.1 % falls by 3 or more);
-# a SLACK of 5 keeps the falls by 3: 5.6 % (3.8 % against 5.8 % at 1,024 values),
-# for one bit of the bound (b - SLACK: 24 bits below a block's maximum for 4
-# workers, float32's mantissa). A falling block loses only precision, never a
-# value, so that bit buys back a round trip on a third of the misses; HEADROOM 3
-# with SLACK 6 would halve them again at a second bit.
-HEADROOM = 2     # bits above last call's maximum
-SLACK = 5        # most bits a usable scale may exceed the true maximum by (precision)
+# them received identically (the maxima the same call agreed on its last ``DEPTH``
+# times), so no bootstrap round is needed; the result's maximum says whether it is
+# usable. A block's maximum wanders about a level of its own, mostly dipping below
+# it for a call or two, so the largest of the last three maxima predicts the next
+# rise better than the last one alone, and the dips are what SLACK must keep.
+# Measured on the recorded gradients (testbed.gradients: the demo's 1.13 M-parameter
+# MLP and a small CNN, steps 284-299 of 300; `python -m benchmarks.bench_exponents
+# --recorded`, blocks of 64/256/1,024 values, 4/8/16 workers), blocks redone:
+#   last + 2, SLACK 5 (before 2026-11-27):   3.8-5.6 % for 4 workers, 1.2-1.5 % for 8
+#   largest of last 3 + 2, SLACK 6:          0.3-1.0 % for 4, 0.3 % for 8
+#   largest of last 3 + 2, SLACK 7 (now):    0.3-0.6 % for 4, 0.3 % for 8, 0.1-0.2 % for 16
+#   last + 4, SLACK 8:                       0.0-0.9 % for 4 (4.0 bits typical, 3 of the bound)
+# A kept block's scale is, on average, 2.7-2.8 bits above its maximum for 4 workers
+# (2.1 before), 2.4 for 8 (2.0), 2.2 for 16 (2.0): the typical cost. The bound's cost
+# is SLACK, 2 bits more than before (b - 7 bits below a block's maximum: 22 for 4
+# workers). The same run quantizes the recorded calls
+# for real: the worst element's error is 0.25 of the bound stated above (4 workers).
+# DDP's early training (`bench_exponents --model large --workers 4 --steps 40`,
+# replayed with --load): 0.53 % of the blocks after the first call's probes redone,
+# against 0.72 % before.
+HEADROOM = 2     # bits above the largest remembered maximum
+DEPTH = 3        # calls whose agreed maxima are remembered per block
+SLACK = 7        # most bits a usable scale may exceed the true maximum by (precision)
 PROBE_EXPONENT = MAX_EXPONENT   # no history: quantize at the top; the block is redone
+_UNKNOWN = PROBE_EXPONENT - HEADROOM   # remembered for a block without information
 
 
 def speculate(previous: np.ndarray | None, num_blocks: int,
               headroom: int = HEADROOM) -> np.ndarray:
     """Scale exponents for a call of ``num_blocks`` blocks, from the maxima the same
-    call agreed on last time (``PROBE_EXPONENT`` everywhere without one)."""
+    call agreed on its last times (``remember``; ``PROBE_EXPONENT`` everywhere
+    without any): the largest of them, plus ``headroom``."""
     if previous is None:
         return np.full(num_blocks, PROBE_EXPONENT, dtype=np.int64)
-    return np.minimum(np.asarray(previous, dtype=np.int64) + headroom, MAX_EXPONENT)
+    largest = np.asarray(previous).max(axis=0).astype(np.int64)
+    return np.minimum(largest + headroom, MAX_EXPONENT)
 
 
 def resized(previous: np.ndarray, num_blocks: int) -> np.ndarray:
     """A call's remembered maxima for a call of ``num_blocks`` blocks: cut, or with the
     blocks beyond them probed."""
-    out = np.full(num_blocks, PROBE_EXPONENT - HEADROOM, dtype=np.int8)
-    kept = min(num_blocks, len(previous))
-    out[:kept] = previous[:kept]
+    out = np.full((len(previous), num_blocks), _UNKNOWN, dtype=np.int8)
+    kept = min(num_blocks, previous.shape[1])
+    out[:, :kept] = previous[:, :kept]
     return out
 
 
@@ -323,8 +335,16 @@ def settle(scale: np.ndarray, agreed: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return keep, np.where(keep & (agreed != POISON_EXPONENT), scale, agreed)
 
 
-def remember(agreed: np.ndarray) -> np.ndarray:
-    """What the call's next time predicts from: the agreed maxima (int8, as on the
-    wire), with poisoned blocks (no information) probed again."""
+def remember(agreed: np.ndarray, previous: np.ndarray | None,
+             depth: int = DEPTH) -> np.ndarray:
+    """What the call's next time predicts from: the agreed maxima of its last ``depth``
+    times (int8 rows as on the wire, oldest first), ``agreed`` after ``previous``,
+    the call's own (None for a call new to the history, even where it predicted from
+    another's, which would linger). A poisoned block (no information) is probed next
+    time; then its probe's maximum replaces the poison in the older rows."""
     agreed = np.asarray(agreed)
-    return np.where(agreed == POISON_EXPONENT, PROBE_EXPONENT - HEADROOM, agreed).astype(np.int8)
+    newest = np.where(agreed == POISON_EXPONENT, _UNKNOWN, agreed).astype(np.int8)[None]
+    if previous is None:
+        return newest
+    rows = np.concatenate([previous[max(len(previous) - depth + 1, 0):], newest])
+    return np.where(rows == _UNKNOWN, newest, rows)

@@ -8,7 +8,7 @@ float32 blocks) in C where it can be compiled (``fastpath``), the rest here.
 
 **Exponents without a bootstrap round.** A packet carries its own block exponent,
 and its values are quantized with a scale exponent ``S`` that every worker derives
-identically from the maxima the same call agreed on last time (``history_key``:
+identically from the maxima the same call agreed on its last few times (``history_key``:
 its place in the step; ``quantize.speculate``; a named call of a new size starts
 from its name's last, ``same_name``; a call with no history probes). The result
 returns the switch's maximum; where it shows the scale was too small (some worker's values
@@ -355,7 +355,7 @@ class Transport:
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
         self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
-        self.history: dict[tuple, np.ndarray] = {}  # history_key -> last agreed maxima
+        self.history: dict[tuple, np.ndarray] = {}  # history_key -> its last agreed maxima (quantize.remember)
         self.run = (0, 0)                           # last call's (elements, place in its run)
         self.epoch: int | None = None               # set by start()
         self.calls = 0                              # calls issued, the empty ones included
@@ -525,8 +525,8 @@ class Transport:
             whole = int(np.count_nonzero(chunks < len(blocks.whole)))
             self.stats.carried_values += (whole * blocks.whole.shape[1] + (len(chunks) - whole)
                                           * (blocks.flat.size - blocks.whole.size))
-        self.history.pop(key, None)        # most recent last; the oldest call goes first
-        self.history[key] = quantize.remember(agreed)
+        # Most recent last; the oldest call goes first.
+        self.history[key] = quantize.remember(agreed, self.history.pop(key, None))
         if len(self.history) > HISTORY_CALLS:
             del self.history[next(iter(self.history))]
         return scale

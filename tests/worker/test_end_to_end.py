@@ -20,12 +20,12 @@ from innet_aggregation.worker.run import as_float32, make_inputs
 
 # The error bound of docs/how-it-works/quantization.md, written out: n workers quantize to b = 31 -
 # ceil(log2 n) bits below a block's scale 2**S, each rounding once (half a step of
-# 2**(S - b)), and a result is kept only if S <= E_max + 5, where 2**E_max bounds the
+# 2**(S - b)), and a result is kept only if S <= E_max + 7, where 2**E_max bounds the
 # block's largest input over all workers. So per element
-#     |result - exact sum| <= n * 2**(E_max + 5 - b - 1)      (/ n for the mean)
-# plus the final rounding to the output dtype: for 8 workers 2**-21 of 2**E_max,
-# for 2 workers 2**-25.
-SLACK_BITS = 5
+#     |result - exact sum| <= n * 2**(E_max + 7 - b - 1)      (/ n for the mean)
+# plus the final rounding to the output dtype: for 8 workers 2**-19 of 2**E_max,
+# for 2 workers 2**-23.
+SLACK_BITS = 7
 
 
 def quantization_bound(n: int, block_exponent: np.ndarray) -> np.ndarray:
