@@ -2,9 +2,12 @@
 
 Every table, plot and sentence with a measured figure in the docs (and the README's
 one figure) is written here from a record (innet_aggregation/testbed/record.py
-writes them; docs/results/ holds the ones the docs quote), so no figure is typed by
-hand: tests/docs/test_results.py renders again and fails when the committed output
-differs.
+writes them; docs/results/ holds the ones the docs quote) or from the build output
+it comes from (the Tofino resource summary), so no figure is typed by hand:
+tests/docs/test_docs.py renders again and fails when the committed output differs.
+A figure inside a page's prose is a named one between markers, rewritten in place:
+
+    <!-- fig:demo-redone-share -->1.5%<!-- /fig -->
 
     python tools/render_results.py            # rewrite docs/generated/ and README's block
     python tools/render_results.py --check    # exit 1, naming what differs
@@ -23,6 +26,8 @@ RECORDS = REPO / "docs" / "results"
 OUT = REPO / "docs" / "generated"
 README = REPO / "README.md"
 BEGIN, END = "<!-- results:switch-vs-ring:begin -->", "<!-- results:switch-vs-ring:end -->"
+FIGURE = re.compile(r"<!-- fig:([a-z0-9-]+) -->(.*?)<!-- /fig -->", re.S)
+TOFINO = REPO / "innet_aggregation" / "p4src" / "tna" / "build" / "aggregation.resources.txt"
 WITHIN = 1.10          # "within 10 % of the limit", the goal bench-allreduce reports against
 README_VALUES = 1024   # the packet size the README's figure shows: the testbeds' default
 README_SIZE = 262144   # and the tensor, in float32 values: 1 MiB, the sweep's default
@@ -577,6 +582,88 @@ def p4c_samples(r: dict) -> dict[str, str]:
                      "wrong packets where BMv2 passes"], rows)}
 
 
+# -- the Tofino build: bf-p4c's resource summary, as tools/tofino_resources.py wrote it --
+
+REGISTERS = {"bitmap_checker.bitmaps": "bitmap", "contribution_counter.counts": "count",
+             "exponent_max.exponents": "exponent", "fingerprint_sum.fingerprints": "fingerprint sum"}
+# What a stage is for, by the tables of note placed in it (a name, or a prefix of
+# p4c's generated ones), in the order the stage table names them.
+ROLES = {"job_lookup.jobs": "lookups: jobs, slot_range, senders, loss probability, side by side",
+         "arp_responder.arp_table": "ARP", "tbl_drop_simulator": "the loss draw",
+         "l2_forwarding.mac_table": "L2",
+         "bitmap_checker.check_and_mark": "the checks and the bitmap: one table, `check_and_mark`",
+         "tbl_contribution_counter": "`done`", "next_step_selector.next_step": "NextStepSelector",
+         "send": "`send`: result to the recirculation port, WAITING reply to its sender, or drop"}
+
+
+def shown(path: Path) -> Path:
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
+def tofino_summary(text: str) -> tuple[dict[str, str], list[tuple[int, list[str], list[str]]]]:
+    """The summary's totals ("stateful ALUs": "36 of 48") and, per stage, its stateful
+    ALUs' registers and its tables."""
+    totals = dict(re.findall(r"^(\w[\w -]*?): (\d+ of \d+)", text, re.M))
+    stages = [(int(n), [] if regs == "-" else regs.split(", "), tables.split(", "))
+              for n, regs, tables in re.findall(r"^ *(\d+): \d+ \(([^)]*)\) \| (.*)$", text, re.M)]
+    if not totals or not stages:
+        raise SystemExit(f"{shown(TOFINO)}: no totals or stages (tools/tofino_resources.py)")
+    return totals, stages
+
+
+def alus(registers: list[str]) -> str:
+    named = [REGISTERS.get(r, r) for r in registers if not r.startswith("value_aggregator.")]
+    pairs = len(registers) - len(named)
+    return ", ".join(named + ([f"{pairs} pair{'s' * (pairs > 1)}"] if pairs else [])) or "-"
+
+
+def tofino_stages(text: str) -> dict[str, str]:
+    _, stages = tofino_summary(text)
+
+    def placed(name: str, tables: list[str]) -> bool:
+        return any(t == name or (name.startswith("tbl_") and t.startswith(name)) for t in tables)
+    rows = [[n, alus(regs), "; ".join(role for name, role in ROLES.items() if placed(name, tables))]
+            for n, regs, tables in stages]
+    return {"tofino_stages.md": f"*From `{shown(TOFINO)}`.*\n\n"
+            + table(["Stage", "Stateful ALUs", "What"], rows)}
+
+
+# -- figures inside a page's prose --------------------------------------------------
+
+def pages() -> list[Path]:
+    """The pages that may hold a named figure: the site's (its generated ones aside)
+    and the folder READMEs."""
+    return sorted([p for p in (REPO / "docs").rglob("*.md") if OUT not in p.parents]
+                  + list((REPO / "innet_aggregation").rglob("README.md")))
+
+
+def inline_figures() -> dict[str, str]:
+    """Every named figure, as the pages show it, from its record or build output."""
+    demo_small = demo_figures(load("demo-small"))
+    totals, _ = tofino_summary(TOFINO.read_text())
+    return {
+        # probes and redone blocks over all aggregation packets, the first step's included
+        "demo-redone-share": f"{demo_small.get('first_run', demo_small)['redone_share']:.1%}",
+        "tofino-stages": totals["stages used"],
+        "tofino-alus": totals["stateful ALUs"],
+        "tofino-resources": f"{totals['stateful ALUs']} stateful ALUs, {totals['SRAM blocks']} "
+                            f"SRAM blocks, {totals['TCAM blocks']} TCAM blocks",
+    }
+
+
+def with_figures(text: str, figures: dict[str, str], page: str) -> str:
+    if re.search(r"^[ \t]*<!-- fig:", text, re.M):
+        raise SystemExit(f"{page}: a figure's marker starts a line, where Markdown takes it for "
+                         f"a block of HTML that ends the paragraph: put a word before it")
+
+    def one(m: re.Match) -> str:
+        if m[1] not in figures:
+            raise SystemExit(f"{page}: <!-- fig:{m[1]} --> names no figure of "
+                             f"tools/render_results.py's inline_figures(): {sorted(figures)}")
+        return f"<!-- fig:{m[1]} -->{figures[m[1]]}<!-- /fig -->"
+    return FIGURE.sub(one, text)
+
+
 def render() -> dict[str, str]:
     """Every generated file's text, by name under docs/generated/."""
     out = {}
@@ -589,6 +676,7 @@ def render() -> dict[str, str]:
     out.update(loss(load("loss-experiment")))
     out.update(fuzz(load("fuzz")))
     out.update(p4c_samples(load("p4c-samples")))
+    out.update(tofino_stages(TOFINO.read_text()))
     return out
 
 
@@ -631,16 +719,28 @@ def main(argv: list[str] | None = None) -> int:
     readme = README.read_text()
     if readme_with_block(readme) != readme:
         stale.append("README.md")
+    figures = inline_figures()
+    rewritten = {}
+    for page in pages():
+        text = page.read_text()
+        new = with_figures(text, figures, str(page.relative_to(REPO)))
+        if new != text:
+            rewritten[page] = new
+            stale.append(str(page.relative_to(REPO)))
     if args.check:
         for name in stale:
-            print(f"{name}: differs from its record in docs/results/ (python tools/render_results.py)")
+            print(f"{name}: differs from its record in docs/results/ or its build output "
+                  f"(python tools/render_results.py)")
         return 1 if stale else 0
     OUT.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (OUT / name).write_text(text)
     plots = plot_all()
     README.write_text(readme_with_block(readme))
-    print(f"wrote {len(files)} files and {len(plots)} plots in {OUT.relative_to(REPO)}, README's figure")
+    for page, text in rewritten.items():
+        page.write_text(text)
+    print(f"wrote {len(files)} files and {len(plots)} plots in {OUT.relative_to(REPO)}, README's "
+          f"figure, and the figures in {len(rewritten)} pages")
     return 0
 
 

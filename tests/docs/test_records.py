@@ -109,3 +109,19 @@ def test_the_p4c_samples_record_counts_against_what_bmv2_passes():
     assert "| softswitch | 2 | 1 |" in render_results.p4c_samples(
         {"experiment": "p4c-samples", "commit": "abcdef0", "date": "d", "machine": {"cpus": 2},
          "load": None, "source": "measured", "figures": f})["p4c_samples.md"]
+
+
+def test_the_tofino_figures_are_the_build_summarys(tmp_path, monkeypatch):
+    """The stage table and the totals the Tofino page shows come from bf-p4c's summary
+    as committed (tools/tofino_resources.py wrote it), and follow it when it changes."""
+    text = render_results.TOFINO.read_text()
+    md = render_results.tofino_stages(text)["tofino_stages.md"]
+    assert "| 2 | bitmap | the checks and the bitmap: one table, `check_and_mark` |" in md
+    assert "| 3 | count, 3 pairs |" in md and "| 11 | exponent, fingerprint sum, 1 pair |" in md
+    summary = tmp_path / "aggregation.resources.txt"
+    summary.write_text(text.replace("stateful ALUs: 36 of 48", "stateful ALUs: 37 of 48")
+                       .replace("   3: 4 (contribution_counter.counts, ", "   3: 4 (bitmap_checker.bitmaps, "))
+    monkeypatch.setattr(render_results, "TOFINO", summary)
+    assert render_results.inline_figures()["tofino-alus"] == "37 of 48"
+    assert "| 3 | bitmap, 3 pairs |" in render_results.render()["tofino_stages.md"]
+    assert render_results.main(["--check"]) == 1
