@@ -41,6 +41,28 @@ def _deadline(deadline_ms: float) -> dict:
     return {"deadline_ms": deadline_ms} if deadline_ms else {}
 
 
+def deadline_missing() -> list[str]:
+    """What this code lacks for bounded-time aggregation: the worker's
+    RetransmitPolicy.deadline and the job's deadline_ms (switch_ctl.config.JobConfig)."""
+    import dataclasses
+
+    from innet_aggregation.switch_ctl.config import JobConfig
+    from innet_aggregation.worker.transport import RetransmitPolicy
+    return [name for name, cls, field in (("RetransmitPolicy.deadline", RetransmitPolicy, "deadline"),
+                                          ("the job's deadline_ms", JobConfig, "deadline_ms"))
+            if field not in {f.name for f in dataclasses.fields(cls)}]
+
+
+def check_deadline(deadline_ms: float, missing: list[str] | None = None) -> None:
+    """Refuse a deadline that cannot be (negative), or that this code cannot run."""
+    if deadline_ms < 0:
+        raise ValueError(f"--deadline-ms must not be negative, not {deadline_ms:g}")
+    missing = deadline_missing() if missing is None else missing
+    if deadline_ms and missing:
+        raise ValueError(f"--deadline-ms {deadline_ms:g}: this code has no bounded-time "
+                         f"aggregation yet ({' and '.join(missing)} missing)")
+
+
 def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf: int,
                      job_id: int = 1, num_slots: int | None = None,
                      udp_port: int = WORKER_UDP_PORT, loss: dict | None = None,

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import os
 import statistics
 import sys
@@ -46,7 +45,7 @@ import numpy as np
 
 from . import record
 from .demo import MODELS
-from .layout import add_program_argument
+from .layout import add_program_argument, deadline_missing
 from .links import check_rate, check_workers
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
@@ -119,16 +118,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds one run may take before the experiment is abandoned")
     return parser
-
-
-def deadline_missing() -> list[str]:
-    """What this code lacks for a deadline: the worker's RetransmitPolicy.deadline and
-    the job's deadline_ms (switch_ctl.config.JobConfig)."""
-    from innet_aggregation.switch_ctl.config import JobConfig
-    from innet_aggregation.worker.transport import RetransmitPolicy
-    return [name for name, cls, field in (("RetransmitPolicy.deadline", RetransmitPolicy, "deadline"),
-                                          ("the job's deadline_ms", JobConfig, "deadline_ms"))
-            if field not in {f.name for f in dataclasses.fields(cls)}]
 
 
 def settle(args, missing: list[str] | None = None) -> argparse.Namespace:

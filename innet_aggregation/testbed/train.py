@@ -175,13 +175,15 @@ class Host:
             self.session.allreduce(tensor)
         counters = self.session.last_call.counters
         return tensor, {"retransmissions": counters.retransmissions,
-                        "packets": counters.packets_sent, "redone": counters.redone}
+                        "packets": counters.packets_sent, "redone": counters.redone,
+                        **{name: getattr(counters, name) for name in DEADLINE_COUNTERS
+                           if hasattr(counters, name)}}
 
     def allreduce(self, cmd: dict) -> dict:
         size, reps, seed = int(cmd["size"]), int(cmd.get("reps", 1)), int(cmd.get("seed", 0))
         backend, data = cmd["backend"], cmd.get("data", "integers")
-        out = {"times": [], "cpu": [], "exact": [], "digests": [], "retransmissions": [],
-               "packets": [], "redone": [], "tx_bytes": [], "tcp_retrans": []}
+        out = {"times": [], "cpu": [], "exact": [], "digests": [], "tx_bytes": [],
+               "tcp_retrans": []}
         for rep in range(reps):
             call = int(cmd.get("first_call", 0)) + rep
             inputs = [self.inputs(size, seed, rep, r, data, call) for r in range(self.world)]
@@ -208,9 +210,8 @@ class Host:
             result = torch.as_tensor(result)
             out["exact"].append(self.correct(result, inputs, data))
             out["digests"].append(hashlib.sha256(result.numpy().tobytes()).hexdigest()[:16])
-            out["retransmissions"].append(stats["retransmissions"])
-            out["packets"].append(stats["packets"])
-            out["redone"].append(stats["redone"])
+            for name, value in stats.items():      # and the deadline's, where counted
+                out.setdefault(name, []).append(value)
             out["tx_bytes"].append(delta["tx_bytes"])
             out["tcp_retrans"].append(delta["tcp_retrans"])
         return out
