@@ -327,6 +327,9 @@ class Host:
                     curve.append((done, stop - started - paused, score))
                     if target is not None and reached["target_steps"] is None and score >= target:
                         reached = {"target_steps": done, "time_to_target_s": curve[-1][1]}
+                        if self.rank == 0:
+                            progress(f"{backend}: test accuracy {score:.3f} after {done} "
+                                     f"steps, {curve[-1][1]:.1f} s on rank 0's clock")
                     paused += time.perf_counter() - stop
                 elif (target is not None and reached["target_steps"] is None
                         and done % eval_every == 0):
