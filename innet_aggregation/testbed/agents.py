@@ -31,11 +31,9 @@ class AgentError(RuntimeError):
 
 
 class HostAgents:
-    def __init__(self, testbed: Testbed, gloo: bool = True, start_timeout: float = 180.0,
-                 deadline_ms: float = 0.0):
+    def __init__(self, testbed: Testbed, gloo: bool = True, start_timeout: float = 180.0):
         self.testbed = testbed
         self.gloo = gloo
-        self.deadline_ms = deadline_ms      # each session's (train.py --deadline-ms)
         self.start_timeout = start_timeout
         self.procs = []
         self.logs: list[Path] = []
@@ -54,8 +52,6 @@ class HostAgents:
                         "--world", str(world), "--master", f"10.0.0.1:{master_port}"]
                 if not self.gloo:
                     argv.append("--no-gloo")
-                if self.deadline_ms:
-                    argv += ["--deadline-ms", f"{self.deadline_ms:g}"]
                 with open(log, "wb") as err:
                     self.procs.append(host.popen(dies_with_parent(argv), stdin=-1, stdout=-1,
                                                  stderr=err, cwd=str(IMPORT_ROOT), env=env))

@@ -86,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
                              "training, then the job's lease revoked; per step the path taken, "
                              "and the accuracy against gloo's (testbed/chaos.py)")
     parser.add_argument("--deadline-ms", type=float, default=0.0,
-                        help="bounded-time aggregation: the job's and every session's deadline "
-                             "(default 0: none); prints what it released")
+                        help="bounded-time aggregation: the job's deadline, the switch's and "
+                             "every session's (default 0: none); prints what it released")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
     add_program_argument(parser)
@@ -128,7 +128,7 @@ def run(args) -> None:
                  deadline_ms=args.deadline_ms) as testbed:
         print("[demo] job installed by the controller; starting one worker process per host "
               "(torch import, gloo rendezvous through the switch)", flush=True)
-        with HostAgents(testbed, deadline_ms=args.deadline_ms) as agents:
+        with HostAgents(testbed) as agents:
             results = {}
             command = {"op": "train", "epochs": args.epochs, "batch": args.batch,
                        "lr": args.lr, "seed": 0, "hidden": list(MODELS[args.model].hidden),

@@ -77,8 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds one allreduce may take before the run is abandoned")
     parser.add_argument("--deadline-ms", type=float, default=0.0,
-                        help="bounded-time aggregation: the job's and every session's deadline "
-                             "(default 0: none); the table adds what it released")
+                        help="bounded-time aggregation: the job's deadline, the switch's and "
+                             "every session's (default 0: none); the table adds what it released")
     return parser
 
 
@@ -123,7 +123,7 @@ def run(args) -> list[dict]:
     with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots, topo=args.topo,
                  leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
                  values_per_packet=args.values, deadline_ms=args.deadline_ms) as testbed, \
-            HostAgents(testbed, gloo=False, deadline_ms=args.deadline_ms) as agents:
+            HostAgents(testbed, gloo=False) as agents:
         values = testbed.program.values_per_packet
         print(f"[loss] {values} values per packet", flush=True)
         lossy = None if args.loss_at == "all" else args.loss_at.split(",")

@@ -45,7 +45,7 @@ import numpy as np
 
 from . import record
 from .demo import MODELS
-from .layout import add_program_argument, deadline_missing
+from .layout import NO_DEADLINE, add_program_argument, deadline_supported
 from .links import check_rate, check_workers
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
@@ -120,9 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settle(args, missing: list[str] | None = None) -> argparse.Namespace:
+def settle(args, supported: bool | None = None) -> argparse.Namespace:
     """Fill in the defaults and refuse what cannot run, before anything starts."""
-    missing = deadline_missing() if missing is None else missing
+    supported = deadline_supported() if supported is None else supported
     if args.epochs is None:
         args.epochs = MODELS[args.model].epochs
     check_workers(args.workers)
@@ -153,16 +153,15 @@ def settle(args, missing: list[str] | None = None) -> argparse.Namespace:
     if args.modes is None:
         # A deadline asked for is refused below where the code has none; the default
         # one is left out there, so that the other modes run.
-        deadline = args.deadline_ms != 0 and (not missing or args.deadline_ms is not None)
+        deadline = args.deadline_ms != 0 and (supported or args.deadline_ms is not None)
         args.modes = [m for m in MODES if deadline or m != "ina+deadline"]
     if not args.modes or set(args.modes) - set(MODES):
         raise ValueError(f"--modes: choose from {', '.join(MODES)}, not {args.modes}")
     if "ina+deadline" in args.modes:
         if args.deadline_ms == 0:
             raise ValueError("--modes ina+deadline needs a deadline: --deadline-ms 0 is none")
-        if missing:
-            raise ValueError(f"ina+deadline: this code has no bounded-time aggregation yet "
-                             f"({' and '.join(missing)} missing): --deadline-ms 0 runs the rest")
+        if not supported:
+            raise ValueError(f"ina+deadline: {NO_DEADLINE}: --deadline-ms 0 runs the rest")
     elif args.deadline_ms:
         raise ValueError(f"--deadline-ms {args.deadline_ms:g}: only the ina+deadline runs have "
                          f"a deadline, and --modes {','.join(args.modes)} has none (not gloo's)")
@@ -303,7 +302,7 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
     if deadline_ms:
         print(f"[straggler] a testbed whose job and sessions have a {deadline_ms:.0f} ms deadline",
               flush=True)
-        with testbed_of(deadline_ms) as testbed, HostAgents(testbed, deadline_ms=deadline_ms) as agents:
+        with testbed_of(deadline_ms) as testbed, HostAgents(testbed) as agents:
             for scenario in args.scenarios:
                 if scenario == "loss":
                     lossy(testbed, True)

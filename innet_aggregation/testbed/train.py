@@ -40,8 +40,8 @@ another at a check: the accuracy against each rank's training time. ``steps`` en
 the run after that many steps; ``straggler`` makes one rank sleep ``ms`` before its
 allreduce (in DDP's first comm hook call of the step) in the steps a generator
 seeded with ``seed`` draws with probability ``p``: the same steps in every run of
-the same length. ``--deadline-ms`` gives the session a bounded-time aggregation
-deadline (RetransmitPolicy.deadline).
+the same length. A bounded-time aggregation deadline, where there is one, is the
+job file's (``[job] deadline_ms``, testbed.layout): the switch's and every session's.
 """
 
 from __future__ import annotations
@@ -115,15 +115,12 @@ def within_bound(result: torch.Tensor, inputs: list[torch.Tensor], values: int) 
 class Host:
     """This host's worker: the switch session and (optionally) the gloo process group."""
 
-    def __init__(self, config_path: str, worker_id: int, world: int, master: str | None,
-                 deadline_ms: float = 0.0):
+    def __init__(self, config_path: str, worker_id: int, world: int, master: str | None):
         self.config = jobfile.load(config_path)
         self.rank = worker_id
         self.world = world
         from innet_aggregation.worker import AggregationSession
-        from innet_aggregation.worker.transport import RetransmitPolicy
-        policy = {"policy": RetransmitPolicy(deadline=deadline_ms / 1000)} if deadline_ms else {}
-        self.session = AggregationSession.from_config(self.config, worker_id, **policy)
+        self.session = AggregationSession.from_config(self.config, worker_id)
         self._ina = None
         self._recorded = None
         if master:
@@ -467,13 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--master", help="host:port of rank 0's gloo store")
     parser.add_argument("--no-gloo", action="store_true", help="no gloo process group")
-    parser.add_argument("--deadline-ms", type=float, default=0.0,
-                        help="the session's bounded-time aggregation deadline (0: none)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
         host = Host(args.config, args.worker_id, args.world,
-                    None if args.no_gloo else args.master, args.deadline_ms)
+                    None if args.no_gloo else args.master)
     except Exception as exc:
         traceback.print_exc()
         send({"error": f"start-up failed: {type(exc).__name__}: {exc}"})

@@ -70,10 +70,10 @@ def test_the_report_prints_every_line_it_promises(ina, capsys):
 def test_a_deadline_is_refused_where_the_code_has_none():
     from innet_aggregation.testbed.layout import check_deadline
     with pytest.raises(ValueError, match=r"--deadline-ms 50: this code has no bounded-time "
-                                         r"aggregation yet \(RetransmitPolicy.deadline missing\)"):
-        check_deadline(50, missing=["RetransmitPolicy.deadline"])
-    check_deadline(0, missing=["RetransmitPolicy.deadline"])
-    check_deadline(50, missing=[])
+                                         r"aggregation yet \(a job has no deadline_ms\)"):
+        check_deadline(50, supported=False)
+    check_deadline(0, supported=False)
+    check_deadline(50, supported=True)
 
 
 def test_the_deadline_line_says_what_was_released():
