@@ -115,8 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     add_program_argument(parser)
     parser.add_argument("--out", type=Path, default=Path("results/straggler"),
                         help="results folder (default results/straggler)")
-    parser.add_argument("--timeout", type=float, default=1800.0,
-                        help="seconds one run may take before the experiment is abandoned")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds one run may take before the experiment is abandoned "
+                             "(default 600: a default run takes 1-3 minutes)")
     return parser
 
 
