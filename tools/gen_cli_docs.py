@@ -29,6 +29,8 @@ COMMANDS = [
     ("demo", "make demo; python -m innet_aggregation.testbed.demo", "innet_aggregation.testbed.demo", "argv"),
     ("loss-experiment", "make loss-experiment; python -m innet_aggregation.testbed.loss_experiment",
      "innet_aggregation.testbed.loss_experiment", "argv"),
+    ("straggler-experiment", "make straggler-experiment; python -m innet_aggregation.testbed.straggler_experiment",
+     "innet_aggregation.testbed.straggler_experiment", "argv"),
     ("bench-allreduce", "make bench-allreduce; python -m innet_aggregation.testbed.baseline_experiment",
      "innet_aggregation.testbed.baseline_experiment", "argv"),
     ("bench-scaling", "make bench-scaling; python -m innet_aggregation.testbed.scaling_experiment",

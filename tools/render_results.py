@@ -548,6 +548,40 @@ def loss(r: dict) -> dict[str, str]:
     return {"loss.md": md}
 
 
+def straggler(r: dict | None) -> dict[str, str]:
+    """The straggler experiment's runs (testbed.straggler_experiment), or a line saying
+    that no record is committed yet."""
+    if r is None:
+        return {"straggler.md": "*Not measured yet: no record in "
+                                "`docs/results/straggler-experiment.json`.*\n"}
+    f, p = r["figures"], r["params"]
+
+    def pct(value):
+        return "-" if value is None else f"{value:.2f} %"
+    body = [[x["scenario"], x["mode"], x["steps"], x["slept"],
+             "not reached" if x["time_to_target_s"] is None else f"{x['time_to_target_s']:.1f}",
+             "-" if x["first_to_target_s"] is None else f"{x['first_to_target_s']:.1f}",
+             f"{x['accuracy']:.3f}", f"{x['step_p50_ms']:.0f}", f"{x['step_p90_ms']:.0f}",
+             f"{x['step_p99_ms']:.0f}", pct(x["released_pct"]), pct(x["late_pct"]),
+             pct(x["carried_pct"]), x["switch_drops"]] for x in f["runs"]]
+    goals = {"straggler_time_ratio": "time to accuracy with the deadline over without (goal: at most 0.6)",
+             "straggler_accuracy_points": "final accuracy with the deadline minus the reference's, "
+                                          "points (goal: within 0.5)",
+             "loss_p99_ratio": "step p99 with loss and the deadline over the reference's (goal: at most 1.2)"}
+    lines = "".join(f"- {goals[k]}: {v:.2f}\n" for k, v in f["ratios"].items())
+    deadline = f"{f['deadline_ms']:.0f} ms deadline" if f["deadline_ms"] else "no deadline runs"
+    md = (provenance(r) + f"\n{p.get('workers')} workers, {p.get('model')} model, "
+          f"{rate(p.get('bw'))}{' Mbit/s' if p.get('bw') else ''} links, "
+          f"{f['values_per_packet']} values per packet; median "
+          f"warm-up step {f['warmup_step_ms']:.0f} ms; rank {f['straggler_rank']} sleeps "
+          f"{f['sleep_ms']:.0f} ms in {p.get('p'):.0%} of its steps; {p.get('loss_pct'):g} % "
+          f"loss on its port; {deadline}.\n\n"
+          + table(["scenario", "mode", "steps", "slept", f"s to {p.get('accuracy'):.0%}", "first s",
+                   "accuracy", "p50 ms", "p90 ms", "p99 ms", "released", "late", "carried",
+                   "drops"], body) + ("\n" + lines if lines else ""))
+    return {"straggler.md": md}
+
+
 def fuzz(r: dict) -> dict[str, str]:
     f = r["figures"]
     def cell(value, fmt):
@@ -674,6 +708,7 @@ def render() -> dict[str, str]:
     out.update(bench_backend(load("bench-backend")))
     out.update(demo(load("demo-small"), load("demo-large")))
     out.update(loss(load("loss-experiment")))
+    out.update(straggler(load_if("straggler-experiment")))
     out.update(fuzz(load("fuzz")))
     out.update(p4c_samples(load("p4c-samples")))
     out.update(tofino_stages(TOFINO.read_text()))

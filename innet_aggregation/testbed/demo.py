@@ -31,7 +31,7 @@ from innet_aggregation.p4src import protocol
 
 from . import record
 from .baseline_experiment import agg_frame_bytes
-from .layout import add_program_argument, add_topology_arguments
+from .layout import add_program_argument, add_topology_arguments, check_deadline
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="through the job manager, the switch killed and restarted during "
                              "training, then the job's lease revoked; per step the path taken, "
                              "and the accuracy against gloo's (testbed/chaos.py)")
+    parser.add_argument("--deadline-ms", type=float, default=0.0,
+                        help="bounded-time aggregation: the job's deadline, the switch's and "
+                             "every session's (default 0: none); prints what it released")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
     add_program_argument(parser)
@@ -103,6 +106,10 @@ def settle(args) -> argparse.Namespace:
         raise ValueError("--lr must be positive and --bw not negative")
     if args.accuracy is not None and not 0 < args.accuracy <= 1:
         raise ValueError(f"--accuracy is a fraction in (0, 1], not {args.accuracy}")
+    if args.deadline_ms and args.chaos:
+        raise ValueError("--deadline-ms with --chaos: the chaos run's job comes from the job "
+                         "manager, not this testbed's job file")
+    check_deadline(args.deadline_ms)
     return args
 
 
@@ -117,7 +124,8 @@ def run(args) -> None:
           f"links {f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'}", flush=True)
     with Testbed(args.workers, bw=args.bw or None, target=target, num_slots=args.slots,
                  topo=args.topo, leaves=args.leaves, tls=args.tls,
-                 grpc_host=args.grpc_host, values_per_packet=args.values) as testbed:
+                 grpc_host=args.grpc_host, values_per_packet=args.values,
+                 deadline_ms=args.deadline_ms) as testbed:
         print("[demo] job installed by the controller; starting one worker process per host "
               "(torch import, gloo rendezvous through the switch)", flush=True)
         with HostAgents(testbed) as agents:
@@ -183,6 +191,8 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str,
           "blocks and retransmissions; gloo's\nring sends 2(n-1)/n of the gradient per step in "
           "TCP segments.\nretransmissions: aggregation packets resent after a loss was detected "
           "or a timer fired (switch),\nTCP segments (gloo).")
+    if args.deadline_ms:
+        print(deadline_line(switch, args.deadline_ms))
     for switch, outcomes in counters.items():
         admitted = {k: v["packets"] for k, v in outcomes.items() if v["packets"]}
         if admitted:
@@ -217,6 +227,20 @@ def time_to_accuracy(results: dict[str, list[dict]], args) -> None:
               f" in {args.epochs} epochs: more --epochs, or a lower --accuracy.")
     print("seconds: training wall time, slowest worker, up to the step after which the check "
           "passed.\nms/step: the slowest worker's median step and its fastest and slowest.")
+
+
+def deadline_line(answers: list[dict], deadline_ms: float) -> str:
+    """What a deadline released, from every worker's session counters (train.py)."""
+    if not all("released" in a for a in answers):
+        return f"\ndeadline {deadline_ms:g} ms: the workers count no releases"
+    results = sum(a["results_received"] for a in answers)
+    values = sum(a["steps"] * a["parameters"] for a in answers)
+    released, late = (sum(a[k] for a in answers) for k in ("released", "late"))
+    carried = sum(a["carried_values"] for a in answers)
+    return (f"\ndeadline {deadline_ms:g} ms: {released} results released early "
+            f"({released / max(results, 1):.2%} of the workers' results), {late} blocks late "
+            f"({late / max(results, 1):.2%}), {carried} gradient values carried into the next "
+            f"step ({carried / max(values, 1):.2%}).")
 
 
 def step_ratio(results: dict[str, list[dict]]) -> float:

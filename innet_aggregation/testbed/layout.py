@@ -18,9 +18,10 @@ def host_mac(i: int) -> str:
 
 def job_config_dict(ports: dict[int, str], grpc_addr: str, device_id: int, job_id: int = 1,
                     num_slots: int | None = None, loss: tuple[float, float] = (0.0, 0.0),
-                    values_per_packet: int | None = None) -> dict:
+                    values_per_packet: int | None = None, deadline_ms: float = 0.0) -> dict:
     """The job's configuration (switch_ctl.config format) for worker i on port i+1,
-    for the program of ``values_per_packet`` (None: the default one)."""
+    for the program of ``values_per_packet`` (None: the default one); a bounded-time
+    aggregation ``deadline_ms`` (0: none, and no key)."""
     fmt = protocol.packet_format(values_per_packet)
     pool = fmt.pool_size
     workers = [{"id": port - 1, "mac": host_mac(port), "ip": f"10.0.0.{port}",
@@ -30,15 +31,40 @@ def job_config_dict(ports: dict[int, str], grpc_addr: str, device_id: int, job_i
         "job": {"id": job_id, "udp_port": protocol.AGG_UDP_PORTS.start, "service_ip": SERVICE_IP,
                 "service_mac": SERVICE_MAC, "first_slot": 0,
                 "num_slots": min(num_slots or pool, pool), "workers": workers,
-                "values_per_packet": fmt.values_per_packet},
+                "values_per_packet": fmt.values_per_packet, **_deadline(deadline_ms)},
         "loss": {"ingress": loss[0], "egress": loss[1]},
     }
+
+
+def _deadline(deadline_ms: float) -> dict:
+    """The job's ``deadline_ms`` key, only where there is one: a job without stays as it was."""
+    return {"deadline_ms": deadline_ms} if deadline_ms else {}
+
+
+def deadline_supported() -> bool:
+    """Whether a job can have a deadline: its file's ``deadline_ms``, which the controller
+    installs and every worker's session reads (switch_ctl.config.JobConfig)."""
+    import dataclasses
+
+    from innet_aggregation.switch_ctl.config import JobConfig
+    return "deadline_ms" in {f.name for f in dataclasses.fields(JobConfig)}
+
+
+NO_DEADLINE = "this code has no bounded-time aggregation yet (a job has no deadline_ms)"
+
+
+def check_deadline(deadline_ms: float, supported: bool | None = None) -> None:
+    """Refuse a deadline that cannot be (negative), or that this code cannot run."""
+    if deadline_ms < 0:
+        raise ValueError(f"--deadline-ms must not be negative, not {deadline_ms:g}")
+    if deadline_ms and not (deadline_supported() if supported is None else supported):
+        raise ValueError(f"--deadline-ms {deadline_ms:g}: {NO_DEADLINE}")
 
 
 def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf: int,
                      job_id: int = 1, num_slots: int | None = None,
                      udp_port: int = WORKER_UDP_PORT, loss: dict | None = None,
-                     values_per_packet: int | None = None) -> dict:
+                     values_per_packet: int | None = None, deadline_ms: float = 0.0) -> dict:
     """A tree job (switch_ctl.tree format) in the testbed's layout: the root "spine"
     has leaf j on port j+1; "leafJ" has its workers on ports 1..per_leaf and its
     uplink on port per_leaf+1; worker g (= j * per_leaf + i) is host g+1, 10.0.0.(g+1).
@@ -67,7 +93,7 @@ def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf
         tree[f"leaf{j}"] = leaf
     return {"job": {"id": job_id, "udp_port": protocol.AGG_UDP_PORTS.start, "first_slot": 0,
                     "num_slots": min(num_slots or pool, pool),
-                    "values_per_packet": fmt.values_per_packet},
+                    "values_per_packet": fmt.values_per_packet, **_deadline(deadline_ms)},
             "tree": {"root": "spine"}, "switches": tree}
 
 

@@ -36,14 +36,14 @@ import time
 from pathlib import Path
 
 from . import record
-from .layout import add_program_argument, add_topology_arguments
+from .layout import add_program_argument, add_topology_arguments, check_deadline
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
 DIRECTIONS = {"ingress": (1, 0), "egress": (0, 1), "both": (1, 1)}
 CSV_FIELDS = ["workers", "values", "size", "direction", "loss_pct", "rep", "time_s",
               "retransmissions", "exact", "identical", "dropped_ingress", "dropped_egress",
-              "resent_by_switch", "duplicates_dropped"]
+              "resent_by_switch", "duplicates_dropped", "released", "late", "carried_values"]
 
 
 def csv_list(kind):
@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="results folder (default results/loss)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds one allreduce may take before the run is abandoned")
+    parser.add_argument("--deadline-ms", type=float, default=0.0,
+                        help="bounded-time aggregation: the job's deadline, the switch's and "
+                             "every session's (default 0: none); the table adds what it released")
     return parser
 
 
@@ -98,6 +101,13 @@ def _count(counters: dict, name: str) -> int:
     return counters.get(name, {}).get("packets", 0)
 
 
+def _workers_total(answers: list[dict], name: str) -> int | None:
+    """A session counter of the call summed over the workers; None where they lack it."""
+    if not all(name in a for a in answers):
+        return None
+    return sum(a[name][0] for a in answers)
+
+
 def run(args) -> list[dict]:
     from .agents import HostAgents
     from .topology import Testbed
@@ -112,7 +122,7 @@ def run(args) -> list[dict]:
     rows, reference = [], {}
     with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots, topo=args.topo,
                  leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
-                 values_per_packet=args.values) as testbed, \
+                 values_per_packet=args.values, deadline_ms=args.deadline_ms) as testbed, \
             HostAgents(testbed, gloo=False) as agents:
         values = testbed.program.values_per_packet
         print(f"[loss] {values} values per packet", flush=True)
@@ -147,6 +157,8 @@ def run(args) -> list[dict]:
                     "dropped_egress": delta.get("egress.simulated_drop", 0),
                     "resent_by_switch": delta.get("ingress.resent", 0),
                     "duplicates_dropped": delta.get("ingress.duplicate_dropped", 0),
+                    **{name: _workers_total(answers, name)
+                       for name in ("released", "late", "carried_values")},
                 })
             mine = rows[-args.reps:]
             print(f"  [{n}/{len(todo)}] size {size:>8}  {direction:<7} loss {loss:>5g}%  "
@@ -198,14 +210,24 @@ def figures(rows: list[dict]) -> list[dict]:
              "retransmissions": statistics.mean(r["retransmissions"] for r in rs),
              "needed": statistics.mean(needed_retransmissions(r) for r in rs),
              "calls": len(rs), "exact": sum(r["exact"] for r in rs),
-             "identical": sum(r["identical"] for r in rs)}
+             "identical": sum(r["identical"] for r in rs),
+             **{name: _mean(rs, name) for name in ("released", "late", "carried_values")}}
             for (size, direction, loss), rs in groups(rows).items()]
 
 
-def summary(rows: list[dict]) -> str:
+def _mean(rows: list[dict], name: str) -> float | None:
+    """Per call, over the workers; None where they do not count it."""
+    values = [r.get(name) for r in rows]
+    return None if None in values else statistics.mean(values)
+
+
+def summary(rows: list[dict], deadline: bool = False) -> str:
+    """The table; with ``deadline``, what the deadline released a call (every worker's
+    results released early, their blocks that missed a release, values carried)."""
     header = (f"{'size':>8} {'direction':<9} {'loss %':>7} {'median ms':>10} {'slowdown':>9} "
               f"{'max ms':>9} {'retrans/run':>12} {'needed/run':>11} {'switch drops':>13} "
-              f"{'exact':>6} {'identical':>10}")
+              f"{'exact':>6} {'identical':>10}"
+              + (f" {'released':>9} {'late':>6} {'carried':>9}" if deadline else ""))
     lines = [header, "-" * len(header)]
     slow = slowdowns(rows)
     for (size, direction, loss), rs in groups(rows).items():
@@ -216,7 +238,10 @@ def summary(rows: list[dict]) -> str:
                      f"{slow[(size, direction, loss)]:>8.2f}x "
                      f"{max(times):>9.1f} {statistics.mean(r['retransmissions'] for r in rs):>12.1f} "
                      f"{needed:>11.1f} {drops:>13.1f} {sum(r['exact'] for r in rs):>3}/{len(rs):<2} "
-                     f"{sum(r['identical'] for r in rs):>7}/{len(rs):<2}")
+                     f"{sum(r['identical'] for r in rs):>7}/{len(rs):<2}"
+                     + ("".join(f" {'-' if v is None else f'{v:.1f}':>{w}}" for v, w in (
+                         (_mean(rs, "released"), 9), (_mean(rs, "late"), 6),
+                         (_mean(rs, "carried_values"), 9))) if deadline else ""))
     return "\n".join(lines)
 
 
@@ -321,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     started, load = time.monotonic(), os.getloadavg()[0]
     stop_on_signals()
     try:
+        check_deadline(args.deadline_ms)
         points(args)
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
@@ -334,10 +360,15 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as stop:
         print(f"loss_experiment: stopped by {stop.name}; the topology was torn down", file=sys.stderr)
         return stop.code
-    print("\n" + summary(rows))
+    print("\n" + summary(rows, deadline=bool(args.deadline_ms)))
     print(f"\nneeded: the retransmissions the drops require (every worker's for a lost "
           f"contribution, one for a lost result).\nexact: result equals the true integer sum on "
           f"every worker; identical: bit-identical to the no-loss run.\nwrote {args.out / 'loss.csv'}, " + ", ".join(map(str, paths)))
+    if args.deadline_ms:
+        print(f"released, late, carried (deadline {args.deadline_ms:g} ms): per call, summed over "
+              f"the workers, results the switch released early, blocks whose contribution "
+              f"missed a release,\nvalues carried into the next call (-: workers without these "
+              f"counters).")
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 

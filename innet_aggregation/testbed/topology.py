@@ -111,6 +111,7 @@ class Testbed:
     The switches' P4Runtime servers listen on ``grpc_host`` (loopback by default);
     ``tls`` gives them and the controller mutual TLS with certificates made for the
     run (testbed.tls, in the run's directory; job.toml names them).
+    ``deadline_ms`` is the job's bounded-time aggregation deadline (0: none).
     """
     workers: int
     bw: float | None = 20.0
@@ -126,6 +127,7 @@ class Testbed:
     tls: bool = False
     grpc_host: str = "127.0.0.1"
     values_per_packet: int | None = None
+    deadline_ms: float = 0.0
 
     def __post_init__(self):
         if not 1 <= self.workers <= min(protocol.MAX_WORKERS, 250):
@@ -225,11 +227,13 @@ class Testbed:
             switch = self.switches["switch"]
             raw = job_config_dict(switch.port_map(), switch.grpc_addr, switch.device_id,
                                   self.job_id, window,
-                                  values_per_packet=self.program.values_per_packet)
+                                  values_per_packet=self.program.values_per_packet,
+                                  deadline_ms=self.deadline_ms)
         else:
             raw = tree_config_dict({n: (s.grpc_addr, s.device_id) for n, s in self.switches.items()},
                                    self.leaves, self.workers // self.leaves, self.job_id, window,
-                                   values_per_packet=self.program.values_per_packet)
+                                   values_per_packet=self.program.values_per_packet,
+                                   deadline_ms=self.deadline_ms)
         if self.tls_bundle is not None:
             for switch in [raw["switch"]] if "switch" in raw else raw["switches"].values():
                 switch.update(self.tls_bundle.job_settings())

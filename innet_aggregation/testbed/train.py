@@ -9,7 +9,8 @@ stdin and answers one JSON line on stdout (see testbed/agents.py):
      "seed": 0, "barrier": true, "data": "recorded"|"normal"|"integers", "first_call": 0}
     {"op": "bulk", "bytes": 1048576, "reps": 15, "port": 5201}
     {"op": "train", "backend": "switch"|"ina"|"gloo", "epochs": 5, "batch": 32, "lr": 0.05,
-     "hidden": [32], "accuracy": 0.95, "eval_every": 5}
+     "hidden": [32], "accuracy": 0.95, "eval_every": 5, "steps": 200, "curve": false,
+     "straggler": {"rank": 3, "ms": 2000, "p": 0.2, "seed": 0}}
     {"op": "quit"}
 
 "switch" calls the session (and DDP's switch hook) directly; "ina" goes through
@@ -32,7 +33,15 @@ own /proc/net, so both
 backends are measured the same way, at the wire. Training with an ``accuracy`` also
 measures the time to reach it: every ``eval_every`` steps worker 0 scores the held-out
 digits and tells the others, while every worker's clock stops, so evaluation costs
-both backends nothing and the time is training's alone.
+both backends nothing and the time is training's alone. With ``curve``, every rank
+instead scores its own model (all ranks hold the same bits) every ``eval_every``
+steps to the end, its clock stopped only while it scores, so no rank waits for
+another at a check: the accuracy against each rank's training time. ``steps`` ends
+the run after that many steps; ``straggler`` makes one rank sleep ``ms`` before its
+allreduce (in DDP's first comm hook call of the step) in the steps a generator
+seeded with ``seed`` draws with probability ``p``: the same steps in every run of
+the same length. A bounded-time aggregation deadline, where there is one, is the
+job file's (``[job] deadline_ms``, testbed.layout): the switch's and every session's.
 """
 
 from __future__ import annotations
@@ -163,13 +172,15 @@ class Host:
             self.session.allreduce(tensor)
         counters = self.session.last_call.counters
         return tensor, {"retransmissions": counters.retransmissions,
-                        "packets": counters.packets_sent, "redone": counters.redone}
+                        "packets": counters.packets_sent, "redone": counters.redone,
+                        **{name: getattr(counters, name) for name in DEADLINE_COUNTERS
+                           if hasattr(counters, name)}}
 
     def allreduce(self, cmd: dict) -> dict:
         size, reps, seed = int(cmd["size"]), int(cmd.get("reps", 1)), int(cmd.get("seed", 0))
         backend, data = cmd["backend"], cmd.get("data", "integers")
-        out = {"times": [], "cpu": [], "exact": [], "digests": [], "retransmissions": [],
-               "packets": [], "redone": [], "tx_bytes": [], "tcp_retrans": []}
+        out = {"times": [], "cpu": [], "exact": [], "digests": [], "tx_bytes": [],
+               "tcp_retrans": []}
         for rep in range(reps):
             call = int(cmd.get("first_call", 0)) + rep
             inputs = [self.inputs(size, seed, rep, r, data, call) for r in range(self.world)]
@@ -196,9 +207,8 @@ class Host:
             result = torch.as_tensor(result)
             out["exact"].append(self.correct(result, inputs, data))
             out["digests"].append(hashlib.sha256(result.numpy().tobytes()).hexdigest()[:16])
-            out["retransmissions"].append(stats["retransmissions"])
-            out["packets"].append(stats["packets"])
-            out["redone"].append(stats["redone"])
+            for name, value in stats.items():      # and the deadline's, where counted
+                out.setdefault(name, []).append(value)
             out["tx_bytes"].append(delta["tx_bytes"])
             out["tcp_retrans"].append(delta["tcp_retrans"])
         return out
@@ -266,21 +276,26 @@ class Host:
         # Every backend goes through a comm hook, timed the same way: gloo's and ina's
         # is the allreduce DDP runs by default, on their process group.
         hook_times: list[float] = []
+        delay = _Delay()
         if backend == "switch":
             from innet_aggregation.worker.ddp_hook import SwitchHookState, switch_allreduce_hook
             ddp.register_comm_hook(SwitchHookState(self.session),
-                                   _timed(switch_allreduce_hook, hook_times))
+                                   _delayed(_timed(switch_allreduce_hook, hook_times), delay))
         elif backend in ("gloo", "ina"):
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-            ddp.register_comm_hook(group, _timed(allreduce_hook, hook_times))
+            ddp.register_comm_hook(group, _delayed(_timed(allreduce_hook, hook_times), delay))
         else:
             raise ValueError(f"unknown backend {backend!r}")
         optimizer = torch.optim.Adam(ddp.parameters(), lr=float(cmd.get("lr", 0.01)))
         loss_fn = torch.nn.CrossEntropyLoss()
         steps_per_epoch = min(len(x_train) // batch, *self._all_ranks_min(len(x_train) // batch))
+        total_steps = min(epochs * steps_per_epoch, int(cmd.get("steps") or epochs * steps_per_epoch))
+        sleeps = straggler_sleeps(cmd.get("straggler"), self.rank, total_steps)
         target = cmd.get("accuracy")
         eval_every = int(cmd.get("eval_every", 5))
+        curve_mode = bool(cmd.get("curve"))
         reached = {"target_steps": None, "time_to_target_s": None}
+        curve: list[tuple[int, float, float]] = []
         stats_before = self.session.stats
         self.barrier()
         cpu_before = time.process_time()
@@ -288,10 +303,13 @@ class Host:
         step_times = []
         started, paused = time.perf_counter(), 0.0
         for epoch in range(epochs):
+            if len(step_times) == total_steps:
+                break
             perm = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-            total = 0.0
-            for step in range(steps_per_epoch):
+            total, ran = 0.0, min(steps_per_epoch, total_steps - len(step_times))
+            for step in range(ran):
                 idx = perm[step * batch:(step + 1) * batch]
+                delay.seconds = sleeps[len(step_times)]
                 start = time.perf_counter()
                 loss = loss_fn(ddp(x_train[idx]), y_train[idx])
                 optimizer.zero_grad()
@@ -299,31 +317,46 @@ class Host:
                 optimizer.step()
                 step_times.append(time.perf_counter() - start)
                 total += loss.item()
-                if (target is not None and reached["target_steps"] is None
-                        and len(step_times) % eval_every == 0):
+                done = len(step_times)
+                if curve_mode and (done % eval_every == 0 or done == total_steps):
+                    stop = time.perf_counter()
+                    score = _accuracy(model, x_test, y_test)
+                    curve.append((done, stop - started - paused, score))
+                    if target is not None and reached["target_steps"] is None and score >= target:
+                        reached = {"target_steps": done, "time_to_target_s": curve[-1][1]}
+                        if self.rank == 0:
+                            progress(f"{backend}: test accuracy {score:.3f} after {done} "
+                                     f"steps, {curve[-1][1]:.1f} s on rank 0's clock")
+                    paused += time.perf_counter() - stop
+                elif (target is not None and reached["target_steps"] is None
+                        and done % eval_every == 0):
                     stop = time.perf_counter()
                     score = self._rank0_accuracy(model, x_test, y_test)
                     if score >= target:
-                        reached = {"target_steps": len(step_times),
+                        reached = {"target_steps": done,
                                    "time_to_target_s": stop - started - paused}
                         if self.rank == 0:
                             progress(f"{backend}: test accuracy {score:.3f} after "
-                                     f"{len(step_times)} steps, {reached['time_to_target_s']:.1f} s")
+                                     f"{done} steps, {reached['time_to_target_s']:.1f} s")
                     paused += time.perf_counter() - stop
             if self.rank == 0:
-                progress(f"{backend}: epoch {epoch + 1}/{epochs}  loss {total / steps_per_epoch:.3f}"
-                         f"  {1000 * np.mean(step_times[-steps_per_epoch:]):.0f} ms/step")
+                progress(f"{backend}: epoch {epoch + 1}/{epochs}  loss {total / ran:.3f}"
+                         f"  {1000 * np.mean(step_times[-ran:]):.0f} ms/step")
         cpu = time.process_time() - cpu_before
         delta = counter_delta(before)
         accuracy = _accuracy(model, x_test, y_test)
-        return {"accuracy": accuracy, "steps": len(step_times), **reached,
-                "step_time_ms": 1000 * float(np.median(step_times)),
-                "step_min_ms": 1000 * min(step_times), "step_max_ms": 1000 * max(step_times),
-                "allreduce_ms": 1000 * float(np.median(hook_times)),
-                "cpu_ms_per_step": 1000 * cpu / len(step_times),
-                "tx_bytes": delta["tx_bytes"], "tcp_retrans": delta["tcp_retrans"],
-                **_aggregation_packets(self.session.stats - stats_before),
-                "parameters": sum(p.numel() for p in model.parameters())}
+        out = {"accuracy": accuracy, "steps": len(step_times), **reached,
+               "step_time_ms": 1000 * float(np.median(step_times)),
+               "step_min_ms": 1000 * min(step_times), "step_max_ms": 1000 * max(step_times),
+               "allreduce_ms": 1000 * float(np.median(hook_times)),
+               "cpu_ms_per_step": 1000 * cpu / len(step_times),
+               "tx_bytes": delta["tx_bytes"], "tcp_retrans": delta["tcp_retrans"],
+               **_aggregation_packets(self.session.stats - stats_before),
+               "parameters": sum(p.numel() for p in model.parameters())}
+        if curve_mode:
+            out.update(step_times_ms=[round(1000 * t, 3) for t in step_times],
+                       slept_steps=[i for i, s in enumerate(sleeps) if s], curve=curve)
+        return out
 
     def _rank0_accuracy(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         """Worker 0's test accuracy, on every worker: the models are identical, and
@@ -366,10 +399,40 @@ def _timed(hook, times: list[float]):
     return timed
 
 
+# Bounded-time aggregation's counters (transport.Stats), where the worker has them.
+DEADLINE_COUNTERS = ("released", "late", "carried_values")
+
+
 def _aggregation_packets(stats) -> dict[str, int]:
-    """What a training run's switch traffic was made of."""
+    """What a training run's switch traffic was made of, and what a deadline released."""
     return {"retransmissions": stats.retransmissions, "redone": stats.redone,
-            "aggregation_packets": stats.packets_sent}
+            "aggregation_packets": stats.packets_sent, "results_received": stats.results_received,
+            **{name: getattr(stats, name) for name in DEADLINE_COUNTERS if hasattr(stats, name)}}
+
+
+class _Delay:
+    """Seconds the next comm hook call sleeps before its allreduce."""
+    seconds = 0.0
+
+
+def _delayed(hook, delay: _Delay):
+    """``hook``, first sleeping ``delay.seconds`` (once: the step's first bucket)."""
+    def delayed(state, bucket):
+        if delay.seconds:
+            seconds, delay.seconds = delay.seconds, 0.0
+            time.sleep(seconds)
+        return hook(state, bucket)
+    return delayed
+
+
+def straggler_sleeps(straggler: dict | None, rank: int, steps: int) -> list[float]:
+    """Seconds this rank sleeps before each step's allreduce: ``straggler["ms"]`` in the
+    steps a generator seeded with ``straggler["seed"]`` draws with probability
+    ``straggler["p"]`` if this is ``straggler["rank"]``, else none."""
+    if not straggler or straggler["rank"] != rank:
+        return [0.0] * steps
+    draws = np.random.default_rng(int(straggler["seed"])).random(steps) < float(straggler["p"])
+    return [float(straggler["ms"]) / 1000 if d else 0.0 for d in draws]
 
 
 def serve(host: Host, lines) -> None:

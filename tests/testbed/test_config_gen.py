@@ -107,3 +107,13 @@ def test_the_limit_with_headers_takes_gloos_segments_on_the_same_links():
     assert with_headers == pytest.approx(2 / 3 * (1080 / 1024) / (1514 / 1448))
     pure, with_headers = limits(8, 1024)                 # a 4,138 B MTU for both
     assert with_headers == pytest.approx(8 / 14 * (4152 / 4096) / (4152 / 4086))
+
+
+def test_a_deadline_is_in_the_job_only_where_one_is_set():
+    """A job without a deadline is the same file as before; one with names it in [job]."""
+    star = {1: "s1-eth1", 2: "s1-eth2"}
+    assert "deadline_ms" not in layout.job_config_dict(star, "127.0.0.1:9559", 0)["job"]
+    assert layout.job_config_dict(star, "127.0.0.1:9559", 0, deadline_ms=40.0)["job"]["deadline_ms"] == 40.0
+    switches = {name: ("127.0.0.1:9560", 0) for name in ("spine", "leaf0", "leaf1")}
+    assert "deadline_ms" not in layout.tree_config_dict(switches, 2, 2)["job"]
+    assert layout.tree_config_dict(switches, 2, 2, deadline_ms=25.0)["job"]["deadline_ms"] == 25.0

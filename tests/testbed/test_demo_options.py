@@ -44,6 +44,8 @@ def test_options_given_override_the_models_own():
     (("--epochs", "0"), "at least 1"),
     (("--bw", "-5"), "--bw not negative"),
     (("--lr", "0"), "--lr must be positive"),
+    (("--deadline-ms", "-1"), "--deadline-ms must not be negative"),
+    (("--deadline-ms", "50", "--chaos"), "--deadline-ms with --chaos"),
 ])
 def test_settings_that_cannot_run_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -63,3 +65,21 @@ def test_the_report_prints_every_line_it_promises(ina, capsys):
     assert "switch / gloo step time: 0.80" in out
     assert "each 1024-value block once (4152 B frames)" in out   # 4 KiB of values, headers
     assert ("switch (ina)" in out) == ina
+
+
+def test_a_deadline_is_refused_where_the_code_has_none():
+    from innet_aggregation.testbed.layout import check_deadline
+    with pytest.raises(ValueError, match=r"--deadline-ms 50: this code has no bounded-time "
+                                         r"aggregation yet \(a job has no deadline_ms\)"):
+        check_deadline(50, supported=False)
+    check_deadline(0, supported=False)
+    check_deadline(50, supported=True)
+
+
+def test_the_deadline_line_says_what_was_released():
+    answer = {"results_received": 1000, "steps": 10, "parameters": 2000, "released": 30,
+              "late": 10, "carried_values": 4000}
+    line = demo.deadline_line([answer, dict(answer, released=10)], 40.0)
+    assert ("deadline 40 ms: 40 results released early (2.00% of the workers' results), 20 "
+            "blocks late (1.00%), 8000 gradient values carried into the next step (20.00%).") in line
+    assert "count no releases" in demo.deadline_line([{"results_received": 5}], 40.0)

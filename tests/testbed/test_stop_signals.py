@@ -125,6 +125,8 @@ CASES = {
                                                 "1024", "--reps", "1"], 1, True),
     "loss": ("loss_experiment", STAR + ["--loss", "1", "--directions", "ingress", "--sizes",
                                         "1024", "--reps", "1"], 1, True),
+    "straggler": ("straggler_experiment", STAR + ["--model", "small", "--bw", "0",
+                                                  "--deadline-ms", "0"], 1, True),
 }
 
 
@@ -132,7 +134,7 @@ CASES = {
     ("testbed", signal.SIGTERM), ("testbed", signal.SIGINT), ("testbed", signal.SIGHUP),
     ("testbed", signal.SIGKILL), ("demo", signal.SIGTERM), ("demo", signal.SIGINT),
     ("demo", signal.SIGKILL), ("baseline", signal.SIGTERM), ("baseline", signal.SIGINT),
-    ("loss", signal.SIGTERM)],
+    ("loss", signal.SIGTERM), ("straggler", signal.SIGTERM), ("straggler", signal.SIGINT)],
     ids=lambda p: p if isinstance(p, str) else p.name)
 def test_a_signal_tears_everything_down(case, sig, tmp_path):
     module, options, switches, workers = CASES[case]
