@@ -671,11 +671,43 @@ def pages() -> list[Path]:
                   + list((REPO / "innet_aggregation").rglob("README.md")))
 
 
+def exponent_figures(record: dict) -> dict[str, str]:
+    """The speculation rules' redone shares and precision (bench_exponents --recorded)."""
+    rows = record["figures"]["rules"]
+
+    def rule(depth: int, headroom: int, slack: int, workers: int) -> list[dict]:
+        return [r for r in rows if (r["depth"], r["headroom"], r["slack"], r["workers"])
+                == (depth, headroom, slack, workers)]
+
+    def share(picked: list[dict]) -> str:
+        low, high = (f"{100 * f(r['redone'] for r in picked):.1f}" for f in (min, max))
+        return f"{low} %" if low == high else f"{low}-{high} %"
+
+    def most(picked: list[dict]) -> str:
+        return f"{100 * max(r['redone'] for r in picked):.1f} %"
+
+    def waste(picked: list[dict]) -> str:
+        return f"{sum(r['waste'] for r in picked) / len(picked):.1f}"
+
+    now = [r for r in rows if r["now"]]
+    return {
+        "exp-before-4": share(rule(1, 2, 5, 4)),
+        "exp-now-4": share(rule(3, 2, 7, 4)), "exp-now-8": share(rule(3, 2, 7, 8)),
+        "exp-now-16": share(rule(3, 2, 7, 16)),
+        "exp-slack6-4": most(rule(3, 2, 6, 4)), "exp-last4-4": most(rule(1, 4, 8, 4)),
+        "exp-last4-waste": waste(rule(1, 4, 8, 4)),
+        "exp-waste-4": waste(rule(3, 2, 7, 4)), "exp-waste-8": waste(rule(3, 2, 7, 8)),
+        "exp-waste-16": waste(rule(3, 2, 7, 16)),
+        "exp-worst-of-bound": f"{max(r['error_of_bound'] for r in now):.2f}",
+    }
+
+
 def inline_figures() -> dict[str, str]:
     """Every named figure, as the pages show it, from its record or build output."""
     demo_small = demo_figures(load("demo-small"))
     totals, _ = tofino_summary(TOFINO.read_text())
     return {
+        **exponent_figures(load("bench-exponents")),
         # probes and redone blocks over all aggregation packets, the first step's included
         "demo-redone-share": f"{demo_small.get('first_run', demo_small)['redone_share']:.1%}",
         "tofino-stages": totals["stages used"],

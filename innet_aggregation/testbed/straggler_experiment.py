@@ -1,8 +1,8 @@
 """Training with a straggler, and with loss on one link: in-switch aggregation with and
 without a deadline (bounded-time aggregation), and gloo.
 
-    python -m innet_aggregation.testbed.straggler_experiment            # defaults: 10-15 minutes
-    python -m innet_aggregation.testbed.straggler_experiment --sleep-ms 2000 --p 0.1 --deadline-ms 100
+    python -m innet_aggregation.testbed.straggler_experiment
+    python -m innet_aggregation.testbed.straggler_experiment --sleep-ms 2000 --p 0.25 --deadline-ms 100
 
 DDP on the demo's large model (64-1024-1024-10 MLP, digits) with 4 workers on
 100 Mbit/s links through the embedded switch. A short warm-up (in-switch, no
@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="results folder (default results/straggler)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds one run may take before the experiment is abandoned "
-                             "(default 600: a default run takes 1-3 minutes)")
+                             "(default 600)")
     return parser
 
 
