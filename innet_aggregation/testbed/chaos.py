@@ -6,7 +6,7 @@ the switch's side goes away, and the same training on gloo alone.
 Hosts in namespaces with a management network (the manager, rendezvous and gloo on
 it, as in a cluster), one switch process, the manager (``switch_ctl serve``). Three
 runs of the same model, data and steps, each rank on the ``ina`` backend (DDP with
-no hook), ``INA_SWITCH_TIMEOUT=2``: in phase ``switch`` the switch is killed at
+no hook), ``INA_SWITCH_TIMEOUT=2`` (or the caller's INA_SWITCH_TIMEOUT): in phase ``switch`` the switch is killed at
 step FAULT_STEP and started again 5 s later (the manager puts the job back); in phase
 ``lease`` the ranks' way to the manager is cut until the manager has reclaimed the
 job's lease (and taken it off the switch); then ``gloo``, the reference. Per step,
@@ -72,7 +72,8 @@ def run(args) -> int:
         print(f"[chaos] {args.workers} hosts, {target} switch, job manager at {address} "
               f"(lease {LEASE:g} s); logs in {workdir}", flush=True)
         env = {**os.environ, "INA_MANAGER": address, "INA_SECRET": SECRET,
-               "INA_CA_CERT": str(tls.ca_cert), "INA_SWITCH_TIMEOUT": SWITCH_TIMEOUT,
+               "INA_CA_CERT": str(tls.ca_cert),
+               "INA_SWITCH_TIMEOUT": os.environ.get("INA_SWITCH_TIMEOUT", SWITCH_TIMEOUT),
                "INA_JOIN_TIMEOUT": "120", "GLOO_SOCKET_IFNAME": topology.MGMT_IFNAME,
                "OMP_NUM_THREADS": "1"}
 

@@ -232,7 +232,9 @@ class Host:
                 listener.settimeout(60)
                 conn, _ = listener.accept()
             payload = bytes(size)
-            buffer = bytearray(1 << 20)
+            # Reads far smaller than the transfer: on unshaped links all of it can be
+            # there before the first read, which must still leave some to time.
+            buffer = bytearray(min(1 << 16, max(1, size // 16)))
             for _ in range(reps):
                 self.barrier()
                 if self.rank == 0:

@@ -116,16 +116,24 @@ class TreeBed:
         assert self.manager.poll() is None, self.log_path.read_text()
 
     def installed(self) -> dict[str, set[int]]:
-        """Each switch's job ids, read by a backup controller (the manager is primary)."""
+        """Each switch's job ids, read by a backup controller (the manager is primary).
+        A switch without a program (restarted) holds none; any other failure to read
+        (a deadline on a busy machine) is tried again for 20 s, then raised."""
         ids = {}
         for name, switch in self.switches.items():
-            with SwitchConnection(switch.grpc_addr, 0, (0, 1)) as conn:
+            deadline = time.monotonic() + 20
+            while name not in ids:
                 try:
-                    conn.load_p4info()
-                except P4RuntimeError:      # no program yet (a restarted switch)
-                    ids[name] = set()
-                    continue
-                ids[name] = {job.id for job in Controller(conn).installed_jobs()}
+                    with SwitchConnection(switch.grpc_addr, 0, (0, 1)) as conn:
+                        conn.load_p4info()
+                        ids[name] = {job.id for job in Controller(conn).installed_jobs()}
+                except P4RuntimeError as exc:
+                    if "No forwarding pipeline" in str(exc):
+                        ids[name] = set()
+                    elif time.monotonic() > deadline:
+                        raise
+                    else:
+                        time.sleep(0.5)
         return ids
 
     def launch(self, job: str, hosts: list[int], *args: str) -> list[Rank]:

@@ -99,6 +99,8 @@ class Manager:
         self._tallied = time.monotonic()
         self._starved_since: float | None = None    # accept() out of descriptors or memory
         self._open = 0              # every open connection, the request threads' too
+        # Connections the descriptors can hold while SPARE_FILES stay free (_descriptors).
+        self._room = self.config.max_connections
         self._open_lock = threading.Lock()
 
     def start(self) -> "Manager":
@@ -123,7 +125,9 @@ class Manager:
         return self
 
     def _descriptors(self) -> None:
-        """RLIMIT_NOFILE raised (to its hard limit at most) to hold max_connections."""
+        """RLIMIT_NOFILE raised (to its hard limit at most) to hold max_connections, and
+        never all of it taken by connections: the database, gRPC (which aborts the
+        process when it cannot make an epoll set) and the program files keep a share."""
         need = self.config.max_connections + SPARE_FILES
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY or soft >= need:
@@ -131,9 +135,12 @@ class Manager:
         soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         if soft < need:
+            spare = min(SPARE_FILES, soft // 2)
+            self._room = max(1, soft - spare)
             log.warning("RLIMIT_NOFILE's hard limit %d holds fewer than manager.max_connections "
-                        "%d connections (and %d other files): past it, accepting pauses until "
-                        "descriptors free up", hard, self.config.max_connections, SPARE_FILES)
+                        "%d connections (and %d other files): the listener holds at most %d "
+                        "and accepts no more until some close", hard,
+                        self.config.max_connections, SPARE_FILES, self._room)
 
     @property
     def port(self) -> int:
@@ -191,6 +198,13 @@ class Manager:
         """Admit what is waiting; True when accept() ran out of descriptors or memory,
         for the listener to pause."""
         for _ in range(ACCEPTS_PER_WAKE):
+            if self._open >= self._room:        # the rest wait in the listen backlog
+                if self._starved_since is None:
+                    log.warning("listener: %d connections hold the descriptors RLIMIT_NOFILE "
+                                "leaves them; pausing %g s at a time until some close",
+                                self._open, ACCEPT_BACKOFF)
+                    self._starved_since = time.monotonic()
+                return True
             try:
                 sock, address = self._sock.accept()
             except (BlockingIOError, InterruptedError):
