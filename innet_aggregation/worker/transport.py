@@ -659,7 +659,6 @@ class _Call:
         # start and parking need every worker), and the slots whose RELEASE went out.
         self.deadline = t.deadline if quantized else 0.0
         self.releasing = np.zeros(w, dtype=bool)
-        self.lagging = False      # a round of this call was released (``_wait``)
         self.carried: list[tuple[np.ndarray, np.ndarray]] = []   # (chunks, own values) left out
         self.fast = FastCall.bind(self)  # the common results in C, if it handles this call
 
@@ -791,18 +790,8 @@ class _Call:
             wake = min(wake, self.sent_at[behind].min() + self.rack_rtt
                        + t.rto.reorder_window)
         if self.deadline and not self.releasing.all():
-            wake = min(wake, self.first_sent_at[~self.releasing].min() + self._wait())
+            wake = min(wake, self.first_sent_at[~self.releasing].min() + self.deadline)
         return wake
-
-    def _wait(self) -> float:
-        """How long a round waits before this worker releases it: the job's deadline,
-        and once a round of this call was released, two smoothed round trips at most.
-        A worker late for one round is late for the call's next ones too, and a call
-        has many rounds a slot: waiting the deadline for each would bound the call's
-        time by the deadline times its rounds. The workers that are on time answer
-        within a round trip of each other, so they are still all in."""
-        srtt = self.t.rto.srtt
-        return min(self.deadline, 2 * srtt) if self.lagging and srtt else self.deadline
 
     def _answers(self, records: np.ndarray, kind: MsgType) -> tuple[np.ndarray, np.ndarray]:
         """Which of the datagrams answer a slot's packet in flight (type ``kind``,
@@ -1039,12 +1028,11 @@ class _Call:
         ask the switch to release their round with what it holds: the packet goes out
         again as a RELEASE (its retransmissions too), which every worker's copy of the
         round answers alike (RELEASED, ``_on_released``)."""
-        due = ~self.releasing & (self.first_sent_at + self._wait() <= now)
+        due = ~self.releasing & (self.first_sent_at + self.deadline <= now)
         if not due.any():
             return
         slots = np.flatnonzero(due)
         self.releasing[slots] = True
-        self.lagging = True
         self.t.tx_type[slots] = MSG_RELEASE
         self.t.stats.releases += self._transmit(slots, now)
         self.resent[slots] = True          # Karn: the answer may be either packet's
