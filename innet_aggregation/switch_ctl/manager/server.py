@@ -99,8 +99,9 @@ class Manager:
         self._tallied = time.monotonic()
         self._starved_since: float | None = None    # accept() out of descriptors or memory
         self._open = 0              # every open connection, the request threads' too
-        # Connections the descriptors can hold while SPARE_FILES stay free (_descriptors).
-        self._room = self.config.max_connections
+        # Connections the descriptors can hold while SPARE_FILES stay free, where
+        # RLIMIT_NOFILE holds fewer than max_connections (_descriptors); else None.
+        self._room: int | None = None
         self._open_lock = threading.Lock()
 
     def start(self) -> "Manager":
@@ -198,7 +199,7 @@ class Manager:
         """Admit what is waiting; True when accept() ran out of descriptors or memory,
         for the listener to pause."""
         for _ in range(ACCEPTS_PER_WAKE):
-            if self._open >= self._room:        # the rest wait in the listen backlog
+            if self._room is not None and self._open >= self._room:   # the rest wait in the backlog
                 if self._starved_since is None:
                     log.warning("listener: %d connections hold the descriptors RLIMIT_NOFILE "
                                 "leaves them; pausing %g s at a time until some close",
