@@ -126,9 +126,14 @@ def test_the_c_runtime_refuses_a_lane_outside_its_block_whatever_the_source(tmp_
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     text = protocol.SMALL_PROGRAM_JSON.read_bytes()
     source = emit_c.emit(frontend.load(text), str(RUNTIME))
-    assert "ss_reg_lane(c, 3, 2, 1U);" in source
-    for bad in ("ss_reg_lane(c, 3, 2, 64U);", "ss_reg_lane(c, 3, 0, 1U);"):
-        no_pipeline(text + bad.encode(), source.replace("ss_reg_lane(c, 3, 2, 1U);", bad))
+    # The program's first value register, placed in its block of values at lane 1.
+    placed = re.search(r"ss_reg_lane\(c, (\d+), (\d+), 1U\);", source)
+    assert placed and placed[2] != "0", "no value register placed at lane 1"
+    register, block = placed[1], placed[2]
+    # Past the block's stride, and in block 0, which holds a register laid out alone.
+    for bad in (f"ss_reg_lane(c, {register}, {block}, 64U);",
+                f"ss_reg_lane(c, {register}, 0, 1U);"):
+        no_pipeline(text + bad.encode(), source.replace(placed[0], bad))
 
 
 def test_the_c_control_plane_calls_check_what_they_are_given():
