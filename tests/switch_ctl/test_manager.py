@@ -254,9 +254,13 @@ def test_a_host_the_fabric_does_not_list_is_learned_and_aggregates(bed):
 
 
 def test_a_deadline_job_is_installed_with_it_and_its_ranks_must_agree(bed):
-    ranks = bed.launch("job-dl", [0, 1], "--reps", "2", extra_env={"INA_DEADLINE_MS": "500"})
+    release = bed.workdir / "release-dl"
+    ranks = bed.launch("job-dl", [0, 1], "--reps", "2", "--hold", str(release),
+                       extra_env={"INA_DEADLINE_MS": "500"})
     assert [j["deadline_ms"] for j in joined(ranks)] == [500.0, 500.0]
+    held(ranks)                          # the job stays on the switch until released
     assert bed.deadline_jobs() == [ranks[0].event("joined")["job_id"]]
+    release.touch()
     finished(ranks, calls=2)
     # Ranks that ask for different deadlines: the second is refused, naming both.
     first = bed.launch("job-dm", [2], "--world", "2", extra_env={"INA_DEADLINE_MS": "50"})
