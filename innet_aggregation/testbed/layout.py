@@ -41,24 +41,10 @@ def _deadline(deadline_ms: float) -> dict:
     return {"deadline_ms": deadline_ms} if deadline_ms else {}
 
 
-def deadline_supported() -> bool:
-    """Whether a job can have a deadline: its file's ``deadline_ms``, which the controller
-    installs and every worker's session reads (switch_ctl.config.JobConfig)."""
-    import dataclasses
-
-    from innet_aggregation.switch_ctl.config import JobConfig
-    return "deadline_ms" in {f.name for f in dataclasses.fields(JobConfig)}
-
-
-NO_DEADLINE = "this code has no bounded-time aggregation yet (a job has no deadline_ms)"
-
-
-def check_deadline(deadline_ms: float, supported: bool | None = None) -> None:
-    """Refuse a deadline that cannot be (negative), or that this code cannot run."""
+def check_deadline(deadline_ms: float) -> None:
+    """Refuse a deadline that cannot be (negative)."""
     if deadline_ms < 0:
         raise ValueError(f"--deadline-ms must not be negative, not {deadline_ms:g}")
-    if deadline_ms and not (deadline_supported() if supported is None else supported):
-        raise ValueError(f"--deadline-ms {deadline_ms:g}: {NO_DEADLINE}")
 
 
 def tree_config_dict(switches: dict[str, tuple[str, int]], leaves: int, per_leaf: int,

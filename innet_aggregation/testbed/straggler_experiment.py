@@ -45,11 +45,10 @@ import numpy as np
 
 from . import record
 from .demo import MODELS
-from .layout import NO_DEADLINE, add_program_argument, deadline_supported
+from .layout import add_program_argument
 from .links import check_rate, check_workers
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
-from .train import straggler_sleeps
 
 SCENARIOS = ("straggler", "loss")
 MODES = ("ina", "ina+deadline", "gloo")
@@ -93,8 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--scenarios", type=csv_list, default=list(SCENARIOS),
                         help="straggler,loss (default both)")
     parser.add_argument("--modes", type=csv_list, default=None,
-                        help="ina,ina+deadline,gloo (default all three; ina+deadline only "
-                             "where the code has bounded-time aggregation)")
+                        help="ina,ina+deadline,gloo (default all three; two with "
+                             "--deadline-ms 0)")
     parser.add_argument("--sleep-ms", type=float, default=None,
                         help="the straggler's sleep (default 5 x the warm-up's median step)")
     parser.add_argument("--p", type=float, default=0.2,
@@ -121,9 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settle(args, supported: bool | None = None) -> argparse.Namespace:
+def settle(args) -> argparse.Namespace:
     """Fill in the defaults and refuse what cannot run, before anything starts."""
-    supported = deadline_supported() if supported is None else supported
     if args.epochs is None:
         args.epochs = MODELS[args.model].epochs
     check_workers(args.workers)
@@ -152,17 +150,12 @@ def settle(args, supported: bool | None = None) -> argparse.Namespace:
     if args.deadline_ms is not None and args.deadline_ms < 0:
         raise ValueError(f"--deadline-ms must not be negative, not {args.deadline_ms}")
     if args.modes is None:
-        # A deadline asked for is refused below where the code has none; the default
-        # one is left out there, so that the other modes run.
-        deadline = args.deadline_ms != 0 and (supported or args.deadline_ms is not None)
-        args.modes = [m for m in MODES if deadline or m != "ina+deadline"]
+        args.modes = [m for m in MODES if args.deadline_ms != 0 or m != "ina+deadline"]
     if not args.modes or set(args.modes) - set(MODES):
         raise ValueError(f"--modes: choose from {', '.join(MODES)}, not {args.modes}")
     if "ina+deadline" in args.modes:
         if args.deadline_ms == 0:
             raise ValueError("--modes ina+deadline needs a deadline: --deadline-ms 0 is none")
-        if not supported:
-            raise ValueError(f"ina+deadline: {NO_DEADLINE}: --deadline-ms 0 runs the rest")
     elif args.deadline_ms:
         raise ValueError(f"--deadline-ms {args.deadline_ms:g}: only the ina+deadline runs have "
                          f"a deadline, and --modes {','.join(args.modes)} has none (not gloo's)")

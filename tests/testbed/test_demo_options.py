@@ -67,13 +67,12 @@ def test_the_report_prints_every_line_it_promises(ina, capsys):
     assert ("switch (ina)" in out) == ina
 
 
-def test_a_deadline_is_refused_where_the_code_has_none():
+def test_a_negative_deadline_is_refused():
     from innet_aggregation.testbed.layout import check_deadline
-    with pytest.raises(ValueError, match=r"--deadline-ms 50: this code has no bounded-time "
-                                         r"aggregation yet \(a job has no deadline_ms\)"):
-        check_deadline(50, supported=False)
-    check_deadline(0, supported=False)
-    check_deadline(50, supported=True)
+    with pytest.raises(ValueError, match=r"--deadline-ms must not be negative, not -5"):
+        check_deadline(-5)
+    check_deadline(0)
+    check_deadline(50)
 
 
 def test_the_deadline_line_says_what_was_released():

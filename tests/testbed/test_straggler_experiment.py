@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS, SLEEP_MS, P, SEED = 8, 300.0, 0.5, 3
 
 
-def settled(*argv: str, supported: bool = False):
-    return se.settle(se._parser().parse_args(list(argv)), supported=supported)
+def settled(*argv: str):
+    return se.settle(se._parser().parse_args(list(argv)))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -43,15 +43,12 @@ def settled(*argv: str, supported: bool = False):
 ])
 def test_settings_that_cannot_run_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
-        settled(*argv, supported=True)
+        settled(*argv)
 
 
-def test_a_deadline_is_refused_where_the_code_has_none_and_left_out_by_default():
-    with pytest.raises(ValueError, match=r"no bounded-time aggregation yet \(a job has no deadline_ms\)"):
-        settled("--deadline-ms", "100")
-    assert settled().modes == ["ina", "gloo"]
-    assert settled(supported=True).modes == ["ina", "ina+deadline", "gloo"]
-    assert settled("--deadline-ms", "0", supported=True).modes == ["ina", "gloo"]
+def test_the_deadline_mode_runs_by_default_and_not_with_deadline_0():
+    assert settled().modes == ["ina", "ina+deadline", "gloo"]
+    assert settled("--deadline-ms", "0").modes == ["ina", "gloo"]
     assert settled().straggler_rank == 3 and settled().epochs == 8
 
 
