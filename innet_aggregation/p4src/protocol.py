@@ -338,10 +338,12 @@ PROOF_NONCE_BYTES = 16
 
 # Bounded-time aggregation, v1model's alone (p4src/v1model/deadline.p4): a worker's
 # RELEASE of a round, and the switch's RELEASED partial sum, whose fingerprint field
-# carries the bitmap of the workers in it.
+# carries the bitmap of the workers in it; a QUORUM contribution, released once as many
+# workers as its `contributions` are in.
 _DEADLINE = parse_consts((P4SRC_DIR / "v1model" / "deadline.p4").read_text())
 MSG_RELEASE = _DEADLINE["MSG_RELEASE"]
 MSG_RELEASED = _DEADLINE["MSG_RELEASED"]
+MSG_QUORUM = _DEADLINE["MSG_QUORUM"]
 
 
 def proof_frame(dst_mac: str, dst_ip: str, dst_port: int, src_mac: str, src_ip: str,

@@ -267,7 +267,7 @@ class RoundTracker(Control):
     ACTIONS = ("AggIngress.round_tracker.set_deadline",)
     COUNTER = "AggIngress.deadline_outcomes"
     # deadline.p4's DEADLINE_* indexes, per job: job_id * len(OUTCOMES) + index
-    OUTCOMES = ("released", "late", "stale", "release_refused")
+    OUTCOMES = ("released", "late", "stale", "release_refused", "quorum")
 
     def needs(self, config: Config) -> list[tuple[str, str]]:
         return super().needs(config) if config.job.deadline_ms else []
@@ -288,7 +288,8 @@ class RoundTracker(Control):
 
     def read_counters(self, job_id: int) -> dict[str, int]:
         """Packets per outcome of ``job_id``'s deadline: rounds released, contributions
-        that came after a release, stale packets dropped, releases refused."""
+        that came after a release, stale packets dropped, releases refused, rounds
+        released at their quorum."""
         base = job_id * len(self.OUTCOMES)
         cells = {cell.index: cell.data.packet_count
                  for cell in self.conn.read(P4CounterEntry(self.name("counters", self.COUNTER)))}

@@ -92,11 +92,14 @@ class TestHost:
 
     def contribute(self, values, *, job_id: int, slot: int, set_: int, pkt_id: int = 0,
                    exponent: int = 0, fingerprint: int = 0, asks: bool = False,
-                   msg_type: int = protocol.MsgType.CONTRIBUTION, **frame_kw) -> None:
-        """``asks``: for a WAITING reply, should it be a duplicate of an unfinished slot."""
+                   msg_type: int = protocol.MsgType.CONTRIBUTION, quorum: int = 0,
+                   **frame_kw) -> None:
+        """``asks``: for a WAITING reply, should it be a duplicate of an unfinished slot.
+        ``quorum``: a QUORUM contribution, released once that many workers are in."""
         payload = contribution(values, job_id=job_id, slot=slot, set_=set_, pkt_id=pkt_id,
                                exponent=exponent, fingerprint=fingerprint,
-                               contributions=int(asks), msg_type=msg_type)
+                               contributions=quorum if quorum else int(asks),
+                               msg_type=protocol.MSG_QUORUM if quorum else msg_type)
         self.send_frame(self.frame(payload, **frame_kw))
 
     # -- receiving -----------------------------------------------------------

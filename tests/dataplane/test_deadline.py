@@ -1,9 +1,10 @@
 """A deadline job's release (p4src/v1model/deadline.p4), packet by packet: what the
 round holds goes to every worker with who is in it; a contribution after the release
 gets those same bits and changes nothing; the next rounds of both shadow sets work;
-a packet of an older round is dropped; and a release from a host that is not the
+a packet of an older round is dropped; a QUORUM contribution releases its round the
+moment as many workers as it names are in; and a release from a host that is not the
 job's, for another job's slot, for a round nobody began or in a job without a
-deadline is refused and counted."""
+deadline (or a quorum there, or a quorum of none) is refused and counted."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def test_a_release_sends_the_partial_sum_and_who_is_in_it_to_every_worker(switch
         released(hosts[w].results(2, timeout=1.0), partial, 0b101, 2, 77, slot, 0)
     assert all(h.results(1, timeout=0.2) == [] for h in hosts[:3])
     counted = delta(deadline_before, switch.controller.deadline_counters(jid))
-    assert counted == {"released": 1, "late": 1, "stale": 0, "release_refused": 0}, counted
+    assert counted == {"released": 1, "late": 1, "stale": 0, "release_refused": 0,
+                       "quorum": 0}, counted
 
 
 def test_both_shadow_sets_go_on_after_a_release_and_an_older_round_is_dropped(
@@ -125,10 +127,10 @@ def test_a_release_is_refused_unless_a_member_releases_a_begun_round_of_its_dead
     assert counted["ingress.unknown_sender"] == 1 and counted["ingress.bad_slot"] == 1, counted
     assert counted["ingress.malformed"] == 1, counted
     assert delta(deadline_before, switch.controller.deadline_counters(jid)) == {
-        "released": 0, "late": 0, "stale": 0, "release_refused": 1}
+        "released": 0, "late": 0, "stale": 0, "release_refused": 1, "quorum": 0}
 
 
-def test_a_job_without_a_deadline_refuses_a_release(switch, hosts, job):
+def test_a_job_without_a_deadline_refuses_a_release_and_a_quorum(switch, hosts, job):
     ones = np.ones(k())
     plain = job(2)
     pid, pslot = plain.job.id, plain.job.first_slot
@@ -136,6 +138,63 @@ def test_a_job_without_a_deadline_refuses_a_release(switch, hosts, job):
     before = switch.counters()
     hosts[0].contribute(ones, job_id=pid, slot=pslot, set_=0, pkt_id=5,
                         msg_type=protocol.MSG_RELEASE)
+    hosts[0].contribute(ones, job_id=pid, slot=pslot, set_=0, pkt_id=5, quorum=1)
+    assert hosts[0].results(1, timeout=0.5) == []
+    assert delta(before, switch.counters())["ingress.malformed"] == 2
+    assert switch.controller.deadline_counters(pid)["release_refused"] == 2
+
+
+def test_a_quorum_contribution_releases_its_round_once_that_many_workers_are_in(
+        switch, hosts, job):
+    config = job(3, deadline_ms=DEADLINE_MS)
+    jid, slot = config.job.id, config.job.first_slot
+    values = (np.arange(3 * k()).reshape(3, k()) - 50) * 7
+    before, deadline_before = switch.counters(), switch.controller.deadline_counters(jid)
+    # Round 20 (set 1): worker 2 is in, short of the quorum of 2: nothing leaves.
+    hosts[2].contribute(values[2], job_id=jid, slot=slot, set_=1, pkt_id=20, exponent=3,
+                        quorum=2)
+    wait_for(switch, before, "ingress.consumed", 1)
+    assert all(h.results(1, timeout=0.2) == [] for h in hosts[:3])
+    # Worker 0 makes two: every worker gets the round as a release would send it.
+    hosts[0].contribute(values[0], job_id=jid, slot=slot, set_=1, pkt_id=20, exponent=1,
+                        quorum=2)
+    partial = values[0] + values[2]
+    for h in hosts[:3]:
+        got = h.results(2, timeout=1.0)
+        assert len(got) == 1, got
+        released(got, partial, 0b101, 2, 20, slot, 1)
+        assert got[0].header["exponent"] == 3
+    # Worker 1 comes late, once plainly and once as a quorum; worker 0 resends: the
+    # same bits, alone, and the round stays as it was released.
+    hosts[1].contribute(values[1], job_id=jid, slot=slot, set_=1, pkt_id=20)
+    released(hosts[1].results(2, timeout=1.0), partial, 0b101, 2, 20, slot, 1)
+    hosts[1].contribute(values[1], job_id=jid, slot=slot, set_=1, pkt_id=20, quorum=2)
+    released(hosts[1].results(2, timeout=1.0), partial, 0b101, 2, 20, slot, 1)
+    hosts[0].contribute(values[0], job_id=jid, slot=slot, set_=1, pkt_id=20, quorum=2)
+    released(hosts[0].results(2, timeout=1.0), partial, 0b101, 2, 20, slot, 1)
+    assert all(h.results(1, timeout=0.2) == [] for h in hosts[:3])
+    counted = delta(deadline_before, switch.controller.deadline_counters(jid))
+    assert counted == {"released": 0, "late": 2, "stale": 0, "release_refused": 0,
+                       "quorum": 1}, counted
+    # Rounds 21 (set 0) and 22 (set 1): a quorum of every worker is a whole sum, with
+    # the fingerprints' sum, and the set released at its quorum starts over.
+    for pkt_id, set_ in ((21, 0), (22, 1)):
+        for w in range(3):
+            hosts[w].contribute(values[w] * pkt_id, job_id=jid, slot=slot, set_=set_,
+                                pkt_id=pkt_id, fingerprint=1000 + w, quorum=3)
+        for h in hosts[:3]:
+            (r,) = h.results(2, timeout=2.0)
+            assert r.header["msg_type"] == protocol.MsgType.RESULT, r.header
+            assert (r.header["pkt_id"], r.header["contributions"]) == (pkt_id, 3)
+            assert r.header["fingerprint"] == 3003
+            assert (r.values == values.sum(axis=0) * pkt_id).all()
+
+
+def test_a_quorum_of_nobody_is_refused(switch, hosts, job):
+    timed = job(2, deadline_ms=DEADLINE_MS)
+    before = switch.counters()
+    hosts[0].contribute(np.ones(k()), job_id=timed.job.id, slot=timed.job.first_slot, set_=0,
+                        pkt_id=5, msg_type=protocol.MSG_QUORUM)       # contributions 0
     assert hosts[0].results(1, timeout=0.5) == []
     assert delta(before, switch.counters())["ingress.malformed"] == 1
-    assert switch.controller.deadline_counters(pid)["release_refused"] == 1
+    assert switch.controller.deadline_counters(timed.job.id)["release_refused"] == 1

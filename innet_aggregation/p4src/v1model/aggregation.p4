@@ -104,7 +104,7 @@ control AggIngress(inout headers_t hdr,
     }
 
     apply {
-        deadline_t d = {0, 0, 0, 0, 0, 0, 0, 0};
+        deadline_t d = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         bit<32> deadline_outcome = DEADLINE_OUTCOMES;     // none
         // BMv2 sends to port 0 when nothing sets egress_spec (behavioral-model #992).
         mark_to_drop(standard_metadata);
@@ -152,7 +152,8 @@ control AggIngress(inout headers_t hdr,
                        || (hdr.agg.msg_type != MsgType.CONTRIBUTION
                            && hdr.agg.msg_type != MsgType.RESULT
                            && hdr.agg.msg_type != MsgType.WAITING
-                           && (bit<8>)hdr.agg.msg_type != MSG_RELEASE)) {
+                           && (bit<8>)hdr.agg.msg_type != MSG_RELEASE
+                           && (bit<8>)hdr.agg.msg_type != MSG_QUORUM)) {
                 meta.outcome = IngressOutcome.MALFORMED;
             } else {
                 job_lookup.apply(hdr, meta, job_found);
@@ -168,8 +169,9 @@ control AggIngress(inout headers_t hdr,
                         meta.outcome = IngressOutcome.UNKNOWN_SENDER;
                     } else if ((meta.from_parent == 1)
                                != (hdr.agg.msg_type != MsgType.CONTRIBUTION
-                                   && (bit<8>)hdr.agg.msg_type != MSG_RELEASE)) {
-                        // Workers send contributions and releases only, a parent
+                                   && (bit<8>)hdr.agg.msg_type != MSG_RELEASE
+                                   && (bit<8>)hdr.agg.msg_type != MSG_QUORUM)) {
+                        // Workers send contributions, releases and quorums only, a parent
                         // results and WAITING replies only.
                         meta.outcome = IngressOutcome.MALFORMED;
                     } else if (hdr.agg.msg_type == MsgType.WAITING) {
@@ -178,11 +180,16 @@ control AggIngress(inout headers_t hdr,
                         meta.outcome = IngressOutcome.PARENT_WAITING;
                     } else {
                         meta.cell = hdr.agg.slot ++ hdr.agg.set;
-                        meta.asks = (hdr.agg.contributions != 0) ? 1w1 : 1w0;
                         d.release = ((bit<8>)hdr.agg.msg_type == MSG_RELEASE) ? 1w1 : 1w0;
+                        d.quorum = ((bit<8>)hdr.agg.msg_type == MSG_QUORUM) ? 1w1 : 1w0;
+                        // A QUORUM's `contributions` is its quorum, never an ask.
+                        meta.asks = (d.quorum == 0 && hdr.agg.contributions != 0) ? 1w1 : 1w0;
                         round_tracker.apply(hdr, meta, d);
-                        if (d.release == 1 && (d.on == 0 || meta.has_parent == 1)) {
-                            // Only a job with a deadline releases, and only at its root.
+                        if ((d.release == 1 || d.quorum == 1)
+                                && (d.on == 0 || meta.has_parent == 1
+                                    || (d.quorum == 1 && hdr.agg.contributions == 0))) {
+                            // Only a job with a deadline releases, and only at its root;
+                            // a quorum of none is no quorum.
                             meta.outcome = IngressOutcome.MALFORMED;
                             deadline_outcome = DEADLINE_RELEASE_REFUSED;
                         } else {
@@ -192,7 +199,7 @@ control AggIngress(inout headers_t hdr,
                             if (meta.from_parent == 0) {
                                 bitmap_checker.apply(hdr, meta, d);
                             }
-                            contribution_counter.apply(meta, d);
+                            contribution_counter.apply(hdr, meta, d);
                             next_step_selector.apply(meta, d);
                             value_aggregator.apply(hdr, meta);
                             exponent_max.apply(hdr, meta);
@@ -201,6 +208,8 @@ control AggIngress(inout headers_t hdr,
                                 deadline_outcome = DEADLINE_STALE;
                             } else if (d.empty == 1) {
                                 deadline_outcome = DEADLINE_RELEASE_REFUSED;
+                            } else if (d.reached == 1) {
+                                deadline_outcome = DEADLINE_QUORUM;
                             } else if (d.record == 1) {
                                 deadline_outcome = DEADLINE_RELEASED;
                             } else if (d.as_released == 1 && d.release == 0

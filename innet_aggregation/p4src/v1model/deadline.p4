@@ -14,12 +14,25 @@
  * same packet id (transport.py: ids count the packets sent in a slot), so a deadline
  * job's (slot, set) keeps the id of its round: a packet with that id belongs to it, a
  * newer one starts the next round, an older one is stale and dropped.
+ *
+ * A call spans many rounds of each slot, and a rank that missed one round of it will
+ * miss the next ones too: waiting the deadline again in each would cost a call more
+ * than the late rank does. So once a round of a call was released, the workers send the
+ * call's later rounds as QUORUM contributions carrying, in `contributions`, how many
+ * workers the release held: the switch releases such a round the moment that many are
+ * in, exactly as a deadline release does. The quorum lives in the packets, so it lasts
+ * one call: the next call starts by waiting for every worker again.
  */
 #ifndef _DEADLINE_P4_
 #define _DEADLINE_P4_
 
 const bit<8> MSG_RELEASE = 4;     // worker to switch: release this (slot, set) now
 const bit<8> MSG_RELEASED = 5;    // switch to workers: a released partial sum
+const bit<8> MSG_QUORUM = 6;      // worker to switch: a contribution, released at a quorum
+
+// In the counts register of a deadline job's (slot, set): its round was released at its
+// quorum (above MAX_WORKERS, so never a count), and later packets get that result.
+const count_t QUORUM_FLAG = 0x40;
 
 // A packet id at most this many rounds behind its (slot, set)'s is stale; any other
 // id than the round's is newer (ids wrap at 2^32). A late worker trails the others
@@ -30,8 +43,9 @@ const bit<32> STALE_ROUNDS = 0x1000;
 const bit<32> DEADLINE_RELEASED = 0;          // a release sent a partial sum to every worker
 const bit<32> DEADLINE_LATE = 1;              // a contribution after a release, answered with it
 const bit<32> DEADLINE_STALE = 2;             // a packet of an older round: dropped
-const bit<32> DEADLINE_RELEASE_REFUSED = 3;   // a release for no round, or of a job without a deadline
-const bit<32> DEADLINE_OUTCOMES = 4;
+const bit<32> DEADLINE_RELEASE_REFUSED = 3;   // a release or quorum for no round, or of a job without a deadline
+const bit<32> DEADLINE_QUORUM = 4;            // a QUORUM contribution released its round
+const bit<32> DEADLINE_OUTCOMES = 5;
 
 struct deadline_t {
     bit<1> on;          // the job has a deadline (the deadline_jobs table)
@@ -42,6 +56,8 @@ struct deadline_t {
     bit<1> empty;       // a release for a round nobody has contributed to
     bit<1> as_released; // the packet leaves as RELEASED
     bit<1> record;      // a release: the fingerprint register keeps who is in the round
+    bit<1> quorum;      // the packet is a QUORUM contribution
+    bit<1> reached;     // and with it, its round holds as many workers as it asks
 }
 
 #endif  // _DEADLINE_P4_

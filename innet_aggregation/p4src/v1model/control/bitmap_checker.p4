@@ -11,7 +11,9 @@
  * In a deadline job (deadline.p4) a release, a contribution to a released round and
  * a stale packet mark nobody: they only read who is in the round. The first packet of
  * a round after one some worker skipped starts the set over, so a skipped round's bit
- * does not count in the next.
+ * does not count in the next. That first packet is what re-arms a set there, so a
+ * contribution leaves the other set's bitmap as it is: a round released at its quorum
+ * keeps who is in it, and a worker that comes later is not taken for its first.
  */
 #ifndef _BITMAP_CHECKER_P4_
 #define _BITMAP_CHECKER_P4_
@@ -27,9 +29,10 @@ control BitmapChecker(in headers_t hdr, inout metadata_t meta, in deadline_t d) 
         worker_bitmap_t before = (d.fresh == 1) ? 0 : ((hdr.agg.set == 0) ? set0 : set1);
         worker_bitmap_t mark = (d.release == 1 || d.released == 1 || d.stale == 1)
                                ? 0 : meta.worker_bit;
+        worker_bitmap_t rearm = (d.on == 1) ? 0 : mark;
         worker_bitmap_t new0 = (hdr.agg.set == 0) ? ((d.fresh == 1) ? mark : (set0 | mark))
-                                                  : (set0 & ~mark);
-        worker_bitmap_t new1 = (hdr.agg.set == 0) ? (set1 & ~mark)
+                                                  : (set0 & ~rearm);
+        worker_bitmap_t new1 = (hdr.agg.set == 0) ? (set1 & ~rearm)
                                                   : ((d.fresh == 1) ? mark : (set1 | mark));
         bitmaps.write((bit<32>)hdr.agg.slot, new1 ++ new0);
         meta.seen = ((before & meta.worker_bit) != 0) ? 1w1 : 1w0;

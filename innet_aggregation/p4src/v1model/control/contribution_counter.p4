@@ -8,25 +8,34 @@
  * the leaf has not finished is stale). The next round's first contribution
  * writes 1 and so clears it. One read-modify-write per packet in every case.
  * In a deadline job, a release, a packet for a released round and a stale one
- * only read (deadline.p4): a released round's count is final.
+ * only read (deadline.p4): a released round's count is final. A QUORUM contribution
+ * that brings the count to its quorum (short of every worker) releases the round: the
+ * same write sets QUORUM_FLAG, after which the count stays and every later packet of
+ * the round is one for a released round.
  */
 #ifndef _CONTRIBUTION_COUNTER_P4_
 #define _CONTRIBUTION_COUNTER_P4_
 
-control ContributionCounter(inout metadata_t meta, in deadline_t d) {
+control ContributionCounter(in headers_t hdr, inout metadata_t meta, inout deadline_t d) {
     register<count_t>(NUM_CELLS) counts;
 
     action count_first() {
-        counts.write((bit<32>)meta.cell, 1);
+        d.reached = (d.quorum == 1 && hdr.agg.contributions == 1 && meta.num_workers > 1)
+                    ? 1w1 : 1w0;
+        counts.write((bit<32>)meta.cell, (d.reached == 1) ? (1 | QUORUM_FLAG) : 1);
         meta.count = 1;
     }
 
     action count_next() {
         count_t count;
         counts.read(count, (bit<32>)meta.cell);
-        count = count + 1;
-        counts.write((bit<32>)meta.cell, count);
-        meta.count = count;
+        // A deadline job's round released at its quorum counts nobody more.
+        bool closed = d.on == 1 && (count & QUORUM_FLAG) != 0;
+        count_t next = closed ? count : count + 1;
+        d.reached = (!closed && d.quorum == 1 && next >= hdr.agg.contributions
+                     && next < meta.num_workers) ? 1w1 : 1w0;
+        counts.write((bit<32>)meta.cell, (d.reached == 1) ? (next | QUORUM_FLAG) : next);
+        meta.count = next;
     }
 
     action count_read() {
@@ -66,6 +75,10 @@ control ContributionCounter(inout metadata_t meta, in deadline_t d) {
 
     apply {
         count_op.apply();
+        if (d.on == 1 && (meta.count & QUORUM_FLAG) != 0) {
+            d.released = 1;
+            meta.count = meta.count & ~QUORUM_FLAG;
+        }
         meta.final = ((meta.count & FINAL_FLAG) != 0) ? 1w1 : 1w0;
         meta.count = meta.count & ~FINAL_FLAG;
         meta.done = (meta.count == meta.num_workers) ? 1w1 : 1w0;

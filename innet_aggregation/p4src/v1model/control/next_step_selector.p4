@@ -88,6 +88,16 @@ control NextStepSelector(inout metadata_t meta, inout deadline_t d) {
         d.record = 1;
     }
 
+    // A QUORUM contribution that completes its quorum: stored (``op``), and what the
+    // round holds leaves for every worker as a release does.
+    action release_at_quorum(RegisterOp op) {
+        meta.register_op = op;
+        meta.next_step = NextStep.MULTICAST;
+        meta.outcome = IngressOutcome.COMPLETED;
+        d.as_released = 1;
+        d.record = 1;
+    }
+
     // A packet for a released round, or a release again: the released sum, to the sender.
     action resend_released() {
         meta.register_op = RegisterOp.READ;
@@ -154,7 +164,13 @@ control NextStepSelector(inout metadata_t meta, inout deadline_t d) {
     }
 
     apply {
-        next_step.apply();
+        if (d.reached == 0) {
+            next_step.apply();
+        } else if (meta.first == 1) {
+            release_at_quorum(RegisterOp.WRITE);
+        } else {
+            release_at_quorum(RegisterOp.ADD);
+        }
     }
 }
 
