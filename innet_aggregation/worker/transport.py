@@ -92,9 +92,16 @@ same bits (p4src/v1model/deadline.p4). A worker that is not in a released round 
 its blocks' values and adds them to the same blocks of the next call of the same
 history key (``carry``): a gradient is applied one call late, never dropped, and AVG
 still divides by the job's size. The session's start and parking never release.
-A late worker takes the released results it finds queued as the others did, and its
-own packets for those rounds are answered with them or, once the others have moved
-the slot on, dropped by the switch as stale.
+A call spans many rounds of each slot, and a rank late for one is late for the next
+ones too: once a round of a call was released, the call's later rounds go out as
+QUORUM contributions naming how many workers the release held, and the switch releases
+each the moment that many are in, so a call waits the deadline once, not once a round.
+A late worker takes the released results it finds queued as the others did (sorted by
+round, ``_take_early``), and sends nothing for a round whose result it holds; the
+others' lead is bounded by what it can hold: once a worker has been left out of
+LEAD_LIMIT released rounds in a row, the others neither release nor send quorums
+(``Transport.lead_ok``) until a round has every worker again, and a deadline job's
+socket buffer holds that many rounds (``lead_buffer``).
 """
 
 from __future__ import annotations
@@ -113,8 +120,8 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from innet_aggregation.p4src.protocol import (EXPONENT_OF_ZERO, MSG_RELEASE, MSG_RELEASED, MsgType,
-                                              PacketFormat)
+from innet_aggregation.p4src.protocol import (EXPONENT_OF_ZERO, MSG_QUORUM, MSG_RELEASE,
+                                              MSG_RELEASED, MsgType, PacketFormat)
 
 from . import quantize
 from .batchio import BatchSocket
@@ -129,6 +136,7 @@ HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its b
 RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
 IP_MTU_DISCOVER, IP_PMTUDISC_INTERFACE, IP_MTU = 10, 4, 14   # linux/in.h; not in Python's socket
+SO_RCVBUFFORCE = 33           # asm-generic/socket.h: past rmem_max, with CAP_NET_ADMIN
 TRANSIENT_ERRORS = frozenset({errno.ENOBUFS, errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
 SEND_TRIES = 3                # a non-transient send error this often in a row: the route's
 START = "session start"       # the two rounds of ``Transport.start``, in messages
@@ -136,7 +144,11 @@ RECOVER = ("reset the job's slots (python -m innet_aggregation.switch_ctl reset 
            "sessions on every worker")
 NONCE_BITS = 26               # |nonce| < 2**26: 32 workers' sum cannot saturate
 IDLE_SEQ = np.iinfo(np.int64).max   # a slot without a packet in flight: sent after every other
-EARLY_ROUNDS = 64             # released rounds per slot kept for a late worker to reach
+# Released rounds in a row a worker may miss before the others wait for it again: what a
+# late worker must hold, queued in its socket and then kept (``early``), to catch up. At
+# 1,024 values a packet, 17 MB of results: 1.4 s of a 100 Mbit/s link.
+LEAD_LIMIT = 4096
+EARLY_ROUNDS = 1 << 16        # a released round this many ahead of its slot's is a duplicate
 
 log = logging.getLogger("worker")
 
@@ -350,7 +362,13 @@ class Transport:
         # history_key -> (chunks, values): this worker's blocks a release left out,
         # added into the same blocks of the next call of that key (``aggregate``).
         self.carry: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self.early = np.zeros(0, dtype=fmt.dtype)    # released rounds not reached yet
+        # Released rounds not reached yet (``_Call._keep_early``): the packets, and
+        # each one's window slot and packet id.
+        self.early: list[np.ndarray] = []
+        self.early_slot = np.zeros(0, dtype=np.int64)
+        self.early_id = np.zeros(0, dtype=np.int64)
+        # Per worker, the released rounds in a row it was left out of (``lead_ok``).
+        self.left_out = np.zeros(num_workers, dtype=np.int64)
         self.rto = RtoEstimator(policy)
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
@@ -394,6 +412,8 @@ class Transport:
         try:
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
                 self.sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            if deadline:
+                self._lead_buffer()
             self.sock.bind((local_ip, local_port))
             # Connected: the kernel delivers only the switch's results for this job.
             self.sock.connect((switch_ip, job_udp_port))
@@ -566,6 +586,33 @@ class Transport:
                 f"below that; ENETUNREACH: no route; EPERM: a firewall), which no retransmission "
                 f"cures. The switch's slot state for this job is now unknown: {RECOVER}")
 
+    def _lead_buffer(self) -> None:
+        """A deadline job's socket holds LEAD_LIMIT results, what this worker gets while
+        it is late (asleep, descheduled) before the others wait for it: a result lost
+        to a full buffer is one whose round the switch may no longer hold. Beyond
+        net.core.rmem_max only as root (SO_RCVBUFFORCE); short of it, a warning."""
+        # What the kernel charges a datagram: its buffer, a power of two, and the skb.
+        charged = (1 << (self.fmt.payload_bytes + 512).bit_length()) + 256
+        want = LEAD_LIMIT * charged
+        for option in (SO_RCVBUFFORCE, socket.SO_RCVBUF):
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, option, want // 2)  # the kernel doubles it
+                break
+            except PermissionError:
+                continue
+        got = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        if got < want:
+            log.warning("job %d, worker %d: the socket holds %d bytes of results, not the %d "
+                        "a worker late by %d released rounds needs (raise net.core.rmem_max, or "
+                        "run as root): a longer lag may lose results the switch no longer holds",
+                        self.job_id, self.worker_id, got, want, LEAD_LIMIT)
+
+    def lead_ok(self) -> bool:
+        """Whether every worker can still catch up: none has been left out of LEAD_LIMIT
+        released rounds in a row. Every worker sees the same released rounds, so all
+        stop releasing about together, and wait for the late one."""
+        return bool(self.left_out.max() < LEAD_LIMIT)
+
     def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
         """The datagrams queued now (at most RECV_BATCH): the well-formed results as
         packets (a view of the receive buffer, valid until the next receive, when
@@ -659,6 +706,13 @@ class _Call:
         # start and parking need every worker), and the slots whose RELEASE went out.
         self.deadline = t.deadline if quantized else 0.0
         self.releasing = np.zeros(w, dtype=bool)
+        # Once a round of this call was released: how many workers it held, the quorum
+        # the call's later rounds ask for (``_load``).
+        self.quorum = 0
+        # While results are being taken in a batch, the next chunks wait to be sent
+        # (``_flush``): a late worker sends nothing for a round whose result it holds.
+        self.deferring = False
+        self.unsent = np.zeros(w, dtype=bool)
         self.carried: list[tuple[np.ndarray, np.ndarray]] = []   # (chunks, own values) left out
         self.fast = FastCall.bind(self)  # the common results in C, if it handles this call
 
@@ -666,10 +720,10 @@ class _Call:
         """Aggregate every chunk; returns per chunk its scale and the agreed maximum."""
         t = self.t
         loaded = np.flatnonzero(self.chunk >= 0)
+        self.deferring = bool(self.deadline and t.early)   # results that came before this call
         self._load(loaded, self.chunk[loaded], time.monotonic())
-        if len(t.early) and self.deadline:   # released rounds that came before this call
-            early, t.early = t.early, t.early[:0]
-            self._on_released(early, time.monotonic())
+        if self.deferring:
+            self._flush(time.monotonic())
         # The earliest timer or RACK deadline; recomputed only when the state changed,
         # and nothing to recover before it (most wake-ups: results, no loss).
         wake = self._next_wakeup()
@@ -687,6 +741,7 @@ class _Call:
                 # Drain the socket first: after a stall, answers queued behind the
                 # first batch must not look lost.
                 drained = 0
+                self.deferring = bool(self.deadline)
                 while True:
                     packets, headers, datagrams = t.receive()
                     drained += datagrams
@@ -696,6 +751,8 @@ class _Call:
                         self._on_waiting(headers)
                     if datagrams < RECV_BATCH:
                         break
+                if self.deferring:
+                    self._flush(time.monotonic())
                 if drained:
                     wake = self._next_wakeup()
                     if drained < COALESCE_BATCH and self.in_flight:
@@ -708,6 +765,33 @@ class _Call:
                 self.logged_at = now
                 log.warning("%s", self._waiting_line(now))
         return self.scale, self.agreed
+
+    def _flush(self, now: float) -> None:
+        """The end of a batch of results: the released rounds kept earlier that are now
+        due are taken (``_take_early``), then the chunks loaded meanwhile sent."""
+        t = self.t
+        if len(t.early_id) and ((t.early_id == t.tx_pkt_id[t.early_slot].astype(np.int64))
+                                & (self.chunk[t.early_slot] >= 0)).any():
+            self._take_early(now)
+        self.deferring = False
+        send = np.flatnonzero(self.unsent & (self.chunk >= 0))
+        self.unsent[:] = False
+        if send.size:
+            self._transmit(send, now)
+
+    def _take_early(self, now: float) -> None:
+        """The released rounds kept for later, in round order (a late worker finds many
+        rounds of each slot): a group a round ahead of the last is due once the last
+        is taken; what is still ahead is kept again."""
+        t = self.t
+        early = np.empty(len(t.early_id), dtype=t.fmt.dtype)   # concatenate would byte-swap
+        np.concatenate(t.early, out=early) if len(t.early) > 1 else np.copyto(early, t.early[0])
+        ahead = (t.early_id - t.tx_pkt_id[t.early_slot].astype(np.int64)) & PKT_ID_MASK
+        t.early, t.early_slot, t.early_id = [], t.early_slot[:0], t.early_id[:0]
+        order = np.argsort(ahead, kind="stable")
+        early, ahead = early[order], ahead[order]
+        for group in np.split(early, np.flatnonzero(np.diff(ahead)) + 1):
+            self._on_released(group, now)
 
     def _coalesce(self, wake: float) -> None:
         """Results trickling in at the links' pace would wake this thread once each,
@@ -733,8 +817,10 @@ class _Call:
         t.tx_pkt_id[slots] = ids
         t.tx_exponent[slots] = own
         t.tx_fingerprint[slots] = self.fingerprints[chunks]
-        t.tx_contributions[slots] = 0             # asks for nothing (see _recover)
-        t.tx_type[slots] = int(MsgType.CONTRIBUTION)
+        # A QUORUM names its quorum; a contribution asks for nothing (see _recover).
+        quorum = self.quorum if self.quorum and t.lead_ok() else 0
+        t.tx_contributions[slots] = quorum
+        t.tx_type[slots] = MSG_QUORUM if quorum else int(MsgType.CONTRIBUTION)
         self.releasing[slots] = False
         self.expect_id[slots] = t.tx_identity[slots]
         self.expect[slots, t.type_offset] = int(MsgType.RESULT)
@@ -747,7 +833,10 @@ class _Call:
         self.retries[slots] = 0
         self.resent[slots] = False
         self.told[slots] = False
-        self._transmit(slots, now)
+        if self.deferring:
+            self.unsent[slots] = True
+        else:
+            self._transmit(slots, now)
 
     def _transmit(self, slots: np.ndarray, now: float) -> int:
         """Send the slots' packets and arm their timers; what failed to go out is
@@ -789,7 +878,7 @@ class _Call:
             behind = self.sent_seq < self.rack_seq
             wake = min(wake, self.sent_at[behind].min() + self.rack_rtt
                        + t.rto.reorder_window)
-        if self.deadline and not self.releasing.all():
+        if self.deadline and not self.releasing.all() and t.lead_ok():
             wake = min(wake, self.first_sent_at[~self.releasing].min() + self.deadline)
         return wake
 
@@ -837,6 +926,7 @@ class _Call:
             first = int(np.argmax(wrong))
             self._mismatch(int(chunks[first]), int(got[first]))
         t.stats.results_received += len(index)
+        t.left_out[:] = 0                 # a whole result: every worker is in
         self._measure(s, now)
         self._settle(packets, rows, index, s, chunks, now)
 
@@ -880,6 +970,9 @@ class _Call:
                     f"{int(bitmap[first]):#x} ({int(count[first])} contributions), which are "
                     f"not this job's"))
             t.stats.results_received += len(index)
+            inside = ((bitmap[:, None] >> np.arange(t.num_workers)) & 1).any(axis=0)
+            t.left_out = np.where(inside, 0, t.left_out + len(index))
+            self.quorum = max(self.quorum, int(count.max()))
             self._measure(s, now)
             self._settle(packets, index, index, s, chunks, now,
                          left_out=(bitmap >> t.worker_id) & 1 == 0)
@@ -891,18 +984,25 @@ class _Call:
     def _keep_early(self, packets: np.ndarray) -> None:
         """Released rounds of a slot that this worker has not reached yet (the others
         went on without it, into later calls): kept, for the call that reaches them
-        (``run``); anything else is a duplicate."""
+        (``_flush``); anything else is a duplicate. The others stop at LEAD_LIMIT rounds
+        ahead of a late worker (``Transport.lead_ok``), so twice that is never reached
+        but by a flood, whose oldest rounds go."""
         t = self.t
+        if not len(packets):
+            return
         slot = t.fmt.unpack(packets, ("slot",))["slot"] - t.first_slot
         inside = (slot >= 0) & (slot < t.num_slots)
-        ahead = inside & (((packets["pkt_id"].astype(np.int64)
-                            - t.next_pkt_id[slot.clip(0, t.num_slots - 1)]) & PKT_ID_MASK)
-                          < EARLY_ROUNDS)
+        slot = slot.clip(0, t.num_slots - 1)
+        ids = packets["pkt_id"].astype(np.int64)
+        ahead = inside & (((ids - t.next_pkt_id[slot]) & PKT_ID_MASK) < EARLY_ROUNDS)
         t.stats.duplicates_ignored += len(packets) - int(np.count_nonzero(ahead))
-        if ahead.any():      # as the packets' own dtype (concatenate would swap it to native)
-            early = np.empty(len(t.early) + int(np.count_nonzero(ahead)), dtype=t.fmt.dtype)
-            early[:len(t.early)], early[len(t.early):] = t.early, packets[ahead]
-            t.early = early[-EARLY_ROUNDS * t.num_slots:]
+        if ahead.any():
+            t.early.append(packets[ahead])      # a copy: ``packets`` may be the receive buffer
+            t.early_slot = np.concatenate((t.early_slot, slot[ahead]))
+            t.early_id = np.concatenate((t.early_id, ids[ahead]))
+            while len(t.early_id) > 2 * LEAD_LIMIT:
+                gone = len(t.early.pop(0))
+                t.early_slot, t.early_id = t.early_slot[gone:], t.early_id[gone:]
 
     def _settle(self, packets: np.ndarray, rows, index: np.ndarray, s: np.ndarray,
                 chunks: np.ndarray, now: float, left_out: np.ndarray | None = None) -> None:
@@ -1014,8 +1114,9 @@ class _Call:
             t.rto.timed_out(now)
             self.retries[expired] += 1
             # From its first timeout on, a packet asks the switch to answer it, if
-            # its slot is unfinished, with whom it waits for (a WAITING reply).
-            t.tx["contributions"][expired] = 1
+            # its slot is unfinished, with whom it waits for (a WAITING reply); a
+            # QUORUM's field is its quorum.
+            t.tx["contributions"][expired & (t.tx_type != MSG_QUORUM)] = 1
         again = np.flatnonzero(expired | lost)
         if again.size:
             sent = self._transmit(again, now)
@@ -1029,7 +1130,7 @@ class _Call:
         again as a RELEASE (its retransmissions too), which every worker's copy of the
         round answers alike (RELEASED, ``_on_released``)."""
         due = ~self.releasing & (self.first_sent_at + self.deadline <= now)
-        if not due.any():
+        if not due.any() or not self.t.lead_ok():
             return
         slots = np.flatnonzero(due)
         self.releasing[slots] = True

@@ -1,11 +1,13 @@
 """One rank of the deadline tests (a job with ``deadline_ms``; the session alone):
 
     python -m tests.worker.deadline_calls --config job.toml --worker-id 0 --out DIR \
-        [--calls 8] [--size 16384] [--sleep 0.3 --sleep-calls 2,5]
+        [--calls 8] [--size 16384] [--sleep 0.3 --sleep-calls 2,5] [--lead-limit N]
 
 Every call all-reduces, under one name, ``run.make_inputs(size, SEED, call, rank)``
 (normal values, steady scales per 64), which any process can recompute; a rank given
-``--sleep`` first sleeps that long before the calls in ``--sleep-calls``. Per call,
+``--sleep`` first sleeps that long before the calls in ``--sleep-calls``;
+``--lead-limit`` lowers the released rounds a late rank may trail by (transport's
+LEAD_LIMIT, so a test reaches it in a few calls). Per call,
 DIR/RANK.CALL.npz holds the result and the blocks this rank's values were left out
 of (a released round without them) with the values it carries into the next call,
 and a JSON line on stdout the call's counters and error bound.
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from innet_aggregation.worker import transport
 from innet_aggregation.worker.run import make_inputs
 from innet_aggregation.worker.session import AggregationSession
 
@@ -35,7 +38,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16384)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--sleep-calls", default="")
+    parser.add_argument("--lead-limit", type=int, default=None)
     args = parser.parse_args()
+    if args.lead_limit is not None:
+        transport.LEAD_LIMIT = args.lead_limit
     rank, out = args.worker_id, Path(args.out)
     sleeps = {int(c) for c in args.sleep_calls.split(",") if c}
     with AggregationSession.from_config(args.config, rank) as session:
@@ -50,6 +56,7 @@ def main() -> None:
             np.savez(out / f"{rank}.{call}.npz", result=values, left_out=chunks, carried=carried)
             stats = session.last_call
             print(json.dumps({"call": call, "bound": stats.max_error_bound,
+                              "seconds": stats.seconds,
                               **stats.counters.as_dict()}), flush=True)
     sys.stdout.flush()
 

@@ -37,18 +37,18 @@ def effective_inputs(logs, call: int, k: int) -> list[np.ndarray]:
     return inputs
 
 
-def test_a_sleeping_rank_is_released_without_and_gets_its_values_in_a_call_later(
-        fabric, tmp_path):
+def run_calls(fabric, tmp_path, job, calls: int, sleeper: list[str], every: list[str] = ()):
+    """The three ranks' calls (rank 2 with ``sleeper``'s arguments), checked: every
+    call bit-identical on every rank and within the quantization's bound of the float64
+    reference of what each rank put in; returns the logs and the runs."""
     k = protocol.packet_format().values_per_packet
-    job = fabric.job(3, num_slots=16, deadline_ms=DEADLINE_MS)
-    before = fabric.control.deadline_counters(job.id)
-    runs = fabric.run(job, ["--out", str(tmp_path), "--calls", str(CALLS), "--size", str(SIZE)],
-                      extra={2: ["--sleep", "0.4", "--sleep-calls", "2,5"]},
-                      module="tests.worker.deadline_calls", timeout=60)
+    runs = fabric.run(job, ["--out", str(tmp_path), "--calls", str(calls), "--size", str(SIZE),
+                            *every],
+                      extra={2: sleeper}, module="tests.worker.deadline_calls", timeout=60)
     for run in runs:
         assert run.returncode == 0, f"rank {run.worker}:\n{run.stderr[-3000:]}"
-    logs = [[dict(np.load(tmp_path / f"{r}.{c}.npz")) for c in range(CALLS)] for r in range(3)]
-    for call in range(CALLS):
+    logs = [[dict(np.load(tmp_path / f"{r}.{c}.npz")) for c in range(calls)] for r in range(3)]
+    for call in range(calls):
         results = [log[call]["result"] for log in logs]
         assert all(r.tobytes() == results[0].tobytes() for r in results), f"call {call}"
         inputs = effective_inputs(logs, call, k)
@@ -63,6 +63,16 @@ def test_a_sleeping_rank_is_released_without_and_gets_its_values_in_a_call_later
         worst = int(np.argmax(error - bound))
         assert (error <= bound).all(), \
             f"call {call}, value {worst}: off by {error[worst]}, bound {bound[worst]}"
+    return logs, runs
+
+
+def test_a_sleeping_rank_is_released_without_and_gets_its_values_in_a_call_later(
+        fabric, tmp_path):
+    k = protocol.packet_format().values_per_packet
+    job = fabric.job(3, num_slots=16, deadline_ms=DEADLINE_MS)
+    before = fabric.control.deadline_counters(job.id)
+    logs, runs = run_calls(fabric, tmp_path, job, CALLS,
+                           ["--sleep", "0.4", "--sleep-calls", "2,5"])
     # Rank 2 was left out of rounds (the others too, if a busy host kept one past the
     # deadline); every rank saw them released.
     left_out = [sum(len(log[c]["left_out"]) for c in range(CALLS)) for log in logs]
@@ -73,3 +83,32 @@ def test_a_sleeping_rank_is_released_without_and_gets_its_values_in_a_call_later
     counted = fabric.control.deadline_counters(job.id)
     assert counted["released"] - before["released"] > 0, counted
     assert counted["release_refused"] == before["release_refused"], counted
+
+
+def test_after_a_release_a_call_waits_for_its_quorum_not_the_deadline_in_every_round(
+        fabric, tmp_path):
+    """Rank 2 sleeps 1 s, 25 deadlines: the others release the first round of each slot
+    at the deadline, and the call's later rounds (3 more a slot) at their quorum, so
+    each of them sends at most a window of releases a call, not one a round."""
+    k = protocol.packet_format().values_per_packet
+    job = fabric.job(3, num_slots=16, deadline_ms=DEADLINE_MS)
+    before = fabric.control.deadline_counters(job.id)
+    logs, runs = run_calls(fabric, tmp_path, job, CALLS, ["--sleep", "1.0", "--sleep-calls", "2"])
+    assert len(logs[2][2]["left_out"]) == SIZE // k      # none of rank 2's call 2 was in
+    for run in runs[:2]:
+        assert max(r["releases"] for r in run.reports) <= 16, run.reports
+    counted = fabric.control.deadline_counters(job.id)
+    assert counted["quorum"] - before["quorum"] >= 3 * 16, counted
+
+
+def test_the_others_wait_for_a_rank_left_out_of_as_many_rounds_as_it_can_hold(
+        fabric, tmp_path):
+    """With LEAD_LIMIT at 96 rounds (a call and a half), rank 2 sleeping 2 s: the others
+    go on without it that far, then wait, and it catches up from what it kept."""
+    k = protocol.packet_format().values_per_packet
+    job = fabric.job(3, num_slots=16, deadline_ms=DEADLINE_MS)
+    logs, runs = run_calls(fabric, tmp_path, job, CALLS, ["--sleep", "2.0", "--sleep-calls", "2"],
+                           every=["--lead-limit", "96"])
+    missed = sum(len(log["left_out"]) for log in logs[2])
+    assert 96 <= missed <= 96 + 2 * 16, missed          # the limit, give or take a window
+    assert all(len(log["left_out"]) == 0 for log in logs[2][5:]), "rank 2 never got back in"
