@@ -587,13 +587,14 @@ class Transport:
                 f"cures. The switch's slot state for this job is now unknown: {RECOVER}")
 
     def _lead_buffer(self) -> None:
-        """A deadline job's socket holds LEAD_LIMIT results, what this worker gets while
+        """A deadline job's socket holds 2 LEAD_LIMIT results, what this worker gets while
         it is late (asleep, descheduled) before the others wait for it: a result lost
         to a full buffer is one whose round the switch may no longer hold. Beyond
         net.core.rmem_max only as root (SO_RCVBUFFORCE); short of it, a warning."""
         # What the kernel charges a datagram: its buffer, a power of two, and the skb.
         charged = (1 << (self.fmt.payload_bytes + 512).bit_length()) + 256
-        want = LEAD_LIMIT * charged
+        # Twice the limit: the others stop once they see it, with a window in flight each.
+        want = max(2 * LEAD_LIMIT * charged, 2 * SOCKET_BUFFER)
         for option in (SO_RCVBUFFORCE, socket.SO_RCVBUF):
             try:
                 self.sock.setsockopt(socket.SOL_SOCKET, option, want // 2)  # the kernel doubles it
