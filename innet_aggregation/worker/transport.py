@@ -481,9 +481,44 @@ class Transport:
             raise self.broken
         self.epoch = int.from_bytes(hashlib.blake2b(sums.tobytes(), digest_size=8).digest(),
                                     "big")
+        if self.deadline:
+            self._check_deadline()
         # Packet ids from here on are the epoch's: a result of another session still
         # on its way matches none of them.
         self.next_pkt_id = (self.next_pkt_id + (self.epoch & PKT_ID_MASK)) & PKT_ID_MASK
+
+    def _check_deadline(self) -> None:
+        """A deadline shorter than the round trip to the switch would release every
+        round before the others' contributions could be in: refused, naming both. The
+        round trip is the start's first slot resent: finished, the switch answers it at
+        once (the start's own results waited for every worker)."""
+        # Slot 0's packet as its result echoes it: the type byte set to RESULT.
+        echo = np.frombuffer(self.tx_identity[:1].tobytes(), dtype=np.uint8).copy()
+        echo[self.type_offset] = int(MsgType.RESULT)
+        echo = echo.view(self.tx_identity.dtype)[0]
+        rtt = None
+        for _ in range(3):                  # a lost answer: try again
+            sent_at = time.monotonic()
+            self.send(np.zeros(1, dtype=np.int64))
+            while rtt is None and (left := sent_at + max(4 * self.deadline, 1.0)
+                                   - time.monotonic()) > 0:
+                if self._poll.poll(left * 1000.0):
+                    packets, _, _ = self.receive()
+                    if (_leading_bytes(packets, self.identity_bytes) == echo).any():
+                        rtt = time.monotonic() - sent_at
+            if rtt is not None:
+                break
+        if rtt is None:
+            log.warning("job %d, worker %d: no round trip to the switch measured in 3 tries; "
+                        "the deadline (%.1f ms) is not checked against it",
+                        self.job_id, self.worker_id, 1000 * self.deadline)
+        elif rtt >= self.deadline:
+            self.broken = ValueError(
+                f"job {self.job_id}: its deadline_ms, {1000 * self.deadline:g} ms, is below the "
+                f"round trip to the switch measured at worker {self.worker_id}'s start, "
+                f"{1000 * rtt:.1f} ms: every round would be released before the others' "
+                f"contributions could be in; give the job a longer deadline")
+            raise self.broken
 
     def park(self) -> None:
         """Bring every slot to the same place in its set sequence (next set 0), with

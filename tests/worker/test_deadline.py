@@ -118,3 +118,13 @@ def test_the_others_wait_for_a_rank_left_out_of_as_many_rounds_as_it_can_hold(
     assert missed >= 96 - 16, missed
     for run in runs[:2]:
         assert max(r["seconds"] for r in run.reports) > 1.0, run.reports
+
+
+def test_a_deadline_below_the_round_trip_to_the_switch_is_refused_naming_both(fabric, tmp_path):
+    job = fabric.job(3, num_slots=16, deadline_ms=0.001)      # 1 us: no switch answers so soon
+    runs = fabric.run(job, ["--out", str(tmp_path), "--calls", "1", "--size", str(SIZE)],
+                      module="tests.worker.deadline_calls", timeout=60)
+    for run in runs:
+        assert run.returncode != 0
+        assert ("its deadline_ms, 0.001 ms, is below the round trip to the switch measured at "
+                f"worker {run.worker}'s start") in run.stderr, run.stderr[-2000:]
