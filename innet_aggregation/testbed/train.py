@@ -60,6 +60,7 @@ import torch.distributed as dist
 
 from innet_aggregation.switch_ctl import jobfile
 
+BENCH_CALL = "bench"  # the name of the benchmark's calls through the session
 INPUT_RANGE = 1000  # |input| <= 1000: exact in float32 and in the switch's fixed point
 # A result is right when every element is within n * 2**(E - TOLERANCE_BITS) of the
 # float64 sum, E its block's largest exponent over the workers: for n <= 32 the
@@ -169,7 +170,9 @@ class Host:
         if ina:
             dist.all_reduce(tensor, group=self.ina_group())
         else:
-            self.session.allreduce(tensor)
+            # Named: the benchmark's calls are one bucket's, step after step. Unnamed,
+            # a run of equal sizes is taken for a step's buckets, each its own place.
+            self.session.allreduce(tensor, name=BENCH_CALL)
         counters = self.session.last_call.counters
         return tensor, {"retransmissions": counters.retransmissions,
                         "packets": counters.packets_sent, "redone": counters.redone,
