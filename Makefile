@@ -27,6 +27,8 @@ SCALE_BW ?= 50
 # demo: CHAOS=1 trains through the job manager while the switch is killed and
 # restarted, then the job's lease revoked: per step the path taken (testbed/chaos.py).
 CHAOS    ?=
+# demo: BUSY=N trains both backends beside N processes spinning a core each (a busy host).
+BUSY     ?= 0
 # loss-experiment: the switches whose ports drop (all, or e.g. spine, leaf0).
 LOSS_AT  ?= all
 # straggler-experiment: the ina+deadline runs' deadline in ms (empty: a quarter of the
@@ -159,7 +161,7 @@ record-gradients: setup
 	$(PY) -m innet_aggregation.testbed.gradients
 
 demo: setup
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina) $(if $(CHAOS),--chaos)
+	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina) $(if $(CHAOS),--chaos) --busy $(BUSY)
 
 testbed: setup
 	$(PY) -m innet_aggregation.testbed.topology --workers $(N) $(TOPOLOGY)

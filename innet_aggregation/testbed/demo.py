@@ -1,7 +1,7 @@
 """Train a model with DDP across the testbed: gradients summed in the switch, then with gloo.
 
     python -m innet_aggregation.testbed.demo --workers 4 [--model small|large] [--epochs E] [--bw MBIT]
-                           [--target softswitch|bmv2] [--chaos]
+                           [--target softswitch|bmv2] [--chaos] [--busy N]
 
 An MLP on scikit-learn's digits, one process per Mininet host. The gloo process
 group (rendezvous over the hosts' addresses, through the switch) starts DDP; in the
@@ -14,6 +14,9 @@ step is mostly the workers' CPU. ``large``: 64-1024-1024-10, 1.13 M parameters
 (4.5 MB of gradient a step), 100 Mbit/s links, where the links set the pace; it
 also measures each backend's time to a test accuracy (--accuracy), the clock
 stopped while worker 0 scores the held-out fifth of the digits.
+
+``--busy N`` (``make demo BUSY=N``) trains both backends beside N processes that spin a
+core each (testbed/busy.py): the machine as busy as a training host, the same for both.
 
 ``--chaos`` (``make demo CHAOS=1``) trains through the job manager instead, while the
 switch is killed and restarted and then the job's lease revoked (``chaos.py``).
@@ -88,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--deadline-ms", type=float, default=0.0,
                         help="bounded-time aggregation: the job's deadline, the switch's and "
                              "every session's (default 0: none); prints what it released")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="CPU-bound processes spinning beside both backends' training "
+                             "(default 0)")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
     add_program_argument(parser)
@@ -102,6 +108,8 @@ def settle(args) -> argparse.Namespace:
             setattr(args, name, getattr(model, name))
     if args.epochs < 1 or args.batch < 1 or args.eval_every < 1:
         raise ValueError("--epochs, --batch and --eval-every must be at least 1")
+    if args.busy < 0:
+        raise ValueError(f"--busy must not be negative, not {args.busy}")
     if args.lr <= 0 or args.bw < 0:
         raise ValueError("--lr must be positive and --bw not negative")
     if args.accuracy is not None and not 0 < args.accuracy <= 1:
@@ -115,6 +123,7 @@ def settle(args) -> argparse.Namespace:
 
 def run(args) -> None:
     from .agents import HostAgents
+    from .busy import busy
     from .topology import Testbed
 
     target = args.target or default_target()
@@ -133,12 +142,16 @@ def run(args) -> None:
             command = {"op": "train", "epochs": args.epochs, "batch": args.batch,
                        "lr": args.lr, "seed": 0, "hidden": list(MODELS[args.model].hidden),
                        "accuracy": args.accuracy, "eval_every": args.eval_every}
-            for backend in ("switch", "gloo"):
-                label = ("gloo allreduce" if backend == "gloo" else "in-switch aggregation"
-                         + (" (the ina backend)" if args.ina else ""))
-                wire = "ina" if args.ina and backend == "switch" else backend
-                print(f"[demo] training with {label}, {args.epochs} epochs", flush=True)
-                results[backend] = agents.call(dict(command, backend=wire), timeout=1800)
+            if args.busy:
+                print(f"[demo] {args.busy} processes spinning a core each beside both "
+                      f"backends", flush=True)
+            with busy(args.busy):
+                for backend in ("switch", "gloo"):
+                    label = ("gloo allreduce" if backend == "gloo" else "in-switch aggregation"
+                             + (" (the ina backend)" if args.ina else ""))
+                    wire = "ina" if args.ina and backend == "switch" else backend
+                    print(f"[demo] training with {label}, {args.epochs} epochs", flush=True)
+                    results[backend] = agents.call(dict(command, backend=wire), timeout=1800)
             counters = testbed.switch_counters()
             fmt = testbed.program.format
     report(results, counters, args, target, fmt)

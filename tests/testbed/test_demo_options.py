@@ -46,6 +46,7 @@ def test_options_given_override_the_models_own():
     (("--lr", "0"), "--lr must be positive"),
     (("--deadline-ms", "-1"), "--deadline-ms must not be negative"),
     (("--deadline-ms", "50", "--chaos"), "--deadline-ms with --chaos"),
+    (("--busy", "-1"), "--busy must not be negative"),
 ])
 def test_settings_that_cannot_run_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -82,3 +83,18 @@ def test_the_deadline_line_says_what_was_released():
     assert ("deadline 40 ms: 40 results released early (2.00% of the workers' results), 20 "
             "blocks late (1.00%), 8000 gradient values carried into the next step (20.00%).") in line
     assert "count no releases" in demo.deadline_line([{"results_received": 5}], 40.0)
+
+
+def test_busy_processes_spin_beside_the_block_and_are_gone_after_it():
+    import os
+    import time
+
+    from innet_aggregation.testbed.busy import busy
+    with busy(2) as pids:
+        assert len(pids) == 2
+        time.sleep(0.5)
+        for pid in pids:      # each has used CPU: state R, and utime advancing
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            assert int(fields[11]) > 0, fields        # utime, in clock ticks
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), pid
