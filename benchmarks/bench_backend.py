@@ -110,7 +110,8 @@ def main() -> None:
         figures.append({"size": size, "session_ms": record.spread(ms["session"]),
                         "backend_ms": record.spread(ms["backend"]),
                         "ratio": statistics.median(ms["backend"]) / statistics.median(ms["session"]),
-                        "rounds_ratio": record.spread(ratios), "extra": extra})
+                        "rounds_ratio": record.spread(ratios), "around_us": around,
+                        "extra": extra})
     record.write("bench-backend", figures, params=vars(args), load_before=load)
     print(f"  load average after: {os.getloadavg()[0]:.2f}")
 

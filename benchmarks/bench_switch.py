@@ -320,14 +320,34 @@ def main() -> int:
         native.close()
     report(benches)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
-    ceiling = {b.k: b for b in benches if b.target == "ceiling"}
-    record.write("bench-switch", [
-        {"values": b.k, "target": b.target, "pps": record.spread(b.rates),
-         "gbits": record.spread([b.gbits(r) for r in b.rates]), "cpu_us": record.spread(b.cpu_us),
-         "of_ceiling": record.spread([r / c for r, c in zip(b.rates, ceiling[b.k].rates)])
-         if b.k in ceiling and b is not ceiling[b.k] else None} for b in benches],
-        params=vars(args), load_before=load)
+    record.write("bench-switch", figures(benches), params=vars(args), load_before=load)
     return 0
+
+
+def figures(benches: list[Bench]) -> list[dict]:
+    """The record's rows: each target's figures, and the rounds' ratios report() prints."""
+    by = {(b.k, b.target): b for b in benches}
+    smallest = min(b.k for b in benches)
+
+    def ratios(a: list[float], b: list[float]) -> dict:
+        return record.spread([x / y for x, y in zip(a, b)])
+
+    rows = []
+    for b in benches:
+        ceiling, native, small = (by.get((b.k, "ceiling")), by.get((b.k, "softswitch")),
+                                  by.get((smallest, b.target)))
+        rows.append({
+            "values": b.k, "target": b.target, "pps": record.spread(b.rates),
+            "gbits": record.spread([b.gbits(r) for r in b.rates]), "cpu_us": record.spread(b.cpu_us),
+            "of_ceiling": ratios(b.rates, ceiling.rates) if ceiling and b is not ceiling else None,
+            "native_over": (ratios(native.rates, b.rates)
+                            if native and b.target not in ("softswitch", "ceiling") else None),
+            "cpu_of_ceiling": ratios(b.cpu_us, ceiling.cpu_us)
+            if ceiling and b.target == "softswitch" else None,
+            "gbits_over_smallest": ratios([b.gbits(r) for r in b.rates],
+                                          [small.gbits(r) for r in small.rates])
+            if small and b.k != smallest else None})
+    return rows
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def timings(fn, repeats: int) -> list[float]:
     return times
 
 
-def pipeline(elements: int, batch: int, repeats: int) -> None:
+def pipeline(elements: int, batch: int, repeats: int) -> dict:
     """The host side of a 4-worker allreduce, all numpy, in batches of ``batch`` packets
     (a batch of packets stays in cache between its steps)."""
     fmt = protocol.packet_format()
@@ -135,9 +135,14 @@ def pipeline(elements: int, batch: int, repeats: int) -> None:
           f"{spread([p / c for p, c in zip(runs['pipeline'], runs['copy'])], '.1f')} x a copy's time")
     print(f"  baseline: np.sum of {WORKERS} arrays        {spread(rate['sum'], '.0f'):>22}   pipeline "
           f"takes {spread([p / s for p, s in zip(runs['pipeline'], runs['sum'])], '.2f')} x its time")
+    return {"pipeline_mbps_per_core": record.spread(rate["pipeline"]),
+            "pipeline_at_once_mbps": record.spread([megabytes / t for t in at_once]),
+            "copy_mbps": record.spread(rate["copy"]), "sum_mbps": record.spread(rate["sum"]),
+            "pipeline_over_copy": record.spread([p / c for p, c in zip(runs["pipeline"], runs["copy"])]),
+            "pipeline_over_sum": record.spread([p / s for p, s in zip(runs["pipeline"], runs["sum"])])}
 
 
-def worker_rate(window: int, seconds: float, repeats: int) -> None:
+def worker_rate(window: int, seconds: float, repeats: int) -> dict:
     """Packets per second one worker sends and receives when nothing else binds."""
     from innet_aggregation.worker import AggregationSession
 
@@ -148,7 +153,7 @@ def worker_rate(window: int, seconds: float, repeats: int) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         print("  skipped: no C compiler for the reflector")
-        return
+        return {}
     c_rates, rates, retrans, fast = [], [], 0, 0
     with tempfile.TemporaryDirectory() as tmp:
         binary = Path(tmp) / "udp_reflector"
@@ -190,6 +195,10 @@ def worker_rate(window: int, seconds: float, repeats: int) -> None:
           f"({spread(mbps, '.0f')} MB/s of float32; {retrans} retransmitted, {fast} of them "
           f"before a timer)")
     print(f"  worker / C:         {spread([w / c for w, c in zip(rates, c_rates)], '.2f'):>28}")
+    return {"worker_pps": record.spread(rates), "worker_mbps": record.spread(mbps),
+            "c_client_pps": record.spread(c_rates),
+            "worker_of_c_client": record.spread([w / c for w, c in zip(rates, c_rates)]),
+            "worker_retransmissions": retrans, "worker_fast_retransmissions": fast}
 
 
 def _free_udp_port() -> int:
@@ -260,7 +269,8 @@ def summarize(label: str, reports: list[dict], elements: int) -> dict:
 
 
 def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, reps: int,
-              slots: int) -> None:
+              slots: int) -> list[dict]:
+    """The record's rows, one per target and packet size that ran (none: skipped)."""
     from innet_aggregation.testbed.layout import link_mtu
     from innet_aggregation.testbed.netns import Namespaces
 
@@ -269,10 +279,10 @@ def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, 
           f"to warm up; medians (min-max):")
     if os.geteuid() != 0:
         print("  skipped: creating network namespaces needs root")
-        return
+        return []
     if not blocks:
         print("  skipped: no switch target (softswitch package absent, BMv2 not installed)")
-        return
+        return []
     # One set of links for every block: the MTU the largest packets need (gloo's too).
     mtu = max(link_mtu(protocol.program(values).format) for _, values in blocks)
     print(f"  load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
@@ -287,11 +297,7 @@ def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, 
                 results.append(summarize(f"{target}, {values} values", reports, size))
     print(f"  load average after: {os.getloadavg()[0]:.2f}")
     if not results:
-        return
-    record.write("bench-worker", {"allreduce": [
-        {"label": r["label"], "mtu": mtu, "elements": r["elements"], "ratio": record.spread(r["ratio"]),
-         **{f"{b}_{k}": record.spread(v) if v else None for b in ("switch", "gloo") for k, v in r[b].items()}}
-        for r in results]}, params={"reps": reps, "slots": slots})
+        return []
     print(f"\n  {'target, values per packet':30s} {'MB':>5} {'switch MB/s per worker':>24} "
           f"{'gloo MB/s per worker':>24} {'switch / gloo':>18}")
     for r in results:
@@ -326,6 +332,11 @@ def allreduce(blocks: list[tuple[str, int]], elements: int, bmv2_elements: int, 
                   f"says how the machine's load moved between them)")
     if any(label.startswith("bmv2") for label in by):
         print(f"  bmv2: {BMV2_BUILD}")
+    return [{"label": r["label"], "mtu": mtu, "elements": r["elements"],
+             "ratio": record.spread(r["ratio"]),
+             **{f"{b}_{k}": record.spread(v) if v else None
+                for b in ("switch", "gloo") for k, v in r[b].items()}, **r["counts"]}
+            for r in results]
 
 
 def main() -> None:
@@ -353,24 +364,31 @@ def main() -> None:
     parser.add_argument("--sections", nargs="*", type=int, default=[1, 2, 3])
     args = parser.parse_args()
     stop_on_signals()       # a stop signal tears down as the end does
+    load, figures = os.getloadavg()[0], {}
     if 1 in args.sections:
-        pipeline(args.elements, args.batch, args.repeats)
+        figures.update(pipeline(args.elements, args.batch, args.repeats))
     if 2 in args.sections:
-        worker_rate(args.window, args.seconds, args.rate_repeats)
-    if 3 not in args.sections:
-        return
-    if args.blocks is None:
-        from innet_aggregation.testbed.targets import bmv2_path
-        k = protocol.packet_format().values_per_packet
-        blocks = []
-        if importlib.util.find_spec("innet_aggregation.softswitch") is not None:
-            blocks += [("softswitch", k), ("softswitch", 64), ("softswitch-python", k)]
-        if bmv2_path():
-            blocks.append(("bmv2", k))
-    else:
-        blocks = [(target, int(values)) for target, _, values in
-                  (block.partition(":") for block in args.blocks)]
-    allreduce(blocks, args.allreduce_elements, args.bmv2_elements, args.allreduce_reps, args.slots)
+        figures.update(worker_rate(args.window, args.seconds, args.rate_repeats))
+    if 3 in args.sections:
+        figures["allreduce"] = allreduce(blocks(args.blocks), args.allreduce_elements,
+                                         args.bmv2_elements, args.allreduce_reps, args.slots)
+    record.write("bench-worker", figures, params=vars(args), load_before=load)
+
+
+def blocks(asked: list[str] | None) -> list[tuple[str, int]]:
+    """Section 3's (target, values per packet): those asked for, else every installed
+    target at the software targets' size and the native backend at 64 too."""
+    if asked is not None:
+        return [(target, int(values)) for target, _, values in
+                (block.partition(":") for block in asked)]
+    from innet_aggregation.testbed.targets import bmv2_path
+    k = protocol.packet_format().values_per_packet
+    out = []
+    if importlib.util.find_spec("innet_aggregation.softswitch") is not None:
+        out += [("softswitch", k), ("softswitch", 64), ("softswitch-python", k)]
+    if bmv2_path():
+        out.append(("bmv2", k))
+    return out
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ README = REPO / "README.md"
 BEGIN, END = "<!-- results:switch-vs-ring:begin -->", "<!-- results:switch-vs-ring:end -->"
 FIGURE = re.compile(r"<!-- fig:([a-z0-9-]+) -->(.*?)<!-- /fig -->", re.S)
 TOFINO = REPO / "innet_aggregation" / "p4src" / "tna" / "build" / "aggregation.resources.txt"
-WITHIN = 1.10          # "within 10 % of the limit", the goal bench-allreduce reports against
 README_VALUES = 1024   # the packet size the README's figure shows: the testbeds' default
 README_SIZE = 262144   # and the tensor, in float32 values: 1 MiB, the sweep's default
 
@@ -65,9 +64,8 @@ def provenance(r: dict) -> str:
     load = r.get("load")
     load = (f", load {load[0]:g}-{load[1]:g}" if load and None not in load and load[0] != load[1]
             else f", load about {load[1]:g}" if load and load[1] is not None else "")
-    note = f" ({r['note']})" if r.get("note") else ""
     return (f"*Record `docs/results/{r['experiment']}.json`: commit `{r['commit']}`, {r['date']}, "
-            f"{r['machine'].get('cpus')} CPUs{load}; {r['source']}{note}.*\n")
+            f"{r['machine'].get('cpus')} CPUs{load}; {r['source']}.*\n")
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -76,36 +74,9 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def over_limit(row: dict) -> float:
-    return row.get("ratio_over_limit") or row["ratio"] / row["limit_headers"]
-
-
-def good(row: dict) -> bool:
-    """The goal of the sweep: within 10 % of the limit on shaped links, faster than
-    the ring on unshaped ones."""
-    return over_limit(row) <= WITHIN if row["bw_mbit"] else row["ratio"] <= 1.0
-
-
-def link_bound_up_to(rows: list[dict], n: int, values: int) -> float | None:
-    """The highest shaped rate up to which every rate kept within 10 % of the limit."""
-    best = None
-    for row in sorted((r for r in rows if r["n"] == n and r["values"] == values and r["bw_mbit"]),
-                      key=lambda r: r["bw_mbit"]):
-        if over_limit(row) > WITHIN:
-            break
-        best = row["bw_mbit"]
-    return best
-
-
 # -- bench-allreduce --------------------------------------------------------------
-# Two schemas: records of testbed.baseline_experiment carry "points" (medians with
-# 95 % bootstrap intervals, the limit from the links' delivered rate, the goal judged
-# on the interval); the committed transcribed history carries "rows" (medians with
-# min-max, the nominal limit). Each renders as it was measured.
-
-def is_points(r: dict) -> bool:
-    return "points" in r["figures"]
-
+# testbed.baseline_experiment's records: medians with 95 % bootstrap intervals, the
+# limit from the links' delivered rate, the goal judged on the interval.
 
 def interval(s: dict, fmt: str = ".1f") -> str:
     """A median with its 95 % interval, as testbed.stats gives it."""
@@ -122,9 +93,8 @@ def mib(size: int) -> str:
 
 
 def sweep_points(r: dict, values: int | None = None, size: int | None = None) -> list[dict]:
-    """The record's lines (either schema), at one packet size and tensor size if given."""
-    f = r["figures"]
-    return [x for x in (f["points"] if is_points(r) else f["rows"])
+    """The record's points, at one packet size and tensor size if given."""
+    return [x for x in r["figures"]["points"]
             if (values is None or x["values"] == values) and (size is None or x["size"] == size)]
 
 
@@ -151,7 +121,7 @@ def bound_cell(sw: dict, bound: str) -> str:
     return bound if share is None else f"{bound} ({share:.0%})"
 
 
-def bench_allreduce_points(r: dict) -> dict[str, str]:
+def bench_allreduce(r: dict) -> dict[str, str]:
     f = r["figures"]
     points = f["points"]
     body = []
@@ -193,7 +163,8 @@ def bench_allreduce_points(r: dict) -> dict[str, str]:
     return {"bench_allreduce.md": md, "switch_vs_ring.md": switch_vs_ring_text(r, "generated/")}
 
 
-def switch_vs_ring_points(r: dict, image_dir: str) -> str:
+def switch_vs_ring_text(r: dict, image_dir: str) -> str:
+    """The README's sentences on the sweep."""
     points = sweep_points(r, README_VALUES, README_SIZE)
     if not points:
         raise SystemExit(f"docs/results/{r['experiment']}.json: no point at {README_VALUES} "
@@ -230,7 +201,14 @@ def switch_vs_ring_points(r: dict, image_dir: str) -> str:
             f"(`docs/results/{r['experiment']}.json`, {r['source']}).\n")
 
 
-def plot_switch_vs_ring_points(r: dict, path: Path, values: int) -> None:
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_switch_vs_ring(r: dict, path: Path, values: int = README_VALUES) -> None:
     """t_switch / t_gloo (95 % interval) against the link rate at one packet size, one
     line per n, each with its measured limit (dashed) and nominal one (dotted)."""
     plt = _pyplot()
@@ -253,97 +231,6 @@ def plot_switch_vs_ring_points(r: dict, path: Path, values: int) -> None:
     ax.set_ylim(0, max(1.1, max(x["ratio"]["hi"] for x in points) * 1.1))
     ax.set_title(f"{mib(README_SIZE)} allreduce, {values} values per packet, 95 % intervals\n"
                  f"dashed: the limit at the delivered rate; dotted: the nominal one", fontsize=9)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)
-
-
-def bench_allreduce_rows(r: dict) -> dict[str, str]:
-    rows = r["figures"]["rows"]
-    body = [[x["n"], x["values"], rate(x["bw_mbit"]), spread(x["t_switch_ms"], ".1f"),
-             spread(x["t_gloo_ms"], ".1f"),
-             f"**{x['ratio']:.2f}**" if good(x) else f"{x['ratio']:.2f}",
-             f"{x['limit_headers']:.2f}", f"{over_limit(x):.2f}", x["bound"],
-             "-" if x["first_tx_share"] is None else f"{x['first_tx_share']:.0%}",
-             x["retransmissions"],
-             f"{x['cpu_worker_ms_per_mb']:.0f}, {x['cpu_switch_ms_per_mb']:.0f} "
-             f"({x['gloo_cpu_worker_ms_per_mb']:.0f}, {x['gloo_cpu_switch_ms_per_mb']:.0f})"]
-            for x in rows]
-    sizes = sorted({x["values"] for x in rows}, reverse=True)
-    md = provenance(r) + "\n" + "".join(
-        f"![t_switch / t_gloo against the link rate, {v} values per packet](generated/"
-        f"bench_allreduce_{v}.png)\n" for v in sizes) + "\n" + table(
-        ["n", "values/packet", "link Mbit/s", "switch ms (min-max)", "gloo ms (min-max)",
-         "t_sw/t_gloo", "limit w/ headers", "ratio / limit", "bound by", "1st tx", "retx",
-         "CPU ms/MB worker, switch (gloo's)"], body)
-    md += "\nBold: within 10 % of the limit (unshaped: at most 1.0).\n\n"
-    for n in sorted({x["n"] for x in rows}):
-        for values in sorted({x["values"] for x in rows}, reverse=True):
-            best = link_bound_up_to(rows, n, values)
-            md += (f"- n = {n}, {values} values per packet: within 10 % of the limit "
-                   + (f"at every rate up to {best:g} Mbit/s\n" if best else "at no shaped rate\n"))
-    return {"bench_allreduce.md": md, "switch_vs_ring.md": switch_vs_ring_text(r, "generated/")}
-
-
-def bench_allreduce(r: dict) -> dict[str, str]:
-    return bench_allreduce_points(r) if is_points(r) else bench_allreduce_rows(r)
-
-
-def switch_vs_ring_text(r: dict, image_dir: str) -> str:
-    """The README's three sentences on the sweep."""
-    if is_points(r):
-        return switch_vs_ring_points(r, image_dir)
-    rows = [x for x in r["figures"]["rows"] if x["values"] == README_VALUES]
-    ns = sorted({x["n"] for x in rows})
-    shaped = {n: [x for x in rows if x["n"] == n and x["bw_mbit"]] for n in ns}
-    unshaped = {n: next((x for x in rows if x["n"] == n and not x["bw_mbit"]), None) for n in ns}
-    lo, hi = (min(x["bw_mbit"] for x in shaped[ns[0]]), max(x["bw_mbit"] for x in shaped[ns[0]]))
-    ratios = "; ".join(f"n = {n}: {min(x['ratio'] for x in shaped[n]):.2f}-"
-                       f"{max(x['ratio'] for x in shaped[n]):.2f} against a limit of "
-                       f"{shaped[n][0]['limit_headers']:.2f}" for n in ns)
-    best = {n: link_bound_up_to(rows, n, README_VALUES) for n in ns}
-    within = (f"{best[ns[0]]:g} Mbit/s for every n" if len(set(best.values())) == 1
-              else " and ".join(f"{b:g} Mbit/s for n = {n}" for n, b in best.items() if b))
-    unsh = ", ".join(f"{unshaped[n]['ratio']:.2f} for n = {n}" for n in ns if unshaped[n])
-    return (f"![The switch path's time over the ring's, against the link rate]"
-            f"({image_dir}switch_vs_ring.png)\n\n"
-            f"Summing in the switch took a fraction of gloo's ring allreduce time for a 1 MiB "
-            f"tensor at every shaped link rate from {lo:g} to {hi:g} Mbit/s "
-            f"({README_VALUES} values per packet; {ratios}, n/(2(n-1)) with both protocols' headers). "
-            f"It kept within 10 % of that limit, or below it, at every rate up to {within}; "
-            f"on unshaped links, where the hosts' CPU binds, it took {unsh} of the ring's time. "
-            f"Measured on {r['date']} at `{r['commit']}` on a {r['machine'].get('cpus')}-CPU VM "
-            f"(`docs/results/{r['experiment']}.json`, {r['source']}).\n")
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def plot_switch_vs_ring(r: dict, path: Path, values: int = README_VALUES) -> None:
-    """t_switch / t_gloo against the link rate at one packet size, one line per n."""
-    if is_points(r):
-        return plot_switch_vs_ring_points(r, path, values)
-    plt = _pyplot()
-    rows = sweep_points(r, values)
-    rates = sorted({x["bw_mbit"] for x in rows}, key=lambda b: b or 1e9)
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for n, color in zip(sorted({x["n"] for x in rows}), ("tab:blue", "tab:orange", "tab:green")):
-        mine = {x["bw_mbit"]: x for x in rows if x["n"] == n}
-        xs = [i for i, b in enumerate(rates) if b in mine]
-        ax.plot(xs, [mine[rates[i]]["ratio"] for i in xs], "o-", color=color, label=f"n = {n}")
-        ax.axhline(mine[rates[0]]["limit_headers"], color=color, ls=":", lw=1)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(rates)), [rate(b) for b in rates])
-    ax.set_xlabel("link rate, Mbit/s")
-    ax.set_ylabel("switch time / ring time")
-    ax.set_ylim(0, max(1.1, max(x["ratio"] for x in rows) * 1.1))
-    ax.set_title(f"1 MiB allreduce, {values} values per packet (dotted: the limit)", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -438,51 +325,60 @@ def plot_scaling(r: dict, path: Path) -> None:
 
 def bench_switch(r: dict) -> dict[str, str]:
     rows = r["figures"]
-    by = {(x["values"], x["target"]): x for x in rows}
-    body = []
-    for x in rows:
-        native = by.get((x["values"], "softswitch"))
-        over = x.get("native_over") or (median(native["pps"]) / median(x["pps"])
-                                        if native and x is not native and x["target"] != "ceiling"
-                                        else None)
-        body.append([x["values"], x["target"], spread(x["pps"], ",.0f"), spread(x["gbits"], ".2f"),
-                     spread(x["of_ceiling"]), "-" if over is None else f"{over:.3g}x",
-                     spread(x["cpu_us"])])
+    smallest = min(x["values"] for x in rows)
+    body = [[x["values"], x["target"], spread(x["pps"], ",.0f"), spread(x["gbits"], ".2f"),
+             spread(x["of_ceiling"]), spread(x["native_over"], ".3g"), spread(x["cpu_us"]),
+             spread(x["cpu_of_ceiling"]), spread(x["gbits_over_smallest"])] for x in rows]
     return {"bench_switch.md": provenance(r) + "\n" + table(
-        ["values", "target", "packets/s", "payload Gbit/s", "of the ceiling", "native is",
-         "CPU µs per contribution"], body)}
+        ["values", "target", "packets/s", "payload Gbit/s", "of the ceiling",
+         "native's rate over it (x)", "CPU µs per contribution", "native's CPU over the ceiling's",
+         f"payload Gbit/s over {smallest} values'"], body)
+        + "\nMedians (min-max) of the runs; each ratio the median (min-max) of the rounds' ratios.\n"}
 
 
 def bench_worker(r: dict) -> dict[str, str]:
     f = r["figures"]
     md = provenance(r) + "\n"
     if "pipeline_mbps_per_core" in f:
-        md += (f"- host pipeline: {spread(f['pipeline_mbps_per_core'], ',.0f')} MB/s per core\n"
-               f"- one worker: {spread(f['worker_pps'], ',.0f')} packets/s each way, "
-               f"{spread(f['worker_of_c_client'])} of a minimal C client's "
-               f"{spread(f['c_client_pps'], ',.0f')}\n\n")
-    md += table(["target, values per packet", "MTU", "switch MB/s per worker", "gloo MB/s per worker",
-                 "switch / gloo", "worker CPU ms/MB (gloo)", "switch process CPU ms/MB (gloo)"],
-                [[x["label"], x["mtu"], spread(x["switch_mbps"], ".1f"), spread(x["gloo_mbps"], ".1f"),
-                  spread(x["ratio"]), f"{spread(x['switch_worker_cpu'], '.1f')} "
-                  f"({spread(x['gloo_worker_cpu'], '.1f')})", f"{spread(x['switch_switch_cpu'], '.1f')} "
-                  f"({spread(x['gloo_switch_cpu'], '.1f')})"] for x in f["allreduce"]])
+        md += (f"- host pipeline, batches that stay in cache: {spread(f['pipeline_mbps_per_core'], ',.0f')} "
+               f"MB/s per core; a whole tensor at once: {spread(f['pipeline_at_once_mbps'], ',.0f')}\n"
+               f"- baselines: a copy {spread(f['copy_mbps'], ',.0f')} MB/s (the pipeline takes "
+               f"{spread(f['pipeline_over_copy'], '.1f')} times its time), numpy's sum of 4 arrays "
+               f"{spread(f['sum_mbps'], ',.0f')} MB/s ({spread(f['pipeline_over_sum'])} times)\n")
+    if "worker_pps" in f:
+        md += (f"- one worker: {spread(f['worker_pps'], ',.0f')} packets/s each way "
+               f"({spread(f['worker_mbps'], ',.0f')} MB/s of float32; "
+               f"{f['worker_retransmissions']} retransmitted), {spread(f['worker_of_c_client'])} of "
+               f"a minimal C client's {spread(f['c_client_pps'], ',.0f')}\n")
+    if f.get("allreduce"):
+        md += "\n" + table(
+            ["target, values per packet", "MTU", "float32", "switch MB/s per worker",
+             "gloo MB/s per worker", "switch / gloo", "worker CPU ms/MB (gloo)",
+             "switch process CPU ms/MB (gloo)", "packets sent, redone, retransmitted"],
+            [[x["label"], x["mtu"], f"{x['elements']:,}", spread(x["switch_mbps"], ".1f"),
+              spread(x["gloo_mbps"], ".1f"), spread(x["ratio"]),
+              f"{spread(x['switch_worker_cpu'], '.1f')} ({spread(x['gloo_worker_cpu'], '.1f')})",
+              f"{spread(x['switch_switch_cpu'], '.1f')} ({spread(x['gloo_switch_cpu'], '.1f')})",
+              f"{x['packets_sent']:,}, {x['redone']:,}, {x['retransmissions']:,}"]
+             for x in f["allreduce"]])
     return {"bench_worker.md": md}
 
 
 def bench_backend(r: dict) -> dict[str, str]:
     return {"bench_backend.md": provenance(r) + "\n" + table(
         ["float32 per call", "session ms", "backend ms", "backend / session (medians)",
-         "rounds' ratios", "backend's extra time around the work"],
+         "rounds' ratios", "around the work, µs: session, backend",
+         "backend's extra time around the work"],
         [[f"{x['size']:,}", spread(x["session_ms"]), spread(x["backend_ms"]), f"{x['ratio']:.3f}",
-          spread(x["rounds_ratio"], ".3f"), f"{100 * x['extra']:+.1f} %"] for x in r["figures"]])}
+          spread(x["rounds_ratio"], ".3f"),
+          f"{x['around_us']['session']:.0f}, {x['around_us']['backend']:.0f}",
+          f"{100 * x['extra']:+.1f} %"] for x in r["figures"]])}
 
 
 def demo_figures(r: dict) -> dict:
-    """A measured demo record (each worker's answers) in the shape of a transcribed one."""
+    """A demo record's figures from each worker's answers: the slowest worker's times,
+    the switch run's packets."""
     f = r["figures"]
-    if "backends" not in f:
-        return f
     b = f["backends"]
     def slowest(key):
         return {k: max(a[key] for a in v) for k, v in b.items()}
@@ -501,34 +397,30 @@ def demo_figures(r: dict) -> dict:
 
 def demo(small: dict, large: dict) -> dict[str, str]:
     s, l = demo_figures(small), demo_figures(large)
-    first = s.get("first_run", s)
     md = provenance(small) + "\n"
     md += table(["", "switch", "gloo"], [
         ["test accuracy", f"{s['accuracy']['switch']:.3f}", f"{s['accuracy']['gloo']:.3f}"],
-        ["ms per step (slowest worker)", f"{first['step_ms']['switch']:.1f}", f"{first['step_ms']['gloo']:.1f}"],
-        ["allreduce ms", f"{first['allreduce_ms']['switch']:.1f}", f"{first['allreduce_ms']['gloo']:.1f}"],
-        ["kB sent per worker", f"{first['kb_sent_per_worker']['switch']:,.0f}",
-         f"{first['kb_sent_per_worker']['gloo']:,.0f}"]])
-    md += (f"\nSwitch / gloo step time {spread(s['step_ratio'])}"
-           + (f" over {len(s['step_ratios'])} runs ({', '.join(f'{x:.2f}' for x in s['step_ratios'])})"
-              if "step_ratios" in s else "")
-           + (f"; unshaped {', '.join(f'{x:.2f}' for x in s['unshaped_step_ratios'])}"
-              if "unshaped_step_ratios" in s else "")
-           + f". Redone blocks: {first['redone_share']:.1%} of the aggregation packets; "
-           f"retransmissions: {first['retransmissions']}.\n")
+        ["ms per step (slowest worker)", f"{s['step_ms']['switch']:.1f}", f"{s['step_ms']['gloo']:.1f}"],
+        ["allreduce ms", f"{s['allreduce_ms']['switch']:.1f}", f"{s['allreduce_ms']['gloo']:.1f}"],
+        ["kB sent per worker", f"{s['kb_sent_per_worker']['switch']:,.0f}",
+         f"{s['kb_sent_per_worker']['gloo']:,.0f}"]])
+    md += (f"\nSwitch / gloo step time {spread(s['step_ratio'])}. Redone blocks: "
+           f"{s['redone_share']:.1%} of the aggregation packets; retransmissions: "
+           f"{s['retransmissions']}.\n")
     md_large = provenance(large) + "\n" + table(
         ["", "switch", "gloo", "switch / gloo"], [
-            [f"seconds to {large['params'].get('accuracy', 0.95):.0%} accuracy", f"{l['seconds']['switch']:.1f}",
+            [f"seconds to {large['params']['accuracy']:.0%} accuracy", f"{l['seconds']['switch']:.1f}",
              f"{l['seconds']['gloo']:.1f}", f"{l['time_ratio']:.2f}"],
             ["steps to it", l["steps"]["switch"], l["steps"]["gloo"], ""],
-            ["ms per step", f"{l['step_ms']['switch']:.0f}", f"{l['step_ms']['gloo']:.0f}",
-             f"{l['step_ratio']:.2f}"]])
-    md_large += f"\nRedone blocks: {l['redone_share']:.1%} of the aggregation packets.\n"
-    if "unshaped" in l:
-        u = l["unshaped"]
-        md_large += (f"Unshaped (`{u['params']}`): step {u['step_ms']['switch']:.0f} against "
-                     f"{u['step_ms']['gloo']:.0f} ms ({u['step_ratio']:.2f}), "
-                     f"{u['retransmissions']} retransmissions, {u['redone_share']:.1%} redone.\n")
+            ["ms per step (slowest worker)", f"{l['step_ms']['switch']:.0f}",
+             f"{l['step_ms']['gloo']:.0f}", f"{l['step_ratio']:.2f}"],
+            ["allreduce ms", f"{l['allreduce_ms']['switch']:.0f}", f"{l['allreduce_ms']['gloo']:.0f}", ""],
+            ["final test accuracy", f"{l['accuracy']['switch']:.3f}", f"{l['accuracy']['gloo']:.3f}", ""],
+            ["kB sent per worker", f"{l['kb_sent_per_worker']['switch']:,.0f}",
+             f"{l['kb_sent_per_worker']['gloo']:,.0f}", ""]])
+    md_large += (f"\n{large['params']['epochs']} epochs on {large['params']['bw']:g} Mbit/s links. "
+                 f"Redone blocks: {l['redone_share']:.1%} of the aggregation packets; "
+                 f"retransmissions: {l['retransmissions']}.\n")
     return {"demo.md": md, "demo_large.md": md_large}
 
 
@@ -536,12 +428,13 @@ def loss(r: dict) -> dict[str, str]:
     pts = r["figures"]["points"]
     body = [[f"{x['size']:,}", x["direction"], f"{x['loss_pct']:g}", spread(x["time_ms"], ".1f"),
              "-" if x["slowdown"] is None else f"{x['slowdown']:.2f}x",
-             "-" if x["retransmissions"] is None else f"{x['retransmissions']:.1f}",
-             "-" if x["needed"] is None else f"{x['needed']:.1f}",
+             f"{x['retransmissions']:.1f}", f"{x['needed']:.1f}",
              f"{x['exact']}/{x['calls']}", f"{x['identical']}/{x['calls']}"] for x in pts]
     p = r["params"]
-    md = (provenance(r) + f"\n{p.get('workers')} workers, {p.get('values')} values per packet, "
-          f"{p.get('reps')} calls per point.\n\n![The slowdown against the loss rate](generated/loss.png)"
+    shape = "one switch" if p["topo"] == "star" else f"a spine and {p['leaves']} leaves"
+    md = (provenance(r) + f"\n{pts[0]['workers']} workers, {shape} (loss at {p['loss_at']}), "
+          f"{pts[0]['values']} values per packet, {rate(p['bw'])}{' Mbit/s' if p['bw'] else ''} links, "
+          f"{p['reps']} calls per point.\n\n![The slowdown against the loss rate](generated/loss.png)"
           f"\n\n" + table(
               ["values", "loss on", "loss %", "median ms (min-max)", "slowdown",
                "retransmissions per call", "needed", "exact", "identical"], body))
@@ -588,12 +481,12 @@ def fuzz(r: dict) -> dict[str, str]:
         return "-" if value is None else format(value, fmt)
     rows = []
     for name, p in f["phases"].items():
-        sent = p.get("sent_total", sum(p.get("sent", {}).values()))
+        sent = sum(p["sent"].values())
         rate = sent / p["seconds"] if sent and p["seconds"] else None
         rows.append([name, cell(p["seconds"], ".2f"), f"{sent:,}", cell(rate, ",.0f"),
                      cell(p["received"], ","), cell(p.get("calls"), "d"),
                      "-" if "exact" not in p else ("yes" if p["exact"] else "no"),
-                     cell(p.get("median_call_s"), ".2f"), cell(p.get("socket_errors"), ","),
+                     cell(p.get("median_call_s"), ".3f"), cell(p.get("socket_errors"), ","),
                      cell(p.get("retransmissions"), ",")])
     verdict = ("every frame accounted for" if not f["problems"]
                else "problems: " + "; ".join(f["problems"]))
@@ -709,7 +602,7 @@ def inline_figures() -> dict[str, str]:
     return {
         **exponent_figures(load("bench-exponents")),
         # probes and redone blocks over all aggregation packets, the first step's included
-        "demo-redone-share": f"{demo_small.get('first_run', demo_small)['redone_share']:.1%}",
+        "demo-redone-share": f"{demo_small['redone_share']:.1%}",
         "tofino-stages": totals["stages used"],
         "tofino-alus": totals["stateful ALUs"],
         "tofino-resources": f"{totals['stateful ALUs']} stateful ALUs, {totals['SRAM blocks']} "

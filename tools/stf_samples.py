@@ -719,6 +719,12 @@ def read_csv(path: Path) -> list[Result]:
                        float(row["seconds"])) for row in csv.DictReader(f)]
 
 
+def compiler_version() -> str:
+    """The compiler's own version line, for the record: the outcomes depend on it."""
+    out = subprocess.run([COMPILER, "--version"], capture_output=True, text=True, timeout=60)
+    return " ".join((out.stdout or out.stderr).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=Path,
@@ -756,6 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     if not samples:
         parser.error("no v1model sample with an .stf matches")
     args.cache.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]
     logs = Path(tempfile.mkdtemp(prefix="stf-logs-"))
     results: list[Result] = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
@@ -780,8 +787,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CSV: {args.out}; switch logs: {logs}")
     from innet_aggregation.testbed import record
     record.write("p4c-samples", figures(results, targets),
-                 params={"samples": str(args.samples), "targets": targets, "pad_short": args.pad_short},
-                 out=args.out.parent)
+                 params={"samples": str(args.samples), "targets": targets, "pad_short": args.pad_short,
+                         "jobs": args.jobs, "only": args.only, "compiler": compiler_version()},
+                 load_before=load, out=args.out.parent)
     return 0
 
 

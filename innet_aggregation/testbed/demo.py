@@ -127,7 +127,7 @@ def run(args) -> None:
     from .topology import Testbed
 
     target = args.target or default_target()
-    t0 = time.monotonic()
+    t0, load = time.monotonic(), os.getloadavg()[0]
     shape = "switch" if args.topo == "star" else f"spine and {args.leaves} leaf switches"
     print(f"[demo] starting the topology: {args.workers} hosts, {target} {shape}, "
           f"links {f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'}", flush=True)
@@ -156,7 +156,7 @@ def run(args) -> None:
             fmt = testbed.program.format
     report(results, counters, args, target, fmt)
     record.write(f"demo-{args.model}", {"step_ratio": step_ratio(results), "backends": results},
-                 params=vars(args))
+                 params=vars(args), load_before=load)
     print(f"[demo] done in {time.monotonic() - t0:.0f} s", flush=True)
 
 

@@ -71,6 +71,17 @@ def test_every_record_says_where_its_figures_come_from():
         assert re.fullmatch(r"[0-9a-f]{7,40}", r["commit"]), f"{path.name}: commit {r['commit']!r}"
 
 
+def test_every_committed_record_was_measured():
+    """A record is what a benchmark wrote from a run (record.write), never figures
+    transcribed from older text: those live in History only."""
+    records = {p.name: json.loads(p.read_text()) for p in sorted((DOCS / "results").glob("*.json"))}
+    assert records
+    unmeasured = {name: r.get("source") for name, r in records.items() if r.get("source") != "measured"}
+    assert not unmeasured, f"records not written by a run: {unmeasured}"
+    unloaded = [name for name, r in records.items() if r["load"] is None or r["load"][1] is None]
+    assert not unloaded, f"records without the machine's load: {unloaded}"
+
+
 # A figure some run measured: a decimal (not a version's 2.11.0), or a number with the
 # unit of a share, a factor, a rate or a time. Sizes are left alone: those in the
 # prose are the design's (frames, MTUs, windows).

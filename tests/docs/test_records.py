@@ -112,6 +112,40 @@ def test_the_p4c_samples_record_counts_against_what_bmv2_passes():
          "load": None, "source": "measured", "figures": f})["p4c_samples.md"]
 
 
+def _bench_switch():
+    """benchmarks/bench_switch.py, a script (its folder is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_switch", render_results.REPO / "benchmarks"
+                                                  / "bench_switch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_switch_benchmark_records_the_ratios_it_prints(tmp_path):
+    from types import SimpleNamespace
+
+    def bench(k, target, rates, cpu_us):
+        return SimpleNamespace(k=k, target=target, rates=rates, cpu_us=cpu_us,
+                               gbits=lambda rate, k=k: rate * k * 32 / 1e9)
+    benches = [bench(64, "ceiling", [400.0, 200.0, 300.0], [2.0, 4.0, 3.0]),
+               bench(64, "softswitch", [200.0, 200.0, 150.0], [3.0, 4.0, 6.0]),
+               bench(64, "bmv2", [2.0, 1.0, 3.0], [50.0, 60.0, 70.0]),
+               bench(256, "softswitch", [100.0, 150.0, 150.0], [4.0, 4.0, 4.0])]
+    path = record.write("bench-switch", _bench_switch().figures(benches), out=tmp_path)
+    rows = {(x["values"], x["target"]): x for x in json.loads(path.read_text())["figures"]}
+    native = rows[64, "softswitch"]
+    assert native["of_ceiling"] == {"median": 0.5, "min": 0.5, "max": 1.0}
+    assert native["cpu_of_ceiling"] == {"median": 1.5, "min": 1.0, "max": 2.0}
+    assert rows[64, "bmv2"]["native_over"] == {"median": 100.0, "min": 50.0, "max": 200.0}
+    assert rows[256, "softswitch"]["gbits_over_smallest"] == {"median": 3.0, "min": 2.0, "max": 4.0}
+    assert native["native_over"] is None and rows[64, "ceiling"]["of_ceiling"] is None
+    md = render_results.bench_switch(json.loads(path.read_text()))["bench_switch.md"]
+    assert "| 64 | bmv2 | 2 (1-3) | 0.00 (0.00-0.00) | 0.01 (0.01-0.01) | 100 (50-200) | 60.00 (50.00-70.00) | - | - |" in md
+    assert "| 64 | softswitch | 200 (150-200) | 0.00 (0.00-0.00) | 0.50 (0.50-1.00) | - | 4.00 (3.00-6.00) | 1.50 (1.00-2.00) | - |" in md
+    assert "| 256 | softswitch | 150 (100-150) | 0.00 (0.00-0.00) | - | - | 4.00 (4.00-4.00) | - | 3.00 (2.00-4.00) |" in md
+
+
 def test_the_tofino_figures_are_the_build_summarys(tmp_path, monkeypatch):
     """The stage table and the totals the Tofino page shows come from bf-p4c's summary
     as committed (tools/tofino_resources.py wrote it), and follow it when it changes."""

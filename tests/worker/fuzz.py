@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -448,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=65_536)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
         fabric = Fabric(args.target, 8, Path(tmp)).start()
         try:
@@ -457,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             fabric.stop()
     print(json.dumps(report) if args.json else "", end="\n" if args.json else "")
     print_report(report)
-    record.write("fuzz", report, params=vars(args))
+    record.write("fuzz", report, params=vars(args), load_before=load)
     return 1 if report["problems"] else 0
 
 
