@@ -93,15 +93,16 @@ its blocks' values and adds them to the same blocks of the next call of the same
 history key (``carry``): a gradient is applied one call late, never dropped, and AVG
 still divides by the job's size. The session's start and parking never release.
 A call spans many rounds of each slot, and a rank late for one is late for the next
-ones too: once a round of a call was released, the call's later rounds go out as
-QUORUM contributions naming how many workers the release held, and the switch releases
-each the moment that many are in, so a call waits the deadline once, not once a round.
-A late worker takes the released results it finds queued as the others did (sorted by
+ones too: once a round was released without some workers, every round goes out as a
+QUORUM contribution naming how many workers the release held, and the switch releases
+each the moment that many are in, so the deadline is waited once, not once a round,
+until a released round has the missing workers in again (``follow_releases``). A late
+worker takes the released results it finds queued as the others did (sorted by
 round, ``_take_early``), and sends nothing for a round whose result it holds; the
 others' lead is bounded by what it can hold: once a worker has been left out of
 LEAD_LIMIT released rounds in a row, the others neither release nor send quorums
 (``Transport.lead_ok``) until a round has every worker again, and a deadline job's
-socket buffer holds that many rounds (``lead_buffer``).
+socket buffer holds twice that many results (``_lead_buffer``).
 """
 
 from __future__ import annotations
@@ -369,6 +370,10 @@ class Transport:
         self.early_id = np.zeros(0, dtype=np.int64)
         # Per worker, the released rounds in a row it was left out of (``lead_ok``).
         self.left_out = np.zeros(num_workers, dtype=np.int64)
+        # Since a round was released without some workers (``awaited``, a bitmap) and
+        # until a released round has them all again: the quorum every round asks for.
+        self.quorum = 0
+        self.awaited = 0
         self.rto = RtoEstimator(policy)
         self.stats = Stats()
         self.next_set = np.zeros(num_slots, dtype=np.int64)
@@ -643,6 +648,19 @@ class Transport:
                         "run as root): a longer lag may lose results the switch no longer holds",
                         self.job_id, self.worker_id, got, want, LEAD_LIMIT)
 
+    def follow_releases(self, bitmaps: np.ndarray, counts: np.ndarray) -> None:
+        """Released rounds (who is in each, how many), in the order taken: the first one
+        without some workers starts the quorum, a later one with fewer in (a deadline
+        hit again) lowers it and awaits those too, and one with every awaited worker in
+        ends it: the late workers are back, and rounds wait for everyone again."""
+        everyone = (1 << self.num_workers) - 1
+        for bitmap, count in zip(bitmaps.tolist(), counts.tolist()):
+            if self.quorum and bitmap & self.awaited == self.awaited:
+                self.quorum = self.awaited = 0
+            elif not self.quorum or count < self.quorum:
+                self.quorum = count
+                self.awaited |= everyone & ~bitmap
+
     def lead_ok(self) -> bool:
         """Whether every worker can still catch up: none has been left out of LEAD_LIMIT
         released rounds in a row. Every worker sees the same released rounds, so all
@@ -742,9 +760,6 @@ class _Call:
         # start and parking need every worker), and the slots whose RELEASE went out.
         self.deadline = t.deadline if quantized else 0.0
         self.releasing = np.zeros(w, dtype=bool)
-        # Once a round of this call was released: how many workers it held, the quorum
-        # the call's later rounds ask for (``_load``).
-        self.quorum = 0
         # While results are being taken in a batch, the next chunks wait to be sent
         # (``_flush``): a late worker sends nothing for a round whose result it holds.
         self.deferring = False
@@ -854,7 +869,7 @@ class _Call:
         t.tx_exponent[slots] = own
         t.tx_fingerprint[slots] = self.fingerprints[chunks]
         # A QUORUM names its quorum; a contribution asks for nothing (see _recover).
-        quorum = self.quorum if self.quorum and t.lead_ok() else 0
+        quorum = t.quorum if t.quorum and t.lead_ok() else 0
         t.tx_contributions[slots] = quorum
         t.tx_type[slots] = MSG_QUORUM if quorum else int(MsgType.CONTRIBUTION)
         self.releasing[slots] = False
@@ -963,6 +978,7 @@ class _Call:
             self._mismatch(int(chunks[first]), int(got[first]))
         t.stats.results_received += len(index)
         t.left_out[:] = 0                 # a whole result: every worker is in
+        t.quorum = t.awaited = 0
         self._measure(s, now)
         self._settle(packets, rows, index, s, chunks, now)
 
@@ -1008,7 +1024,7 @@ class _Call:
             t.stats.results_received += len(index)
             inside = ((bitmap[:, None] >> np.arange(t.num_workers)) & 1).any(axis=0)
             t.left_out = np.where(inside, 0, t.left_out + len(index))
-            self.quorum = max(self.quorum, int(count.max()))
+            t.follow_releases(bitmap, count)
             self._measure(s, now)
             self._settle(packets, index, index, s, chunks, now,
                          left_out=(bitmap >> t.worker_id) & 1 == 0)
