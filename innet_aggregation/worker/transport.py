@@ -828,6 +828,7 @@ class _Call:
         send = np.flatnonzero(self.unsent & (self.chunk >= 0))
         self.unsent[:] = False
         if send.size:
+            self.resent[send] = False     # its first transmission
             self._transmit(send, now)
 
     def _take_early(self, now: float) -> None:
@@ -886,6 +887,7 @@ class _Call:
         self.told[slots] = False
         if self.deferring:
             self.unsent[slots] = True
+            self.resent[slots] = True     # answered before it goes out: no RTT sample
         else:
             self._transmit(slots, now)
 

@@ -57,6 +57,8 @@ def main() -> None:
             stats = session.last_call
             print(json.dumps({"call": call, "bound": stats.max_error_bound,
                               "seconds": stats.seconds,
+                              "srtt": session.transport.rto.srtt,
+                              "rto": session.transport.rto.rto,
                               **stats.counters.as_dict()}), flush=True)
     sys.stdout.flush()
 

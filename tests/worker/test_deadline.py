@@ -48,6 +48,9 @@ def run_calls(fabric, tmp_path, job, calls: int, sleeper: list[str], every: list
     for run in runs:
         assert run.returncode == 0, f"rank {run.worker}:\n{run.stderr[-3000:]}"
     logs = [[dict(np.load(tmp_path / f"{r}.{c}.npz")) for c in range(calls)] for r in range(3)]
+    for run in runs:     # no round trip taken from a round answered before it went out
+        timers = [(r["srtt"], r["rto"]) for r in run.reports]
+        assert all(0 < srtt < 1 and 0 < rto <= 60 for srtt, rto in timers), timers
     for call in range(calls):
         results = [log[call]["result"] for log in logs]
         assert all(r.tobytes() == results[0].tobytes() for r in results), f"call {call}"
