@@ -945,7 +945,9 @@ class _Call:
         ident = _leading_bytes(records, t.identity_bytes)
         ok = self.chunk.take(slot, mode="clip") >= 0
         if kind != MsgType.RESULT:        # ``expect`` holds a result's type byte
-            raw = np.ascontiguousarray(ident).view(np.uint8).reshape(len(records), -1)
+            # A copy (ascontiguousarray would give a lone record's own bytes back, and
+            # the type written below would turn a kept RELEASED into a RESULT).
+            raw = np.array(ident).view(np.uint8).reshape(len(records), -1)
             ok &= raw[:, t.type_offset] == int(kind)
             raw[:, t.type_offset] = int(MsgType.RESULT)
             ident = raw.view(ident.dtype)[:, 0]

@@ -1,0 +1,35 @@
+"""A released round a late worker keeps for later (transport's ``early``) must come back
+as it came: the check of which packets answer a slot once rewrote the type byte of a
+lone record in place, so a kept RELEASED round, looked at alone and not yet due, turned
+into a RESULT and never matched again (the straggler experiment hung on it)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from innet_aggregation.p4src import protocol
+from innet_aggregation.worker import quantize
+from innet_aggregation.worker.transport import Transport, _Call, call_fingerprints
+
+
+def test_looking_at_a_lone_released_round_leaves_its_bytes_as_they_came():
+    fmt = protocol.packet_format()
+    k, slots = fmt.values_per_packet, 4
+    t = Transport(fmt, job_id=1, worker_id=0, num_workers=2, switch_ip="127.0.0.1",
+                  job_udp_port=48000, local_ip="127.0.0.1", local_port=0, first_slot=0,
+                  num_slots=slots, deadline=0.05)
+    try:
+        blocks = quantize.Blocks(np.zeros(slots * k, dtype=np.float32), k)
+        zeros = np.zeros(slots, dtype=np.int64)
+        call = _Call(t, blocks, blocks, zeros, zeros, label="test", quantized=True,
+                     fingerprints=call_fingerprints(0, 1, slots * k, None, slots))
+        kept = fmt.pack(count=3, msg_type=protocol.MSG_RELEASED, job_id=1, slot=2,
+                        pkt_id=[7, 8, 9])
+        as_they_came = kept.tobytes()
+        for lone in range(3):          # one record alone, as a group of one is taken
+            match, _ = call._answers(kept[lone:lone + 1], protocol.MSG_RELEASED)
+            assert not match.any()     # not due: no packet of the call has these ids
+        call._answers(kept, protocol.MSG_RELEASED)
+        assert kept.tobytes() == as_they_came
+    finally:
+        t.sock.close()
