@@ -836,8 +836,8 @@ class _Call:
         rounds of each slot): a group a round ahead of the last is due once the last
         is taken; what is still ahead is kept again."""
         t = self.t
-        early = np.empty(len(t.early_id), dtype=t.fmt.dtype)   # concatenate would byte-swap
-        np.concatenate(t.early, out=early) if len(t.early) > 1 else np.copyto(early, t.early[0])
+        early = np.empty(len(t.early_id), dtype=t.fmt.dtype)   # without out=, native order
+        np.concatenate(t.early, out=early)
         ahead = (t.early_id - t.tx_pkt_id[t.early_slot].astype(np.int64)) & PKT_ID_MASK
         t.early, t.early_slot, t.early_id = [], t.early_slot[:0], t.early_id[:0]
         order = np.argsort(ahead, kind="stable")
