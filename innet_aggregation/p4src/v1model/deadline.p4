@@ -15,13 +15,13 @@
  * job's (slot, set) keeps the id of its round: a packet with that id belongs to it, a
  * newer one starts the next round, an older one is stale and dropped.
  *
- * A call spans many rounds of each slot, and a rank that missed one round of it will
- * miss the next ones too: waiting the deadline again in each would cost a call more
- * than the late rank does. So once a round of a call was released, the workers send the
- * call's later rounds as QUORUM contributions carrying, in `contributions`, how many
- * workers the release held: the switch releases such a round the moment that many are
- * in, exactly as a deadline release does. The quorum lives in the packets, so it lasts
- * one call: the next call starts by waiting for every worker again.
+ * A call spans many rounds of each slot, and a rank that missed one round will miss
+ * the next ones too: waiting the deadline again in each would cost more than the late
+ * rank does. So once a round was released without some workers, the workers send their
+ * rounds as QUORUM contributions carrying, in `contributions`, how many workers the
+ * release held: the switch releases such a round the moment that many are in, exactly
+ * as a deadline release does. The quorum lives in the packets, not here: the workers
+ * drop it once a released round has the missing workers in again (worker/transport.py).
  */
 #ifndef _DEADLINE_P4_
 #define _DEADLINE_P4_
