@@ -653,6 +653,9 @@ class Transport:
         without some workers starts the quorum, a later one with fewer in (a deadline
         hit again) lowers it and awaits those too, and one with every awaited worker in
         ends it: the late workers are back, and rounds wait for everyone again."""
+        if self.quorum and not (((bitmaps & self.awaited) == self.awaited)
+                                | (counts < self.quorum)).any():
+            return                      # the common batch: the awaited still out
         everyone = (1 << self.num_workers) - 1
         for bitmap, count in zip(bitmaps.tolist(), counts.tolist()):
             if self.quorum and bitmap & self.awaited == self.awaited:

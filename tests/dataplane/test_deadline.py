@@ -111,7 +111,7 @@ def test_both_shadow_sets_go_on_after_a_release_and_an_older_round_is_dropped(
     assert (r.values == values.sum(axis=0) * 12).all()
 
 
-def test_a_release_is_refused_unless_a_member_releases_a_begun_round_of_its_deadline_job(
+def test_a_release_or_quorum_is_refused_unless_a_member_sends_it_in_its_deadline_job(
         switch, hosts, job):
     config = job(2, deadline_ms=DEADLINE_MS)
     jid, slot = config.job.id, config.job.first_slot
@@ -122,9 +122,12 @@ def test_a_release_is_refused_unless_a_member_releases_a_begun_round_of_its_dead
     hosts[2].contribute(ones, slot=slot, **release)                    # not the job's host
     hosts[0].contribute(ones, slot=slot + config.job.num_slots, **release)  # not its slot
     hosts[0].contribute(ones, slot=slot + 1, **release)                 # a round nobody began
+    quorum = dict(job_id=jid, set_=0, pkt_id=5, quorum=1)               # a QUORUM alike
+    hosts[2].contribute(ones, slot=slot, **quorum)
+    hosts[0].contribute(ones, slot=slot + config.job.num_slots, **quorum)
     assert all(h.results(1, timeout=0.5) == [] for h in hosts[:3])
     counted = delta(before, switch.counters())
-    assert counted["ingress.unknown_sender"] == 1 and counted["ingress.bad_slot"] == 1, counted
+    assert counted["ingress.unknown_sender"] == 2 and counted["ingress.bad_slot"] == 2, counted
     assert counted["ingress.malformed"] == 1, counted
     assert delta(deadline_before, switch.controller.deadline_counters(jid)) == {
         "released": 0, "late": 0, "stale": 0, "release_refused": 1, "quorum": 0}

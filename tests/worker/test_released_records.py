@@ -9,7 +9,7 @@ import numpy as np
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.worker import quantize
-from innet_aggregation.worker.transport import Transport, _Call, call_fingerprints
+from innet_aggregation.worker.transport import LEAD_LIMIT, Transport, _Call, call_fingerprints
 
 
 def test_looking_at_a_lone_released_round_leaves_its_bytes_as_they_came():
@@ -31,5 +31,30 @@ def test_looking_at_a_lone_released_round_leaves_its_bytes_as_they_came():
             assert not match.any()     # not due: no packet of the call has these ids
         call._answers(kept, protocol.MSG_RELEASED)
         assert kept.tobytes() == as_they_came
+    finally:
+        t.sock.close()
+
+
+def test_a_flood_of_released_rounds_keeps_at_most_twice_the_lead_limit():
+    """What a late worker keeps is bounded whatever comes (forged, or a switch gone
+    wrong): past twice LEAD_LIMIT the oldest go."""
+    fmt = protocol.packet_format()
+    k, slots = fmt.values_per_packet, 4
+    t = Transport(fmt, job_id=1, worker_id=0, num_workers=2, switch_ip="127.0.0.1",
+                  job_udp_port=48000, local_ip="127.0.0.1", local_port=0, first_slot=0,
+                  num_slots=slots, deadline=0.05)
+    try:
+        blocks = quantize.Blocks(np.zeros(slots * k, dtype=np.float32), k)
+        zeros = np.zeros(slots, dtype=np.int64)
+        call = _Call(t, blocks, blocks, zeros, zeros, label="test", quantized=True,
+                     fingerprints=call_fingerprints(0, 1, slots * k, None, slots))
+        flood = 3 * LEAD_LIMIT
+        for start in range(0, flood, 512):
+            call._keep_early(fmt.pack(count=512, msg_type=protocol.MSG_RELEASED, job_id=1,
+                                      slot=np.arange(512) % slots,
+                                      pkt_id=1 + (start + np.arange(512)) // slots))
+        assert len(t.early_id) <= 2 * LEAD_LIMIT
+        assert sum(len(p) for p in t.early) == len(t.early_id) == len(t.early_slot)
+        assert t.early_id.max() == flood // slots        # the newest kept, the oldest gone
     finally:
         t.sock.close()
