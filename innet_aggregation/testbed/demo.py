@@ -1,7 +1,7 @@
 """Train a model with DDP across the testbed: gradients summed in the switch, then with gloo.
 
     python -m innet_aggregation.testbed.demo --workers 4 [--model small|large] [--epochs E] [--bw MBIT]
-                           [--target softswitch|bmv2] [--chaos] [--busy N]
+                           [--target softswitch|bmv2] [--chaos] [--busy N] [--runs R]
 
 An MLP on scikit-learn's digits, one process per Mininet host. The gloo process
 group (rendezvous over the hosts' addresses, through the switch) starts DDP; in the
@@ -17,6 +17,10 @@ stopped while worker 0 scores the held-out fifth of the digits.
 
 ``--busy N`` (``make demo BUSY=N``) trains both backends beside N processes that spin a
 core each (testbed/busy.py): the machine as busy as a training host, the same for both.
+``--runs R`` (``make demo RUNS=R``; ``make bench-demo`` runs 5 quiet and 5 busy) repeats
+the pair R times on the same hosts, every other run gloo first, and reports every run's
+ratio and each backend's worker CPU per MB of gradient: one run on a shared machine
+says little.
 
 ``--chaos`` (``make demo CHAOS=1``) trains through the job manager instead, while the
 switch is killed and restarted and then the job's lease revoked (``chaos.py``).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -37,6 +42,9 @@ from .baseline_experiment import agg_frame_bytes
 from .layout import add_program_argument, add_topology_arguments, check_deadline
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
+
+
+BACKENDS = ("switch", "gloo")
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--busy", type=int, default=0,
                         help="CPU-bound processes spinning beside both backends' training "
                              "(default 0)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="train both backends this many times, every other run gloo "
+                             "first (default 1)")
     add_switch_arguments(parser)
     add_topology_arguments(parser)
     add_program_argument(parser)
@@ -106,14 +117,17 @@ def settle(args) -> argparse.Namespace:
     for name in ("epochs", "lr", "bw", "accuracy"):
         if getattr(args, name) is None:
             setattr(args, name, getattr(model, name))
-    if args.epochs < 1 or args.batch < 1 or args.eval_every < 1:
-        raise ValueError("--epochs, --batch and --eval-every must be at least 1")
+    if args.epochs < 1 or args.batch < 1 or args.eval_every < 1 or args.runs < 1:
+        raise ValueError("--epochs, --batch, --eval-every and --runs must be at least 1")
     if args.busy < 0:
         raise ValueError(f"--busy must not be negative, not {args.busy}")
     if args.lr <= 0 or args.bw < 0:
         raise ValueError("--lr must be positive and --bw not negative")
     if args.accuracy is not None and not 0 < args.accuracy <= 1:
         raise ValueError(f"--accuracy is a fraction in (0, 1], not {args.accuracy}")
+    if args.runs > 1 and args.chaos:
+        raise ValueError("--runs with --chaos: the chaos run kills and restarts the switch "
+                         "once, through one training")
     if args.deadline_ms and args.chaos:
         raise ValueError("--deadline-ms with --chaos: the chaos run's job comes from the job "
                          "manager, not this testbed's job file")
@@ -138,26 +152,73 @@ def run(args) -> None:
         print("[demo] job installed by the controller; starting one worker process per host "
               "(torch import, gloo rendezvous through the switch)", flush=True)
         with HostAgents(testbed) as agents:
-            results = {}
             command = {"op": "train", "epochs": args.epochs, "batch": args.batch,
                        "lr": args.lr, "seed": 0, "hidden": list(MODELS[args.model].hidden),
                        "accuracy": args.accuracy, "eval_every": args.eval_every}
             if args.busy:
                 print(f"[demo] {args.busy} processes spinning a core each beside both "
                       f"backends", flush=True)
+            runs = []
             with busy(args.busy):
-                for backend in ("switch", "gloo"):
-                    label = ("gloo allreduce" if backend == "gloo" else "in-switch aggregation"
-                             + (" (the ina backend)" if args.ina else ""))
-                    wire = "ina" if args.ina and backend == "switch" else backend
-                    print(f"[demo] training with {label}, {args.epochs} epochs", flush=True)
-                    results[backend] = agents.call(dict(command, backend=wire), timeout=1800)
+                for run_index in range(args.runs):
+                    runs.append(train_pair(agents, command, args, run_index))
             counters = testbed.switch_counters()
             fmt = testbed.program.format
-    report(results, counters, args, target, fmt)
-    record.write(f"demo-{args.model}", {"step_ratio": step_ratio(results), "backends": results},
+    first = {b: runs[0][b] for b in BACKENDS}
+    report(first, counters, args, target, fmt)
+    if args.runs > 1:
+        print(runs_line(runs))
+    record.write(record_name(args), {"step_ratio": (step_ratio(runs[0]) if len(runs) == 1 else
+                                                  record.spread([step_ratio(r) for r in runs])),
+                                   "backends": first, "runs": [run_summary(r) for r in runs]},
                  params=vars(args), load_before=load)
     print(f"[demo] done in {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def record_name(args) -> str:
+    """demo-MODEL for the model's own links, with what differs from them: the links'
+    rate and the busy processes, so a busy or unshaped run keeps its own record."""
+    bw = "" if args.bw == MODELS[args.model].bw else (f"-{args.bw:g}mbit" if args.bw else
+                                                      "-unshaped")
+    return f"demo-{args.model}{bw}" + (f"-busy{args.busy}" if args.busy else "")
+
+
+def train_pair(agents, command: dict, args, run_index: int) -> dict:
+    """Both backends once, on the same hosts and data; every other run gloo goes first,
+    so neither always trains on a warmer (or a more disturbed) machine."""
+    order = BACKENDS if run_index % 2 == 0 else BACKENDS[::-1]
+    results = {}
+    for backend in order:
+        label = ("gloo allreduce" if backend == "gloo" else "in-switch aggregation"
+                 + (" (the ina backend)" if args.ina else ""))
+        wire = "ina" if args.ina and backend == "switch" else backend
+        of = f" (run {run_index + 1} of {args.runs})" if args.runs > 1 else ""
+        print(f"[demo] training with {label}, {args.epochs} epochs{of}", flush=True)
+        results[backend] = agents.call(dict(command, backend=wire), timeout=1800)
+    return {"first": order[0], **{b: results[b] for b in BACKENDS}}
+
+
+def cpu_ms_per_mb(answers: list[dict]) -> float:
+    """A worker's processor time per MB of float32 gradient it reduced (mean over workers):
+    the step's forward and backward are the same for both backends, so the difference
+    between them is what the allreduce costs the host."""
+    return sum(a["cpu_ms_per_step"] / (4e-6 * a["parameters"]) for a in answers) / len(answers)
+
+
+def run_summary(results: dict) -> dict:
+    return {"first": results["first"], "step_ratio": step_ratio(results),
+            "step_ms": {b: max(a["step_time_ms"] for a in results[b]) for b in BACKENDS},
+            "cpu_ms_per_mb": {b: cpu_ms_per_mb(results[b]) for b in BACKENDS}}
+
+
+def runs_line(runs: list[dict]) -> str:
+    summaries = [run_summary(r) for r in runs]
+    ratios = ", ".join(f"{s['step_ratio']:.2f}" for s in summaries)
+    cpu = {b: [s["cpu_ms_per_mb"][b] for s in summaries] for b in BACKENDS}
+    mid = {b: statistics.median(v) for b, v in cpu.items()}
+    return (f"\n{len(runs)} runs (every other one gloo first), switch / gloo step time: {ratios}."
+            f"\nWorker CPU per MB of gradient, median of the runs: switch {mid['switch']:.0f} ms, "
+            f"gloo {mid['gloo']:.0f} ms ({mid['switch'] / mid['gloo']:.2f}).")
 
 
 def report(results: dict[str, list[dict]], counters: dict, args, target: str,
@@ -256,9 +317,9 @@ def deadline_line(answers: list[dict], deadline_ms: float) -> str:
             f"step ({carried / max(values, 1):.2%}).")
 
 
-def step_ratio(results: dict[str, list[dict]]) -> float:
+def step_ratio(results: dict) -> float:
     """Slowest worker's median step time through the switch over gloo's."""
-    slowest = {b: max(a["step_time_ms"] for a in answers) for b, answers in results.items()}
+    slowest = {b: max(a["step_time_ms"] for a in results[b]) for b in BACKENDS}
     return slowest["switch"] / slowest["gloo"]
 
 

@@ -98,3 +98,29 @@ def test_busy_processes_spin_beside_the_block_and_are_gone_after_it():
             assert int(fields[11]) > 0, fields        # utime, in clock ticks
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), pid
+
+
+@pytest.mark.parametrize("argv, name", [
+    ((), "demo-small"), (("--busy", "1"), "demo-small-busy1"),
+    (("--bw", "0"), "demo-small-unshaped"), (("--bw", "20"), "demo-small"),
+    (("--model", "large", "--bw", "0", "--busy", "2"), "demo-large-unshaped-busy2"),
+    (("--model", "large", "--bw", "200"), "demo-large-200mbit"),
+])
+def test_a_run_in_other_settings_keeps_its_own_record(argv, name):
+    assert demo.record_name(options(*argv)) == name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--runs", "0"), "--runs must be at least 1"),
+    (("--runs", "2", "--chaos"), "--runs with --chaos"),
+])
+def test_runs_that_cannot_be_made_are_refused(argv, message):
+    with pytest.raises(ValueError, match=message):
+        options(*argv)
+
+
+def test_cpu_per_mb_is_per_byte_of_float32_gradient():
+    # 2 ms a step for 250,000 parameters (1 MB of float32): 2 ms per MB; mean of workers
+    answers = [{"cpu_ms_per_step": 2.0, "parameters": 250_000},
+               {"cpu_ms_per_step": 4.0, "parameters": 250_000}]
+    assert demo.cpu_ms_per_mb(answers) == pytest.approx(3.0)
