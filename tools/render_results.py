@@ -100,9 +100,18 @@ def sweep_points(r: dict, values: int | None = None, size: int | None = None) ->
 
 
 def met(point: dict) -> bool:
-    """The goal of the sweep, on the interval: met on shaped links, the whole interval
-    at most 1.0 (faster than the ring) on unshaped ones."""
-    return point["goal"] == "met" if point["bw_mbit"] else point["ratio"]["hi"] <= 1.0
+    """The goal of the sweep, on the interval; on unshaped links without a goal of
+    their own, the whole interval at most 1.0 (faster than the ring)."""
+    if point["bw_mbit"] or point.get("unshaped_goal"):
+        return point["goal"] == "met"
+    return point["ratio"]["hi"] <= 1.0
+
+
+def calls_text(points: list[dict], warmup: int, min_timed_s: float | None) -> str:
+    """How many timed calls the points took: at least --reps, more where calls are short."""
+    ns = [x[b]["time_ms"]["n"] for x in points for b in ("switch", "gloo")]
+    more = f" (more where calls are short: at least {min_timed_s:g} s of them)" if min_timed_s else ""
+    return f"{span(ns, 'd')} timed calls a point{more} after {warmup} warm-up calls"
 
 
 def goal_met_up_to(points: list[dict], n: int, values: int, size: int) -> tuple[float | None, dict | None]:
@@ -138,12 +147,13 @@ def bench_allreduce(r: dict) -> dict[str, str]:
                      f"{sw['cpu_worker_ms_per_mb']:.0f}, {sw['cpu_switch_ms_per_mb']:.0f} "
                      f"({gl['cpu_worker_ms_per_mb']:.0f}, {gl['cpu_switch_ms_per_mb']:.0f})"])
     sizes = sorted({x["values"] for x in points}, reverse=True)
-    calls = min(x["ratio"]["n"] for x in points)
     data = ", ".join(sorted({x["data"] for x in points}))
+    free_goals = ", ".join(sorted({f"{x['unshaped_goal']:g} for n = {x['n']}" for x in points
+                                   if not x["bw_mbit"] and x.get("unshaped_goal")}))
     md = provenance(r) + "\n" + "".join(
         f"![t_switch / t_gloo against the link rate, {v} values per packet](generated/"
         f"bench_allreduce_{v}.png)\n" for v in sizes) + (
-        f"\n{calls} timed calls a point after {f['warmup_calls']} warm-up calls, {data} data; "
+        f"\n{calls_text(points, f['warmup_calls'], r['params'].get('min_timed_s'))}, {data} data; "
         f"times are medians with their 95 % bootstrap interval.\n\n") + table(
         ["n", "values/packet", "link Mbit/s (delivered)", "tensor", "switch ms (95 %)",
          "gloo ms (95 %)", "t_sw/t_gloo (95 %)", "limit (nominal)", "ratio / limit (95 %)",
@@ -152,7 +162,9 @@ def bench_allreduce(r: dict) -> dict[str, str]:
     md += ("\nLimit: the ratio if both paths moved the bytes they put on the wire at the "
            "delivered rate; nominal: from the link rate and each protocol's headers. "
            f"Goal: ratio / limit at most {f['goal']:g}, judged on its interval. "
-           "Bold: the goal met (unshaped: the whole interval at most 1.0). "
+           + (f"Unshaped: t_sw/t_gloo itself, judged on its interval against {free_goals}. "
+              if free_goals else "")
+           + "Bold: the goal met (unshaped with no goal: the whole interval at most 1.0). "
            "Bound: burst when first transmissions passed the nominal rate (the HTB bucket, "
            "not the link).\n\n")
     for n, values, size in sorted({(x["n"], x["values"], x["size"]) for x in points},
@@ -160,7 +172,11 @@ def bench_allreduce(r: dict) -> dict[str, str]:
         best, past = goal_met_up_to(points, n, values, size)
         md += (f"- n = {n}, {values} values per packet, {mib(size)}: within 10 % of the limit "
                + (f"at every rate up to {best:g} Mbit/s" if best else "at no shaped rate")
-               + (f"; {past['goal']} at {past['bw_mbit']:g}\n" if past else "\n"))
+               + (f"; {past['goal']} at {past['bw_mbit']:g}" if past else ""))
+        free = next((x for x in points if (x["n"], x["values"], x["size"]) == (n, values, size)
+                     and not x["bw_mbit"] and x.get("unshaped_goal")), None)
+        md += (f"; unshaped, t_sw/t_gloo at most {free['unshaped_goal']:g}: {free['goal']}\n"
+               if free else "\n")
     return {"bench_allreduce.md": md, "switch_vs_ring.md": switch_vs_ring_text(r, "generated/")}
 
 
@@ -396,10 +412,11 @@ def demo_figures(r: dict) -> dict:
     return out
 
 
-DEMO_GOAL = 0.9   # switch / gloo step time every run of make bench-demo should stay under
+DEMO_GOAL = 0.9            # switch / gloo step time every run of make bench-demo should stay under
+DEMO_UNSHAPED_GOAL = 0.8   # and the small model's on unshaped links
 
 
-def demo_runs(r: dict, setting: str) -> str:
+def demo_runs(r: dict, setting: str, goal: float = DEMO_GOAL) -> str:
     """A repeated demo's every run: a single run on a shared machine says little."""
     runs = r["figures"].get("runs", [])
     if len(runs) < 2:
@@ -407,13 +424,13 @@ def demo_runs(r: dict, setting: str) -> str:
     ratios = [x["step_ratio"] for x in runs]
     mid = {b: statistics.median(x["cpu_ms_per_mb"][b] for x in runs) for b in ("switch", "gloo")}
     return (f"{setting}, {len(runs)} runs (every other one gloo first): switch / gloo step time "
-            f"{', '.join(f'{x:.2f}' for x in ratios)}; {sum(x <= DEMO_GOAL for x in ratios)} of "
-            f"{len(runs)} at most {DEMO_GOAL}. Worker CPU per MB of gradient (median of the runs): "
+            f"{', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f}); "
+            f"{sum(x <= goal for x in ratios)} of {len(runs)} at most {goal}. Worker CPU per MB of gradient (median of the runs): "
             f"switch {mid['switch']:.0f} ms, gloo {mid['gloo']:.0f} ms "
             f"({mid['switch'] / mid['gloo']:.2f}).\n")
 
 
-def demo(small: dict, large: dict, others: list[tuple[dict, str]],
+def demo(small: dict, large: dict, others: list[tuple[dict, str, float]],
          large_unshaped: dict | None) -> dict[str, str]:
     """The demo's pages; ``others``: the small model's repeated runs in other settings."""
     s, l = demo_figures(small), demo_figures(large)
@@ -429,8 +446,8 @@ def demo(small: dict, large: dict, others: list[tuple[dict, str]],
            f"{s['retransmissions']}.\n")
     if demo_runs(small, "Quiet machine"):
         md += "\n" + demo_runs(small, "Quiet machine (the table is the first run)")
-    for r, setting in others:
-        md += "\n" + provenance(r) + "\n" + demo_runs(r, setting)
+    for r, setting, goal in others:
+        md += "\n" + provenance(r) + "\n" + demo_runs(r, setting, goal)
     md_large = provenance(large) + "\n" + table(
         ["", "switch", "gloo", "switch / gloo"], [
             [f"seconds to {large['params']['accuracy']:.0%} accuracy", f"{l['seconds']['switch']:.1f}",
@@ -662,9 +679,10 @@ def render() -> dict[str, str]:
     out.update(bench_switch(load("bench-switch")))
     out.update(bench_worker(load("bench-worker")))
     out.update(bench_backend(load("bench-backend")))
-    others = [(r, setting) for r, setting in (
-        (load_if("demo-small-busy1"), "Beside 1 process spinning a core (`BUSY=1`)"),
-        (load_if("demo-small-unshaped"), "Unshaped links (`BW=0`)")) if r is not None]
+    others = [(r, setting, goal) for r, setting, goal in (
+        (load_if("demo-small-busy1"), "Beside 1 process spinning a core (`BUSY=1`)", DEMO_GOAL),
+        (load_if("demo-small-unshaped"), "Unshaped links (`BW=0`)", DEMO_UNSHAPED_GOAL))
+        if r is not None]
     out.update(demo(load("demo-small"), load("demo-large"), others, load_if("demo-large-unshaped")))
     out.update(loss(load("loss-experiment")))
     out.update(straggler(load_if("straggler-experiment")))

@@ -90,7 +90,7 @@ def run(args) -> list[dict]:
                               mtu=mtu_for(args.values), bw_mbit=args.bw,
                               capacity_mbit=capacity["median"])
                          for r in measure(testbed, agents, backend, args.size, args.reps,
-                                          data=args.data)]
+                                          data=args.data, min_timed_s=args.min_timed_s)]
     return rows
 
 

@@ -86,6 +86,38 @@ def test_bench_refuses_before_starting(capsys):
     assert "40 workers" in capsys.readouterr().err
 
 
+def test_short_calls_take_more_calls_up_to_a_cap(capsys):
+    from innet_aggregation.testbed import baseline_experiment as b
+    assert b.timed_calls(15, 0.4, 2.0) == 15          # 15 x 0.4 s already last 6 s
+    assert b.timed_calls(15, 0.0137, 2.0) == 146      # 2 s of 13.7 ms calls
+    assert b.timed_calls(15, 0.0001, 2.0) == b.MAX_REPS
+    assert b.timed_calls(15, 0.01, 0.0) == 15         # off: --reps only
+    assert b.main(["--min-timed-s", "-1"]) == 1
+    assert "--min-timed-s must not be negative" in capsys.readouterr().err
+
+
+def _rows(backend: str, n: int, bw: float, times: list[float]) -> list[dict]:
+    return [{"topo": "star", "workers": n, "values": 1024, "mtu": 4138, "size": 262144,
+             "bytes": 1 << 20, "bw_mbit": bw, "data": "recorded", "backend": backend, "rep": i,
+             "time_s": t, "cpu_worker_s": 0.01, "cpu_switch_s": 0.01, "first_tx": 256,
+             "retransmissions": 0, "redone": 1, "tx_bytes": 1 << 21, "capacity_mbit": 5000.0}
+            for i, t in enumerate(times)]
+
+
+@pytest.mark.parametrize("n, switch_ms, goal", [
+    (4, 10.0, "met"), (4, 12.0, "missed"), (8, 6.5, "met"), (8, 9.0, "missed"), (2, 5.0, "-")])
+def test_unshaped_points_are_judged_on_the_ratio_by_worker_count(n, switch_ms, goal):
+    """Unshaped, the hosts bind, so no link limit: t_sw/t_gloo against 0.85 (n = 4) and
+    0.70 (n = 8) on its interval; other worker counts have no goal."""
+    from innet_aggregation.testbed import baseline_experiment as b
+    rng = np.random.default_rng(0)
+    gloo = list(0.0125 + 0.0001 * rng.standard_normal(20))      # 12.5 ms
+    switch = list(switch_ms / 1000 + 0.0001 * rng.standard_normal(20))
+    [point] = b.table(_rows("switch", n, 0, switch) + _rows("gloo", n, 0, gloo))
+    assert point["goal"] == goal
+    assert point["unshaped_goal"] == b.UNSHAPED_GOALS.get(n)
+
+
 def test_encoding_keeps_every_block_exponent():
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((3, 4096)) * np.exp2(rng.integers(-40, 5, (3, 64)))
