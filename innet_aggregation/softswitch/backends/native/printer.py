@@ -75,6 +75,10 @@ class CPrinter:
         # register's lane step (in its group) or index step (alone), per iteration.
         self.field_step: dict = {}
         self.reg_step: dict = {}
+        # While printing a Repeat's loop: the fields every iteration names alike, held in
+        # locals; and the loops, each a function of its own (repeat_function).
+        self.scalars: dict = {}
+        self.functions: list[str] = []
         self.table_index = {name: i for i, name in enumerate(program.tables)}
         self.reg_index = {name: i for i, name in enumerate(program.registers)}
         # name -> (the group's first register, lane, registers in the group): a
@@ -115,6 +119,8 @@ class CPrinter:
     def fref(self, field) -> str:
         if self.touched is not None:
             self.touched.add(field.id)
+        if field in self.scalars:
+            return self.scalars[field]
         fid = num(field.id, 0, len(self.prog.field_list))
         step = self.field_step.get(field)
         return f"S->f[{fid} + _i * {num(step, 1, len(self.prog.field_list))}U]" if step else \
@@ -356,10 +362,34 @@ class CPrinter:
         if self.touched is not None:
             self.touched.update(f.id for it in s.iterations for f in named(it)
                                 if isinstance(f, Field))
-        self.field_step, self.reg_step = steps
+        self.repeat_function(s, *steps)
+
+    def repeat_function(self, s: ir.Repeat, fields: dict, regs: dict) -> None:
+        """The loop as a function of its own, called here. Alone, and with the fields
+        every iteration names alike in locals, the C compiler sees that they and the
+        register indices they hold stay put, so it hoists the indices' range checks
+        and vectorizes the loop; inside ss_ingress's thousands of lines it does neither,
+        and a store to such a field each iteration could alias a register's cell."""
+        self.field_step, self.reg_step = fields, regs
+        self.scalars = {f: f"_s{num(f.id, 0, len(self.prog.field_list))}"
+                        for f, step in fields.items() if not step}
+        caller, self.lines, depth, self.depth = self.lines, [], self.depth, 1
+        if self.scalars:
+            self.add("uint64_t " + ", ".join(f"{name} = S->f[{f.id}]"
+                                               for f, name in self.scalars.items()) + ";")
         self.nested(f"for (uint32_t _i = 0; _i < {num(len(s.iterations), 2, MAX_ID)}U; _i++) {{",
                     self.block, s.iterations[0])
-        self.field_step, self.reg_step = {}, {}
+        for f, name in self.scalars.items():
+            self.add(f"S->f[{f.id}] = {name};")
+        body, self.lines, self.depth = self.lines, caller, depth
+        self.field_step, self.reg_step, self.scalars = {}, {}, {}
+        name = f"ss_repeat{len(self.functions)}"
+        ad = any("ad[" in line for line in body)       # an action's parameters
+        self.functions.append(
+            f"static __attribute__((noinline)) void {name}(ss_ctx *c, ss_state *S"
+            + (", const uint64_t *ad" if ad else "") + ") {\n    (void)c;\n"
+            + "\n".join(body) + "\n}\n")
+        self.add(f"{name}(c, S{', ad' if ad else ''});")
 
     def s_RegisterRead(self, s: ir.RegisterRead) -> None:
         reg, f = s.register, s.field
@@ -760,7 +790,7 @@ class CPrinter:
         self.depth = 0
         self.add("}")
         self.replica()
-        return "\n".join(head + self.lines) + "\n"
+        return "\n".join(head + self.functions + self.lines) + "\n"
 
 
     def replica(self) -> None:
