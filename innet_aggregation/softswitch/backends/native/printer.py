@@ -77,8 +77,9 @@ class CPrinter:
         self.reg_step: dict = {}
         # While printing a Repeat's loop: the fields every iteration names alike, held in
         # locals; and the loops, each a function of its own (repeat_function).
-        self.scalars: dict = {}
+        self.scalars: dict | None = None
         self.functions: list[str] = []
+        self.fields = "S->f"      # in a loop's function, _F: restrict, no register cell is a field
         self.table_index = {name: i for i, name in enumerate(program.tables)}
         self.reg_index = {name: i for i, name in enumerate(program.registers)}
         # name -> (the group's first register, lane, registers in the group): a
@@ -119,12 +120,12 @@ class CPrinter:
     def fref(self, field) -> str:
         if self.touched is not None:
             self.touched.add(field.id)
-        if field in self.scalars:
+        if self.scalars and field in self.scalars:
             return self.scalars[field]
         fid = num(field.id, 0, len(self.prog.field_list))
         step = self.field_step.get(field)
-        return f"S->f[{fid} + _i * {num(step, 1, len(self.prog.field_list))}U]" if step else \
-            f"S->f[{fid}]"
+        return f"{self.fields}[{fid} + _i * {num(step, 1, len(self.prog.field_list))}U]" \
+            if step else f"{self.fields}[{fid}]"
 
     def hid(self, header: Header) -> str:
         return num(header.id, 0, len(self.prog.headers))
@@ -170,7 +171,7 @@ class CPrinter:
         code, n = self.expr(index), num(len(fields), 1, MAX_ID)
         if index.lo < 0 or index.hi >= len(fields):
             code = f"ss_index(S, {code}, {n})"
-        return f"S->f[((const uint32_t[{n}]){{{ids}}})[{code}]]"
+        return f"{self.fields}[((const uint32_t[{n}]){{{ids}}})[{code}]]"
 
     def x_StackField(self, e: ir.StackField) -> str:
         return self.stack_slot(e.fields, e.index)
@@ -303,17 +304,29 @@ class CPrinter:
         self.add("{ uint64_t _t; " + " ".join(f"_t = {x}; {x} = {y}; {y} = _t;"
                                               for x, y in pairs) + " }")
 
+    def in_range(self, index: ir.Expr, size: int) -> str:
+        """The C test that ``_ix`` (the value of ``index``) is a cell of ``size``."""
+        kind = _exact(index, "an index")
+        if index.lo >= 0 and index.hi < size:
+            return "1"
+        if kind == "u":
+            return f"_ix < {num(size, 1, MAX_CELLS + 1)}ULL"
+        return f"(int64_t)_ix >= 0 && (int64_t)_ix < {num(size, 1, MAX_CELLS + 1)}LL"
+
     def guarded(self, index: ir.Expr, size: int, stmt: str, prelude: str = "") -> None:
         """``stmt`` on element ``_ix`` only if it is in range (BMv2 skips an
         out-of-range register or counter access); ``prelude`` runs either way."""
-        kind = _exact(index, "an index")
-        if index.lo >= 0 and index.hi < size:
-            test = "1"
-        elif kind == "u":
-            test = f"_ix < {num(size, 1, MAX_CELLS + 1)}ULL"
-        else:
-            test = f"(int64_t)_ix >= 0 && (int64_t)_ix < {num(size, 1, MAX_CELLS + 1)}LL"
+        test = self.in_range(index, size)
         self.add(f"{{ uint64_t _ix = {self.expr(index)}; {prelude}if ({test}) {stmt} }}")
+
+    def selected(self, index: ir.Expr, size: int, lvalue: str, value: str,
+                 prelude: str = "") -> None:
+        """In a loop's function, ``lvalue = value`` with no branch: out of range, cell 0
+        stands in and ``lvalue`` keeps what it held (as ``guarded`` skips it), so the
+        loop has no control flow and the C compiler vectorizes it."""
+        test = self.in_range(index, size)
+        self.add(f"{{ uint64_t _ix = {self.expr(index)}; {prelude}int _in = {test}; "
+                 f"_ix = _in ? _ix : 0; {lvalue} = _in ? ({value}) : {lvalue}; }}")
 
     def cell(self, reg) -> str:
         """The C lvalue of ``reg``'s cell ``_ix`` (in a loop, of the register _i steps on)."""
@@ -374,15 +387,17 @@ class CPrinter:
         self.scalars = {f: f"_s{num(f.id, 0, len(self.prog.field_list))}"
                         for f, step in fields.items() if not step}
         caller, self.lines, depth, self.depth = self.lines, [], self.depth, 1
+        self.fields = "_F"
+        self.add("uint64_t *restrict const _F = S->f;")
         if self.scalars:
-            self.add("uint64_t " + ", ".join(f"{name} = S->f[{f.id}]"
+            self.add("uint64_t " + ", ".join(f"{name} = _F[{f.id}]"
                                                for f, name in self.scalars.items()) + ";")
         self.nested(f"for (uint32_t _i = 0; _i < {num(len(s.iterations), 2, MAX_ID)}U; _i++) {{",
                     self.block, s.iterations[0])
         for f, name in self.scalars.items():
-            self.add(f"S->f[{f.id}] = {name};")
+            self.add(f"_F[{f.id}] = {name};")
         body, self.lines, self.depth = self.lines, caller, depth
-        self.field_step, self.reg_step, self.scalars = {}, {}, {}
+        self.field_step, self.reg_step, self.scalars, self.fields = {}, {}, None, "S->f"
         name = f"ss_repeat{len(self.functions)}"
         ad = any("ad[" in line for line in body)       # an action's parameters
         self.functions.append(
@@ -394,13 +409,19 @@ class CPrinter:
     def s_RegisterRead(self, s: ir.RegisterRead) -> None:
         reg, f = s.register, s.field
         cell = ir.Const(0).bounded(0, mask(reg.width))
-        self.guarded(s.index, reg.size,
-                     f"{self.fref(f)} = {self.store(cell, self.cell(reg), f.width, f.signed)};")
+        value = self.store(cell, self.cell(reg), f.width, f.signed)
+        if self.scalars is not None:
+            self.selected(s.index, reg.size, self.fref(f), value)
+        else:
+            self.guarded(s.index, reg.size, f"{self.fref(f)} = {value};")
 
     def s_RegisterWrite(self, s: ir.RegisterWrite) -> None:
         reg = s.register
         value = self.store(s.value, self.expr(s.value), reg.width, False)
-        self.guarded(s.index, reg.size, f"{self.cell(reg)} = _vx;", f"uint64_t _vx = {value}; ")
+        if self.scalars is not None:
+            self.selected(s.index, reg.size, self.cell(reg), "_vx", f"uint64_t _vx = {value}; ")
+        else:
+            self.guarded(s.index, reg.size, f"{self.cell(reg)} = _vx;", f"uint64_t _vx = {value}; ")
 
     def s_Count(self, s: ir.Count) -> None:
         n = num(self.ctr_index[s.counter.name], 0, len(self.ctr_index))
