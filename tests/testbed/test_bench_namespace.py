@@ -1,5 +1,5 @@
 """`bench-allreduce`'s path end to end, short: 2 workers in namespaces, 100 Mbit/s
-links, recorded gradients, 3 timed calls. SLOW-ish: about 25-40 s on a loaded
+links, recorded gradients, 3 timed calls (no more: --min-timed-s 0). SLOW-ish: about 25-40 s on a loaded
 2-core machine (one testbed, a bulk transfer, 10 calls); needs root and Mininet."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason(
 def test_two_workers_one_rate_recorded_gradients(tmp_path, capsys):
     out = tmp_path / "baseline"
     assert baseline_experiment.main(["--workers", "2", "--bw", "100", "--values", "1024",
-                                     "--reps", "3", "--out", str(out)]) == 0, \
+                                     "--reps", "3", "--min-timed-s", "0",
+                                     "--out", str(out)]) == 0, \
         capsys.readouterr().err
     record = out / "bench-allreduce.json"
     [point] = json.loads(record.read_text())["figures"]["points"]
