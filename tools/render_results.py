@@ -201,7 +201,7 @@ def switch_vs_ring_text(r: dict, image_dir: str) -> str:
                       if x["bound"] == "burst")
     unsh = ", ".join(f"{interval(unshaped[n]['ratio'], '.2f')} for n = {n}"
                      for n in ns if unshaped[n])
-    calls = min(x["ratio"]["n"] for x in points)
+    calls = span([x[b]["time_ms"]["n"] for x in points for b in ("switch", "gloo")], "d")
     return (f"![The switch path's time over the ring's, against the link rate]"
             f"({image_dir}switch_vs_ring.png)\n\n"
             f"Summing a {mib(README_SIZE)} tensor in the switch took {ratios} of gloo's ring "
@@ -295,7 +295,7 @@ def bench_scaling(r: dict | None) -> dict[str, str]:
                  f"{x[b]['nominal_ms_per_mib']:.1f}", f"{x[b]['link_share']:.0%}")),
              f"{x['switch']['redone_per_call']:.1f} / {x['switch']['blocks_per_call']}"]
             for x in f["points"]]
-    calls = min(x["switch"]["time_ms"]["n"] for x in f["points"])
+    calls = span([x[b]["time_ms"]["n"] for x in f["points"] for b in ("switch", "gloo")], "d")
     md = (provenance(r) + f"\n![ms per MiB against the number of workers](generated/"
           f"bench_scaling.png)\n\n{p.get('bw'):g} Mbit/s links, {p.get('values')} values per "
           f"packet, {p.get('target')}; {calls} timed calls a point after {f['warmup_calls']} "
