@@ -15,6 +15,8 @@ Nothing from the JSON reaches the C text except numbers, each through
 
 from __future__ import annotations
 
+import re
+
 from innet_aggregation.softswitch.frontend import ir
 from innet_aggregation.softswitch.frontend.lower import named, walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, Unsupported, mask
@@ -61,6 +63,9 @@ def _w(width: int) -> str:
     return num(width, 1, 65)
 
 
+PARAM = re.compile(r"\bad\[")    # x_Param's code: an action's parameter in the table's data
+
+
 class CPrinter:
     """Prints the C unit of one lowered program."""
 
@@ -79,7 +84,6 @@ class CPrinter:
         # locals; and the loops, each a function of its own (repeat_function).
         self.scalars: dict | None = None
         self.functions: list[str] = []
-        self.fields = "S->f"      # in a loop's function, _F: restrict, no register cell is a field
         self.table_index = {name: i for i, name in enumerate(program.tables)}
         self.reg_index = {name: i for i, name in enumerate(program.registers)}
         # name -> (the group's first register, lane, registers in the group): a
@@ -116,6 +120,12 @@ class CPrinter:
         self.depth -= 1
         if tail:
             self.add(tail)
+
+    @property
+    def fields(self) -> str:
+        """The fields' array: in a loop's function, the restrict pointer ``_F`` (no
+        register cell is a field)."""
+        return "S->f" if self.scalars is None else "_F"
 
     def fref(self, field) -> str:
         if self.touched is not None:
@@ -387,7 +397,6 @@ class CPrinter:
         self.scalars = {f: f"_s{num(f.id, 0, len(self.prog.field_list))}"
                         for f, step in fields.items() if not step}
         caller, self.lines, depth, self.depth = self.lines, [], self.depth, 1
-        self.fields = "_F"
         self.add("uint64_t *restrict const _F = S->f;")
         if self.scalars:
             self.add("uint64_t " + ", ".join(f"{name} = _F[{f.id}]"
@@ -397,9 +406,9 @@ class CPrinter:
         for f, name in self.scalars.items():
             self.add(f"_F[{f.id}] = {name};")
         body, self.lines, self.depth = self.lines, caller, depth
-        self.field_step, self.reg_step, self.scalars, self.fields = {}, {}, None, "S->f"
+        self.field_step, self.reg_step, self.scalars = {}, {}, None
         name = f"ss_repeat{len(self.functions)}"
-        ad = any("ad[" in line for line in body)       # an action's parameters
+        ad = any(PARAM.search(line) for line in body)   # an action's parameters (x_Param)
         self.functions.append(
             f"static __attribute__((noinline)) void {name}(ss_ctx *c, ss_state *S"
             + (", const uint64_t *ad" if ad else "") + ") {\n    (void)c;\n"
