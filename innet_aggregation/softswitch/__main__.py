@@ -18,6 +18,7 @@ they changed, and at exit), where the testbed reads them beside the P4 counters.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -261,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # A switch that does not stop can be asked where it is: every thread's stack to the log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     dataplane.start()
     log.info("device %d (%s backend): ports %s, P4Runtime on %s%s", args.device_id, backend,
              ", ".join(f"{p}@{i}" for p, i in sorted(args.ports.items())) or "none",
@@ -273,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     watch = threading.Thread(target=watch_counters, args=(dataplane, stop, args.counters_file),
                              daemon=True, name="counters")
     watch.start()
-    stop.wait()
+    # Woken twice a second: a signal the kernel gives another thread (gRPC's, the data
+    # plane's) has its handler run only when the main thread next runs Python.
+    while not stop.wait(0.5):
+        pass
     server.stop(0.5)
     watch.join()
     dataplane.stop()

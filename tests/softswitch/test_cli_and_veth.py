@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -247,3 +249,39 @@ def test_every_frame_the_native_loop_loses_is_counted():
                 sock.close()
         assert switch.process.poll() is None
     assert "ring_drops" in switch.log_tail(3)
+
+
+def test_a_stop_signal_the_kernel_gives_another_thread_stops_it():
+    """The kernel may hand a process's SIGTERM to any of its threads (gRPC's, the
+    counters'); Python runs the handler in the main thread only when that next runs
+    Python, so a main thread blocked for good in a wait never would (as a switch once
+    outlived a killed demo). tgkill aims the signal at each other thread in turn, one
+    switch process each (about half a second a thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    turn, threads = 0, None
+    while threads is None or turn < threads:
+        switch = subprocess.Popen([sys.executable, "-m", "innet_aggregation.softswitch",
+                                   "--no-p4", "--", "--grpc-server-addr",
+                                   f"127.0.0.1:{free_port()}"],
+                                  env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            assert "waiting for a pipeline" in switch.stderr.readline()
+            others = sorted(int(t) for t in os.listdir(f"/proc/{switch.pid}/task")
+                            if int(t) != switch.pid)
+            threads = threads or len(others)
+            assert others, "the switch runs no thread besides the main one"
+            target = others[turn % len(others)]
+            name = Path(f"/proc/{switch.pid}/task/{target}/comm").read_text().strip()
+            assert libc.tgkill(switch.pid, target, signal.SIGTERM) == 0, ctypes.get_errno()
+            try:
+                code = switch.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"SIGTERM given to thread {turn} ({name}) of {len(others) + 1} "
+                            "did not stop the switch within 5 s")
+            assert code == 0 and "stopped after" in switch.stderr.read(), name
+        finally:
+            if switch.poll() is None:
+                switch.kill()
+                switch.wait()
+        turn += 1

@@ -76,13 +76,19 @@ def alive(procs: dict[int, int]) -> list[str]:
 
 
 def state(line: str) -> str:
-    """A survivor's state, kernel wait channel and log tail, for the failure message."""
+    """A survivor's state, kernel wait channel and log tail, for the failure message; a
+    softswitch is first asked for every thread's stack (it dumps them on SIGUSR1)."""
     pid = line.split(":")[0]
+    lines = 5
+    if "innet_aggregation.softswitch" in line:
+        os.kill(int(pid), signal.SIGUSR1)
+        time.sleep(0.5)
+        lines = 60
     try:
         status = Path(f"/proc/{pid}/status").read_text().splitlines()
         wchan = Path(f"/proc/{pid}/wchan").read_text()
         log = Path(os.readlink(f"/proc/{pid}/fd/1"))
-        tail = log.read_text(errors="replace").splitlines()[-5:] if log.is_file() else []
+        tail = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
     except OSError as exc:
         return f"{line}: {exc}"
     return "\n".join([line, *[s for s in status if s.startswith(("State", "Threads"))],
