@@ -81,12 +81,26 @@ def test_the_recorded_phv_use_is_within_what_tofino_1_has():
 
 
 def test_the_recorded_stateful_alus_are_one_per_value_pair():
-    """1 bitmap + 1 count + 1 exponent + 1 fingerprint sum + one per pair of values."""
+    """1 bitmap + 2 round states (a deadline job's release: tna/control/round_tracker.p4)
+    + 1 count + 1 exponent + 1 fingerprint sum + one per pair of values."""
     used, _ = used_of(recorded_summary(), "stateful ALUs")
     # The TNA build takes size.p4's own packet size (no -D), 64 values.
     assert json.loads(MANIFEST.read_text())["defines"] == []
     values = protocol.parse_defines((protocol.P4SRC_DIR / "shared/size.p4").read_text())
-    assert used == 4 + values["VALUES_PER_PACKET"] // 2
+    assert used == 6 + values["VALUES_PER_PACKET"] // 2
+
+
+def test_the_round_state_sits_beside_the_bitmap_before_every_value():
+    """The release's state is read and written in the bitmap's stage, behind the same
+    admission, so no value register of a later stage adds a packet of a released or
+    stale round."""
+    stages = {int(m[1]): m[2].split(", ") for m in re.finditer(
+        r"^\s*(\d+): \d+ \(([^)]*)\)", recorded_summary(), re.M)}
+    where = {name: stage for stage, names in stages.items() for name in names}
+    assert where["round_tracker.rounds"] == where["round_tracker.ages"] \
+        == where["bitmap_checker.bitmaps"]
+    values = [stage for name, stage in where.items() if name.startswith("value_aggregator.")]
+    assert values and min(values) > where["bitmap_checker.bitmaps"]
 
 
 @pytest.mark.skipif(not COMPILER_OUTPUT.exists(),

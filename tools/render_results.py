@@ -559,7 +559,8 @@ def p4c_samples(r: dict) -> dict[str, str]:
 
 # -- the Tofino build: bf-p4c's resource summary, as tools/tofino_resources.py wrote it --
 
-REGISTERS = {"bitmap_checker.bitmaps": "bitmap", "contribution_counter.counts": "count",
+REGISTERS = {"bitmap_checker.bitmaps": "bitmap", "round_tracker.ages": "round age",
+             "round_tracker.rounds": "round released", "contribution_counter.counts": "count",
              "exponent_max.exponents": "exponent", "fingerprint_sum.fingerprints": "fingerprint sum"}
 # What a stage is for, by the tables of note placed in it (a name, or a prefix of
 # p4c's generated ones), in the order the stage table names them.
@@ -567,6 +568,7 @@ ROLES = {"job_lookup.jobs": "lookups: jobs, slot_range, senders, loss probabilit
          "arp_responder.arp_table": "ARP", "tbl_drop_simulator": "the loss draw",
          "l2_forwarding.mac_table": "L2",
          "bitmap_checker.check_and_mark": "the checks and the bitmap: one table, `check_and_mark`",
+         "round_tracker.age_op": "the round's age and release, behind the same checks",
          "tbl_contribution_counter": "`done`", "next_step_selector.next_step": "NextStepSelector",
          "send": "`send`: result to the recirculation port, WAITING reply to its sender, or drop"}
 

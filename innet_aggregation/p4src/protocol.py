@@ -336,11 +336,11 @@ CONTROL_OP_SEND_FRAME = parse_consts(
     (P4SRC_DIR / "v1model" / f"{PROGRAM_NAME}.p4").read_text())["CONTROL_OP_SEND_FRAME"]
 PROOF_NONCE_BYTES = 16
 
-# Bounded-time aggregation, v1model's alone (p4src/v1model/deadline.p4): a worker's
+# Bounded-time aggregation (p4src/shared/deadline.p4): a worker's
 # RELEASE of a round, and the switch's RELEASED partial sum, whose fingerprint field
 # carries the bitmap of the workers in it; a QUORUM contribution, released once as many
 # workers as its `contributions` are in.
-_DEADLINE = parse_consts((P4SRC_DIR / "v1model" / "deadline.p4").read_text())
+_DEADLINE = parse_consts((P4SRC_DIR / "shared" / "deadline.p4").read_text())
 MSG_RELEASE = _DEADLINE["MSG_RELEASE"]
 MSG_RELEASED = _DEADLINE["MSG_RELEASED"]
 MSG_QUORUM = _DEADLINE["MSG_QUORUM"]

@@ -87,7 +87,7 @@ class JobConfig:
     values_per_packet: int | None = None
     # Bounded-time aggregation: how long a worker waits for a round after its own
     # contribution before it asks the switch to release what it holds (None: never;
-    # the v1model program only, p4src/v1model/deadline.p4).
+    # p4src/shared/deadline.p4).
     deadline_ms: float | None = None
 
     @property

@@ -261,13 +261,14 @@ class DropSimulator(Control):
 
 class RoundTracker(Control):
     """The jobs with a deadline (job.deadline_ms), whose rounds a worker may have
-    released early (p4src/v1model/deadline.p4), and what the deadline did, per job.
-    The v1model program's alone: installing a deadline job on another is refused."""
+    released early (p4src/shared/deadline.p4), and what the deadline did, per job.
+    Installing a deadline job on a program without the table is refused."""
     TABLE = "AggIngress.round_tracker.deadline_jobs"
     ACTIONS = ("AggIngress.round_tracker.set_deadline",)
     COUNTER = "AggIngress.deadline_outcomes"
-    # deadline.p4's DEADLINE_* indexes, per job: job_id * len(OUTCOMES) + index
+    # deadline.p4's DEADLINE_* indexes, per job: job_id * stride + index
     OUTCOMES = ("released", "late", "stale", "release_refused", "quorum")
+    JOB_IDS = 256       # the counter holds every job id's cells
 
     def needs(self, config: Config) -> list[tuple[str, str]]:
         return super().needs(config) if config.job.deadline_ms else []
@@ -286,13 +287,25 @@ class RoundTracker(Control):
     def clear(self, config: Config) -> Changes:
         return self.sync(self.TABLE, [], lambda m: m["job_id"] == config.job.id)
 
+    def stride(self) -> int:
+        """Cells a job has in the counter (its size over 256 job ids): v1model packs
+        them (5 a job); the TNA program, whose cell index can be a hash of fields but
+        not a sum, gives each job 8."""
+        counter = self.name("counters", self.COUNTER)
+        stride = self.conn.schema.counters[counter].size // self.JOB_IDS
+        if stride < len(self.OUTCOMES):
+            raise P4RuntimeError(f"{counter} holds {stride} cells a job, fewer than the "
+                                 f"{len(self.OUTCOMES)} deadline outcomes")
+        return stride
+
     def read_counters(self, job_id: int) -> dict[str, int]:
         """Packets per outcome of ``job_id``'s deadline: rounds released, contributions
         that came after a release, stale packets dropped, releases refused, rounds
         released at their quorum."""
-        base = job_id * len(self.OUTCOMES)
+        counter = self.name("counters", self.COUNTER)
+        base = job_id * self.stride()
         cells = {cell.index: cell.data.packet_count
-                 for cell in self.conn.read(P4CounterEntry(self.name("counters", self.COUNTER)))}
+                 for cell in self.conn.read(P4CounterEntry(counter))}
         return {name: cells.get(base + i, 0) for i, name in enumerate(self.OUTCOMES)}
 
 

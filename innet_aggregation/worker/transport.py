@@ -88,7 +88,7 @@ new sessions on every worker.
 deadline since this worker's contribution asks the switch to release its round
 (RELEASE, ``_release``): the switch sends what it holds to every worker as RELEASED,
 with the bitmap of who is in it, and answers any later packet of that round with the
-same bits (p4src/v1model/deadline.p4). A worker that is not in a released round keeps
+same bits (p4src/shared/deadline.p4). A worker that is not in a released round keeps
 its blocks' values and adds them to the same blocks of the next call of the same
 history key (``carry``): a gradient is applied one call late, never dropped, and AVG
 still divides by the job's size. The session's start and parking never release.
@@ -96,7 +96,9 @@ A call spans many rounds of each slot, and a rank late for one is late for the n
 ones too: once a round was released without some workers, every round goes out as a
 QUORUM contribution naming how many workers the release held, and the switch releases
 each the moment that many are in, so the deadline is waited once, not once a round,
-until a released round has the missing workers in again (``follow_releases``). A late
+until a released round has the missing workers in again (``follow_releases``; the
+Tofino program counts a QUORUM as a plain contribution, so there the deadline is waited
+each round). A late
 worker takes the released results it finds queued as the others did (sorted by
 round, ``_take_early``), and sends nothing for a round whose result it holds; the
 others' lead is bounded by what it can hold: once a worker has been left out of

@@ -1,4 +1,4 @@
-"""A deadline job's release (p4src/v1model/deadline.p4), packet by packet: what the
+"""A deadline job's release (p4src/shared/deadline.p4), packet by packet: what the
 round holds goes to every worker with who is in it; a contribution after the release
 gets those same bits and changes nothing; the next rounds of both shadow sets work;
 a packet of an older round is dropped; a QUORUM contribution releases its round the

@@ -151,10 +151,11 @@ def test_the_tofino_figures_are_the_build_summarys(tmp_path, monkeypatch):
     as committed (tools/tofino_resources.py wrote it), and follow it when it changes."""
     text = render_results.TOFINO.read_text()
     md = render_results.tofino_stages(text)["tofino_stages.md"]
-    assert "| 2 | bitmap | the checks and the bitmap: one table, `check_and_mark` |" in md
+    assert ("| 2 | bitmap, round age, round released | the checks and the bitmap: one table, "
+            "`check_and_mark`; the round's age and release, behind the same checks |") in md
     assert "| 3 | count, 3 pairs |" in md and "| 11 | exponent, fingerprint sum, 1 pair |" in md
     summary = tmp_path / "aggregation.resources.txt"
-    summary.write_text(text.replace("stateful ALUs: 36 of 48", "stateful ALUs: 37 of 48")
+    summary.write_text(text.replace("stateful ALUs: 38 of 48", "stateful ALUs: 37 of 48")
                        .replace("   3: 4 (contribution_counter.counts, ", "   3: 4 (bitmap_checker.bitmaps, "))
     monkeypatch.setattr(render_results, "TOFINO", summary)
     assert render_results.inline_figures()["tofino-alus"] == "37 of 48"

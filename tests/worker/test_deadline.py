@@ -1,4 +1,4 @@
-"""Bounded-time aggregation (a job's ``deadline_ms``, p4src/v1model/deadline.p4): a rank
+"""Bounded-time aggregation (a job's ``deadline_ms``, p4src/shared/deadline.p4): a rank
 that sleeps no longer holds the others, every rank applies the same bits, and the
 values a release left out arrive in the next call of the same name, never lost.
 

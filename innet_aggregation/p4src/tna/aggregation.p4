@@ -8,7 +8,9 @@
  * contribution leaves as a RESULT multicast to every worker of the job; a worker
  * that retransmits for a finished slot gets the stored result back by unicast,
  * one that retransmits for an unfinished slot and asks gets a WAITING reply (who
- * has contributed). Results carry the sum of the workers' call fingerprints.
+ * has contributed). Results carry the sum of the workers' call fingerprints. A job
+ * with a deadline may have a round released before every worker has contributed
+ * (shared/deadline.p4): its workers get the partial sum and who is in it.
  * Everything else is switched at L2.
  *
  * Tofino differences (README.md has the full list):
@@ -17,18 +19,23 @@
  *  - a stateful ALU returns one word per packet, so a result (completed or
  *    resent) recirculates once: pass 1 updates and reads the high words, pass 2
  *    reads the low words and sends. Consumed contributions take one pass;
- *  - what egress needs travels in bridge_h.
+ *  - what egress needs travels in bridge_h;
+ *  - a (slot, set)'s bitmap word holds its round's packet id, and a newer id starts
+ *    the set over (v1model re-arms the other set); a deadline job's rounds are
+ *    released at the deadline only, never at a quorum (control/round_tracker.p4).
  */
 #include <core.p4>
 #include <tna.p4>
 
 #include "header.p4"
+#include "../shared/deadline.p4"
 #include "parser.p4"
 #include "control/l2_forwarding.p4"
 #include "control/arp_responder.p4"
 #include "control/drop_simulator.p4"
 #include "control/job_lookup.p4"
 #include "control/sender_identification.p4"
+#include "control/round_tracker.p4"
 #include "control/bitmap_checker.p4"
 #include "control/contribution_counter.p4"
 #include "control/next_step_selector.p4"
@@ -49,6 +56,7 @@ control AggIngress(inout tna_headers_t hdr,
     L2Forwarding()         l2_forwarding;
     JobLookup()            job_lookup;
     SenderIdentification() sender_identification;
+    RoundTracker()         round_tracker;
     BitmapChecker()        bitmap_checker;
     ContributionCounter()  contribution_counter;
     NextStepSelector()     next_step_selector;
@@ -57,12 +65,28 @@ control AggIngress(inout tna_headers_t hdr,
     FingerprintSum()       fingerprint_sum;
 
     Counter<bit<64>, bit<8>>(NUM_INGRESS_OUTCOMES, CounterType_t.PACKETS_AND_BYTES) ingress_outcomes;
+    // Per job (job_id * 8 + outcome: a cell index is a field or a hash of fields,
+    // never a sum, so the job's cells start at a power of two, and the controller
+    // reads the stride from the counter's size): what its deadline did.
+    Counter<bit<32>, bit<32>>(256 * 8, CounterType_t.PACKETS) deadline_outcomes;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) deadline_cell;
 
     // Written by BitmapChecker for every aggregation packet (bitmap_before only
     // where aggregate is 1).
     worker_bitmap_t bitmap_before;
     bit<1> aggregate;
     bit<1> harvest;
+    // A deadline job's (shared/deadline.p4): RoundTracker's answers, BitmapChecker's
+    // message kind, and what NextStepSelector made of them.
+    bit<1> deadline;
+    bit<32> age;
+    bit<32> released;
+    bit<1> release;
+    bit<1> quorum;
+    bit<1> as_released;
+    bit<1> record;
+    bit<1> deadline_counted;
+    bit<3> deadline_outcome;
 
     // What egress (and pass 2) needs of ingress's decision.
     action set_bridge(in NextStep next_step, in bit<1> recirculate,
@@ -92,6 +116,20 @@ control AggIngress(inout tna_headers_t hdr,
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = hdr.udp.dst_port;
         hdr.udp.checksum = 0;  // the payload changed; 0 means "none" in IPv4
+        set_bridge(meta.next_step, 1, meta.worker_id, meta.job_group, 0);
+        ig_tm_md.ucast_egress_port = AGG_RECIRC_PORT;
+    }
+
+    // A released round, to every worker or to one: as a result, but typed RELEASED and
+    // counting who is in it (the fingerprint field, read in stage 11, names them).
+    action recirculate_released() {
+        ingress_outcomes.count((bit<8>)meta.outcome);
+        hdr.agg.msg_type = (MsgType)MSG_RELEASED;
+        hdr.agg.contributions = meta.count;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.checksum = 0;
         set_bridge(meta.next_step, 1, meta.worker_id, meta.job_group, 0);
         ig_tm_md.ucast_egress_port = AGG_RECIRC_PORT;
     }
@@ -139,21 +177,24 @@ control AggIngress(inout tna_headers_t hdr,
             harvest:               ternary @name("harvest");
             meta.next_step:        ternary @name("next_step");
             hdr.bridge.next_step:  ternary @name("bridge_next_step");
+            as_released:           ternary @name("as_released");
         }
-        actions = { recirculate_result; reply_waiting; drop_contribution; send_multicast;
-                    send_unicast; NoAction; }
+        actions = { recirculate_result; recirculate_released; reply_waiting; drop_contribution;
+                    send_multicast; send_unicast; NoAction; }
         const entries = {
-            (1, _, NextStep.MULTICAST): send_multicast();
-            (1, _, _):                  send_unicast();
-            (0, NextStep.MULTICAST, _): recirculate_result();
-            (0, NextStep.UNICAST, _):   recirculate_result();
-            (0, NextStep.WAITING, _):   reply_waiting();
-            (0, _, _):                  drop_contribution();
+            (1, _, NextStep.MULTICAST, _): send_multicast();
+            (1, _, _, _):                  send_unicast();
+            (0, NextStep.MULTICAST, _, 1): recirculate_released();
+            (0, NextStep.UNICAST, _, 1):   recirculate_released();
+            (0, NextStep.MULTICAST, _, _): recirculate_result();
+            (0, NextStep.UNICAST, _, _):   recirculate_result();
+            (0, NextStep.WAITING, _, _):   reply_waiting();
+            (0, _, _, _):                  drop_contribution();
         }
         // Never taken. A counting action cannot be a default action on Tofino (its
         // index needs the hash distribution unit).
         const default_action = NoAction();
-        size = 6;
+        size = 8;
     }
 
     // Not aggregation: answered by the ARP responder or switched at L2. Bridged
@@ -170,7 +211,8 @@ control AggIngress(inout tna_headers_t hdr,
             // if/else. On Tofino 1 a table that follows an if block waits for every
             // table inside it (the next-table chain), and nesting cost four stages.
             // Stage 0: the lookups; 1: the loss draw; 2: the checks and the bitmap,
-            // one table; 3-11: the 34 stateful ALUs of counts, exponents and sums,
+            // one table, and the round's state (RoundTracker) behind the same checks;
+            // 3-11: the 35 stateful ALUs of count, exponents, fingerprints and sums,
             // with the decision beside them.
             meta.cell = hdr.agg.slot ++ hdr.agg.set;
             bit<32> loss_draw;
@@ -179,17 +221,27 @@ control AggIngress(inout tna_headers_t hdr,
             ingress_loss.apply(ig_intr_md.ingress_port, loss_draw);
             job_lookup.apply(hdr, meta, job_found, in_range);
             sender_identification.apply(hdr, meta, ig_intr_md.ingress_port);
+            round_tracker.apply(hdr, meta, ig_intr_md.ingress_port, ig_prsr_md.parser_err,
+                                loss_draw, job_found, in_range, deadline, age, released);
             bitmap_checker.apply(hdr, meta, ig_intr_md.ingress_port, ig_prsr_md.parser_err,
-                                 loss_draw, job_found, in_range, bitmap_before, aggregate,
-                                 harvest);
-            contribution_counter.apply(meta, bitmap_before, aggregate);
-            exponent_max.apply(hdr, meta, bitmap_before, aggregate);
-            fingerprint_sum.apply(hdr, meta, bitmap_before, aggregate);
+                                 loss_draw, deadline, job_found, in_range, bitmap_before,
+                                 aggregate, harvest, release, quorum, deadline_counted,
+                                 deadline_outcome);
+            contribution_counter.apply(meta, bitmap_before, aggregate, release, released, age);
+            next_step_selector.apply(meta, aggregate, hdr.agg.contributions, deadline, release,
+                                     quorum, released, age, deadline_counted,
+                                     deadline_outcome, as_released, record);
+            exponent_max.apply(hdr, meta, bitmap_before, aggregate, release, released, age);
+            fingerprint_sum.apply(hdr, meta, bitmap_before, aggregate, release, released, age,
+                                  record);
             // Applied once, for both passes: its 32 registers must be the same ones
             // on pass 1 and pass 2.
-            value_aggregator.apply(hdr, meta, bitmap_before, aggregate, harvest);
-            next_step_selector.apply(meta, aggregate, hdr.agg.contributions);
+            value_aggregator.apply(hdr, meta, bitmap_before, aggregate, harvest, release,
+                                   released, age);
             send.apply();
+            if (deadline_counted == 1) {
+                deadline_outcomes.count(deadline_cell.get({hdr.agg.job_id, deadline_outcome}));
+            }
         } else {
             bridge_l2();
             bool replied;

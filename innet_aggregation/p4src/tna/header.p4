@@ -56,10 +56,18 @@ struct tna_headers_t {
     values_h   values;
 }
 
-// One register word per slot: both shadow sets' bitmaps, as v1model's bitmap_pair_t.
-struct worker_bitmap_pair_t {
-    worker_bitmap_t set0;
-    worker_bitmap_t set1;
+// One register word per (slot, set): who has contributed to its round, and the
+// round's packet id (BitmapChecker).
+struct bitmap_round_t {
+    worker_bitmap_t bitmap;
+    pkt_id_t        id;
+}
+
+// A deadline job's (slot, set): its round's packet id, and whether it was released
+// (RoundTracker).
+struct round_state_t {
+    pkt_id_t id;
+    bit<32>  released;
 }
 
 // Two sums per register word: v(2p) in lo, v(2p+1) in hi. Signed, so that |+| in

@@ -21,7 +21,7 @@
 
 #include "unroll_wide.p4"     // before shared/header.p4: sizes past 256 values
 #include "../shared/header.p4"
-#include "deadline.p4"
+#include "../shared/deadline.p4"
 #include "parser.p4"
 #include "control/source_guard.p4"
 #include "control/l2_forwarding.p4"

@@ -1,28 +1,33 @@
 /*
- * Per slot, which workers have contributed to each shadow set.
+ * Per (slot, set), which workers have contributed to its round.
  *
- * One register word per slot holds both sets' bitmaps (a 2 x 32-bit pair, one
- * stateful ALU in dual mode), so one read-modify-write marks the sender in its set
- * and clears it in the other: contributing to set s re-arms set 1-s, and workers
- * reuse slots forever without any reset (SwitchML).
+ * TNA form of v1model/control/bitmap_checker.p4, with one difference: a register word
+ * per (slot, set) holds its bitmap and its round's packet id (a 2 x 32-bit pair, one
+ * stateful ALU in dual mode), and the first packet of a newer round starts the set
+ * over. v1model re-arms instead (contributing to set s clears the sender's bit in set
+ * 1-s, one word per slot), and tracks ids only for deadline jobs (round_tracker.p4);
+ * a set started over by its round's id is the same for workers that go in step, and
+ * is what a deadline job needs: its workers go on without a late one, whose bits from
+ * older rounds must not count in newer ones. A packet behind the set's round (stale)
+ * marks nobody; RoundTracker's `ages` says so, to the tables after this one.
  *
- * TNA form of v1model/control/bitmap_checker.p4. A stateful ALU returns one word,
- * so the action for set s returns set s's bitmap as it was before (bitmap_before).
- * v1model's seen (the sender's bit set in it) and first (bitmap_before == 0) are
- * not computed here: the tables that need them (ContributionCounter, ValuePair,
- * ExponentMax) match (worker_id, bitmap_before) directly, one entry per worker
- * (FOR_EACH_WORKER), in the stage right after this one; computing seen would cost
- * a stage. ContributionCounter writes meta.seen / meta.first.
+ * A stateful ALU returns one word: the set's bitmap as it was before the packet
+ * (bitmap_before; 0 for a packet that starts the round). v1model's seen (the sender's
+ * bit set in it) and first (bitmap_before == 0) are not computed here: the tables
+ * that need them (ContributionCounter, ValuePair, ExponentMax, FingerprintSum) match
+ * (worker_id, bitmap_before) directly, one entry per worker (FOR_EACH_WORKER), in the
+ * stage right after this one; computing seen would cost a stage.
+ * ContributionCounter writes meta.seen / meta.first.
  *
  * The same table also admits the packet: its key holds every check v1model makes
- * with if/else before its bitmap (loss draw, parser error, length, message type,
- * job, slot range, sender), and its entries, first match wins, take them in
- * v1model's order, so a packet failing several is counted under the same outcome.
- * The 34 stateful ALUs after the bitmap need nine of the twelve stages, so the
- * bitmap must sit in stage 2, right after the lookups (0) and the loss draw (1):
- * a gateway chain, or a separate admission table, would cost a stage before it.
- * Every action writes `aggregate` and `harvest`, which the register tables after it
- * key on.
+ * with if/else before its bitmap (loss draw, parser error, length, message type, a
+ * deadline for RELEASE and QUORUM, job, slot range, sender), and its entries, first
+ * match wins, take them in v1model's order, so a packet failing several is counted
+ * under the same outcome. The 35 stateful ALUs after the bitmap need nine of the
+ * twelve stages, so the bitmap must sit in stage 2, right after the lookups (0) and
+ * the loss draw (1): a gateway chain, or a separate admission table, would cost a
+ * stage before it. Every action writes `aggregate`, `harvest`, `release` and `quorum`,
+ * which the register tables after it key on, and whether it counts a deadline outcome.
  */
 #ifndef _TNA_BITMAP_CHECKER_P4_
 #define _TNA_BITMAP_CHECKER_P4_
@@ -36,54 +41,98 @@ control BitmapChecker(in tna_headers_t hdr,
                       in port_t ingress_port,
                       in bit<16> parser_err,
                       in bit<32> loss_draw,
+                      in bit<1> deadline,
                       in bit<1> job_found,
                       in bit<1> in_range,
                       out worker_bitmap_t bitmap_before,
                       out bit<1> aggregate,
-                      out bit<1> harvest) {
-    Register<worker_bitmap_pair_t, slot_t>(POOL_SIZE) bitmaps;
+                      out bit<1> harvest,
+                      out bit<1> release,
+                      out bit<1> quorum,
+                      out bit<1> deadline_counted,
+                      out bit<3> deadline_outcome) {
+    Register<bitmap_round_t, cell_t>(NUM_CELLS) bitmaps;
 
-    RegisterAction<worker_bitmap_pair_t, slot_t, worker_bitmap_t>(bitmaps) mark_set0 = {
-        void apply(inout worker_bitmap_pair_t pair, out worker_bitmap_t before) {
-            before = pair.set0;
-            pair.set0 = pair.set0 | meta.worker_bit;
-            pair.set1 = pair.set1 & ~meta.worker_bit;
+    RegisterAction<bitmap_round_t, cell_t, worker_bitmap_t>(bitmaps) mark = {
+        void apply(inout bitmap_round_t set, out worker_bitmap_t before) {
+            before = 0;
+            if (set.id - hdr.agg.pkt_id < STALE_ROUNDS) {
+                before = set.bitmap;          // the round's, or a stale packet's (unused)
+            }
+            if (set.id == hdr.agg.pkt_id) {
+                set.bitmap = set.bitmap | meta.worker_bit;
+            } else if (set.id - hdr.agg.pkt_id >= STALE_ROUNDS) {
+                set.id = hdr.agg.pkt_id;      // a newer round: the set starts over
+                set.bitmap = meta.worker_bit;
+            }
         }
     };
 
-    RegisterAction<worker_bitmap_pair_t, slot_t, worker_bitmap_t>(bitmaps) mark_set1 = {
-        void apply(inout worker_bitmap_pair_t pair, out worker_bitmap_t before) {
-            before = pair.set1;
-            pair.set0 = pair.set0 & ~meta.worker_bit;
-            pair.set1 = pair.set1 | meta.worker_bit;
+    // A RELEASE marks nobody: who is in the round, for the fingerprint register.
+    RegisterAction<bitmap_round_t, cell_t, worker_bitmap_t>(bitmaps) peek = {
+        void apply(inout bitmap_round_t set, out worker_bitmap_t before) {
+            before = set.bitmap;
         }
     };
 
-    action check_and_mark_set0() {
+    action mark_contribution() {
+        deadline_counted = 0;
         aggregate = 1;
         harvest = 0;
-        bitmap_before = mark_set0.execute(hdr.agg.slot);
+        release = 0;
+        quorum = 0;
+        bitmap_before = mark.execute(meta.cell);
     }
 
-    action check_and_mark_set1() {
+    action mark_quorum() {
+        deadline_counted = 0;
         aggregate = 1;
         harvest = 0;
-        bitmap_before = mark_set1.execute(hdr.agg.slot);
+        release = 0;
+        quorum = 1;
+        bitmap_before = mark.execute(meta.cell);
+    }
+
+    action check_release() {
+        deadline_counted = 0;
+        aggregate = 1;
+        harvest = 0;
+        release = 1;
+        quorum = 0;
+        bitmap_before = peek.execute(meta.cell);
     }
 
     // A failed check: counted under its outcome, then dropped.
     action refuse(IngressOutcome outcome) {
+        deadline_counted = 0;
         aggregate = 0;
         harvest = 0;
+        release = 0;
+        quorum = 0;
         meta.outcome = outcome;
+        meta.next_step = NextStep.DROP;
+    }
+
+    // A RELEASE or QUORUM for a job without a deadline.
+    action refuse_request() {
+        deadline_counted = 1;
+        deadline_outcome = (bit<3>)DEADLINE_RELEASE_REFUSED;
+        aggregate = 0;
+        harvest = 0;
+        release = 0;
+        quorum = 0;
+        meta.outcome = IngressOutcome.MALFORMED;
         meta.next_step = NextStep.DROP;
     }
 
     // Pass 2 of a result, back from the recirculation port: decided and counted in
     // pass 1; the sums' low words are read.
     action pass_two() {
+        deadline_counted = 0;
         aggregate = 0;
         harvest = 1;
+        release = 0;
+        quorum = 0;
     }
 
     table check_and_mark {
@@ -93,29 +142,39 @@ control BitmapChecker(in tna_headers_t hdr,
             parser_err:        ternary @name("parser_err");
             hdr.udp.length:    ternary @name("udp_length");
             hdr.agg.msg_type:  ternary @name("msg_type");
+            deadline:          ternary @name("deadline");
             job_found:         ternary @name("job_found");
             hdr.agg.slot:      ternary @name("slot");
             in_range:          ternary @name("in_range");
             meta.known_sender: ternary @name("known_sender");
-            hdr.agg.set:       ternary @name("set");
         }
-        actions = { check_and_mark_set0; check_and_mark_set1; refuse; pass_two; }
+        actions = { mark_contribution; mark_quorum; check_release; refuse; refuse_request;
+                    pass_two; }
 #define SLOT_IN_POOL 0 &&& ~((slot_t)(POOL_SIZE - 1))
-#define WELL_FORMED LOSS_KEPT, 0, AGG_UDP_LENGTH, MsgType.CONTRIBUTION
+#define CHECKED LOSS_KEPT, 0, AGG_UDP_LENGTH
         const entries = {
             // port, then v1model's checks in order   (first entry that matches wins)
             (AGG_RECIRC_PORT, _, _, _, _, _, _, _, _, _): pass_two();
-            (_, WELL_FORMED, 1, SLOT_IN_POOL, 1, true, 0): check_and_mark_set0();
-            (_, WELL_FORMED, 1, SLOT_IN_POOL, 1, true, 1): check_and_mark_set1();
-            (_, WELL_FORMED, 1, SLOT_IN_POOL, 1, _, _): refuse(IngressOutcome.UNKNOWN_SENDER);
-            (_, WELL_FORMED, 1, _, _, _, _): refuse(IngressOutcome.BAD_SLOT);
-            (_, WELL_FORMED, _, _, _, _, _): refuse(IngressOutcome.UNKNOWN_JOB);
+            (_, CHECKED, MsgType.CONTRIBUTION, _, 1, SLOT_IN_POOL, 1, true): mark_contribution();
+            (_, CHECKED, (MsgType)MSG_QUORUM, 1, 1, SLOT_IN_POOL, 1, true): mark_quorum();
+            (_, CHECKED, (MsgType)MSG_RELEASE, 1, 1, SLOT_IN_POOL, 1, true): check_release();
+            (_, CHECKED, MsgType.CONTRIBUTION, _, 1, SLOT_IN_POOL, 1, _): refuse(IngressOutcome.UNKNOWN_SENDER);
+            (_, CHECKED, (MsgType)MSG_QUORUM, _, 1, SLOT_IN_POOL, 1, false): refuse(IngressOutcome.UNKNOWN_SENDER);
+            (_, CHECKED, (MsgType)MSG_RELEASE, _, 1, SLOT_IN_POOL, 1, false): refuse(IngressOutcome.UNKNOWN_SENDER);
+            (_, CHECKED, (MsgType)MSG_QUORUM, 0, 1, SLOT_IN_POOL, 1, _): refuse_request();
+            (_, CHECKED, (MsgType)MSG_RELEASE, 0, 1, SLOT_IN_POOL, 1, _): refuse_request();
+            (_, CHECKED, MsgType.CONTRIBUTION, _, 1, _, _, _): refuse(IngressOutcome.BAD_SLOT);
+            (_, CHECKED, (MsgType)MSG_QUORUM, _, 1, _, _, _): refuse(IngressOutcome.BAD_SLOT);
+            (_, CHECKED, (MsgType)MSG_RELEASE, _, 1, _, _, _): refuse(IngressOutcome.BAD_SLOT);
+            (_, CHECKED, MsgType.CONTRIBUTION, _, _, _, _, _): refuse(IngressOutcome.UNKNOWN_JOB);
+            (_, CHECKED, (MsgType)MSG_QUORUM, _, _, _, _, _): refuse(IngressOutcome.UNKNOWN_JOB);
+            (_, CHECKED, (MsgType)MSG_RELEASE, _, _, _, _, _): refuse(IngressOutcome.UNKNOWN_JOB);
             (_, LOSS_KEPT, _, _, _, _, _, _, _, _): refuse(IngressOutcome.MALFORMED);
         }
-#undef WELL_FORMED
+#undef CHECKED
 #undef SLOT_IN_POOL
         const default_action = refuse(IngressOutcome.SIMULATED_DROP);
-        size = 8;
+        size = 18;
     }
 
     apply {

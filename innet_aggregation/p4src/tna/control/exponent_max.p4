@@ -15,7 +15,10 @@
 control ExponentMax(inout tna_headers_t hdr,
                     in metadata_t meta,
                     in worker_bitmap_t bitmap_before,
-                    in bit<1> aggregate) {
+                    in bit<1> aggregate,
+                    in bit<1> release,
+                    in bit<32> released,
+                    in bit<32> age) {
     Register<exponent_t, cell_t>(NUM_CELLS) exponents;
 
     RegisterAction<exponent_t, cell_t, exponent_t>(exponents) store_exponent = {
@@ -55,18 +58,25 @@ control ExponentMax(inout tna_headers_t hdr,
             aggregate:      ternary @name("aggregate");
             meta.worker_id: ternary @name("worker_id");
             bitmap_before:  ternary @name("bitmap_before");
+            release:        ternary @name("release");
+            released[0:0]:  ternary @name("released");
+            age[3:0]:       ternary @name("age");
         }
         actions = { write_exponent; max_exponent; read_exponent; NoAction; }
         const entries = {
-            (0, _, _): NoAction();         // not a checked contribution
-            (1, _, 0): write_exponent();   // WRITE: first contribution
-#define SEEN(w) (1, w, SEEN_BIT(w)): read_exponent();
-            FOR_EACH_WORKER(SEEN)          // READ: retransmission
+            // aggregate worker_id bitmap_before release released age
+            (0, _, _, _, _, _): NoAction();           // not a checked contribution
+            (1, _, _, _, _, AGE_STALE): NoAction();   // stale: its round is gone
+            (1, _, _, 1, _, _): read_exponent();      // a RELEASE
+            (1, _, _, _, 1, _): read_exponent();      // a released round
+            (1, _, 0, _, _, _): write_exponent();     // WRITE: first contribution
+#define SEEN(w) (1, w, SEEN_BIT(w), _, _, _): read_exponent();
+            FOR_EACH_WORKER(SEEN)                     // READ: retransmission
 #undef SEEN
-            (1, _, _): max_exponent();     // ADD: a further worker
+            (1, _, _, _, _, _): max_exponent();       // ADD: a further worker
         }
         const default_action = NoAction();   // never taken: the entries cover all
-        size = 36;
+        size = 40;
     }
 
     apply {

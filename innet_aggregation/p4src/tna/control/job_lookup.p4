@@ -7,7 +7,7 @@
  * The slot range check differs. v1model tests slot - first_slot < num_slots; on
  * Tofino a gateway compares a field with a constant only, and the subtraction and
  * a saturating compare would take two stages after the lookup, which the bitmap
- * cannot wait for (the 34 stateful ALUs after it need nine of the twelve stages).
+ * cannot wait for (the 35 stateful ALUs after it need nine of the twelve stages).
  * So a second table, slot_range, matches the slot against the job's range in the
  * same stage as jobs; the controller writes [first_slot, first_slot + num_slots - 1]
  * into it where the program has it (switch_ctl/controls.py, JobLookup).

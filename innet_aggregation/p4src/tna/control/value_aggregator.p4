@@ -15,14 +15,18 @@ control ValueAggregator(inout tna_headers_t hdr,
                         in metadata_t meta,
                         in worker_bitmap_t bitmap_before,
                         in bit<1> aggregate,
-                        in bit<1> harvest) {
+                        in bit<1> harvest,
+                        in bit<1> release,
+                        in bit<32> released,
+                        in bit<32> age) {
 #define VALUE_PAIR(p, a, b) ValuePair() pair_##p;
     FOR_EACH_VALUE_PAIR(VALUE_PAIR)
 #undef VALUE_PAIR
 
     apply {
 #define APPLY_PAIR(p, a, b) \
-        pair_##p.apply(hdr.values.v##a, hdr.values.v##b, meta.cell, meta.worker_id, bitmap_before, aggregate, harvest);
+        pair_##p.apply(hdr.values.v##a, hdr.values.v##b, meta.cell, meta.worker_id, bitmap_before, aggregate, harvest, \
+                     release, released, age);
         FOR_EACH_VALUE_PAIR(APPLY_PAIR)
 #undef APPLY_PAIR
     }

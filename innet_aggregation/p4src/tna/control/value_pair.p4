@@ -22,7 +22,10 @@ control ValuePair(inout value_t lo,
                   in worker_id_t worker_id,
                   in worker_bitmap_t bitmap_before,
                   in bit<1> aggregate,
-                  in bit<1> harvest) {
+                  in bit<1> harvest,
+                  in bit<1> release,
+                  in bit<32> released,
+                  in bit<32> age) {
     Register<value_pair_t, cell_t>(NUM_CELLS) sums;
 
     // The first contribution overwrites whatever an earlier round left.
@@ -76,20 +79,27 @@ control ValuePair(inout value_t lo,
             aggregate:     ternary @name("aggregate");
             worker_id:     ternary @name("worker_id");
             bitmap_before: ternary @name("bitmap_before");
+            release:       ternary @name("release");
+            released[0:0]: ternary @name("released");
+            age[3:0]:      ternary @name("age");
         }
         actions = { write_values; add_values; read_values; harvest_values; NoAction; }
         const entries = {
-            // harvest aggregate worker_id bitmap_before   (first entry that matches wins)
-            (1, _, _, _): harvest_values();   // pass 2 of a result
-            (_, 0, _, _): NoAction();         // not a checked contribution
-            (_, 1, _, 0): write_values();     // WRITE: first contribution
-#define SEEN(w) (_, 1, w, SEEN_BIT(w)): read_values();
-            FOR_EACH_WORKER(SEEN)             // READ: retransmission
+            // harvest aggregate worker_id bitmap_before release released age
+            //                                             (first entry that matches wins)
+            (1, _, _, _, _, _, _): harvest_values();         // pass 2 of a result
+            (_, 0, _, _, _, _, _): NoAction();               // not a checked contribution
+            (_, 1, _, _, _, _, AGE_STALE): NoAction();       // stale: its round is gone
+            (_, 1, _, _, 1, _, _): read_values();            // a RELEASE
+            (_, 1, _, _, _, 1, _): read_values();            // a released round
+            (_, 1, _, 0, _, _, _): write_values();           // WRITE: first contribution
+#define SEEN(w) (_, 1, w, SEEN_BIT(w), _, _, _): read_values();
+            FOR_EACH_WORKER(SEEN)                            // READ: retransmission
 #undef SEEN
-            (_, 1, _, _): add_values();       // ADD: a further worker
+            (_, 1, _, _, _, _, _): add_values();             // ADD: a further worker
         }
         const default_action = NoAction();
-        size = 36;
+        size = 40;
     }
 
     apply {

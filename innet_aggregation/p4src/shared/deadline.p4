@@ -1,7 +1,8 @@
 /*
- * Bounded-time aggregation (a job's deadline), v1model's alone: the TNA program fills
- * Tofino 1's 12 stages and is rebuilt only with bf-p4c, so the shared headers and enums
- * stay as they are and this program adds its own.
+ * Bounded-time aggregation (a job's deadline): the message types, constants and
+ * counter indexes both programs share. Each program tracks rounds its own way
+ * (v1model/control/round_tracker.p4, tna/control/round_tracker.p4); deadline_t is
+ * v1model's per-packet state.
  *
  * A worker whose contribution has waited its job's deadline sends RELEASE for that
  * (slot, set): the switch sends what it holds to every worker as RELEASED, a result
@@ -22,6 +23,8 @@
  * release held: the switch releases such a round the moment that many are in, exactly
  * as a deadline release does. The quorum lives in the packets, not here: the workers
  * drop it once a released round has the missing workers in again (worker/transport.py).
+ * The Tofino program counts a QUORUM as a plain contribution, so there every round is
+ * released at the deadline (tna/control/round_tracker.p4 says why).
  */
 #ifndef _DEADLINE_P4_
 #define _DEADLINE_P4_
