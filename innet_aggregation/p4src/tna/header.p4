@@ -38,6 +38,21 @@ header bridge_h {
     worker_bitmap_t contributors;
 }
 
+// The key of the aggregation packet's checks, which BitmapChecker's table and
+// RoundTracker's two tables share (the same stage: none can wait for another's
+// verdict); each names its inputs so.
+#define ADMISSION_KEY \
+    ingress_port:      ternary @name("ingress_port"); \
+    loss_draw:         ternary @name("loss_draw"); \
+    parser_err:        ternary @name("parser_err"); \
+    hdr.udp.length:    ternary @name("udp_length"); \
+    hdr.agg.msg_type:  ternary @name("msg_type"); \
+    deadline:          ternary @name("deadline"); \
+    job_found:         ternary @name("job_found"); \
+    hdr.agg.slot:      ternary @name("slot"); \
+    in_range:          ternary @name("in_range"); \
+    meta.known_sender: ternary @name("known_sender");
+
 // The start of an ARP header, looked at before it is parsed (parser.p4).
 header arp_probe_h {
     bit<16> htype;

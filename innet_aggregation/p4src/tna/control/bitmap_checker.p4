@@ -136,18 +136,7 @@ control BitmapChecker(in tna_headers_t hdr,
     }
 
     table check_and_mark {
-        key = {
-            ingress_port:      ternary @name("ingress_port");
-            loss_draw:         ternary @name("loss_draw");
-            parser_err:        ternary @name("parser_err");
-            hdr.udp.length:    ternary @name("udp_length");
-            hdr.agg.msg_type:  ternary @name("msg_type");
-            deadline:          ternary @name("deadline");
-            job_found:         ternary @name("job_found");
-            hdr.agg.slot:      ternary @name("slot");
-            in_range:          ternary @name("in_range");
-            meta.known_sender: ternary @name("known_sender");
-        }
+        key = { ADMISSION_KEY }
         actions = { mark_contribution; mark_quorum; check_release; refuse; refuse_request;
                     pass_two; }
 #define SLOT_IN_POOL 0 &&& ~((slot_t)(POOL_SIZE - 1))

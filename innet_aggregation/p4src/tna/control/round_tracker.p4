@@ -127,19 +127,8 @@ control RoundTracker(in tna_headers_t hdr,
         released = 0;
     }
 
-    // BitmapChecker's admission, the same entries in the same order (see there); a
-    // RELEASE or QUORUM only for a deadline job.
-#define ADMISSION_KEY \
-            ingress_port:      ternary @name("ingress_port"); \
-            loss_draw:         ternary @name("loss_draw"); \
-            parser_err:        ternary @name("parser_err"); \
-            hdr.udp.length:    ternary @name("udp_length"); \
-            hdr.agg.msg_type:  ternary @name("msg_type"); \
-            deadline:          ternary @name("deadline"); \
-            job_found:         ternary @name("job_found"); \
-            hdr.agg.slot:      ternary @name("slot"); \
-            in_range:          ternary @name("in_range"); \
-            meta.known_sender: ternary @name("known_sender");
+    // BitmapChecker's admission (ADMISSION_KEY, header.p4); a RELEASE or QUORUM only for
+    // a deadline job.
 #define ADMITTED(type, on) LOSS_KEPT, 0, AGG_UDP_LENGTH, type, on, 1, 0 &&& ~((slot_t)(POOL_SIZE - 1)), 1, true
 
     table age_op {
@@ -168,7 +157,6 @@ control RoundTracker(in tna_headers_t hdr,
         size = 4;
     }
 #undef ADMITTED
-#undef ADMISSION_KEY
 
     apply {
         deadline_jobs.apply();
