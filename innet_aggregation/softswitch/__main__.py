@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from innet_aggregation.addresses import is_loopback
 from innet_aggregation.softswitch.frontend import DROP_PORT
@@ -259,9 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         dataplane.stop()
         return 1
     # Before the line that says it is up, so a SIGTERM right after it stops it in order.
-    stop = threading.Event()
+    # The handler only records the signal: one that set the event itself would re-enter
+    # the event's lock if a second signal came while the main thread held it (a switch
+    # once hung so in server.stop, dumped by SIGUSR1 below).
+    signalled: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _: signalled.append(signum))
     # A switch that does not stop can be asked where it is: every thread's stack to the log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     dataplane.start()
@@ -273,13 +277,15 @@ def main(argv: list[str] | None = None) -> int:
                     "certificates: whoever reaches it can program this switch (use "
                     "--grpc-server-ssl ... --grpc-server-with-client-auth)",
                     args.grpc_server_addr)
+    stop = threading.Event()
     watch = threading.Thread(target=watch_counters, args=(dataplane, stop, args.counters_file),
                              daemon=True, name="counters")
     watch.start()
     # Woken twice a second: a signal the kernel gives another thread (gRPC's, the data
     # plane's) has its handler run only when the main thread next runs Python.
-    while not stop.wait(0.5):
-        pass
+    while not signalled:
+        time.sleep(0.5)
+    stop.set()
     server.stop(0.5)
     watch.join()
     dataplane.stop()
