@@ -29,6 +29,7 @@ import time
 
 from innet_aggregation.addresses import is_loopback
 from innet_aggregation.softswitch.frontend import DROP_PORT
+from innet_aggregation.softswitch.dataplane import MAX_IO_THREADS, io_threads_argument
 
 LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
           "warn": logging.WARNING, "error": logging.ERROR, "off": logging.CRITICAL + 1}
@@ -158,6 +159,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="keep the data plane's counters in PATH (JSON), updated every "
                              "second")
     _grpc_server_arguments(parser)
+    parser.add_argument("--io-threads", type=io_threads_argument, default=None, metavar="N",
+                        help=f"native backend: packet I/O threads, the ports shared out "
+                             f"among them (1 to {MAX_IO_THREADS}; default: a quarter of the "
+                             f"cores, at least 1 and at most one a port)")
     parser.add_argument("--backend", choices=("native", "python"), default=None,
                         help="run programs compiled to C (native, the default where a C "
                              "compiler is present) or in Python")
@@ -242,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     try:
-        dataplane = DataPlane(args.ports)
+        dataplane = DataPlane(args.ports, args.io_threads)
     except (OSError, ValueError) as exc:
         print(f"softswitch: error: cannot open the interfaces: {exc}", file=sys.stderr)
         return 1

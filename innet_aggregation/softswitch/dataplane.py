@@ -1,19 +1,22 @@
-"""Packet I/O on Linux interfaces with AF_PACKET, one thread for every port.
+"""Packet I/O on Linux interfaces with AF_PACKET.
 
-The sockets are opened here once. A Python pipeline is served by a Python thread;
-a native one by its own C thread (batched recvmmsg/sendmmsg, no GIL) on the same
-sockets. Committing a new pipeline stops one loop and starts the other kind.
+The sockets are opened here once. A Python pipeline is served by one Python thread;
+a native one by C threads (receive rings, batched sendmmsg, no GIL) on the same
+sockets, each receiving on its share of the ports. Committing a new pipeline stops
+one loop and starts the other kind.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import select
 import socket
 import struct
 import threading
 
-from innet_aggregation.softswitch.backends.native.loader import IO_COUNTERS
+from innet_aggregation.softswitch.backends.native.loader import IO_COUNTERS, MAX_IO_THREADS
 
 log = logging.getLogger("softswitch")
 
@@ -42,6 +45,20 @@ def with_vlan_tag(frame: bytes, ancillary) -> bytes:
                 tpid = tpid if status & TP_STATUS_VLAN_TPID_VALID else 0x8100
                 return frame[:12] + struct.pack("!HH", tpid, tci) + frame[12:]
     return frame
+
+
+def io_threads_argument(text: str) -> int:
+    """--io-threads, checked where it is given (the softswitch's and the testbed's)."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_IO_THREADS:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_IO_THREADS} threads, got {text!r}")
+    return int(text)
+
+
+def default_io_threads(ports: int) -> int:
+    """A quarter of the cores, at least one and at most one a port: most of a frame's
+    cost is the kernel's, paid on the sending core, so more threads send more; the
+    rest of the cores are left to the hosts that share the machine in a testbed."""
+    return max(1, min(ports, MAX_IO_THREADS, (os.cpu_count() or 1) // 4))
 
 
 def check_interface(ifname: str) -> int:
@@ -82,8 +99,9 @@ class Port:
 class DataPlane:
     """Receives on every port, runs the current pipeline, sends what it returns."""
 
-    def __init__(self, ports: dict[int, str]):
+    def __init__(self, ports: dict[int, str], io_threads: int | None = None):
         self.ports = {n: Port(n, ifname) for n, ifname in ports.items()}
+        self.io_threads = io_threads or default_io_threads(len(ports))
         self.pipeline = None
         self.stopping = threading.Event()
         # The Python loop's counters; the native loops' (IO_COUNTERS) are theirs, summed
@@ -123,7 +141,7 @@ class DataPlane:
         pipeline = self.pipeline
         if getattr(pipeline, "native", False):
             pipeline.start_io([(n, p.rx.fileno(), p.tx.fileno())
-                               for n, p in sorted(self.ports.items())])
+                               for n, p in sorted(self.ports.items())], self.io_threads)
             self.running = pipeline
             return
         self.stopping.clear()

@@ -221,7 +221,8 @@ def run(args) -> list[dict]:
               f"per packet, {args.data} data", flush=True)
         with Testbed(n, bw=bw or None, target=target, num_slots=args.slots, topo=topo,
                      leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
-                     values_per_packet=values) as testbed, HostAgents(testbed) as agents:
+                     values_per_packet=values, io_threads=args.io_threads) as testbed, \
+                HostAgents(testbed) as agents:
             for size in args.sizes:
                 capacity = measure_capacity(agents, 4 * size, args.reps)
                 print(f"  links deliver {capacity['median']:.1f} Mbit/s "

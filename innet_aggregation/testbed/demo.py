@@ -148,7 +148,7 @@ def run(args) -> None:
     with Testbed(args.workers, bw=args.bw or None, target=target, num_slots=args.slots,
                  topo=args.topo, leaves=args.leaves, tls=args.tls,
                  grpc_host=args.grpc_host, values_per_packet=args.values,
-                 deadline_ms=args.deadline_ms) as testbed:
+                 deadline_ms=args.deadline_ms, io_threads=args.io_threads) as testbed:
         print("[demo] job installed by the controller; starting one worker process per host "
               "(torch import, gloo rendezvous through the switch)", flush=True)
         with HostAgents(testbed) as agents:

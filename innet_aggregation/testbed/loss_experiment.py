@@ -122,7 +122,8 @@ def run(args) -> list[dict]:
     rows, reference = [], {}
     with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots, topo=args.topo,
                  leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
-                 values_per_packet=args.values, deadline_ms=args.deadline_ms) as testbed, \
+                 values_per_packet=args.values, deadline_ms=args.deadline_ms,
+                 io_threads=args.io_threads) as testbed, \
             HostAgents(testbed, gloo=False) as agents:
         values = testbed.program.values_per_packet
         print(f"[loss] {values} values per packet", flush=True)

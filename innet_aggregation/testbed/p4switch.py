@@ -118,8 +118,9 @@ class P4Switch(BoundedShell, Switch):
 
     def __init__(self, name, target: str | None = None, device_id: int = 0,
                  grpc_addr: str | None = None, log_path: Path | None = None,
-                 tls: TLSBundle | None = None, **params):
+                 tls: TLSBundle | None = None, io_threads: int | None = None, **params):
         super().__init__(name, **params)
+        self.io_threads = io_threads
         self.target = target or default_target()
         self.device_id = device_id
         self.grpc_addr = grpc_addr
@@ -136,7 +137,7 @@ class P4Switch(BoundedShell, Switch):
             Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
         self.process = SwitchProcess(self.target, self.port_map(), device_id=self.device_id,
                                      grpc_addr=self.grpc_addr, log_path=self.log_path,
-                                     tls=self.tls)
+                                     tls=self.tls, io_threads=self.io_threads)
         self.process.start()
         self.grpc_addr = self.process.grpc_addr
 

@@ -82,7 +82,8 @@ def run(args) -> list[dict]:
         print(f"[scaling] n = {n}: {args.bw:g} Mbit/s links, {args.values} values per packet, "
               f"{args.data} data", flush=True)
         with Testbed(n, bw=args.bw, target=args.target, num_slots=args.slots, tls=args.tls,
-                     grpc_host=args.grpc_host, values_per_packet=args.values) as testbed, \
+                     grpc_host=args.grpc_host, values_per_packet=args.values,
+                     io_threads=args.io_threads) as testbed, \
                 HostAgents(testbed) as agents:
             capacity = measure_capacity(agents, 4 * args.size, args.reps)
             for backend in ("switch", "gloo"):

@@ -256,7 +256,7 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
     def testbed_of(deadline_ms: float):
         return Testbed(args.workers, bw=args.bw or None, target=target, num_slots=args.slots,
                        tls=args.tls, grpc_host=args.grpc_host, values_per_packet=args.values,
-                       deadline_ms=deadline_ms)
+                       deadline_ms=deadline_ms, io_threads=args.io_threads)
 
     print(f"[straggler] {args.workers} workers, {model.name()}, {target}, links "
           f"{f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'}; scenarios "

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from innet_aggregation import IMPORT_ROOT
 from innet_aggregation.p4src import protocol
+from innet_aggregation.softswitch.dataplane import io_threads_argument
 
 from .stopping import dies_with_parent, whole
 
@@ -84,6 +85,9 @@ def add_switch_arguments(parser) -> None:
                         help="address the switches' P4Runtime servers listen on (default "
                              "127.0.0.1, this machine only; 0.0.0.0 opens them to the "
                              "network: add --tls)")
+    parser.add_argument("--io-threads", type=io_threads_argument, default=None, metavar="N",
+                        help="the embedded switch's packet threads (default: a quarter of "
+                             "the cores, at least 1: softswitch.dataplane)")
 
 
 def free_tcp_port() -> int:
@@ -107,9 +111,11 @@ def connect_addr(grpc_addr: str) -> str:
 
 
 def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: str,
-                tls: "TLSBundle | None" = None, counters_file: Path | None = None) -> list[str]:
+                tls: "TLSBundle | None" = None, counters_file: Path | None = None,
+                io_threads: int | None = None) -> list[str]:
     """simple_switch_grpc's command line, for either target (the softswitch keeping its
-    data plane's counters in ``counters_file``)."""
+    data plane's counters in ``counters_file``, and running ``io_threads`` packet
+    threads: None, its default)."""
     if target == "bmv2":
         binary = bmv2_path()
         if binary is None:
@@ -127,6 +133,8 @@ def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: s
     argv += ["--device-id", str(device_id), "--no-p4"]
     if target != "bmv2" and counters_file is not None:
         argv += ["--counters-file", str(counters_file)]
+    if target != "bmv2" and io_threads is not None:
+        argv += ["--io-threads", str(io_threads)]
     if target == "bmv2" and _has_thrift(program[0]):
         # Each instance needs its own Thrift port, or a second one fails to start.
         argv += ["--thrift-port", str(free_tcp_port())]
@@ -153,7 +161,7 @@ class SwitchProcess:
 
     def __init__(self, target: str, ports: dict[int, str], *, device_id: int = 0,
                  grpc_addr: str | None = None, log_path: Path | None = None,
-                 tls: "TLSBundle | None" = None):
+                 tls: "TLSBundle | None" = None, io_threads: int | None = None):
         self.target = target
         self.listen_addr = grpc_addr or f"127.0.0.1:{free_tcp_port()}"
         self.grpc_addr = connect_addr(self.listen_addr)    # where controllers connect
@@ -162,7 +170,7 @@ class SwitchProcess:
         self.log_path = log_path or Path(tempfile.mkstemp(prefix=f"{target}-", suffix=".log")[1])
         self.counters_path = self.log_path.with_name(self.log_path.name + ".counters.json")
         self.argv = switch_argv(target, ports, device_id, self.listen_addr, tls,
-                                self.counters_path)
+                                self.counters_path, io_threads)
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "SwitchProcess":

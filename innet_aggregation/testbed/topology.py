@@ -128,6 +128,7 @@ class Testbed:
     grpc_host: str = "127.0.0.1"
     values_per_packet: int | None = None
     deadline_ms: float = 0.0
+    io_threads: int | None = None
 
     def __post_init__(self):
         if not 1 <= self.workers <= min(protocol.MAX_WORKERS, 250):
@@ -181,7 +182,8 @@ class Testbed:
         self.switches[name] = self.net.addSwitch(
             node, cls=P4Switch, target=self.target,
             grpc_addr=f"{self.grpc_host}:{free_tcp_port()}",
-            log_path=self.workdir / f"{name}.log", tls=self.tls_bundle)
+            log_path=self.workdir / f"{name}.log", tls=self.tls_bundle,
+            io_threads=self.io_threads)
         return self.switches[name]
 
     def _build(self) -> None:
@@ -391,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         testbed = Testbed(args.workers, bw=args.bw, target=args.target or default_target(),
                           delay=args.delay, link_loss=args.link_loss, num_slots=args.slots,
                           log_level="info", topo=args.topo, leaves=args.leaves,
-                          tls=args.tls, grpc_host=args.grpc_host, values_per_packet=args.values)
+                          tls=args.tls, grpc_host=args.grpc_host, values_per_packet=args.values,
+                          io_threads=args.io_threads)
         with testbed:
             shape = (f"one {testbed.target} switch" if args.topo == "star"
                      else f"a {testbed.target} spine and {args.leaves} leaves")

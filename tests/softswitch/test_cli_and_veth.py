@@ -31,6 +31,8 @@ def run_cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
     (["--no-p4", "--", "--grpc-server-addr", "nohost"], "HOST:PORT"),
     (["--no-p4", "--", "--frobnicate"], "unrecognized"),
     (["--no-p4", "-L", "loud"], "invalid choice"),
+    (["--no-p4", "--io-threads", "0"], "1 to 16 threads"),
+    (["--no-p4", "--io-threads", "17"], "1 to 16 threads"),
 ])
 def test_bad_arguments_exit_with_a_message(args, message):
     result = run_cli(*args)
@@ -162,8 +164,8 @@ def receive(sock, timeout: float = 3.0) -> list[bytes]:
 @pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
 def test_every_frame_the_native_loop_loses_is_counted():
     """A flood to a multicast group of 5 replicas on a port the switch does not have
-    and 600 on real ports: per frame, 5 counted no_port, SS_TXMAX staged and sent, the
-    rest counted no_room (none of them counted before). Then a burst faster than the
+    and 600 on two real ports: per frame, 5 counted no_port, SS_PORT_TXMAX a port
+    staged and sent, the rest counted no_room (none of them counted before). Then a burst faster than the
     loop drains: what the receive ring had no slot for is counted ring_drops (the
     kernel's tp_drops, read on TP_STATUS_LOSING and with the counters), so that
     received + ring_drops is exactly what was sent. Read where the testbed reads
@@ -175,7 +177,7 @@ def test_every_frame_the_native_loop_loses_is_counted():
     from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
 
-    txmax = int(re.search(r"#define SS_TXMAX (\d+)", RUNTIME.read_text())[1])
+    txmax = 2 * int(re.search(r"#define SS_PORT_TXMAX (\d+)", RUNTIME.read_text())[1])
     real, missing = 600, 5
 
     def settled(switch, before: dict, key: str, want: int, deadline: float = 20) -> dict:
@@ -230,7 +232,7 @@ def test_every_frame_the_native_loop_loses_is_counted():
                 sock.close()
             socks = socks[:1]
 
-            burst = 400                      # each costs the loop 512 sends: the ring fills
+            burst = 400                      # each costs the loop 256 sends: the ring fills
             before = switch.io_counters()
             for i in range(burst):
                 socks[0].send(flood + b"burst" + bytes([i % 256]) * 50)

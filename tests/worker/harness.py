@@ -82,12 +82,14 @@ class Fabric:
     next_slot: int = 0
     next_job: int = 100
     jobs: list[Job] = field(default_factory=list)
+    io_threads: int | None = None        # the softswitch's packet threads (None: its default)
 
     def start(self) -> "Fabric":
         self.topology = Namespaces(self.num_hosts, tag=f"wk{os.getpid() % 100000}").create()
         try:
             self.switch = SwitchProcess(self.target, self.topology.switch_ports,
-                                        log_path=self.workdir / f"{self.target}.log").start(60)
+                                        log_path=self.workdir / f"{self.target}.log",
+                                        io_threads=self.io_threads).start(60)
             self.control = Controller(SwitchConnection(self.switch.grpc_addr).connect())
             self.control.push()
         except BaseException:

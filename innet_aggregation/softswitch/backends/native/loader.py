@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 # send stage holds), to a port or multicast group the switch does not have.
 IO_COUNTERS = ("received", "sent", "dropped", "send_errors", "asserts", "ring_drops",
                "no_room", "no_port")
+MAX_IO_THREADS = 16      # runtime.c's SS_MAXLANES
 RUNTIME = HERE / "runtime.c"
 c_u64p = ctypes.POINTER(ctypes.c_uint64)
 
@@ -75,7 +76,7 @@ def _load(so: Path) -> ctypes.CDLL:
         "ss_process": (I, [P, ctypes.c_char_p, U32, U32]),
         "ss_output": (ctypes.POINTER(ctypes.c_uint8), [P, I, ctypes.POINTER(U32),
                                                        ctypes.POINTER(U32)]),
-        "ss_io_start": (I, [P, I, ctypes.POINTER(I), ctypes.POINTER(I), ctypes.POINTER(I)]),
+        "ss_io_start": (I, [P, I, ctypes.POINTER(I), ctypes.POINTER(I), ctypes.POINTER(I), I]),
         "ss_io_stop": (None, [P]),
         "ss_io_stats": (None, [P, c_u64p]),
         "ss_free": (None, [P]),
@@ -299,13 +300,14 @@ class NativePipeline:
         return out
 
     # ------------------------------------------------------------------ data plane
-    def start_io(self, ports: list[tuple[int, int, int]]) -> None:
-        """Run the C packet loop on (port number, rx fd, tx fd) sockets owned by the caller."""
+    def start_io(self, ports: list[tuple[int, int, int]], threads: int = 1) -> None:
+        """Run the C packet loop on (port number, rx fd, tx fd) sockets owned by the
+        caller, in ``threads`` threads (at most one a port) that share the ports out."""
         n = len(ports)
         arr = ctypes.c_int * max(n, 1)
         numbers, rx, tx = (arr(*[p[k] for p in ports]) for k in range(3))
-        if self.c.lib.ss_io_start(self.c.ctx, n, numbers, rx, tx) != 0:
-            raise OSError("cannot start the native data-plane thread")
+        if self.c.lib.ss_io_start(self.c.ctx, n, numbers, rx, tx, threads) != 0:
+            raise OSError("cannot start the native data-plane threads")
 
     def stop_io(self) -> None:
         self.c.lib.ss_io_stop(self.c.ctx)

@@ -1,5 +1,5 @@
 /* Native softswitch runtime: tables, registers, counters, PRE, AF_PACKET I/O (a receive
- * ring per port, batched sends).
+ * ring per port, batched sends, the ports shared out among one or more lanes).
  *
  * Not compiled on its own: the C emitter writes one translation unit per program
  * that defines SS_NFIELDS, SS_NHEADERS, SS_NTABLES, SS_NREGS, SS_NCTRS, SS_MAXHDR
@@ -22,8 +22,10 @@
 #include <linux/if_packet.h>
 #include <net/if.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -39,8 +41,10 @@
 #define SS_RING_FRAMES 256       /* a port's receive ring (ss_ring_open) */
 #define SS_RING_BLOCK (1 << 17)
 #define SS_RESERVE 4             /* room before each ring frame to put back a VLAN tag */
-#define SS_TXMAX 512             /* frames staged for sending per batch */
+#define SS_PORT_TXMAX 128        /* frames staged for sending per port (twice: one stage
+                                    fills while the other is sent) */
 #define SS_MAXPORTS 512
+#define SS_MAXLANES 16           /* I/O threads (ss_io_start) */
 #define SS_OUTMAX 64             /* outputs kept by ss_process (control-plane tests) */
 #define SS_SESSIONS 32768        /* clone session ids (PI's: 1 to 32767) */
 #define SS_PASSES 32             /* clones, resubmits and recirculations per received frame */
@@ -85,6 +89,32 @@ typedef struct {
     uint32_t len, port;
 } ss_txslot;
 
+/* Frames staged for one port. */
+typedef struct {
+    ss_txslot tx[SS_PORT_TXMAX];
+    uint32_t n;
+} ss_stage;
+
+/* A port's way out: the pipeline fills one stage (under ctx->mu) while one lane at a
+ * time sends the other (without it), so a port's frames leave in the order the
+ * pipeline made them, whichever lanes made them: a worker's loss detection reads a
+ * result that overtakes an earlier one as a loss. */
+typedef struct {
+    ss_stage st[2];
+    int fill;                    /* the stage the pipeline fills */
+    int busy;                    /* a lane is sending the other */
+} ss_outq;
+
+/* An I/O thread and the ports it receives on (port k is lane k % nlanes's). Most of
+ * a frame's cost is the kernel's (a send runs the receiver's stack on the sending
+ * core), so lanes send in parallel; the pipeline itself runs under ctx->mu. */
+typedef struct {
+    struct ss_ctx *c;
+    int index;
+    pthread_t thread;
+    uint8_t *rxbuf;
+} ss_lane;
+
 /* A port's PACKET_RX_RING (TPACKET_V2): the kernel copies each frame into the next
  * free slot, and the loop reads it there, with no system call per frame. */
 typedef struct {
@@ -111,15 +141,16 @@ typedef struct ss_ctx {
     uint8_t *outbuf;
     uint32_t nout, out_port[SS_OUTMAX], out_len[SS_OUTMAX];
     /* I/O */
-    pthread_t thread;
+    ss_lane lane[SS_MAXLANES];
+    int nlanes;
+    ss_outq *outq;               /* by port index (noutq of them, nports in use) */
+    int noutq;
+    uint8_t *scratch;            /* an output to a port the switch does not have */
     volatile int stop, running;
     int nports, port_no[SS_MAXPORTS], rxfd[SS_MAXPORTS], txfd[SS_MAXPORTS];
     int port_index[SS_MAXPORTS];
     uint8_t sees_outgoing[SS_MAXPORTS];  /* no PACKET_IGNORE_OUTGOING (kernels before 4.20) */
-    uint8_t *rxbuf;
     ss_ring ring[SS_MAXPORTS];
-    ss_txslot tx[SS_TXMAX];
-    uint32_t ntx;
     uint64_t stat_rx, stat_tx, stat_drop, stat_txerr, stat_asserts;
     /* frames lost outside the pipeline's own drops: the receive rings' (the kernel's
      * tp_drops), outputs with no send slot left, outputs to a port or multicast
@@ -561,7 +592,7 @@ SS_EXPORT void ss_session_set(ss_ctx *c, uint32_t sid, int n, const uint16_t *po
 
 typedef void (*ss_emit_fn)(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len);
 
-typedef uint8_t *(*ss_slot_fn)(ss_ctx *c, uint32_t *cap);
+typedef uint8_t *(*ss_slot_fn)(ss_ctx *c, uint32_t port, uint32_t *cap);
 
 /* Another pass for a copy of the frame (clone, resubmit, recirculate), or none left:
  * simple_switch would loop for ever, here the copy is dropped. */
@@ -580,7 +611,7 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
 static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, uint32_t rid,
                           uint32_t instance, ss_slot_fn slot, ss_emit_fn emit) {
     uint32_t cap;
-    uint8_t *out = slot(c, &cap);
+    uint8_t *out = slot(c, port, &cap);
     if (!out) { c->stat_no_room++; return; }   /* its E2E clones are never made */
     ss_state K;
     S->clone = S->resub_fl = S->recirc_fl = 0;
@@ -668,7 +699,8 @@ static void ss_run(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
     ss_pass(c, pkt, len, port, 0, NULL, 0, slot, emit);
 }
 
-static uint8_t *ss_out_slot(ss_ctx *c, uint32_t *cap) {
+static uint8_t *ss_out_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
+    (void)port;
     if (c->nout >= SS_OUTMAX) return NULL;
     *cap = SS_SLOT + SS_MAXHDR;
     return c->outbuf + (size_t)c->nout * (SS_SLOT + SS_MAXHDR);
@@ -705,49 +737,71 @@ SS_EXPORT const uint8_t *ss_output(ss_ctx *c, int i, uint32_t *port, uint32_t *l
 
 /* ------------------------------------------------------------------ I/O loop */
 
-static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t *cap) {
-    if (c->ntx >= SS_TXMAX) return NULL;
+static int ss_port_known(const ss_ctx *c, uint32_t port) {
+    return port < SS_MAXPORTS && c->port_index[port] >= 0;
+}
+
+static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
     *cap = SS_SLOT + SS_MAXHDR;
-    return c->tx[c->ntx].buf;
+    if (!ss_port_known(c, port)) return c->scratch;     /* ss_tx_emit counts it */
+    ss_outq *q = &c->outq[c->port_index[port]];
+    ss_stage *st = &q->st[q->fill];
+    return st->n < SS_PORT_TXMAX ? st->tx[st->n].buf : NULL;
 }
 
 static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
     (void)frame;
-    if (port >= SS_MAXPORTS || c->port_index[port] < 0) { c->stat_no_port++; return; }
-    c->tx[c->ntx].port = port;
-    c->tx[c->ntx].len = len;
-    c->ntx++;
+    if (!ss_port_known(c, port)) { c->stat_no_port++; return; }
+    ss_outq *q = &c->outq[c->port_index[port]];
+    q->st[q->fill].tx[q->st[q->fill].n++].len = len;
 }
 
-/* Send the staged frames, one sendmmsg per port. */
-static void ss_flush(ss_ctx *c) {
-    struct mmsghdr msgs[SS_TXMAX];
-    struct iovec iov[SS_TXMAX];
-    uint8_t done[SS_TXMAX] = {0};
-    for (uint32_t s = 0; s < c->ntx; s++) {
-        if (done[s]) continue;
-        uint32_t port = c->tx[s].port, n = 0;
-        for (uint32_t j = s; j < c->ntx; j++) {
-            if (done[j] || c->tx[j].port != port) continue;
-            done[j] = 1;
-            iov[n].iov_base = c->tx[j].buf;
-            iov[n].iov_len = c->tx[j].len;
-            memset(&msgs[n], 0, sizeof msgs[n]);
-            msgs[n].msg_hdr.msg_iov = &iov[n];
-            msgs[n].msg_hdr.msg_iovlen = 1;
-            n++;
-        }
-        int fd = c->txfd[c->port_index[port]];
-        uint32_t sent = 0;
-        while (sent < n) {
-            int r = sendmmsg(fd, msgs + sent, n - sent, 0);
-            if (r > 0) { sent += r; c->stat_tx += r; continue; }
-            if (r < 0 && errno == EINTR) continue;
-            c->stat_txerr++;         /* e.g. EMSGSIZE: that frame is lost, not the rest */
-            sent++;
-        }
+/* A stage's frames out of port index k, in one sendmmsg if the kernel takes them. */
+static void ss_send_stage(ss_ctx *c, int k, ss_stage *st) {
+    struct mmsghdr msgs[SS_PORT_TXMAX];
+    struct iovec iov[SS_PORT_TXMAX];
+    for (uint32_t j = 0; j < st->n; j++) {
+        iov[j].iov_base = st->tx[j].buf;
+        iov[j].iov_len = st->tx[j].len;
+        memset(&msgs[j], 0, sizeof msgs[j]);
+        msgs[j].msg_hdr.msg_iov = &iov[j];
+        msgs[j].msg_hdr.msg_iovlen = 1;
     }
-    c->ntx = 0;
+    uint32_t sent = 0;
+    while (sent < st->n) {
+        int r = sendmmsg(c->txfd[k], msgs + sent, st->n - sent, 0);
+        if (r > 0) {
+            sent += r;
+            __atomic_add_fetch(&c->stat_tx, (uint64_t)r, __ATOMIC_RELAXED);
+            continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        /* e.g. EMSGSIZE: that frame is lost, not the rest */
+        __atomic_add_fetch(&c->stat_txerr, 1, __ATOMIC_RELAXED);
+        sent++;
+    }
+    st->n = 0;
+}
+
+/* Send what port index k has staged, unless another lane is sending its frames (it
+ * takes these too when it is done); with ctx->mu held, released around the sends. */
+static void ss_flush_port(ss_ctx *c, int k) {
+    ss_outq *q = &c->outq[k];
+    while (!q->busy && q->st[q->fill].n) {
+        ss_stage *st = &q->st[q->fill];
+        q->fill ^= 1;
+        q->busy = 1;
+        pthread_mutex_unlock(&c->mu);
+        ss_send_stage(c, k, st);
+        pthread_mutex_lock(&c->mu);
+        q->busy = 0;
+    }
+}
+
+/* Every port's staged frames (ctx->mu held): after each batch, so what a multicast
+ * made for several ports goes out as one sendmmsg per port. */
+static void ss_flush(ss_ctx *c) {
+    for (int k = 0; k < c->nports; k++) ss_flush_port(c, k);
 }
 
 /* The kernel takes an 802.1Q tag off every frame it receives and hands it beside the
@@ -788,25 +842,34 @@ static int ss_admit(ss_ctx *c, int k, int pkttype, int too_long) {
     return 1;
 }
 
-/* Room in the send stage for one more frame's outputs, sending what is staged if not
- * (with ctx->mu held, released around the sends). */
+/* Room on every port for one more frame's outputs (64 copies a port), sending what
+ * is staged where there is not, or waiting for the lane that sends it (ctx->mu held,
+ * released meanwhile). */
 static void ss_make_room(ss_ctx *c) {
-    if (c->ntx + 64 <= SS_TXMAX) return;
-    pthread_mutex_unlock(&c->mu);
-    ss_flush(c);
-    pthread_mutex_lock(&c->mu);
+    for (int k = 0; k < c->nports; k++) {
+        ss_outq *q = &c->outq[k];
+        while (q->st[q->fill].n + 64 > SS_PORT_TXMAX) {
+            if (!q->busy) {
+                ss_flush_port(c, k);
+                continue;
+            }
+            pthread_mutex_unlock(&c->mu);
+            sched_yield();
+            pthread_mutex_lock(&c->mu);
+        }
+    }
 }
 
 /* What queued on port k's socket while it had no ring (before ss_io_start, or
  * between two pipelines): one batch through the pipeline; how many it received. */
-static int ss_receive(ss_ctx *c, int k) {
+static int ss_receive(ss_ctx *c, ss_lane *l, int k) {
     struct mmsghdr msgs[SS_BATCH];
     struct iovec iov[SS_BATCH];
     struct sockaddr_ll addr[SS_BATCH];
     union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(struct tpacket_auxdata))]; }
         control[SS_BATCH];
     for (int i = 0; i < SS_BATCH; i++) {
-        iov[i].iov_base = c->rxbuf + (size_t)i * SS_SLOT;
+        iov[i].iov_base = l->rxbuf + (size_t)i * SS_SLOT;
         iov[i].iov_len = SS_SLOT - 4;
         memset(&msgs[i], 0, sizeof msgs[i]);
         msgs[i].msg_hdr.msg_iov = &iov[i];
@@ -829,6 +892,7 @@ static int ss_receive(ss_ctx *c, int k) {
         size_t len = ss_with_vlan_tag(&msgs[i].msg_hdr, iov[i].iov_base, msgs[i].msg_len);
         ss_run(c, iov[i].iov_base, len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
     }
+    ss_flush(c);
     pthread_mutex_unlock(&c->mu);
     return n;
 }
@@ -930,25 +994,27 @@ static int ss_ring_receive(ss_ctx *c, int k) {
         __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
         r->head = r->head + 1 == r->frames ? 0 : r->head + 1;
     }
+    if (n) ss_flush(c);
     pthread_mutex_unlock(&c->mu);
     return n;
 }
 
 static void *ss_loop(void *arg) {
-    ss_ctx *c = arg;
+    ss_lane *l = arg;
+    ss_ctx *c = l->c;
+    char name[16];
+    snprintf(name, sizeof name, "ss-lane-%d", l->index);
+    pthread_setname_np(pthread_self(), name);
     int ep = epoll_create1(0);
-    for (int k = 0; k < c->nports; k++) {
+    for (int k = l->index; k < c->nports; k += c->nlanes) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)k};
         epoll_ctl(ep, EPOLL_CTL_ADD, c->rxfd[k], &ev);
     }
     struct epoll_event evs[64];
-    for (int k = 0; k < c->nports; k++)
-        while (ss_receive(c, k) > 0) {}
+    for (int k = l->index; k < c->nports; k += c->nlanes)
+        while (ss_receive(c, l, k) > 0) {}
     while (!c->stop) {
-        if (c->ntx) ss_flush(c);
         int n = epoll_wait(ep, evs, 64, 50);
-        /* What every ready port brought is sent together: a multicast's copies of
-         * several ports' batches go out in one sendmmsg per port, not one each. */
         for (int i = 0; i < n; i++) ss_ring_receive(c, (int)evs[i].data.u32);
     }
     close(ep);
@@ -961,16 +1027,50 @@ static void *ss_loop(void *arg) {
 static void ss_rings_close(ss_ctx *c, int n) {
     for (int k = 0; k < n; k++)
         while (c->ring[k].map && ss_ring_receive(c, k) > 0) {}
-    if (c->ntx) ss_flush(c);
     pthread_mutex_lock(&c->mu);
     for (int k = 0; k < n; k++) ss_count_losses(c, k);
     pthread_mutex_unlock(&c->mu);
     for (int k = 0; k < n; k++) ss_ring_close(&c->ring[k], c->rxfd[k]);
 }
 
-/* Start the data-plane thread on sockets the caller opened (and still owns). */
-SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, const int *txfds) {
-    if (c->running || n > SS_MAXPORTS) return -1;
+static void ss_outq_free(ss_ctx *c) {
+    for (int k = 0; c->outq && k < c->noutq; k++)
+        for (int s = 0; s < 2; s++)
+            for (int j = 0; j < SS_PORT_TXMAX; j++) free(c->outq[k].st[s].tx[j].buf);
+    free(c->outq);
+    c->outq = NULL;
+    c->noutq = 0;
+}
+
+/* Each port's two stages (ss_outq), empty; kept from the last start for as many ports. */
+static int ss_outq_alloc(ss_ctx *c, int n) {
+    if (c->outq && c->noutq == n) {
+        for (int k = 0; k < n; k++)
+            c->outq[k].st[0].n = c->outq[k].st[1].n = c->outq[k].fill = c->outq[k].busy = 0;
+        return 0;
+    }
+    ss_outq_free(c);
+    if (!(c->outq = calloc((size_t)(n > 0 ? n : 1), sizeof *c->outq))) return -1;
+    c->noutq = n;
+    for (int k = 0; k < n; k++)
+        for (int s = 0; s < 2; s++)
+            for (int j = 0; j < SS_PORT_TXMAX; j++)
+                if (!(c->outq[k].st[s].tx[j].buf = malloc(SS_SLOT + SS_MAXHDR))) return -1;
+    if (!c->scratch && !(c->scratch = malloc(SS_SLOT + SS_MAXHDR))) return -1;
+    return 0;
+}
+
+static void ss_lanes_join(ss_ctx *c, int n) {
+    c->stop = 1;
+    for (int i = 0; i < n; i++) pthread_join(c->lane[i].thread, NULL);
+}
+
+/* Start the data plane's threads, ``lanes`` of them (1 to SS_MAXLANES, at most one a
+ * port), on sockets the caller opened (and still owns). */
+SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, const int *txfds,
+                          int lanes) {
+    if (c->running || n > SS_MAXPORTS || lanes < 1 || lanes > SS_MAXLANES) return -1;
+    if (lanes > n) lanes = n > 0 ? n : 1;
     for (int i = 0; i < SS_MAXPORTS; i++) c->port_index[i] = -1;
     c->nports = n;
     for (int k = 0; k < n; k++) {
@@ -984,28 +1084,33 @@ SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, 
         c->sees_outgoing[k] = getsockopt(rxfds[k], SOL_PACKET, PACKET_IGNORE_OUTGOING,
                                          &ignores, &len) != 0 || !ignores;
     }
-    if (!c->rxbuf && !(c->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT))) return -1;
-    for (int i = 0; i < SS_TXMAX; i++)
-        if (!c->tx[i].buf && !(c->tx[i].buf = malloc(SS_SLOT + SS_MAXHDR))) return -1;
+    for (int i = 0; i < lanes; i++) {
+        ss_lane *l = &c->lane[i];
+        l->c = c;
+        l->index = i;
+        if (!l->rxbuf && !(l->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT))) return -1;
+    }
+    if (ss_outq_alloc(c, n)) return -1;
+    c->nlanes = lanes;
     c->stop = 0;
-    c->ntx = 0;
     for (int k = 0; k < n; k++)
         if (ss_ring_open(&c->ring[k], rxfds[k])) {
             ss_rings_close(c, k);
             return -1;
         }
-    if (pthread_create(&c->thread, NULL, ss_loop, c)) {
-        ss_rings_close(c, n);
-        return -1;
-    }
+    for (int i = 0; i < lanes; i++)
+        if (pthread_create(&c->lane[i].thread, NULL, ss_loop, &c->lane[i])) {
+            ss_lanes_join(c, i);
+            ss_rings_close(c, n);
+            return -1;
+        }
     c->running = 1;
     return 0;
 }
 
 SS_EXPORT void ss_io_stop(ss_ctx *c) {
     if (!c->running) return;
-    c->stop = 1;
-    pthread_join(c->thread, NULL);
+    ss_lanes_join(c, c->nlanes);
     ss_rings_close(c, c->nports);
     c->running = 0;
 }
@@ -1025,8 +1130,9 @@ SS_EXPORT void ss_free(ss_ctx *c) {
         ss_group_free(c->groups[g]);
     for (int g = 0; g < SS_SESSIONS; g++)
         ss_group_free(c->sessions[g]);
-    for (int i = 0; i < SS_TXMAX; i++) free(c->tx[i].buf);
-    free(c->rxbuf);
+    ss_outq_free(c);
+    free(c->scratch);
+    for (int i = 0; i < SS_MAXLANES; i++) free(c->lane[i].rxbuf);
     free(c->outbuf);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -1038,8 +1144,8 @@ SS_EXPORT void ss_io_stats(ss_ctx *c, uint64_t *out) {
     pthread_mutex_lock(&c->mu);
     if (c->running)
         for (int k = 0; k < c->nports; k++) ss_count_losses(c, k);
-    out[0] = c->stat_rx; out[1] = c->stat_tx; out[2] = c->stat_drop;
-    out[3] = c->stat_txerr; out[4] = c->stat_asserts; out[5] = c->stat_ring_drops;
+    out[0] = c->stat_rx; out[1] = __atomic_load_n(&c->stat_tx, __ATOMIC_RELAXED); out[2] = c->stat_drop;
+    out[3] = __atomic_load_n(&c->stat_txerr, __ATOMIC_RELAXED); out[4] = c->stat_asserts; out[5] = c->stat_ring_drops;
     out[6] = c->stat_no_room; out[7] = c->stat_no_port;
     pthread_mutex_unlock(&c->mu);
 }
