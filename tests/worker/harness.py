@@ -83,9 +83,10 @@ class Fabric:
     next_job: int = 100
     jobs: list[Job] = field(default_factory=list)
     io_threads: int | None = None        # the softswitch's packet threads (None: its default)
+    tag: str = "wk"                      # namespace names: two fabrics at once need two
 
     def start(self) -> "Fabric":
-        self.topology = Namespaces(self.num_hosts, tag=f"wk{os.getpid() % 100000}").create()
+        self.topology = Namespaces(self.num_hosts, tag=f"{self.tag}{os.getpid() % 100000}").create()
         try:
             self.switch = SwitchProcess(self.target, self.topology.switch_ports,
                                         log_path=self.workdir / f"{self.target}.log",

@@ -20,7 +20,8 @@ def lane_threads(pid: int) -> list[str]:
 
 def test_eight_workers_over_four_packet_threads_get_identical_results_within_the_bound(tmp_path):
     skip_unless_runnable("softswitch")
-    fabric = Fabric("softswitch", 8, tmp_path / "fabric", io_threads=4)
+    # Its own namespaces' names: the session's fabric (conftest) may be up beside it.
+    fabric = Fabric("softswitch", 8, tmp_path / "fabric", io_threads=4, tag="io")
     (tmp_path / "fabric").mkdir()
     fabric.start()
     try:
