@@ -86,7 +86,7 @@ typedef struct {
 
 typedef struct {
     uint8_t *buf;
-    uint32_t len, port;
+    uint32_t len;
 } ss_txslot;
 
 /* Frames staged for one port. */
