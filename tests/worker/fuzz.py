@@ -305,12 +305,21 @@ def _rx_frames(fabric: Fabric) -> int:
 
 class Ledger:
     """Counters and received frames at the start of a phase; ``settle`` waits until
-    the switch has an outcome for every frame its ports received."""
+    the switch has an outcome for every frame its ports received. The start waits
+    for a quiet switch: a slow target (BMv2) may still be working through frames
+    an earlier test queued, which its ports counted before the start and its
+    counters would count after it."""
 
-    def __init__(self, fabric: Fabric, job: Job):
+    def __init__(self, fabric: Fabric, job: Job, timeout: float = 30.0):
         self.fabric, self.job = fabric, job
-        self.counters = fabric.counters(job)
-        self.rx = _rx_frames(fabric)
+        deadline = time.monotonic() + timeout
+        self.counters, self.rx = fabric.counters(job), _rx_frames(fabric)
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            counters, rx = fabric.counters(job), _rx_frames(fabric)
+            if counters == self.counters and rx == self.rx:
+                break
+            self.counters, self.rx = counters, rx
 
     def settle(self, timeout: float = 30.0) -> tuple[dict[str, int], int]:
         deadline = time.monotonic() + timeout
