@@ -143,6 +143,7 @@ def bench_allreduce(r: dict) -> dict[str, str]:
                      f"**{ratio}**" if met(x) else ratio,
                      f"{x['limit']:.2f} ({x['limit_nominal']:.2f})",
                      interval(x["over_limit"], ".2f"), x["goal"], bound_cell(sw, x["bound"]),
+                     f"{sw['link_share']:.0%}, {gl['link_share']:.0%}",
                      f"{sw['redone_per_call']:.1f} / {sw['blocks_per_call']}", sw["retransmissions"],
                      f"{sw['cpu_worker_ms_per_mb']:.0f}, {sw['cpu_switch_ms_per_mb']:.0f} "
                      f"({gl['cpu_worker_ms_per_mb']:.0f}, {gl['cpu_switch_ms_per_mb']:.0f})"])
@@ -157,7 +158,7 @@ def bench_allreduce(r: dict) -> dict[str, str]:
         f"times are medians with their 95 % bootstrap interval.\n\n") + table(
         ["n", "values/packet", "link Mbit/s (delivered)", "tensor", "switch ms (95 %)",
          "gloo ms (95 %)", "t_sw/t_gloo (95 %)", "limit (nominal)", "ratio / limit (95 %)",
-         "goal", "bound (1st tx)", "blocks redone a call", "retx",
+         "goal", "bound (1st tx)", "link used, switch and gloo", "blocks redone a call", "retx",
          "CPU ms/MB worker, switch (gloo's)"], body)
     md += ("\nLimit: the ratio if both paths moved the bytes they put on the wire at the "
            "delivered rate; nominal: from the link rate and each protocol's headers. "
@@ -166,7 +167,9 @@ def bench_allreduce(r: dict) -> dict[str, str]:
               if free_goals else "")
            + "Bold: the goal met (unshaped with no goal: the whole interval at most 1.0). "
            "Bound: burst when first transmissions passed the nominal rate (the HTB bucket, "
-           "not the link).\n\n")
+           "not the link). Link used: each path's link time at the delivered rate over its "
+           "measured time (above 100 %: faster than the links delivered to a bulk transfer; "
+           "well below: the hosts bound that path).\n\n")
     for n, values, size in sorted({(x["n"], x["values"], x["size"]) for x in points},
                                   key=lambda k: (k[0], -k[1], k[2])):
         best, past = goal_met_up_to(points, n, values, size)

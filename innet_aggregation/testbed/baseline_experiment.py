@@ -318,7 +318,7 @@ def print_table(lines: list[dict]) -> None:
     header = (f"{'n':>2} {'values':>6} {'Mbit/s':>8} {'deliv.':>6} {'tensor':>7} "
               f"{'switch ms (95 %)':>20} {'gloo ms (95 %)':>20} {'t_sw/t_gloo (95 %)':>18} "
               f"{'limit':>5} {'nom.':>5} {'/limit':>6} {'goal':>9} {'sw link':>7} "
-              f"{'1st tx':>6} {'bound':>6} {'redone':>10} {'retx':>5}  "
+              f"{'gl link':>7} {'1st tx':>6} {'bound':>6} {'redone':>10} {'retx':>5}  "
               f"{'CPU ms/MB worker, switch':>24}  {'gloo':>11}")
     print(header)
     print("-" * len(header))
@@ -329,7 +329,7 @@ def print_table(lines: list[dict]) -> None:
               f"{l['size']:>7} {ms(sw['time_ms']):>20} {ms(gl['time_ms']):>20} "
               f"{r['median']:>5.2f} ({r['lo']:.2f}-{r['hi']:.2f}) {l['limit']:>5.2f} "
               f"{l['limit_nominal']:>5.2f} {l['over_limit']['median']:>6.2f} {l['goal']:>9} "
-              f"{sw['link_share']:>7.0%} {share:>6} {l['bound']:>6} "
+              f"{sw['link_share']:>7.0%} {gl['link_share']:>7.0%} {share:>6} {l['bound']:>6} "
               f"{sw['redone_per_call']:>4.1f}/{sw['blocks_per_call']:<4} "
               f"{sw['retransmissions']:>5}  {sw['cpu_worker_ms_per_mb']:>13.1f}, "
               f"{sw['cpu_switch_ms_per_mb']:>8.1f}  {gl['cpu_worker_ms_per_mb']:>5.1f}, "
@@ -489,12 +489,12 @@ def main(argv: list[str] | None = None) -> int:
 Times: medians of at least {args.reps} calls (and at least {args.min_timed_s:g} s of calls) after
 {WARMUP} warm-up calls, (95 % bootstrap interval).
 deliv.: what a TCP transfer of the tensor's bytes got through the links, Mbit/s of frames
-(testbed.links: the HTB bucket refills before each call, so it can exceed the rate).
+(testbed.links: the HTB bucket, 1/16 of a call or less, refills before each call).
 limit: t_switch / t_gloo if both paths moved the bytes they put on the wire at that rate;
 nom.: the same from the nominal rate and each protocol's headers. /limit: the ratio over
 the limit; goal: "met" when its interval is within {GOAL:.2f}, "missed" when all of it is
-above, else "undecided"; unshaped, t_sw/t_gloo itself against {UNSHAPED_GOALS} by n. sw link: the switch path's link time over its time (100 %: as fast
-as the links deliver). 1st tx: first transmissions against the nominal rate; bound: links
+above, else "undecided"; unshaped, t_sw/t_gloo itself against {UNSHAPED_GOALS} by n. sw link, gl link: each path's link time over its time (100 %:
+as fast as the links deliver). 1st tx: first transmissions against the nominal rate; bound: links
 (80-100 %), burst (above 100 %: the bucket, not the link), hosts (below). redone: blocks
 redone a call (exponent misses) of the call's blocks. CPU: ms per MB of tensor.""")
     for (n, values, size), best in highest_link_bound(lines).items():

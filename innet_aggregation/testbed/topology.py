@@ -65,16 +65,14 @@ class ShapedIntf(TCIntf):
     """Mininet's HTB shaping with an explicit quantum (the default, rate / r2q,
     exceeds the kernel's limit above ~16 Mbit/s and every link setup prints a
     warning) and bursts (``burst`` and ``cburst``, ``links.burst_bytes``) of
-    ``links.HTB_BURST_S`` at the link's rate, at least Mininet's 15 kB. HTB sends only what its bucket holds when the
-    qdisc is serviced, and on this 2-core VM, busy with the workers and a software
-    switch, it is serviced every few milliseconds: with a fixed 15 kB (240 us at
-    500 Mbit/s) a 500 Mbit/s link delivered a 1 MiB allreduce in 96 ms against
-    33 ms unshaped, for gloo's TCP as for aggregation packets; with a few hundred
-    bytes (HTB's default) 20 Mbit/s delivered 308 B frames at half the rate. An
-    artifact of the emulation, not a property of a link; the mean rate is the same
-    either way, but a call of a few bucketfuls after a pause goes faster than the
-    rate: the benchmarks measure what the links deliver (testbed.links). ``mtu`` (layout.link_mtu) is set before the shaping, whose quantum is
-    one frame of that size."""
+    ``links.HTB_BURST_S`` at the link's rate, at least Mininet's 15 kB. HTB sends
+    only what its bucket holds when the qdisc is serviced, late on a busy VM: with a
+    few hundred bytes (HTB's default) 20 Mbit/s delivered 308 B frames at half the
+    rate, and a bucket much smaller than the service gaps starves the link. A large
+    one refills in every pause and carries a call past the rate. ``links`` keeps it
+    small against a call, and the benchmarks measure what the links deliver and
+    each path's share of it. ``mtu`` (layout.link_mtu) is set before the shaping,
+    whose quantum is one frame of that size."""
 
     def config(self, mtu: int = 1500, **params):
         self.cmd(f"ip link set dev {self.name} mtu {mtu}")

@@ -67,7 +67,7 @@ def test_the_sweep_records_the_points_the_docs_render(tmp_path):
     rendered = md["bench_allreduce.md"]
     assert ("| 4 | 1024 | 100 (100) | 1 MiB | 82.0 (81.0-83.0) | 124.0 (123.0-125.0) | "
             "**0.66 (0.65-0.67)** | 0.66 (0.67) | 0.99 (0.97-1.01) | met | burst (104%) | "
-            "3.0 / 256 | 0 | 10, 19 (10, 19) |") in rendered
+            "104%, 103% | 3.0 / 256 | 0 | 10, 19 (10, 19) |") in rendered
     assert "15 timed calls a point after 2 warm-up calls, recorded data" in rendered
     assert "- n = 4, 1024 values per packet, 1 MiB: within 10 % of the limit at every rate up to 100 Mbit/s\n" in rendered
     assert "source" not in rendered and "measured" in rendered

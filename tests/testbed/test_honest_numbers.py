@@ -57,7 +57,7 @@ def test_capacity_arithmetic():
 
 
 def test_burst_and_bound():
-    assert links.burst_bytes(500) == 500_000       # 8 ms at 500 Mbit/s
+    assert links.burst_bytes(500) == 62_500        # 1 ms at 500 Mbit/s: 1/16 of a 1 MiB call
     assert links.burst_bytes(1) == links.MIN_BURST_BYTES
     assert links.bound(None) == "hosts" and links.bound(0.5) == "hosts"
     assert links.bound(0.9) == "links" and links.bound(1.0) == "links"
