@@ -22,6 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from innet_aggregation.testbed.links import LINK_BOUND
+
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "docs" / "results"
 OUT = REPO / "docs" / "generated"
@@ -202,6 +204,8 @@ def switch_vs_ring_text(r: dict, image_dir: str) -> str:
               or "no shaped rate")
     burst = ", ".join(f"n = {x['n']} at {x['bw_mbit']:g} Mbit/s" for n in ns for x in shaped[n]
                       if x["bound"] == "burst")
+    slow_ring = ", ".join(f"n = {x['n']} at {x['bw_mbit']:g} Mbit/s ({x['gloo']['link_share']:.0%})"
+                          for n in ns for x in shaped[n] if x["gloo"]["link_share"] < LINK_BOUND)
     unsh = ", ".join(f"{interval(unshaped[n]['ratio'], '.2f')} for n = {n}"
                      for n in ns if unshaped[n])
     calls = span([x[b]["time_ms"]["n"] for x in points for b in ("switch", "gloo")], "d")
@@ -214,6 +218,8 @@ def switch_vs_ring_text(r: dict, image_dir: str) -> str:
             f"It kept within 10 % of that limit, judged on the 95 % interval, at every rate up to "
             f"{within}" + (f" (first transmissions above the link's rate, the HTB bucket's "
                            f"burst: {burst})" if burst else "")
+            + (f"; where the ring used under {LINK_BOUND:.0%} of its link time, the hosts, "
+               f"not the links, bound it: {slow_ring}" if slow_ring else "")
             + (f"; on unshaped links, where the hosts' CPU binds, it took {unsh} of the ring's "
                f"time" if unsh else "") + ". "
             f"Measured on {r['date']} at `{r['commit']}` on a {r['machine'].get('cpus')}-CPU VM, "
