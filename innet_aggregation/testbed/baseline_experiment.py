@@ -489,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
 Times: medians of at least {args.reps} calls (and at least {args.min_timed_s:g} s of calls) after
 {WARMUP} warm-up calls, (95 % bootstrap interval).
 deliv.: what a TCP transfer of the tensor's bytes got through the links, Mbit/s of frames
-(testbed.links: the HTB bucket, 1/16 of a call or less, refills before each call).
+(testbed.links: the HTB bucket, 1 ms at the rate, refills before each call).
 limit: t_switch / t_gloo if both paths moved the bytes they put on the wire at that rate;
 nom.: the same from the nominal rate and each protocol's headers. /limit: the ratio over
 the limit; goal: "met" when its interval is within {GOAL:.2f}, "missed" when all of it is
