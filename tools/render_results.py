@@ -209,6 +209,7 @@ def switch_vs_ring_text(r: dict, image_dir: str) -> str:
     unsh = ", ".join(f"{interval(unshaped[n]['ratio'], '.2f')} for n = {n}"
                      for n in ns if unshaped[n])
     calls = span([x[b]["time_ms"]["n"] for x in points for b in ("switch", "gloo")], "d")
+    docs = image_dir.removesuffix("generated/")   # the pages' folder, from where the text goes
     return (f"![The switch path's time over the ring's, against the link rate]"
             f"({image_dir}switch_vs_ring.png)\n\n"
             f"Summing a {mib(README_SIZE)} tensor in the switch took {ratios} of gloo's ring "
@@ -221,7 +222,9 @@ def switch_vs_ring_text(r: dict, image_dir: str) -> str:
             + (f"; where the ring used under {LINK_BOUND:.0%} of its link time, the hosts, "
                f"not the links, bound it: {slow_ring}" if slow_ring else "")
             + (f"; on unshaped links, where the hosts' CPU binds, it took {unsh} of the ring's "
-               f"time" if unsh else "") + ". "
+               f"time with {r['machine'].get('cpus')} CPUs (on a 16-CPU host the ring was faster there: the embedded "
+               f"switch bound the switch path, [History]({docs}history.md#a-16-cpu-host))"
+               if unsh else "") + ". "
             f"Measured on {r['date']} at `{r['commit']}` on a {r['machine'].get('cpus')}-CPU VM, "
             f"{calls} calls a point of {points[0]['data']} data "
             f"(`docs/results/{r['experiment']}.json`, {r['source']}).\n")
