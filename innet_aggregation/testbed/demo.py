@@ -254,7 +254,7 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str,
     print(f"\nswitch / gloo step time: {step_ratio(results):.2f}. Aggregation packets: {packets} "
           f"sent by the {len(switch)} workers, {redone} of them ({redone / max(packets, 1):.1%}) "
           f"blocks redone because\nthe speculated exponent missed (the first step probes every "
-          f"block).")
+          f"block){after_warmup(switch)}.")
     print("\nms/step: median step time (forward, backward, allreduce, update) of the slowest "
           "worker.\nallreduce ms: median time from DDP's call of the comm hook to its result, "
           "slowest worker\n(it includes waiting for the slowest worker's gradients).\nCPU ms/step: "
@@ -315,6 +315,24 @@ def deadline_line(answers: list[dict], deadline_ms: float) -> str:
             f"({released / max(results, 1):.2%} of the workers' results), {late} blocks late "
             f"({late / max(results, 1):.2%}), {carried} gradient values carried into the next "
             f"step ({carried / max(values, 1):.2%}).")
+
+
+def redone_after_warmup(answers: list[dict]) -> tuple[float, int] | None:
+    """Redone blocks' share of the aggregation packets after the warm-up steps, whose
+    calls are new to the session (train.WARMUP_STEPS), and how many those were; None
+    for answers without them (a record from before they were counted)."""
+    if not answers or any("warmup_redone" not in a for a in answers):
+        return None
+    redone = sum(a["redone"] - a["warmup_redone"] for a in answers)
+    packets = sum(a["aggregation_packets"] - a["warmup_packets"] for a in answers)
+    return redone / max(packets, 1), answers[0]["warmup_steps"]
+
+
+def after_warmup(answers: list[dict]) -> str:
+    """The share after the warm-up steps, as a clause of the demo's report (or nothing)."""
+    share = redone_after_warmup(answers)
+    return ("" if share is None else f"; after the first {share[1]} steps, whose calls are "
+            f"new to the session, {share[0]:.2%}")
 
 
 def step_ratio(results: dict) -> float:

@@ -301,7 +301,7 @@ class Host:
         curve_mode = bool(cmd.get("curve"))
         reached = {"target_steps": None, "time_to_target_s": None}
         curve: list[tuple[int, float, float]] = []
-        stats_before = self.session.stats
+        stats_before, warmup = self.session.stats, None
         self.barrier()
         cpu_before = time.process_time()
         before = interface_counters()
@@ -321,6 +321,8 @@ class Host:
                 loss.backward()
                 optimizer.step()
                 step_times.append(time.perf_counter() - start)
+                if len(step_times) == WARMUP_STEPS:
+                    warmup = self.session.stats - stats_before
                 total += loss.item()
                 done = len(step_times)
                 if curve_mode and (done % eval_every == 0 or done == total_steps):
@@ -357,6 +359,8 @@ class Host:
                "cpu_ms_per_step": 1000 * cpu / len(step_times),
                "tx_bytes": delta["tx_bytes"], "tcp_retrans": delta["tcp_retrans"],
                **_aggregation_packets(self.session.stats - stats_before),
+               **({"warmup_steps": WARMUP_STEPS, "warmup_redone": warmup.redone,
+                   "warmup_packets": warmup.packets_sent} if warmup is not None else {}),
                "parameters": sum(p.numel() for p in model.parameters())}
         if curve_mode:
             out.update(step_times_ms=[round(1000 * t, 3) for t in step_times],
@@ -403,6 +407,10 @@ def _timed(hook, times: list[float]):
         return hook(state, bucket).then(done)
     return timed
 
+
+# The steps whose calls are new to the session, counted apart: the first probes every
+# block (no history), and in the second DDP rebuilds its buckets, new calls again.
+WARMUP_STEPS = 2
 
 # Bounded-time aggregation's counters (transport.Stats), where the worker has them.
 DEADLINE_COUNTERS = ("released", "late", "carried_values")

@@ -66,6 +66,20 @@ def test_the_report_prints_every_line_it_promises(ina, capsys):
     assert "switch / gloo step time: 0.80" in out
     assert "each 1024-value block once (4152 B frames)" in out   # 4 KiB of values, headers
     assert ("switch (ina)" in out) == ina
+    assert "after the first" not in out     # answers from before the warm-up was counted
+
+
+def test_the_report_counts_redone_blocks_after_the_warm_up_apart(capsys):
+    # 24 of 720 redone in all, 18 of the first 60 in the warm-up: 6 of 660 after it
+    answer = {"accuracy": 0.9, "step_time_ms": 4.0, "allreduce_ms": 3.0, "cpu_ms_per_step": 2.0,
+              "tx_bytes": 1000, "retransmissions": 0, "tcp_retrans": 0, "parameters": 2410,
+              "steps": 22, "aggregation_packets": 720, "redone": 24, "warmup_steps": 2,
+              "warmup_redone": 18, "warmup_packets": 60}
+    results = {"switch": [answer, answer], "gloo": [dict(answer, step_time_ms=5.0)] * 2}
+    demo.report(results, {"switch": {}}, options(), "softswitch", protocol.packet_format(1024))
+    out = capsys.readouterr().out
+    assert "48 of them (3.3%)" in out
+    assert "after the first 2 steps, whose calls are new to the session, 0.91%." in out
 
 
 def test_a_negative_deadline_is_refused():

@@ -37,4 +37,9 @@ def test_runs_alternate_and_each_is_recorded(tmp_path):
     # both backends trained the same model on the same data, twice
     backends = record["figures"]["backends"]
     assert backends["switch"][0]["steps"] == backends["gloo"][0]["steps"] > 0
+    # the warm-up's packets counted apart: its first step probed all 3 blocks of the
+    # 2,410 parameters (1024 values a packet), and it is part of the run's counts
+    for a in backends["switch"]:
+        assert a["warmup_steps"] == 2 and 3 <= a["warmup_redone"] <= a["redone"], a
+        assert 6 <= a["warmup_packets"] <= a["aggregation_packets"], a
     assert record["params"]["busy"] == 1 and record["params"]["runs"] == 2
