@@ -223,8 +223,9 @@ def switch_vs_ring_text(r: dict, image_dir: str) -> str:
             + (f"; where the ring used under {LINK_BOUND:.0%} of its link time, the hosts, "
                f"not the links, bound it: {slow_ring}" if slow_ring else "")
             + (f"; on unshaped links, where the hosts' CPU binds, it took {unsh} of the ring's "
-               f"time with {r['machine'].get('cpus')} CPUs (on a 16-CPU host the ring was faster there: the embedded "
-               f"switch bound the switch path, [History]({docs}history.md#a-16-cpu-host))"
+               f"time with {r['machine'].get('cpus')} CPUs (on a 16-CPU host the ring was "
+               f"faster there: the embedded switch bound the switch path, "
+               f"[History]({docs}history.md#a-16-cpu-host))"
                if unsh else "") + ". "
             f"Measured on {r['date']} at `{r['commit']}` on a {r['machine'].get('cpus')}-CPU VM, "
             f"{calls} calls a point of {points[0]['data']} data "
