@@ -42,8 +42,9 @@ PYTEST   ?= $(PY) -m pytest
 # gcc + libc6-dev: the softswitch compiles programs to C (its native backend).
 # python3-venv, ca-certificates: a minimal Debian has neither venv nor pip's TLS roots.
 # procps: sysctl inside the test namespaces. openssl: the TLS tests and `--tls` make certificates.
+# prometheus: the metrics tests scrape the switch and the manager with a real server.
 APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev \
-                python3-venv ca-certificates procps openssl
+                python3-venv ca-certificates procps openssl prometheus
 # The CPU wheel on disk; an unpinned torch pulls a multi-GB CUDA build. Pinned here,
 # for this venv only: the package itself asks for torch>=2.1 and only in [torch].
 TORCH    ?= torch==2.13.0

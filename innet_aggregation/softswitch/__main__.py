@@ -13,6 +13,8 @@ The data plane's counters (frames received, sent, and every frame lost, by where
 ``DataPlane.counters``) are logged at exit, a warning says when losses grow, and
 ``--counters-file PATH`` keeps them in PATH as JSON (rewritten once a second when
 they changed, and at exit), where the testbed reads them beside the P4 counters.
+``--metrics-addr HOST:PORT`` serves them, every P4 counter and each port's frames and
+bytes to Prometheus (metrics.py; loopback only unless --metrics-cert and --metrics-key).
 """
 
 from __future__ import annotations
@@ -158,6 +160,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--counters-file", metavar="PATH",
                         help="keep the data plane's counters in PATH (JSON), updated every "
                              "second")
+    parser.add_argument("--metrics-addr", metavar="HOST:PORT",
+                        help="serve Prometheus metrics here (loopback unless TLS is given)")
+    parser.add_argument("--metrics-cert", metavar="PEM", help="TLS certificate for --metrics-addr")
+    parser.add_argument("--metrics-key", metavar="PEM", help="TLS key for --metrics-addr")
     _grpc_server_arguments(parser)
     parser.add_argument("--io-threads", type=io_threads_argument, default=None, metavar="N",
                         help=f"native backend: packet I/O threads, the ports shared out "
@@ -202,7 +208,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             raise ArgumentError(f"port {port} is the drop port (--drop-port)")
         ports[port] = ifname
     args.ports = ports
+    _check_metrics(args)
     return args
+
+
+def _check_metrics(args) -> None:
+    from innet_aggregation.softswitch.metrics import check_listen
+
+    if (args.metrics_cert is None) != (args.metrics_key is None):
+        raise ArgumentError("--metrics-cert and --metrics-key go together")
+    if args.metrics_cert and not args.metrics_addr:
+        raise ArgumentError("--metrics-cert given without --metrics-addr")
+    if args.metrics_addr:
+        try:
+            check_listen(args.metrics_addr, args.metrics_cert is not None)
+        except ValueError as exc:
+            raise ArgumentError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,6 +285,20 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         dataplane.stop()
         return 1
+    metrics = None
+    if args.metrics_addr:
+        from innet_aggregation.softswitch.metrics import serve_metrics
+        try:
+            metrics = serve_metrics(args.metrics_addr, dataplane, device, args.ports,
+                                    args.metrics_cert, args.metrics_key)
+        except (OSError, ValueError) as exc:
+            print(f"softswitch: error: cannot serve metrics on {args.metrics_addr}: {exc}",
+                  file=sys.stderr)
+            server.stop(0)
+            dataplane.stop()
+            return 1
+        log.info("Prometheus metrics on %s%s", args.metrics_addr,
+                 " (TLS)" if args.metrics_cert else "")
     # Before the line that says it is up, so a SIGTERM right after it stops it in order.
     # The handler only records the signal: one that set the event itself would re-enter
     # the event's lock if a second signal came while the main thread held it (a switch
@@ -291,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     while not signalled:
         time.sleep(0.5)
     stop.set()
+    if metrics is not None:
+        metrics.shutdown()
     server.stop(0.5)
     watch.join()
     dataplane.stop()

@@ -112,10 +112,10 @@ def connect_addr(grpc_addr: str) -> str:
 
 def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: str,
                 tls: "TLSBundle | None" = None, counters_file: Path | None = None,
-                io_threads: int | None = None) -> list[str]:
+                io_threads: int | None = None, metrics_addr: str | None = None) -> list[str]:
     """simple_switch_grpc's command line, for either target (the softswitch keeping its
-    data plane's counters in ``counters_file``, and running ``io_threads`` packet
-    threads: None, its default)."""
+    data plane's counters in ``counters_file``, running ``io_threads`` packet threads
+    (None: its default) and serving Prometheus metrics on ``metrics_addr``)."""
     if target == "bmv2":
         binary = bmv2_path()
         if binary is None:
@@ -135,6 +135,8 @@ def switch_argv(target: str, ports: dict[int, str], device_id: int, grpc_addr: s
         argv += ["--counters-file", str(counters_file)]
     if target != "bmv2" and io_threads is not None:
         argv += ["--io-threads", str(io_threads)]
+    if target != "bmv2" and metrics_addr is not None:
+        argv += ["--metrics-addr", metrics_addr]
     if target == "bmv2" and _has_thrift(program[0]):
         # Each instance needs its own Thrift port, or a second one fails to start.
         argv += ["--thrift-port", str(free_tcp_port())]
@@ -161,7 +163,8 @@ class SwitchProcess:
 
     def __init__(self, target: str, ports: dict[int, str], *, device_id: int = 0,
                  grpc_addr: str | None = None, log_path: Path | None = None,
-                 tls: "TLSBundle | None" = None, io_threads: int | None = None):
+                 tls: "TLSBundle | None" = None, io_threads: int | None = None,
+                 metrics_addr: str | None = None):
         self.target = target
         self.listen_addr = grpc_addr or f"127.0.0.1:{free_tcp_port()}"
         self.grpc_addr = connect_addr(self.listen_addr)    # where controllers connect
@@ -169,8 +172,9 @@ class SwitchProcess:
         self.tls = tls
         self.log_path = log_path or Path(tempfile.mkstemp(prefix=f"{target}-", suffix=".log")[1])
         self.counters_path = self.log_path.with_name(self.log_path.name + ".counters.json")
+        self.metrics_addr = metrics_addr
         self.argv = switch_argv(target, ports, device_id, self.listen_addr, tls,
-                                self.counters_path, io_threads)
+                                self.counters_path, io_threads, metrics_addr)
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "SwitchProcess":
