@@ -56,6 +56,7 @@ from innet_aggregation.switch_ctl.controller import Controller  # noqa: E402
 from innet_aggregation.testbed import record  # noqa: E402
 from innet_aggregation.testbed.layout import link_mtu  # noqa: E402
 from innet_aggregation.testbed.netns import Namespaces, in_netns  # noqa: E402
+from innet_aggregation.testbed.progress import Progress  # noqa: E402
 from innet_aggregation.testbed.stopping import dies_with_parent, stop_on_signals  # noqa: E402
 from innet_aggregation.testbed.targets import (SwitchProcess, available_targets, bmv2_path,  # noqa: E402
                                                cpu_seconds)
@@ -313,9 +314,11 @@ def main() -> int:
                 bench.naggs = max(200, int(bench.settle(500) * args.seconds / WORKERS))
             # Rounds over all targets, the order reversed every other round, so a change
             # in the machine's load hits them alike.
+            progress = Progress(args.repeats * len(benches), "bench-switch")
             for repeat in range(args.repeats):
                 for bench in benches[::-1] if repeat % 2 else benches:
                     bench.rates.append(bench.run(bench.naggs))
+                    progress.advance(f"round {repeat + 1}, {bench.k} values, {bench.target}")
     finally:
         native.close()
     report(benches)

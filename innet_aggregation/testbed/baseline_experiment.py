@@ -65,6 +65,7 @@ from . import record
 from .links import (bound, burst_bytes, capacity_mbit, check_rate, check_workers,
                     link_time_s)
 from .loss_experiment import csv_list
+from .progress import Progress
 from .stats import MIN_CALLS, judge, median_interval, ratio_interval
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
@@ -211,34 +212,39 @@ def run(args) -> list[dict]:
     # A tree is measured beside one switch, on the same n and link rate.
     topologies = ["star"] if args.topo == "star" else ["star", "tree"]
     rows, gloo_measured = [], set()
-    for n, bw, values, topo in itertools.product(args.workers, args.bw, args.values, topologies):
+    shapes = list(itertools.product(args.workers, args.bw, args.values, topologies))
+    # Each shape's sizes on the switch, and once per set of links on gloo.
+    distinct_links = {(n, bw, topo, mtu_for(values)) for n, bw, values, topo in shapes}
+    progress = Progress(len(args.sizes) * (len(shapes) + len(distinct_links)), "baseline")
+    for n, bw, values, topo in shapes:
         shape = (f"one {target} switch" if topo == "star"
                  else f"a {target} spine and {args.leaves} leaves")
         link = f"{bw:g} Mbit/s links" if bw else "unshaped links"
         mtu = mtu_for(values)
         links = (n, bw, topo, mtu)
-        print(f"[baseline] n = {n}: {n} hosts on {shape}, {link} (MTU {mtu} B), {values} values "
-              f"per packet, {args.data} data", flush=True)
+        progress.say(f"[baseline] n = {n}: {n} hosts on {shape}, {link} (MTU {mtu} B), "
+                     f"{values} values per packet, {args.data} data")
         with Testbed(n, bw=bw or None, target=target, num_slots=args.slots, topo=topo,
                      leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
                      values_per_packet=values, io_threads=args.io_threads) as testbed, \
                 HostAgents(testbed) as agents:
             for size in args.sizes:
                 capacity = measure_capacity(agents, 4 * size, args.reps)
-                print(f"  links deliver {capacity['median']:.1f} Mbit/s "
-                      f"({capacity['lo']:.1f}-{capacity['hi']:.1f}) to a {4 * size} B transfer",
-                      flush=True)
+                progress.say(f"  links deliver {capacity['median']:.1f} Mbit/s "
+                             f"({capacity['lo']:.1f}-{capacity['hi']:.1f}) to a {4 * size} B "
+                             "transfer")
                 for backend in ("switch",) if links in gloo_measured else ("switch", "gloo"):
                     measured = measure(testbed, agents, backend, size, args.reps, args.ina,
                                        args.data, args.min_timed_s)
                     rows += [dict(r, topo=topo, workers=n, values=values, mtu=mtu, bw_mbit=bw,
                                   capacity_mbit=capacity["median"]) for r in measured]
                     t = median_interval([r["time_s"] for r in measured])
-                    print(f"  n={n} size={size:>8} {topo:<5} {backend:<6} median "
-                          f"{1000 * t['median']:9.1f} ms ({1000 * t['lo']:.1f}-"
-                          f"{1000 * t['hi']:.1f}, 95 %), redone "
-                          f"{statistics.mean(r['redone'] for r in measured):.1f} blocks a call",
-                          flush=True)
+                    progress.say(f"  n={n} size={size:>8} {topo:<5} {backend:<6} median "
+                                 f"{1000 * t['median']:9.1f} ms ({1000 * t['lo']:.1f}-"
+                                 f"{1000 * t['hi']:.1f}, 95 %), redone "
+                                 f"{statistics.mean(r['redone'] for r in measured):.1f} "
+                                 "blocks a call")
+                    progress.advance(f"n = {n}, {link}, {size} values, {backend}")
         gloo_measured.add(links)
     return rows
 

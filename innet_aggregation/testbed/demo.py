@@ -40,6 +40,7 @@ from innet_aggregation.p4src import protocol
 from . import record
 from .baseline_experiment import agg_frame_bytes
 from .layout import add_program_argument, add_topology_arguments, check_deadline
+from .progress import Progress
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
@@ -159,9 +160,10 @@ def run(args) -> None:
                 print(f"[demo] {args.busy} processes spinning a core each beside both "
                       f"backends", flush=True)
             runs = []
+            progress = Progress(len(BACKENDS) * args.runs, "demo")
             with busy(args.busy):
                 for run_index in range(args.runs):
-                    runs.append(train_pair(agents, command, args, run_index))
+                    runs.append(train_pair(agents, command, args, run_index, progress))
             counters = testbed.switch_counters()
             fmt = testbed.program.format
     first = {b: runs[0][b] for b in BACKENDS}
@@ -183,7 +185,7 @@ def record_name(args) -> str:
     return f"demo-{args.model}{bw}" + (f"-busy{args.busy}" if args.busy else "")
 
 
-def train_pair(agents, command: dict, args, run_index: int) -> dict:
+def train_pair(agents, command: dict, args, run_index: int, progress: Progress) -> dict:
     """Both backends once, on the same hosts and data; every other run gloo goes first,
     so neither always trains on a warmer (or a more disturbed) machine."""
     order = BACKENDS if run_index % 2 == 0 else BACKENDS[::-1]
@@ -193,8 +195,9 @@ def train_pair(agents, command: dict, args, run_index: int) -> dict:
                  + (" (the ina backend)" if args.ina else ""))
         wire = "ina" if args.ina and backend == "switch" else backend
         of = f" (run {run_index + 1} of {args.runs})" if args.runs > 1 else ""
-        print(f"[demo] training with {label}, {args.epochs} epochs{of}", flush=True)
+        progress.say(f"[demo] training with {label}, {args.epochs} epochs{of}")
         results[backend] = agents.call(dict(command, backend=wire), timeout=1800)
+        progress.advance(f"{backend}{of}")
     return {"first": order[0], **{b: results[b] for b in BACKENDS}}
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from . import record
 from .layout import add_program_argument, add_topology_arguments, check_deadline
+from .progress import Progress
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
@@ -120,13 +121,14 @@ def run(args) -> list[dict]:
     print(f"[loss] {args.workers} workers, {target}, {shape}, loss at {args.loss_at}, "
           f"{len(todo)} points x {args.reps} repetitions", flush=True)
     rows, reference = [], {}
+    progress = Progress(len(todo), "loss")
     with Testbed(args.workers, bw=args.bw, target=target, num_slots=args.slots, topo=args.topo,
                  leaves=args.leaves, tls=args.tls, grpc_host=args.grpc_host,
                  values_per_packet=args.values, deadline_ms=args.deadline_ms,
                  io_threads=args.io_threads) as testbed, \
             HostAgents(testbed, gloo=False) as agents:
         values = testbed.program.values_per_packet
-        print(f"[loss] {values} values per packet", flush=True)
+        progress.say(f"[loss] {values} values per packet")
         lossy = None if args.loss_at == "all" else args.loss_at.split(",")
         for n, (size, direction, loss) in enumerate(todo, 1):
             ingress, egress = (f * loss / 100 for f in DIRECTIONS.get(direction, (0, 0)))
@@ -162,11 +164,12 @@ def run(args) -> list[dict]:
                        for name in ("released", "late", "carried_values")},
                 })
             mine = rows[-args.reps:]
-            print(f"  [{n}/{len(todo)}] size {size:>8}  {direction:<7} loss {loss:>5g}%  "
-                  f"median {1000 * statistics.median(r['time_s'] for r in mine):8.1f} ms  "
-                  f"retransmissions {sum(r['retransmissions'] for r in mine):>5}  "
-                  f"exact {sum(r['exact'] for r in mine)}/{len(mine)}  "
-                  f"({time.monotonic() - started:.0f} s)", flush=True)
+            progress.say(f"  [{n}/{len(todo)}] size {size:>8}  {direction:<7} loss {loss:>5g}%  "
+                         f"median {1000 * statistics.median(r['time_s'] for r in mine):8.1f} ms  "
+                         f"retransmissions {sum(r['retransmissions'] for r in mine):>5}  "
+                         f"exact {sum(r['exact'] for r in mine)}/{len(mine)}  "
+                         f"({time.monotonic() - started:.0f} s)")
+            progress.advance(f"size {size}, {direction}, loss {loss:g} %")
         testbed.set_loss(0.0, 0.0)
     return rows
 

@@ -36,6 +36,7 @@ from .baseline_experiment import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_argume
                                   mtu_for, ms, path_figures)
 from .layout import default_values_per_packet
 from .loss_experiment import csv_list
+from .progress import Progress
 from . import record
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
@@ -78,9 +79,10 @@ def run(args) -> list[dict]:
     from .topology import Testbed
 
     rows = []
+    progress = Progress(2 * len(args.workers), "scaling")
     for n in args.workers:
-        print(f"[scaling] n = {n}: {args.bw:g} Mbit/s links, {args.values} values per packet, "
-              f"{args.data} data", flush=True)
+        progress.say(f"[scaling] n = {n}: {args.bw:g} Mbit/s links, {args.values} values per "
+                     f"packet, {args.data} data")
         with Testbed(n, bw=args.bw, target=args.target, num_slots=args.slots, tls=args.tls,
                      grpc_host=args.grpc_host, values_per_packet=args.values,
                      io_threads=args.io_threads) as testbed, \
@@ -92,6 +94,7 @@ def run(args) -> list[dict]:
                               capacity_mbit=capacity["median"])
                          for r in measure(testbed, agents, backend, args.size, args.reps,
                                           data=args.data, min_timed_s=args.min_timed_s)]
+                progress.advance(f"n = {n}, {backend}")
     return rows
 
 
