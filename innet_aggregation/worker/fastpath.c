@@ -63,7 +63,13 @@ struct fp_call {
     double progress_at, rack_rtt, srtt, rttvar, min_rtt, rto, min_rto, max_rto,
         granularity, peer_timeout, wake;
     int64_t in_flight, has_srtt, run_results, run_sent, handled;
+    /* the call's breakdown (breakdown.py): seconds spent here waiting, receiving,
+     * handling results (dequantizing, loading the next packets) and sending, which
+     * Python takes and zeroes; when the first result came */
+    double t_wait, t_receive, t_results, t_send, first_result_at;
 };
+
+static double monotonic(void);
 
 static inline uint32_t be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
@@ -166,8 +172,10 @@ static void transmit(struct fp_call *c, int fd, int gso, double now) {
             rows[m++] = len;
             j += len;
         }
+        double t0 = monotonic();
         int done = sendmmsg(fd, msgs, m, 0);
         int err = done < 0 ? errno : 0;
+        c->t_send += monotonic() - t0;
         for (int d = 0; d < (done > 0 ? done : 0); d++)
             c->sent += rows[d];
         if (err || done < m) {
@@ -184,6 +192,7 @@ static void transmit(struct fp_call *c, int fd, int gso, double now) {
  * common case; returns how many were handled. */
 static int64_t handle(struct fp_call *c, const uint8_t *base, int64_t stride, int64_t count,
                       const struct mmsghdr *lengths, double now, int fd, int gso) {
+    double t0 = monotonic(), sending = c->t_send;
     c->results = c->idle = c->queued = c->sent = c->failed_rows = c->rtt_count = 0;
     c->rtt_sum = 0.0;
     c->err = 0;
@@ -232,6 +241,7 @@ static int64_t handle(struct fp_call *c, const uint8_t *base, int64_t stride, in
     }
     if (c->queued)
         transmit(c, fd, gso, now);
+    c->t_results += monotonic() - t0 - (c->t_send - sending);
     return i;
 }
 
@@ -275,6 +285,8 @@ static void account(struct fp_call *c, int64_t handled, double now, int64_t rack
     if (c->rack_seq != rack)
         c->rack_rtt = now - c->rack_sent_at;
     c->progress_at = now;
+    if (c->results && now < c->first_result_at)
+        c->first_result_at = now;
     c->in_flight -= c->idle;
     c->run_sent += c->sent;
 }
@@ -300,7 +312,9 @@ EXPORT int64_t fp_results(struct fp_call *c, const uint8_t *base, int64_t stride
  * recvmmsg vectors, ``rows`` of them), then its common results as fp_results. */
 static int64_t fp_receive(struct fp_call *c, struct mmsghdr *msgs, int rows, double now,
                           int fd, int gso) {
+    double t0 = monotonic();
     int got = recvmmsg(fd, msgs, rows, MSG_DONTWAIT, NULL);
+    c->t_receive += monotonic() - t0;
     c->recv_err = got < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
     c->datagrams = got > 0 ? got : 0;
     return handle_batch(c, c->rx, c->rx_stride, c->datagrams, msgs, now, fd, gso);
@@ -354,6 +368,7 @@ EXPORT int fp_run(struct fp_call *c, struct mmsghdr *msgs, int rows, int fd, int
             struct timespec ts = timespec_of(until - now > 0 ? until - now : 0);
             struct pollfd p = {.fd = fd, .events = POLLIN};
             ready = ppoll(&p, 1, &ts, NULL) > 0;
+            c->t_wait += monotonic() - now;
         }
         int64_t drained = 0;
         while (ready) {     /* the whole queue first: answers behind a stall are not lost */
@@ -370,9 +385,10 @@ EXPORT int fp_run(struct fp_call *c, struct mmsghdr *msgs, int rows, int fd, int
             c->wake = fp_next_wakeup(c, c->rto, c->peer_timeout, c->progress_at, c->rack_seq,
                                      c->rack_rtt, isinf(c->min_rtt) ? c->rto : c->min_rtt / 4);
             if (drained < coalesce_batch && c->in_flight > 0) {
-                double pause = fmin(coalesce, c->wake - monotonic());
+                double before = monotonic(), pause = fmin(coalesce, c->wake - before);
                 struct timespec ts = timespec_of(pause);
                 while (pause > 0 && nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+                c->t_wait += monotonic() - before;
             }
         }
         now = monotonic();

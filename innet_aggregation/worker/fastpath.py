@@ -39,6 +39,11 @@ _PTRS = ("tx", "set_slot_words", "expect", "in_whole", "in_tail", "out_whole", "
          "sent_at", "first_sent_at", "sent_seq", "retries", "resent", "told", "queue", "rx")
 
 
+# What the C unit times, and the phase (breakdown.PHASES) each is credited to.
+TIMED = ("t_wait", "t_receive", "t_results", "t_send")
+_PHASE = {"t_wait": "wait", "t_receive": "receive", "t_results": "results", "t_send": "send"}
+
+
 class CallState(ctypes.Structure):
     """``struct fp_call``, field for field."""
     _fields_ = ([(f, ctypes.c_int32) for f in _I32] + [(f, ctypes.c_int64) for f in _I64]
@@ -50,7 +55,8 @@ class CallState(ctypes.Structure):
                    ("err", ctypes.c_int32), ("recv_err", ctypes.c_int32)]
                 + [(f, ctypes.c_double) for f in _RUN_F64]
                 + [(f, ctypes.c_int64) for f in ("in_flight", "has_srtt", "run_results",
-                                                 "run_sent", "handled")])
+                                                 "run_sent", "handled")]
+                + [(f, ctypes.c_double) for f in (*TIMED, "first_result_at")])
 
 
 @functools.cache
@@ -148,6 +154,7 @@ class FastCall:
             setattr(s, name, _ptr(array))
         s.min_rto, s.max_rto = t.policy.min_rto, t.policy.max_rto
         s.granularity, s.peer_timeout = t.rto.GRANULARITY, t.policy.peer_timeout
+        s.first_result_at = np.inf
         self.ref = ctypes.byref(s)
         s.rx_stride = t.rx.strides[0]
         self.fd = t.sock.fileno()
@@ -213,6 +220,10 @@ class FastCall:
             t.rto.srtt, t.rto.rttvar, t.rto.min_rtt, t.rto.rto = s.srtt, s.rttvar, s.min_rtt, s.rto
         call.next_seq, call.rack_seq, call.rack_rtt = s.next_seq, s.rack_seq, s.rack_rtt
         call.progress_at, call.in_flight = s.progress_at, s.in_flight
+        for name in TIMED:
+            t.timing.credit(_PHASE[name], getattr(s, name))
+            setattr(s, name, 0.0)
+        call.first_result = min(call.first_result, s.first_result_at)
         t.stats.results_received += s.run_results
         t.stats.fast_results += s.run_results
         t.stats.packets_sent += s.run_sent

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             report.update(seconds=call.seconds, cpu_seconds=time.process_time() - cpu,
                           goodput_mbps=call.goodput_mbps,
                           max_error_bound=call.max_error_bound, digest=digest(tensor),
-                          counters=call.counters.as_dict())
+                          counters=call.counters.as_dict(),
+                          breakdown=session.last_breakdown.as_dict())
             if args.save:
                 args.save.mkdir(parents=True, exist_ok=True)
                 np.save(args.save / f"result_{args.worker_id}_{rep}.npy", as_float32(tensor))

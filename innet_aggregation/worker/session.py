@@ -26,6 +26,8 @@ from innet_aggregation.switch_ctl import config as config_mod
 from innet_aggregation.switch_ctl import jobfile
 
 from . import quantize
+from .breakdown import (CallBreakdown, ProfilerRanges, combine, debug_every, debug_level,
+                        ranks_wait)
 from .transport import RetransmitPolicy, Stats, Transport
 
 
@@ -73,6 +75,10 @@ class AggregationSession:
                                             thread_name_prefix=f"aggregation-{worker_id}")
         self._lock = threading.Lock()
         self.last_call: CallStats | None = None
+        self.last_breakdown: CallBreakdown | None = None    # the last call's, either path
+        self._debug = debug_level() == "INFO"
+        self._debug_every = debug_every()
+        self._unreported: list[CallBreakdown] = []
         self.fallback = None        # fallback.Fallback, if attached: gloo when the switch fails
 
     @classmethod
@@ -176,10 +182,43 @@ class AggregationSession:
 
     def _call(self, values: np.ndarray, average: bool, name: str | None,
               signature: tuple) -> None:
-        if self.fallback is None:
-            self._reduce(values, average, name, signature)
-        else:
-            self.fallback.run(self, values, average, name, signature)
+        started = time.perf_counter()
+        t, fallback = self.transport, self.fallback
+        gloo = fallback.counts["gloo"] if fallback is not None else 0
+        torch = ProfilerRanges.active()
+        ranges = ProfilerRanges(torch) if torch is not None else None
+        if t is not None:
+            before, counted = t.timing.snapshot(), t.stats.copy()
+            t.waits, t.timing.ranges = (None, ()), ranges
+        if ranges is not None:
+            ranges.enter(f"allreduce ({values.size} elements{f', {name!r}' if name else ''})")
+        try:
+            if fallback is None:
+                self._reduce(values, average, name, signature)
+            else:
+                fallback.run(self, values, average, name, signature)
+        finally:
+            seconds = time.perf_counter() - started
+            fell_back = fallback is not None and fallback.counts["gloo"] > gloo
+            if t is None:
+                breakdown = CallBreakdown(seconds, {"fallback": seconds}, fell_back=1)
+            else:
+                t.timing.ranges = None
+                breakdown = _breakdown(t, seconds, before, counted, fell_back)
+            if ranges is not None:
+                ranges.mark(f"breakdown: {breakdown.line()}")
+                ranges.leave()
+            self.last_breakdown = breakdown
+            if self._debug:
+                self._report(breakdown)
+
+    def _report(self, breakdown: CallBreakdown) -> None:
+        """``INA_DEBUG=INFO``: a line per call, or per INA_DEBUG_EVERY calls summed."""
+        self._unreported.append(breakdown)
+        if len(self._unreported) >= self._debug_every:
+            print(f"[ina rank {self.worker_id}] {combine(self._unreported).line()}",
+                  file=sys.stderr, flush=True)
+            self._unreported.clear()
 
     def _reduce(self, values: np.ndarray, average: bool, name: str | None,
                 signature: tuple) -> None:
@@ -195,10 +234,11 @@ class AggregationSession:
         flat = values.reshape(-1)       # a view (C-contiguous): the sums land in ``values``
         out = quantize.Blocks(flat, k)
         blocks = out if flat.dtype == np.float32 else quantize.Blocks(flat.astype(np.float32), k)
-        own = np.concatenate([quantize.block_exponents(part) for part in blocks.parts])
-        # Read before the results overwrite the values.
-        mine = (quantize.nonfinite(blocks.flat) if (own == quantize.POISON_EXPONENT).any()
-                else None)
+        with self.transport.timing.phase("prepare"):
+            own = np.concatenate([quantize.block_exponents(part) for part in blocks.parts])
+            # Read before the results overwrite the values.
+            mine = (quantize.nonfinite(blocks.flat) if (own == quantize.POISON_EXPONENT).any()
+                    else None)
         scale = self.transport.aggregate(blocks, own, out, average=average, name=name,
                                          signature=signature)
         poisoned = scale == quantize.POISON_EXPONENT
@@ -248,6 +288,23 @@ class AggregationSession:
 
 
 _NUMPY_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def _breakdown(t: Transport, seconds: float, before: dict, counted: Stats,
+               fell_back: bool) -> CallBreakdown:
+    """A call's breakdown from its transport's sums before and after it: what the switch
+    path did; where the call went to gloo, the time beyond that is the fallback's."""
+    spent = t.timing.snapshot()
+    phases = {p: spent[p] - before[p] for p in spent}
+    if fell_back:
+        phases["fallback"] = max(0.0, seconds - sum(phases.values()))
+    first, waited_for = t.waits
+    rtt = t.rto.min_rtt if np.isfinite(t.rto.min_rtt) else None
+    c = t.stats - counted
+    return CallBreakdown(seconds, phases, ranks_wait(phases["wait"], first, rtt), waited_for,
+                         packets_sent=c.packets_sent, bytes_sent=c.bytes_sent,
+                         results_received=c.results_received, retransmissions=c.retransmissions,
+                         redone=c.redone, fell_back=int(fell_back))
 
 
 def _transport_args(config, worker_id: int, given: protocol.PacketFormat | None):

@@ -128,6 +128,7 @@ from innet_aggregation.p4src.protocol import (EXPONENT_OF_ZERO, MSG_QUORUM, MSG_
 
 from . import quantize
 from .batchio import BatchSocket
+from .breakdown import Timing, timed
 from .fastpath import FastCall
 
 PKT_ID_MASK = 0xFFFFFFFF
@@ -378,6 +379,8 @@ class Transport:
         self.awaited = 0
         self.rto = RtoEstimator(policy)
         self.stats = Stats()
+        self.timing = Timing()          # seconds per phase (breakdown.py)
+        self.waits = (None, ())         # the last call's (first result after, ranks waited for)
         self.next_set = np.zeros(num_slots, dtype=np.int64)
         self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
         self.history: dict[tuple, np.ndarray] = {}  # history_key -> its last agreed maxima (quantize.remember)
@@ -581,6 +584,7 @@ class Transport:
                      fingerprints=fingerprints, quantized=True, average=average,
                      signature=signature)
         scale, agreed = self._run(call)
+        self.waits = call.waits()
         if call.carried:
             chunks = np.concatenate([c for c, _ in call.carried])
             self.carry[key] = (chunks, np.concatenate([v for _, v in call.carried]))
@@ -593,6 +597,7 @@ class Transport:
             del self.history[next(iter(self.history))]
         return scale
 
+    @timed("send")
     def send(self, slots: np.ndarray, failed: int = 0) -> int:
         """Send the slots' packets in one batch (``failed``: the fast path's send of
         them just failed with this errno). A transient failure (a full buffer) loses
@@ -672,6 +677,7 @@ class Transport:
         stop releasing about together, and wait for the late one."""
         return bool(self.left_out.max() < LEAD_LIMIT)
 
+    @timed("receive")
     def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
         """The datagrams queued now (at most RECV_BATCH): the well-formed results as
         packets (a view of the receive buffer, valid until the next receive, when
@@ -715,6 +721,7 @@ class _Call:
                  slots: np.ndarray | None = None, quantized: bool = False,
                  average: bool = False, signature: tuple = ()):
         t = self.t = transport
+        self.timing = t.timing
         w = t.num_slots
         self.blocks = blocks
         self.out = out
@@ -748,6 +755,8 @@ class _Call:
         self.resent = np.zeros(w, dtype=bool)          # Karn: no RTT sample
         self.started = time.monotonic()
         self.progress_at = -np.inf      # when the call last got an answer
+        self.first_result = np.inf      # when it got its first
+        self.missing = 0                # the workers the switch last said it waited for
         self.logged_at = self.started   # when it last logged whom it waits for
         # The switch's last WAITING reply per slot: the bitmap of who had contributed.
         self.told = np.zeros(w, dtype=bool)
@@ -785,7 +794,8 @@ class _Call:
         wake = self._next_wakeup()
         while self.in_flight:
             if self.fast is not None:
-                packets, headers, wake = self.fast.run(wake, COALESCE_BATCH)
+                with self.timing.region("compiled"):
+                    packets, headers, wake = self.fast.run(wake, COALESCE_BATCH)
                 if len(packets):
                     self._on_results(packets)
                 if len(headers):
@@ -793,7 +803,7 @@ class _Call:
                 if len(packets) or len(headers):
                     wake = self._next_wakeup()
                     continue                # drain the rest before any timer
-            elif (wait := wake - time.monotonic()) <= 0 or t._poll.poll(max(wait * 1000.0, 0.0)):
+            elif (wait := wake - time.monotonic()) <= 0 or self._poll(wait):
                 # Drain the socket first: after a stall, answers queued behind the
                 # first batch must not look lost.
                 drained = 0
@@ -821,6 +831,12 @@ class _Call:
                 self.logged_at = now
                 log.warning("%s", self._waiting_line(now))
         return self.scale, self.agreed
+
+    def waits(self) -> tuple[float | None, tuple[int, ...]]:
+        """For the breakdown: seconds from the call's start to its first result (None:
+        it had none), and the workers the switch said it waited for."""
+        first = self.first_result - self.started if np.isfinite(self.first_result) else None
+        return first, tuple(w for w in range(self.missing.bit_length()) if self.missing >> w & 1)
 
     def _flush(self, now: float) -> None:
         """The end of a batch of results: the released rounds kept earlier that are now
@@ -850,6 +866,12 @@ class _Call:
         for group in np.split(early, np.flatnonzero(np.diff(ahead)) + 1):
             self._on_released(group, now)
 
+    @timed("wait")
+    def _poll(self, seconds: float) -> bool:
+        """Whether a datagram came within ``seconds``."""
+        return bool(self.t._poll.poll(max(seconds * 1000.0, 0.0)))
+
+    @timed("wait")
     def _coalesce(self, wake: float) -> None:
         """Results trickling in at the links' pace would wake this thread once each,
         at a cost in Python that, on a host shared by several workers and a
@@ -859,6 +881,7 @@ class _Call:
         if pause > 0:
             time.sleep(pause)
 
+    @timed("quantize")
     def _load(self, slots: np.ndarray, chunks: np.ndarray, now: float) -> None:
         """Put each slot's chunk (``chunks``) in its packet, quantized (in a scratch
         that stays in the cache, then once into the packets), and send them all."""
@@ -958,6 +981,7 @@ class _Call:
             ident = raw.view(ident.dtype)[:, 0]
         return ok & (ident == self.expect_id.take(slot, mode="clip")), slot
 
+    @timed("results")
     def _on_results(self, packets: np.ndarray) -> None:
         t = self.t
         now = time.monotonic()
@@ -1116,6 +1140,7 @@ class _Call:
         if view is None:
             self.out.write(chunks, sums)
 
+    @timed("results")
     def _on_waiting(self, headers: np.ndarray) -> None:
         """The switch's WAITING replies: per slot, who had contributed. They move no
         timer: a reply comes only for a retransmission, and answering it with a
@@ -1127,6 +1152,10 @@ class _Call:
         t.stats.duplicates_ignored += int((~match).sum())
         self.told[slot[match]] = True
         self.contributors[slot[match]] = h["fingerprint"][match]
+        if match.any():                 # the breakdown names whom the latest replies wait for
+            self.missing = 0
+            for bits in np.unique(h["fingerprint"][match]).tolist():
+                self.missing |= t.local_mask & ~bits
         # Unfinished, yet every worker has contributed, or more contributions counted
         # than there are workers: the count went past them, which only another
         # session's leftovers can make it do (it adds to a round finished there).
@@ -1141,6 +1170,7 @@ class _Call:
         """One RTT sample per batch, and RACK's newest answered send time, both from
         packets sent once only (Karn: an answer to a resent packet may belong to
         either copy, and taking the later one would call packets in flight lost)."""
+        self.first_result = min(self.first_result, now)
         resent = self.resent[slots]
         clean = slots[~resent] if resent.any() else slots
         if not clean.size:
@@ -1152,6 +1182,7 @@ class _Call:
         if seq[newest] > self.rack_seq:
             self.rack_seq, self.rack_rtt = int(seq[newest]), now - sent[newest]
 
+    @timed("repair")
     def _recover(self, now: float) -> None:
         """Resend what is lost: packets sent before an answered one, once a round
         trip and the reordering window have passed (RACK), and packets whose timer

@@ -170,14 +170,14 @@ class Fabric:
     def run(self, job: Job, args: list[str], *, workers: list[int] | None = None,
             extra: dict[int, list[str]] | None = None, module: str = "innet_aggregation.worker.run",
             late: dict[int, float] | None = None, together: bool = False,
-            timeout: float = 180) -> list[WorkerRun]:
+            timeout: float = 180, env: dict[str, str] | None = None) -> list[WorkerRun]:
         """Run ``module`` on each worker's host (all of them, or ``workers``) with
         ``--config <job> --worker-id <i>`` plus ``args`` (and ``extra[i]``), starting
         worker i ``late[i]`` seconds after the others (a straggler); waits for all.
         ``together``: each runs ``module.main`` once all are ready (tests.worker.together),
         a straggler ``late[i]`` after that, for a test that judges the order of their
         first packets: started one after another, their interpreters' start-ups on a
-        busy machine differ by seconds."""
+        busy machine differ by seconds. ``env``: variables set for the workers."""
         ids = list(range(job.num_workers) if workers is None else workers)
         extra, late = extra or {}, late or {}
         launched = time.monotonic()
@@ -197,7 +197,8 @@ class Fabric:
             with open(outdir / f"{i}.out", "w") as out, open(outdir / f"{i}.err", "w") as err:
                 procs[i] = job.hosts[i].popen(
                     [*start, "--config", str(job.path), "--worker-id", str(i), *args,
-                     *extra.get(i, [])], stdout=out, stderr=err, env=_env(), cwd=REPO)
+                     *extra.get(i, [])], stdout=out, stderr=err, env={**_env(), **(env or {})},
+                    cwd=REPO)
         deadline = time.monotonic() + timeout
         for i, proc in procs.items():
             try:
