@@ -189,8 +189,38 @@ def measure(testbed, agents, backend: str, size: int, reps: int, ina: bool = Fal
                                          for a in answers),
              "retransmissions": sum(a["retransmissions"][r] for a in answers),
              "redone": answers[0]["redone"][r],
-             "tx_bytes": max(a["tx_bytes"][r] for a in answers)}
+             "tx_bytes": max(a["tx_bytes"][r] for a in answers),
+             # The slowest worker's: where the call's time went (worker/breakdown.py).
+             "breakdown": max(answers, key=lambda a: a["times"][r])["breakdown"][r]
+             if "breakdown" in answers[0] else None}
             for r in range(reps)]
+
+
+def breakdown_ms(rows: list[dict]) -> dict | None:
+    """The switch path's calls' phases (their slowest worker's), medians in ms, and
+    the wait's split."""
+    calls = [r["breakdown"] for r in rows if r.get("breakdown")]
+    if not calls:
+        return None
+    phases = {name: 1e3 * statistics.median(c["phases"][name] for c in calls)
+              for name in calls[0]["phases"]}
+    return {**phases, "other": 1e3 * statistics.median(c["other"] for c in calls),
+            "ranks_wait": 1e3 * statistics.median(c["ranks_wait_s"] for c in calls),
+            "network_wait": 1e3 * statistics.median(c["network_wait_s"] for c in calls)}
+
+
+def breakdown_line(switch: list[dict], gloo: list[dict]) -> str:
+    """Where the switch path's median call went, beside gloo's median time."""
+    ms = breakdown_ms(switch)
+    t_sw = 1e3 * statistics.median(r["time_s"] for r in switch)
+    t_gloo = 1e3 * statistics.median(r["time_s"] for r in gloo)
+    phases = ", ".join(f"{name} {value:.2f}" for name, value in
+                       sorted(((n, v) for n, v in ms.items()
+                               if n not in ("ranks_wait", "network_wait") and v >= 0.005),
+                              key=lambda item: -item[1]))
+    return (f"  switch path {t_sw:.2f} ms (gloo {t_gloo:.2f} ms), its phases' medians in ms: "
+            f"{phases}; of the wait, ranks {ms['ranks_wait']:.2f}, switch and wire "
+            f"{ms['network_wait']:.2f}")
 
 
 def measure_capacity(agents, payload: int, reps: int) -> dict:
@@ -245,6 +275,12 @@ def run(args) -> list[dict]:
                                  f"{statistics.mean(r['redone'] for r in measured):.1f} "
                                  "blocks a call")
                     progress.advance(f"n = {n}, {link}, {size} values, {backend}")
+                mine = [r for r in rows if (r["workers"], r["bw_mbit"], r["topo"], r["mtu"],
+                                            r["size"]) == (n, bw, topo, mtu, size)]
+                switch = [r for r in mine if r["backend"] == "switch" and r["values"] == values]
+                gloo = [r for r in mine if r["backend"] == "gloo"]
+                if breakdown_ms(switch) is not None and gloo:
+                    progress.say(breakdown_line(switch, gloo))
         gloo_measured.add(links)
     return rows
 
@@ -272,7 +308,8 @@ def path_figures(rows: list[dict], nominal_mbit: float | None, values: int) -> d
             "blocks_per_call": -(-size // values),
             "retransmissions": sum(r["retransmissions"] for r in rows),
             "cpu_worker_ms_per_mb": 1000 * statistics.median(r["cpu_worker_s"] for r in rows) / mb,
-            "cpu_switch_ms_per_mb": 1000 * statistics.median(r["cpu_switch_s"] for r in rows) / mb}
+            "cpu_switch_ms_per_mb": 1000 * statistics.median(r["cpu_switch_s"] for r in rows) / mb,
+            "breakdown_ms": breakdown_ms(rows)}
 
 
 def table(rows: list[dict], topo: str = "star") -> list[dict]:
@@ -472,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
         with open(args.out / "baseline.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
         lines = table(rows)

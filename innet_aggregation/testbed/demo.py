@@ -268,6 +268,9 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str,
           "blocks and retransmissions; gloo's\nring sends 2(n-1)/n of the gradient per step in "
           "TCP segments.\nretransmissions: aggregation packets resent after a loss was detected "
           "or a timer fired (switch),\nTCP segments (gloo).")
+    line = breakdown_line(switch, results["gloo"])
+    if line:
+        print(line)
     if args.deadline_ms:
         print(deadline_line(switch, args.deadline_ms))
     for switch, outcomes in counters.items():
@@ -275,6 +278,25 @@ def report(results: dict[str, list[dict]], counters: dict, args, target: str,
         if admitted:
             print(f"\n{switch} counters (packets): "
                   + ", ".join(f"{k} {v}" for k, v in sorted(admitted.items())))
+
+
+def breakdown_line(switch: list[dict], gloo: list[dict]) -> str | None:
+    """Where the slowest worker's mean switch call went after the warm-up, beside
+    gloo's allreduce time (worker/breakdown.py)."""
+    answers = [a for a in switch if a.get("breakdown") and a["breakdown"]["calls"]]
+    if not answers:
+        return None
+    slowest = max(answers, key=lambda a: a["breakdown"]["seconds"])
+    b = slowest["breakdown"]
+    phases = {**b["phases"], "other": b["other"]}
+    parts = ", ".join(f"{name} {1e3 * value:.2f}" for name, value in
+                      sorted(phases.items(), key=lambda item: -item[1]) if value >= 5e-6)
+    return (f"\nwhere the switch path's time went (worker {switch.index(slowest)}, the mean of "
+            f"its {b['calls']} calls after the warm-up, ms): {1e3 * b['seconds']:.2f} = "
+            f"{parts}; of the wait, ranks {1e3 * b['ranks_wait_s']:.2f}, switch and wire "
+            f"{1e3 * b['network_wait_s']:.2f}. gloo's allreduce: "
+            f"{max(a['allreduce_ms'] for a in gloo):.2f} ms a bucket (INA_DEBUG=INFO: a line "
+            f"per call).")
 
 
 def time_to_accuracy(results: dict[str, list[dict]], args) -> None:

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
         with open(args.out / "scaling.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
         lines = table(rows, args.values, args.bw)

@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 
 from innet_aggregation.switch_ctl import jobfile
+from innet_aggregation.worker.breakdown import since
 
 BENCH_CALL = "bench"  # the name of the benchmark's calls through the session
 INPUT_RANGE = 1000  # |input| <= 1000: exact in float32 and in the switch's fixed point
@@ -176,6 +177,7 @@ class Host:
         counters = self.session.last_call.counters
         return tensor, {"retransmissions": counters.retransmissions,
                         "packets": counters.packets_sent, "redone": counters.redone,
+                        "breakdown": self.session.last_breakdown.as_dict(),
                         **{name: getattr(counters, name) for name in DEADLINE_COUNTERS
                            if hasattr(counters, name)}}
 
@@ -302,6 +304,7 @@ class Host:
         reached = {"target_steps": None, "time_to_target_s": None}
         curve: list[tuple[int, float, float]] = []
         stats_before, warmup = self.session.stats, None
+        timed_from = self.session.breakdown_total
         self.barrier()
         cpu_before = time.process_time()
         before = interface_counters()
@@ -323,6 +326,7 @@ class Host:
                 step_times.append(time.perf_counter() - start)
                 if len(step_times) == WARMUP_STEPS:
                     warmup = self.session.stats - stats_before
+                    timed_from = self.session.breakdown_total
                 total += loss.item()
                 done = len(step_times)
                 if curve_mode and (done % eval_every == 0 or done == total_steps):
@@ -361,7 +365,10 @@ class Host:
                **_aggregation_packets(self.session.stats - stats_before),
                **({"warmup_steps": WARMUP_STEPS, "warmup_redone": warmup.redone,
                    "warmup_packets": warmup.packets_sent} if warmup is not None else {}),
-               "parameters": sum(p.numel() for p in model.parameters())}
+               "parameters": sum(p.numel() for p in model.parameters()),
+               # The switch path's mean call after the warm-up: where its time went.
+               "breakdown": (since(self.session.breakdown_total, timed_from).as_dict()
+                             if backend == "switch" else None)}
         if curve_mode:
             out.update(step_times_ms=[round(1000 * t, 3) for t in step_times],
                        slept_steps=[i for i, s in enumerate(sleeps) if s], curve=curve)

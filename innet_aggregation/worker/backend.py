@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, Work
 
+from .breakdown import combine
 from .fallback import GLOO, Fallback, FallbackPolicy, SwitchUnavailable
 from .session import AggregationSession, refuse_overlap
 from .transport import RetransmitPolicy
@@ -228,6 +229,15 @@ class _SwitchWork(Work):
 
     def is_completed(self) -> bool:
         return all(f.done() for f in self._futures)
+
+    @property
+    def breakdown(self):
+        """Where the call's time went (worker/breakdown.py), its tensors' calls summed;
+        None until it is done."""
+        calls = [getattr(f, "breakdown", None) for f in self._futures]
+        if not self.is_completed() or None in calls:
+            return None
+        return combine(calls)
 
     def get_future(self):
         if self._future is None:        # made on demand: a plain all_reduce only waits

@@ -210,6 +210,24 @@ def debug_every(environ=os.environ) -> int:
     return int(text)
 
 
+NONE = CallBreakdown(0.0, dict.fromkeys(PHASES, 0.0), calls=0)   # no call: what sums start from
+_COUNTS = ("packets_sent", "bytes_sent", "results_received", "retransmissions", "redone",
+           "calls", "fell_back")
+
+
+def since(after: CallBreakdown, before: CallBreakdown) -> CallBreakdown:
+    """The calls summed into ``after`` since ``before`` (two running sums), as their
+    mean call (the counts stay sums)."""
+    calls = after.calls - before.calls
+    if calls < 1:
+        return NONE
+    return CallBreakdown(
+        (after.seconds - before.seconds) / calls,
+        {p: (after.phases.get(p, 0.0) - before.phases.get(p, 0.0)) / calls for p in PHASES},
+        (after.ranks_wait_s - before.ranks_wait_s) / calls, after.waited_for,
+        **{name: getattr(after, name) - getattr(before, name) for name in _COUNTS})
+
+
 def combine(calls: list[CallBreakdown]) -> CallBreakdown:
     """Several calls as one: their sums."""
     return CallBreakdown(
@@ -217,6 +235,4 @@ def combine(calls: list[CallBreakdown]) -> CallBreakdown:
         phases={p: sum(c.phases.get(p, 0.0) for c in calls) for p in PHASES},
         ranks_wait_s=sum(c.ranks_wait_s for c in calls),
         waited_for=tuple(sorted({r for c in calls for r in c.waited_for})),
-        **{name: sum(getattr(c, name) for c in calls)
-           for name in ("packets_sent", "bytes_sent", "results_received", "retransmissions",
-                        "redone", "calls", "fell_back")})
+        **{name: sum(getattr(c, name) for c in calls) for name in _COUNTS})

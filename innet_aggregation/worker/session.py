@@ -26,8 +26,8 @@ from innet_aggregation.switch_ctl import config as config_mod
 from innet_aggregation.switch_ctl import jobfile
 
 from . import quantize
-from .breakdown import (CallBreakdown, ProfilerRanges, combine, debug_every, debug_level,
-                        ranks_wait)
+from .breakdown import (NONE, CallBreakdown, ProfilerRanges, combine, debug_every,
+                        debug_level, ranks_wait)
 from .transport import RetransmitPolicy, Stats, Transport
 
 
@@ -76,6 +76,7 @@ class AggregationSession:
         self._lock = threading.Lock()
         self.last_call: CallStats | None = None
         self.last_breakdown: CallBreakdown | None = None    # the last call's, either path
+        self.breakdown_total = NONE                          # every call's, summed
         self._debug = debug_level() == "INFO"
         self._debug_every = debug_every()
         self._unreported: list[CallBreakdown] = []
@@ -154,7 +155,8 @@ class AggregationSession:
 
     def allreduce_async(self, tensor, average: bool = False, *, name: str | None = None):
         """Like ``allreduce``, returning at once a ``torch.futures.Future`` of the tensor
-        (which holds the error, if the call fails)."""
+        (which holds the error, if the call fails); once done, its ``breakdown`` is
+        the call's (``last_breakdown``)."""
         import torch  # here, so numpy-only users never pay for importing torch
 
         future = torch.futures.Future()
@@ -169,8 +171,10 @@ class AggregationSession:
                 self._call(work, average, name, signature)
                 finish()
             except BaseException as exc:  # delivered to whoever waits on the future
+                future.breakdown = self.last_breakdown
                 future.set_exception(exc)
             else:
+                future.breakdown = self.last_breakdown     # the backend's Work sums them
                 future.set_result(tensor)
 
         self._submit(run)
@@ -209,6 +213,7 @@ class AggregationSession:
                 ranges.mark(f"breakdown: {breakdown.line()}")
                 ranges.leave()
             self.last_breakdown = breakdown
+            self.breakdown_total = combine([self.breakdown_total, breakdown])
             if self._debug:
                 self._report(breakdown)
 

@@ -38,3 +38,10 @@ def test_two_workers_one_rate_recorded_gradients(tmp_path, capsys):
     assert point["limit"] == pytest.approx(switch["link_ms"] / gloo["link_ms"])
     assert point["bound"] in ("links", "burst", "hosts")
     assert (out / "baseline.csv").exists() and (out / "baseline.png").exists()
+    # Where the switch path's time went, its phases' medians beside gloo's time: the
+    # 100 Mbit/s links make most of the call a wait for the switch and the wire.
+    ms = switch["breakdown_ms"]
+    assert ms["wait"] > 0.3 * switch["time_ms"]["median"], ms
+    assert ms["network_wait"] > ms["ranks_wait"], ms
+    assert gloo["breakdown_ms"] is None
+    assert "  switch path " in capsys.readouterr().out

@@ -43,3 +43,12 @@ def test_runs_alternate_and_each_is_recorded(tmp_path):
         assert a["warmup_steps"] == 2 and 3 <= a["warmup_redone"] <= a["redone"], a
         assert 6 <= a["warmup_packets"] <= a["aggregation_packets"], a
     assert record["params"]["busy"] == 1 and record["params"]["runs"] == 2
+    # where the switch path's time went, beside gloo's: its mean call after the warm-up,
+    # whose phases and rest make the call
+    for a in backends["switch"]:
+        b = a["breakdown"]
+        assert b["calls"] > 0 and b["packets_sent"] > 0, b
+        assert sum(b["phases"].values()) + b["other"] == pytest.approx(b["seconds"], rel=0.01)
+    assert all(a["breakdown"] is None for a in backends["gloo"])
+    assert "where the switch path's time went (worker " in out.stdout
+    assert "gloo's allreduce: " in out.stdout

@@ -5,7 +5,8 @@ through the ``ina`` backend (DDP with no hook), then through the switch's comm h
     python -m tests.worker.profile_steps --config job.toml --worker-id 0 \
         --master 10.0.0.1:29600 --out DIR
 
-Prints one JSON line per trace: {"mode": ..., "trace": path}.
+Prints one JSON line per trace: {"mode": ..., "trace": path}; then one for an async
+all_reduce: its Work's breakdown.
 """
 
 import argparse
@@ -63,6 +64,9 @@ def main() -> None:
     hook = args.out / f"hook-{rank}.json"
     steps(hooked, rank, hook)
     print(json.dumps({"mode": "hook", "trace": str(hook)}), flush=True)
+    work = dist.all_reduce(torch.ones(5000), async_op=True)
+    work.wait()
+    print(json.dumps({"mode": "work", "breakdown": work.breakdown.as_dict()}), flush=True)
     dist.destroy_process_group()
 
 

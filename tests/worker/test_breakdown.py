@@ -108,8 +108,11 @@ def test_a_profiler_trace_shows_the_phases_under_the_collective(fabric, tmp_path
                             str(tmp_path)], module="tests.worker.profile_steps", timeout=300)
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
-        assert [r["mode"] for r in run.reports] == ["backend", "hook"]
-        for report in run.reports:
+        assert [r["mode"] for r in run.reports] == ["backend", "hook", "work"]
+        work = run.reports[2]["breakdown"]          # the async all_reduce's Work
+        assert work["calls"] == 1 and work["packets_sent"] >= 5000 // 1024, work
+        _within(work)
+        for report in run.reports[:2]:
             trace = json.loads(Path(report["trace"]).read_text())
             calls = _ranges(trace, "ina::allreduce")
             assert len(calls) >= 2, report       # a bucket a step at least, two steps
