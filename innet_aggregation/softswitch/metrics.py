@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from innet_aggregation.addresses import is_loopback
+from innet_aggregation.metrics import listen_address, serve
 from innet_aggregation.softswitch.backends.native.loader import IO_COUNTERS
 
 log = logging.getLogger("softswitch")
@@ -22,16 +22,8 @@ LOSS_CAUSES = tuple(name for name in IO_COUNTERS if name not in ("received", "se
 
 
 def check_listen(addr: str, tls: bool) -> tuple[str, int]:
-    """(host, port) of ``--metrics-addr``; ValueError for an address off loopback
-    without TLS."""
-    host, sep, port = addr.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--metrics-addr: expected HOST:PORT, got {addr!r}")
-    if not tls and not is_loopback(host):
-        raise ValueError(f"--metrics-addr {addr} is not a loopback address: metrics leave "
-                         "this host only over TLS (--metrics-cert PEM --metrics-key PEM)")
-    return host, int(port)
+    """(host, port) of ``--metrics-addr``: loopback unless TLS is given."""
+    return listen_address(addr, tls, "--metrics-addr")
 
 
 def interface_counts(text: str) -> dict[str, tuple[int, int, int, int]]:
@@ -128,11 +120,9 @@ class SwitchCollector:
 def serve_metrics(addr: str, dataplane, device, ports: dict[int, str],
                   certfile: str | None = None, keyfile: str | None = None):
     """Start the scrape endpoint (its own thread); returns the server, to shut down."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     host, port = check_listen(addr, certfile is not None)
     registry = CollectorRegistry()
     registry.register(SwitchCollector(dataplane, device, ports))
-    server, _ = start_http_server(port, host, registry=registry, certfile=certfile,
-                                  keyfile=keyfile)
-    return server
+    return serve(registry, host, port, certfile, keyfile)

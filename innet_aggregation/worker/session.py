@@ -25,7 +25,7 @@ from innet_aggregation.p4src import protocol
 from innet_aggregation.switch_ctl import config as config_mod
 from innet_aggregation.switch_ctl import jobfile
 
-from . import quantize
+from . import metrics, quantize
 from .breakdown import (NONE, CallBreakdown, ProfilerRanges, combine, debug_every,
                         debug_level, ranks_wait)
 from .transport import RetransmitPolicy, Stats, Transport
@@ -71,14 +71,15 @@ class AggregationSession:
         self._start(worker_id)
 
     def _start(self, worker_id: int) -> None:
+        self._debug = debug_level() == "INFO"
+        self._debug_every = debug_every()
+        self._metrics = metrics.from_environment(worker_id)   # INA_METRICS_ADDR: opt-in
         self._executor = ThreadPoolExecutor(max_workers=1,
                                             thread_name_prefix=f"aggregation-{worker_id}")
         self._lock = threading.Lock()
         self.last_call: CallStats | None = None
         self.last_breakdown: CallBreakdown | None = None    # the last call's, either path
         self.breakdown_total = NONE                          # every call's, summed
-        self._debug = debug_level() == "INFO"
-        self._debug_every = debug_every()
         self._unreported: list[CallBreakdown] = []
         self.fallback = None        # fallback.Fallback, if attached: gloo when the switch fails
 
@@ -216,6 +217,8 @@ class AggregationSession:
             self.breakdown_total = combine([self.breakdown_total, breakdown])
             if self._debug:
                 self._report(breakdown)
+            if self._metrics is not None:
+                self._metrics.observe(breakdown)
 
     def _report(self, breakdown: CallBreakdown) -> None:
         """``INA_DEBUG=INFO``: a line per call, or per INA_DEBUG_EVERY calls summed."""
@@ -282,6 +285,8 @@ class AggregationSession:
             finally:
                 if fallback is not None:
                     fallback.close()
+                if self._metrics is not None:
+                    self._metrics.close()
 
     def __enter__(self) -> "AggregationSession":
         return self

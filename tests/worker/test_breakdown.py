@@ -123,3 +123,27 @@ def test_a_profiler_trace_shows_the_phases_under_the_collective(fabric, tmp_path
                 assert inside & {"ina::wait", "ina::compiled"}, (report["mode"], inside)
                 assert any(n.startswith("ina::breakdown: ") for n in inside), inside
     fabric.remove(job)
+
+
+def test_a_ranks_metrics_are_its_calls(fabric):
+    """INA_METRICS_ADDR: each rank serves its calls' breakdown on the base port plus its
+    rank (each scrapes its own, in its namespace, after its calls)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    job = fabric.job(2, num_slots=8)
+    runs = fabric.run(job, ["--calls", "3"], module="tests.worker.metrics_calls",
+                      env={"INA_METRICS_ADDR": "127.0.0.1:9460"})
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+        *calls, scraped = run.reports
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(scraped["metrics"]) for s in f.samples}
+        assert samples[("ina_calls_total", (("path", "switch"),))] == len(calls) == 3
+        assert samples[("ina_call_seconds_count", ())] == 3
+        assert samples[("ina_packets_sent_total", ())] == sum(c["counters"]["packets_sent"]
+                                                             for c in calls)
+        assert samples[("ina_call_seconds_sum", ())] == pytest.approx(
+            sum(c["breakdown"]["seconds"] for c in calls))
+        wait = samples[("ina_call_phase_seconds_sum", (("phase", "wait"),))]
+        assert wait == pytest.approx(sum(c["breakdown"]["phases"]["wait"] for c in calls))
+    fabric.remove(job)
