@@ -143,8 +143,13 @@ def test_prometheus_scrapes_what_the_switch_forwarded(target):
             sent = 50
             for _ in range(sent):
                 sock.send(frame)
-            time.sleep(0.5)
-            after = scrape(metrics_addr)
+            deadline = time.monotonic() + 20     # a loaded machine's Python switch lags
+            while True:
+                after = scrape(metrics_addr)
+                if (after.get(p4_key, 0) - before.get(p4_key, 0) >= sent
+                        or time.monotonic() > deadline):
+                    break
+                time.sleep(0.2)
             # Other frames (the kernel's own) may cross the port too, never fewer.
             assert after[key] - before.get(key, 0) >= sent
             assert after[p4_key] - before.get(p4_key, 0) >= sent
