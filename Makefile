@@ -27,6 +27,9 @@ SCALE_BW ?= 50
 # demo: CHAOS=1 trains through the job manager while the switch is killed and
 # restarted, then the job's lease revoked: per step the path taken (testbed/chaos.py).
 CHAOS    ?=
+# demo: PROFILE=DIR writes torch.profiler traces of 2 steps per worker and backend, and a
+# picture of worker 0's switch calls (docs/observability.md).
+PROFILE  ?=
 # demo: BUSY=N trains both backends beside N processes spinning a core each (a busy host).
 BUSY     ?= 0
 # demo: RUNS=R trains both backends R times on the same hosts (every other run gloo first);
@@ -166,7 +169,7 @@ record-gradients: setup
 	$(PY) -m innet_aggregation.testbed.gradients
 
 demo: setup
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina) $(if $(CHAOS),--chaos) --busy $(BUSY) --runs $(RUNS) $(if $(BW),--bw $(BW))
+	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina) $(if $(CHAOS),--chaos) --busy $(BUSY) --runs $(RUNS) $(if $(BW),--bw $(BW)) $(if $(PROFILE),--profile $(PROFILE))
 
 # The demo judged over runs: 5 on the model's links, 5 beside one busy core, 5 unshaped.
 bench-demo: setup

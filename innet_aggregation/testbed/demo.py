@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 from innet_aggregation.p4src import protocol
@@ -41,6 +42,7 @@ from . import record
 from .baseline_experiment import agg_frame_bytes
 from .layout import add_program_argument, add_topology_arguments, check_deadline
 from .progress import Progress
+from .trace_picture import draw
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
@@ -103,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--busy", type=int, default=0,
                         help="CPU-bound processes spinning beside both backends' training "
                              "(default 0)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="write torch.profiler traces (Chrome JSON) of 2 steps after the "
+                             "warm-up, per worker and backend, into DIR, and a picture of "
+                             "worker 0's switch calls (DIR/switch-rank0.png)")
     parser.add_argument("--runs", type=int, default=1,
                         help="train both backends this many times, every other run gloo "
                              "first (default 1)")
@@ -156,6 +162,9 @@ def run(args) -> None:
             command = {"op": "train", "epochs": args.epochs, "batch": args.batch,
                        "lr": args.lr, "seed": 0, "hidden": list(MODELS[args.model].hidden),
                        "accuracy": args.accuracy, "eval_every": args.eval_every}
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                command["profile"] = str(args.profile.resolve())
             if args.busy:
                 print(f"[demo] {args.busy} processes spinning a core each beside both "
                       f"backends", flush=True)
@@ -170,6 +179,12 @@ def run(args) -> None:
     report(first, counters, args, target, fmt)
     if args.runs > 1:
         print(runs_line(runs))
+    if args.profile:
+        picture = args.profile / "switch-rank0.png"
+        draw(args.profile / "switch-rank0.json", picture,
+             f"worker 0 of {args.workers}, {MODELS[args.model].name()}, two DDP steps through "
+             f"the switch ({f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'} links)")
+        print(f"[demo] traces in {args.profile}; worker 0's switch calls: {picture}")
     record.write(record_name(args), {"step_ratio": (step_ratio(runs[0]) if len(runs) == 1 else
                                                   record.spread([step_ratio(r) for r in runs])),
                                    "backends": first, "runs": [run_summary(r) for r in runs]},

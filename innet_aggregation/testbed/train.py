@@ -53,6 +53,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -304,7 +305,7 @@ class Host:
         reached = {"target_steps": None, "time_to_target_s": None}
         curve: list[tuple[int, float, float]] = []
         stats_before, warmup = self.session.stats, None
-        timed_from = self.session.breakdown_total
+        timed_from, profiling = self.session.breakdown_total, None
         self.barrier()
         cpu_before = time.process_time()
         before = interface_counters()
@@ -324,6 +325,9 @@ class Host:
                 loss.backward()
                 optimizer.step()
                 step_times.append(time.perf_counter() - start)
+                if cmd.get("profile"):
+                    profiling = _profile(profiling, len(step_times), cmd["profile"],
+                                         f"{backend}-rank{self.rank}.json")
                 if len(step_times) == WARMUP_STEPS:
                     warmup = self.session.stats - stats_before
                     timed_from = self.session.breakdown_total
@@ -353,6 +357,9 @@ class Host:
             if self.rank == 0:
                 progress(f"{backend}: epoch {epoch + 1}/{epochs}  loss {total / ran:.3f}"
                          f"  {1000 * np.mean(step_times[-ran:]):.0f} ms/step")
+        if profiling is not None:       # a run shorter than the profiled steps
+            _profile(profiling, WARMUP_STEPS + PROFILED_STEPS, cmd["profile"],
+                     f"{backend}-rank{self.rank}.json")
         cpu = time.process_time() - cpu_before
         delta = counter_delta(before)
         accuracy = _accuracy(model, x_test, y_test)
@@ -387,6 +394,25 @@ class Host:
         t = torch.tensor([value])
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return [int(t)]
+
+
+PROFILED_STEPS = 2
+
+
+def _profile(profiling, done: int, folder: str, name: str):
+    """torch.profiler over the PROFILED_STEPS steps after the warm-up, every thread
+    (the session's calls run on its own), written as Chrome JSON to folder/name."""
+    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
+
+    if done == WARMUP_STEPS:
+        profiling = profile(activities=[ProfilerActivity.CPU],
+                            experimental_config=_ExperimentalConfig(profile_all_threads=True))
+        profiling.__enter__()
+    elif profiling is not None and done == WARMUP_STEPS + PROFILED_STEPS:
+        profiling.__exit__(None, None, None)
+        profiling.export_chrome_trace(str(Path(folder) / name))
+        profiling = None
+    return profiling
 
 
 def mlp(hidden: list[int]) -> torch.nn.Sequential:

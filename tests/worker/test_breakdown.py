@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from innet_aggregation.testbed.trace_picture import draw, intervals
 from innet_aggregation.worker.breakdown import PHASES, CallBreakdown, combine, debug_every, debug_level
 
 from .test_end_to_end import check_run
@@ -122,6 +123,12 @@ def test_a_profiler_trace_shows_the_phases_under_the_collective(fabric, tmp_path
                 assert {"ina::prepare", "ina::quantize"} <= inside, (report["mode"], inside)
                 assert inside & {"ina::wait", "ina::compiled"}, (report["mode"], inside)
                 assert any(n.startswith("ina::breakdown: ") for n in inside), inside
+            # The demo's picture of such a trace (--profile) has a row for each.
+            rows = intervals(trace)
+            assert {"allreduce", "prepare", "quantize", "backward"} <= set(rows), set(rows)
+            picture = tmp_path / f"{report['mode']}-{run.worker}.png"
+            draw(Path(report["trace"]), picture, report["mode"])
+            assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     fabric.remove(job)
 
 
