@@ -53,7 +53,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
-        bench-worker bench-backend bench-allreduce bench-scaling bench-exponents bench-demo record-gradients demo testbed loss-experiment straggler-experiment fuzz clean \
+        bench-worker bench-backend bench-observe bench-allreduce bench-scaling bench-exponents bench-demo record-gradients demo testbed loss-experiment straggler-experiment fuzz clean \
         p4c-samples docs
 
 setup: apt-deps $(VENV)/.installed
@@ -153,6 +153,12 @@ bench-worker: setup
 
 bench-backend: setup
 	$(PY) benchmarks/bench_backend.py
+
+# What INA_DEBUG=INFO and a rank's metrics cost a 1 MiB call (goal: within 3 %); BEFORE=DIR
+# adds a checkout without the breakdown as a third condition.
+BEFORE   ?=
+bench-observe: setup
+	$(PY) benchmarks/bench_observe.py $(if $(BEFORE),--before $(BEFORE))
 
 bench-exponents: setup
 	$(PY) -m benchmarks.bench_exponents

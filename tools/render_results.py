@@ -406,6 +406,22 @@ def bench_backend(r: dict) -> dict[str, str]:
           f"{100 * x['extra']:+.1f} %"] for x in r["figures"]])}
 
 
+def bench_observe(r: dict | None) -> dict[str, str]:
+    """What INA_DEBUG=INFO and a rank's metrics cost a call (benchmarks/bench_observe.py),
+    or a line saying that no record is committed yet."""
+    if r is None:
+        return {"bench_observe.md": "*Not measured yet: no record in "
+                                    "`docs/results/bench-observe.json`.*\n"}
+    f = r["figures"]
+    conditions = [c for c in ("off", "on", "before") if c in f]
+    on = f["on"]["over_off"]["median"]
+    return {"bench_observe.md": provenance(r) + "\n" + table(
+        ["condition", "ms a call", "over off (the rounds' ratios)"],
+        [[c, spread(f[c]["ms"]), spread(f[c]["over_off"], ".3f")] for c in conditions])
+        + f"\non / off {on:.3f}: the goal, at most {f['goal']:g}, "
+          f"{'met' if on <= f['goal'] else 'missed'}.\n"}
+
+
 def demo_figures(r: dict) -> dict:
     """A demo record's figures from each worker's answers: the slowest worker's times,
     the switch run's packets."""
@@ -706,6 +722,7 @@ def render() -> dict[str, str]:
     out.update(bench_switch(load("bench-switch")))
     out.update(bench_worker(load("bench-worker")))
     out.update(bench_backend(load("bench-backend")))
+    out.update(bench_observe(load_if("bench-observe")))
     others = [(r, setting, goal) for r, setting, goal in (
         (load_if("demo-small-busy1"), "Beside 1 process spinning a core (`BUSY=1`)", DEMO_GOAL),
         (load_if("demo-small-unshaped"), "Unshaped links (`BW=0`)", DEMO_UNSHAPED_GOAL))

@@ -111,6 +111,7 @@ CONSTANTS = {
     "at 80-100 %, **burst** above 100 %": "where the bound is called links or burst",
     "at 80-100 %, \"burst\" above 100 %": "the same, in the parser's help",
     "at most 5 % slower than the session": "bench-backend's goal",
+    "within 3 % of CODE": "bench-observe's goal, bench_observe.GOAL",
     "20, 50, 100, 200 and 500 Mbit/s": "the sweep's link rates (--bw)",
     "100 Mbit/s links": "the large demo's link rate (demo.py)",
     "0-1000 Mbit/s": "the rates the testbed can shape",
