@@ -3,20 +3,15 @@ a switch forwarding real frames, against what was sent."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import tempfile
 import time
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from innet_aggregation.softswitch.metrics import check_listen, interface_counts
 from innet_aggregation.switch_ctl.client import P4CounterEntry
+from tests.prometheus import Prometheus, scrape
 from tests.softswitch.conftest import connect, free_port
 from tests.softswitch.test_cli_and_veth import run_cli
 
@@ -52,65 +47,6 @@ def test_metrics_off_loopback_need_tls():
     assert result.returncode == 2 and "go together" in result.stderr
 
 
-def scrape(addr: str) -> dict[tuple, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-class Prometheus:
-    """A real Prometheus server scraping ``targets`` every 0.2 s, its data in a temporary
-    folder, stopped by pid."""
-
-    def __init__(self, targets: list[str]):
-        self.dir = Path(tempfile.mkdtemp(prefix="prometheus-"))
-        self.addr = f"127.0.0.1:{free_port()}"
-        (self.dir / "prometheus.yml").write_text(json.dumps({
-            "global": {"scrape_interval": "200ms", "scrape_timeout": "200ms"},
-            "scrape_configs": [{"job_name": "softswitch",
-                                "static_configs": [{"targets": targets}]}]}))
-        self.log = open(self.dir / "log", "wb")
-        self.process = subprocess.Popen(
-            ["prometheus", f"--config.file={self.dir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.dir / 'data'}", f"--web.listen-address={self.addr}"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-
-    def query(self, expr: str) -> list[dict]:
-        url = f"http://{self.addr}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            body = json.load(reply)
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def value(self, expr: str, timeout: float = 20.0) -> float:
-        """The single value of ``expr`` once Prometheus has one."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                result = self.query(expr)
-                if result:
-                    return float(result[0]["value"][1])
-            except OSError:
-                pass            # not listening yet
-            if time.monotonic() > deadline:
-                raise AssertionError(f"Prometheus had no value for {expr} within {timeout:.0f} s; "
-                                     f"log:\n{(self.dir / 'log').read_text()[-2000:]}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and namespaces need root")
 @pytest.mark.skipif(shutil.which("prometheus") is None,
                     reason="Debian's prometheus is not installed (make setup installs it)")
@@ -124,7 +60,7 @@ def test_prometheus_scrapes_what_the_switch_forwarded(target):
     metrics_addr = f"127.0.0.1:{free_port()}"
     with Namespaces(2) as topo, SwitchProcess(target, topo.switch_ports,
                                               metrics_addr=metrics_addr) as switch:
-        prometheus = Prometheus([metrics_addr])
+        prometheus = Prometheus({"softswitch": [metrics_addr]})
         conn = connect(switch.grpc_addr, "forwarding")
         try:
             src, dst = topo.hosts
