@@ -278,13 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     drop_port=args.drop_port, backend=backend,
                     on_packet_out=None if cpu_port is None
                     else lambda frame: dataplane.inject(frame, cpu_port))
-    try:
-        server = serve(device, args.grpc_server_addr, credentials)
-    except (OSError, RuntimeError) as exc:
-        print(f"softswitch: error: cannot serve P4Runtime on {args.grpc_server_addr}: {exc}",
-              file=sys.stderr)
-        dataplane.stop()
-        return 1
+    # Before P4Runtime: a switch that answers there serves its metrics already.
     metrics = None
     if args.metrics_addr:
         from innet_aggregation.softswitch.metrics import serve_metrics
@@ -294,11 +288,19 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"softswitch: error: cannot serve metrics on {args.metrics_addr}: {exc}",
                   file=sys.stderr)
-            server.stop(0)
             dataplane.stop()
             return 1
         log.info("Prometheus metrics on %s%s", args.metrics_addr,
                  " (TLS)" if args.metrics_cert else "")
+    try:
+        server = serve(device, args.grpc_server_addr, credentials)
+    except (OSError, RuntimeError) as exc:
+        print(f"softswitch: error: cannot serve P4Runtime on {args.grpc_server_addr}: {exc}",
+              file=sys.stderr)
+        if metrics is not None:
+            metrics.shutdown()
+        dataplane.stop()
+        return 1
     # Before the line that says it is up, so a SIGTERM right after it stops it in order.
     # The handler only records the signal: one that set the event itself would re-enter
     # the event's lock if a second signal came while the main thread held it (a switch
