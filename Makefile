@@ -53,7 +53,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
-        bench-worker bench-backend bench-observe bench-allreduce bench-scaling bench-exponents bench-demo record-gradients demo testbed loss-experiment straggler-experiment fuzz clean \
+        bench-worker bench-backend bench-observe bench-cores bench-allreduce bench-scaling bench-exponents bench-demo record-gradients demo testbed loss-experiment straggler-experiment fuzz clean \
         p4c-samples docs
 
 setup: apt-deps $(VENV)/.installed
@@ -145,8 +145,19 @@ fuzz: setup
 
 bench: bench-switch bench-worker bench-backend bench-allreduce bench-scaling bench-exponents bench-demo
 
+# bench-switch: LANES=1,2,4 times the native backend on each lane count (one a port at
+# most: N=8 gives 8 workers, a port each).
+LANES    ?=
 bench-switch: setup
-	$(PY) benchmarks/bench_switch.py
+	$(PY) benchmarks/bench_switch.py --workers $(N) $(if $(LANES),--lanes $(LANES))
+
+# On a many-core host (under 7 minutes on 16 CPUs): the switch's lanes against the
+# ceiling, then the switch path and gloo's ring on unshaped links with 4 lanes
+# (docs/experiments.md, "More cores").
+bench-cores: setup
+	$(PY) benchmarks/bench_switch.py --sizes 1024 --targets ceiling --lanes 1,2,4,8 --workers 8 --repeats 5
+	$(PY) -m innet_aggregation.testbed.baseline_experiment --workers 4,8 --bw 0 --values 1024 \
+	    --io-threads 4 --min-timed-s 3 --out results/cores
 
 bench-worker: setup
 	$(PY) benchmarks/bench_worker.py

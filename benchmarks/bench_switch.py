@@ -61,7 +61,7 @@ from innet_aggregation.testbed.stopping import dies_with_parent, stop_on_signals
 from innet_aggregation.testbed.targets import (SwitchProcess, available_targets, bmv2_path,  # noqa: E402
                                                cpu_seconds)
 
-WORKERS = 4
+WORKERS = 4             # the default; --workers for more ports (a lane a port at most)
 JOB_ID = 1
 GROUP = 1
 SERVICE_MAC = "02:aa:00:00:00:01"
@@ -173,19 +173,24 @@ class Bench:
     ``run`` times one run."""
 
     def __init__(self, native: Native, target: str, build: tuple[Path, Path], window: int,
-                 stack: ExitStack, tag: str):
+                 stack: ExitStack, tag: str, workers: int = WORKERS):
+        """``target``: ceiling, a switch target, or softswitch:L (the native backend on
+        L packet I/O lanes, --io-threads)."""
         program, p4info = build
         fmt = protocol.PacketFormat.load(program)
         self.native, self.target, self.k = native, target, fmt.values_per_packet
+        self.workers = workers
+        switch_target, _, lanes = target.partition(":")
         pool = fmt.pool_size
         self.window = min(window, pool)
         self.cycle = 2 * pool        # slot n % pool, shadow set flipping on each reuse
-        topo = stack.enter_context(Namespaces(WORKERS, tag=tag, mtu=link_mtu(fmt)))
+        topo = stack.enter_context(Namespaces(workers, tag=tag, mtu=link_mtu(fmt)))
         if target == "ceiling":
             self.pid = stack.enter_context(Reflector(native, topo)).process.pid
             self.want = CONTRIBUTION
         else:
-            switch = stack.enter_context(SwitchProcess(target, topo.switch_ports))
+            switch = stack.enter_context(SwitchProcess(switch_target, topo.switch_ports,
+                                                       io_threads=int(lanes) if lanes else None))
             self.pid = switch.process.pid
             with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
                 controller = Controller(conn)
@@ -198,7 +203,7 @@ class Bench:
                             self.cycle, 0, fmt)
         self.flen = len(frames[0][0])
         self.blob = b"".join(f for per_worker in frames for f in per_worker)
-        self.fds = (ctypes.c_int * WORKERS)(*[sock.fileno() for sock in self.socks])
+        self.fds = (ctypes.c_int * workers)(*[sock.fileno() for sock in self.socks])
         self.first = 0
         self.rates, self.cpu_us, self.received, self.lost, self.naggs = [], [], 0, 0, 0
 
@@ -216,13 +221,13 @@ class Bench:
         """Contributions per second over ``naggs`` aggregations."""
         elapsed = ctypes.c_double()
         cpu = cpu_seconds(self.pid)
-        got = self.native.lib.run(WORKERS, self.fds, self.blob, self.flen, self.cycle,
+        got = self.native.lib.run(self.workers, self.fds, self.blob, self.flen, self.cycle,
                                   self.first, naggs, self.window, self.want, 1.0,
                                   ctypes.byref(elapsed))
         self.cpu_us.append((cpu_seconds(self.pid) - cpu) / max(got, 1) * 1e6)
         self.first += naggs
         self.received += got
-        self.lost += naggs * WORKERS - got
+        self.lost += naggs * self.workers - got
         return got / max(elapsed.value, 1e-6)
 
     def gbits(self, rate: float) -> float:
@@ -248,11 +253,17 @@ def report(benches: list[Bench]) -> None:
               f"{spread([b.gbits(r) for r in b.rates], '.3f'):>22} {share:>18} "
               f"{spread(b.cpu_us, '.2f'):>24}")
     for b in benches:
-        print(f"  {b.k} values, {b.target}: {b.naggs * WORKERS} contributions per run, window "
+        print(f"  {b.k} values, {b.target}: {b.naggs * b.workers} contributions per run, window "
               f"{b.window}, {b.received} received, {b.lost} lost")
     print("\nratios (median of the rounds' ratios, min-max):")
     sizes = sorted({b.k for b in benches})
     for k in sizes:
+        for lanes in sorted({b.target for b in benches if b.target.startswith("softswitch:")}):
+            if (k, "ceiling") in by:
+                b, ceiling = by[k, lanes], by[k, "ceiling"]
+                print(f"  {k:>4} values  {lanes + ' lanes':17s} / ceiling "
+                      f"{spread([x / y for x, y in zip(b.rates, ceiling.rates)], '.2f')}, CPU "
+                      f"per contribution {spread(b.cpu_us, '.2f')} us")
         for name, a, c, goal in (
                 ("native / ceiling", "softswitch", "ceiling", " (goal >= 0.8)" if k == 64 else ""),
                 ("native / Python", "softswitch", "softswitch-python", ""),
@@ -285,8 +296,21 @@ def main() -> int:
     parser.add_argument("--targets", nargs="*",
                         help="ceiling and the switches to time (default: ceiling and every "
                              "switch installed here)")
+    parser.add_argument("--lanes", type=lambda text: [int(x) for x in text.split(",")],
+                        default=None, metavar="L,L,...",
+                        help="time the native backend on each of these lane counts "
+                             "(--io-threads; at most one a port: --workers)")
+    parser.add_argument("--workers", type=int, default=WORKERS,
+                        help=f"workers, each a port of the switch (default {WORKERS})")
     args = parser.parse_args()
     args.targets = args.targets or ["ceiling"] + available_targets()
+    if args.lanes:
+        if max(args.lanes) > args.workers or min(args.lanes) < 1:
+            print(f"--lanes {args.lanes}: 1 to --workers ({args.workers}) lanes, one a port "
+                  "at most", file=sys.stderr)
+            return 1
+        args.targets = [t for t in args.targets if t != "softswitch"] + [
+            f"softswitch:{lanes}" for lanes in args.lanes]
     if not protocol.PROGRAM_JSON.exists():
         print(f"{protocol.PROGRAM_JSON} is missing: compile the P4 program first (make p4)",
               file=sys.stderr)
@@ -304,14 +328,14 @@ def main() -> int:
     try:
         with ExitStack() as stack:
             benches = [Bench(native, target, build, args.window, stack,
-                             f"bs{os.getpid() % 1000}x{len(args.targets) * b + i}")
+                             f"bs{os.getpid() % 1000}x{len(args.targets) * b + i}", args.workers)
                        for b, build in enumerate(builds) for i, target in enumerate(args.targets)]
             load = os.getloadavg()[0]
             print(f"load average before: {load:.2f} on {os.cpu_count()} cores")
             if "bmv2" in args.targets:
                 print(f"bmv2: {bmv2_path()}, {BMV2_BUILD}")
             for bench in benches:           # warm up, and size each target's runs
-                bench.naggs = max(200, int(bench.settle(500) * args.seconds / WORKERS))
+                bench.naggs = max(200, int(bench.settle(500) * args.seconds / bench.workers))
             # Rounds over all targets, the order reversed every other round, so a change
             # in the machine's load hits them alike.
             progress = Progress(args.repeats * len(benches), "bench-switch")
