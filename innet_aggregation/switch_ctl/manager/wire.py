@@ -25,6 +25,7 @@ Who may act for a job:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import ipaddress
 import json
 import math
@@ -104,6 +105,15 @@ def job_name_of(key: str) -> str:
 def token_hash(token: str) -> str:
     """What the manager keeps of a lease token (its database never holds one)."""
     return hashlib.sha256(b"ina-lease-token\0" + token.encode()).hexdigest()
+
+
+def proof_tag(token_hash: str, job: str, rank: int, nonce: str) -> str:
+    """What binds a port proof's nonce to the registration it answers: keyed by the
+    hash of the rank's own lease token, which only the rank and the manager hold, so
+    the rank takes no forged nonce, nor one the manager sent for another's claim."""
+    message = f"ina-port-proof\0{job}\0{rank}\0{nonce}".encode()
+    return hmac.new(token_hash.encode(), message, hashlib.sha256).hexdigest()[
+        :2 * protocol.PROOF_TAG_BYTES]
 
 
 def encode(message: dict) -> bytes:
