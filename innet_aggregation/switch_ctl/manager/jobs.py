@@ -197,12 +197,12 @@ class Jobs:
         known = [(i, self.config.fabric[i.mac]) for i in request.interfaces
                  if i.mac in self.config.fabric]
         listed = ", ".join(f"{i.ifname} {i.mac}" for i in request.interfaces)
-        if not known and self.config.learn_hosts and len(request.interfaces) == 1:
-            # Not listed: its port is learned from the proof (proof.py).
+        if not known and len(request.interfaces) == 1:
             (interface,) = request.interfaces
             self._not_a_service(request, interface)
-            return Member(request.rank, interface.ifname, interface.ip, interface.mac,
-                          request.udp_port, None, "")
+            if self.config.learn_hosts:     # its port is learned from the proof (proof.py)
+                return Member(request.rank, interface.ifname, interface.ip, interface.mac,
+                              request.udp_port, None, "")
         if not known:
             raise BadRequest(f"none of rank {request.rank}'s interfaces ({listed}) is in the "
                              f"manager's fabric (fabric.hosts)"
