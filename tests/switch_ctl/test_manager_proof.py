@@ -78,16 +78,16 @@ def finished(ranks, timeout=60, calls=None):
 def register(bed, host_mac: str, host_ip: str, udp_port: int, job: str, token: str,
              proof: str | None = None) -> list[dict]:
     """A registration from the root namespace claiming ``host_mac`` / ``host_ip``: every
-    answer line."""
+    answer line, up to the first that is not ``waiting`` or 20 s of them."""
     message = {"op": "register", "job": job, "rank": 0, "world": 1,
                "interfaces": [{"ifname": "eth0", "ip": host_ip, "mac": host_mac}],
                "udp_port": udp_port, "credential": credential_of(job), "token": token,
                **({"proof": proof} if proof else {})}
     manager = _Manager(bed.address, SECRET, bed.tls.ca_cert)
-    answers = []
+    answers, deadline = [], time.monotonic() + 20
     for answer in manager.lines(message):
         answers.append(answer)
-        if answer["status"] != "waiting":
+        if answer["status"] != "waiting" or time.monotonic() > deadline:
             break
     return answers
 
@@ -193,8 +193,12 @@ def test_forged_proofs_at_a_ranks_port_never_break_its_registration(bed):
     each in the proof's old and new shape) reach host 0's proof port from the moment
     it is bound, and a secret holder claims host 0's address at that port, so the
     manager itself sends nonces there for another registration: the rank ignores them
-    all, proves itself and aggregates."""
+    all, proves itself and aggregates. Another job runs meanwhile: the switch floods
+    frames to a MAC it has no route for once a job gave it its flood group."""
     topo = bed.topology
+    release = bed.workdir / "release-b"
+    other = bed.launch("job-b", [2, 3], "--reps", "1", "--hold", str(release))
+    until(lambda: all(r.event("joined") for r in other), 60, "job-b joined")
     victim, forger = topo.hosts[0], topo.hosts[INTRUDER]
     service_ip, service_mac = SERVICES[0]
     with in_netns(forger.netns):
@@ -246,6 +250,8 @@ def test_forged_proofs_at_a_ranks_port_never_break_its_registration(bed):
             thread.join(10)
         plain.close()
         raw.close()
+    release.touch()
+    finished(other, calls=1)
     proof_port = min(found)
     assert found[proof_port] < joined_at and forged[0] > 0
     assert f"UDP {proof_port} through switch port {victim.switch_port}" in ranks[0].stderr
@@ -320,10 +326,10 @@ def test_without_learning_no_intruder_is_learned_and_frames_reach_their_owner(be
 
 
 def test_with_learning_a_claim_redirects_no_frame(bed, learning):
-    """learn_hosts = true: host 7 runs a learned job; the intruder's claim of host 7's
-    MAC at its own port is refused (another port has shown it); its claim of idle
-    host 6's MAC is learned, but its job gets no L2 route: every frame a third host
-    sends to host 6 or host 7 reaches it."""
+    """learn_hosts = true: host 7 runs a learned job; the intruder's claim of idle host
+    6's MAC is learned, but its job gets no L2 route: every frame a third host sends to
+    host 6 or host 7 reaches it; its claim of host 7's MAC at its own port is refused
+    (another port has shown it)."""
     topo = bed.topology
     release = bed.workdir / "release-v"
     victim = bed.launch("job-v", [7], "--reps", "1", "--hold", str(release),
@@ -332,12 +338,6 @@ def test_with_learning_a_claim_redirects_no_frame(bed, learning):
     seven, six = Intruder(bed, topo.hosts[7].mac, "job-x7"), Intruder(bed, topo.hosts[6].mac,
                                                                        "job-x6")
     try:
-        answer = seven.claim()[-1]
-        assert answer == {"status": "refused", "error": (
-            f"rank 0 of job job-x7 was learned behind switch port "
-            f"{topo.hosts[INTRUDER].switch_port} with MAC {topo.hosts[7].mac}, which a rank "
-            f"the manager holds has behind switch port {topo.hosts[7].switch_port}: a learned "
-            f"host may claim only a MAC no other port has shown")}
         assert six.claim()[-1]["status"] == "ready"
         assert (f"learned that {topo.hosts[6].mac} ({topo.hosts[INTRUDER].ip}) is behind switch "
                 f"port {topo.hosts[INTRUDER].switch_port}") in bed.manager_log()
@@ -345,6 +345,12 @@ def test_with_learning_a_claim_redirects_no_frame(bed, learning):
             assert frames_reaching(bed, topo.hosts[owner].mac, [owner])[owner] == FRAMES
         routes = l2_routes(bed)
         assert topo.hosts[6].mac not in routes and topo.hosts[7].mac not in routes
+        answer = seven.claim()[-1]
+        assert answer == {"status": "refused", "error": (
+            f"rank 0 of job job-x7 was learned behind switch port "
+            f"{topo.hosts[INTRUDER].switch_port} with MAC {topo.hosts[7].mac}, which a rank "
+            f"the manager holds has behind switch port {topo.hosts[7].switch_port}: a learned "
+            f"host may claim only a MAC no other port has shown")}
     finally:
         six.close()
         seven.close()
