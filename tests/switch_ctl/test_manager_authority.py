@@ -353,3 +353,33 @@ def test_a_learned_host_claims_no_service_mac_and_no_mac_another_port_has_shown(
     _, learned = learned_at(3)
     assert _worker(learned)["l2_route"] is False
     assert "l2_route" not in _worker(dataclasses.replace(learned, learned=False))
+
+
+def test_learning_is_off_by_default_and_needs_the_proof(tmp_path):
+    from innet_aggregation.switch_ctl import config as config_mod
+    base = {"manager": {"listen": "127.0.0.1:7070", "secret": SECRET},
+            "switch": {"grpc_addr": "127.0.0.1:9559"},
+            "pool": {"services": [{"ip": "10.0.0.250", "mac": "02:00:00:00:00:fa"}]},
+            "fabric": {"hosts": [{"mac": MACS[0], "switch_port": 1}]}}
+    config = manager_config.parse(base, tmp_path)
+    assert (config.prove_ports, config.learn_hosts) == (True, False)
+
+    def problems(**manager):
+        with pytest.raises(config_mod.ConfigError) as caught:
+            manager_config.parse({**base, "manager": {**base["manager"], **manager}}, tmp_path)
+        return caught.value.problems
+
+    assert problems(learn_hosts=True, prove_ports=False) == [
+        "manager.learn_hosts = true needs prove_ports = true: a host is learned from the "
+        "port its nonce left by"]
+    assert problems(learn_hosts="yes") == ["manager.learn_hosts must be true or false, not 'yes'"]
+    job = {"switch": {"grpc_addr": "127.0.0.1:9559", "ports": [1]},
+           "job": {"id": 1, "udp_port": 48864, "service_ip": "10.0.0.250",
+                   "service_mac": "02:00:00:00:00:fa", "num_slots": 4,
+                   "workers": [{"id": 0, "mac": MACS[0], "ip": "10.0.0.1", "udp_port": 40000,
+                                "switch_port": 1, "l2_route": False}]}}
+    assert config_mod.parse(job).job.workers[0].l2_route is False
+    job["job"]["workers"][0]["l2_route"] = 0
+    with pytest.raises(config_mod.ConfigError, match=r"job.workers\[0\].l2_route must be true "
+                                                     r"or false, not 0"):
+        config_mod.parse(job)

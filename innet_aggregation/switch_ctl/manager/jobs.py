@@ -11,6 +11,11 @@ interface another job uses) waits; the waiting jobs are tried in the order they
 became complete, and one that fits goes ahead of an earlier one that does not.
 Its ranks see why they wait until their own timeout ends the wait.
 
+A host the fabric map does not list (``learn_hosts``) may claim only a MAC that no
+rank the manager holds has behind another port, and never a pool service address;
+its job gets no L2 route to it (``l2_route = false``): the switch's mac_table, which
+every job shares, holds listed hosts at their listed ports only.
+
 A tree manager's job spans the switches its ranks are behind and the switches
 between them (up to the lowest one they share, its root): the same id, slots and UDP
 port on each, and a service address of each switch's own.

@@ -15,7 +15,9 @@ Who may act for a job:
 - A registration first proves the host: the manager sends a nonce through the switch
   (PacketOut) out of the port the fabric map names, to the MAC, address and UDP port
   claimed, and the rank registers again echoing it (``proof``). So a tenant cannot
-  claim another's host, and its results never reach a host that did not ask.
+  claim another's host, and its results never reach a host that did not ask. The
+  frame's tag (``proof_tag``) binds the nonce to the registration: the rank takes no
+  other, so no bystander's datagram breaks its registration.
 - Each rank draws its own lease token and sends it with its registration; the
   manager keeps only its hash and never sends a token back. ``renew`` and ``close``
   carry the job's key and the token, not the secret. A second registration of a
