@@ -90,7 +90,8 @@ class PortProofs:
                   requester: str) -> list[tuple[str, int, bytes]]:
         """The frames to send, (switch, port, frame): out of the member's port, or, for a
         host to learn (``member.switch_port`` None), one out of every host port.
-        ``requester``: who asked, whose outstanding registrations are bounded."""
+        ``requester``: who asked (the peer's address), whose outstanding registrations
+        are bounded; a bound per tenant would count a key of its own the same way."""
         ports = ([(member.switch, member.switch_port)] if member.switch_port is not None
                  else self._candidates)
         fresh = {secrets.token_hex(protocol.PROOF_NONCE_BYTES): _Nonce(switch, port)
