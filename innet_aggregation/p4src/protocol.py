@@ -331,10 +331,13 @@ def packet_format(values_per_packet: int | None = None) -> PacketFormat:
 # The job manager's port proof: a UDP datagram it sends through the switch (PacketOut,
 # op SEND_FRAME) to the host a registration claims, out of the port the fabric map
 # names; the rank echoes the nonce, so a registration cannot claim a host it is not.
+# The tag after the nonce (an HMAC keyed by the registration's own lease token) lets
+# the rank tell its own nonce from a forged one or one sent for another registration.
 PROOF_MAGIC = b"INA-PORT-PROOF:"
 CONTROL_OP_SEND_FRAME = parse_consts(
     (P4SRC_DIR / "v1model" / f"{PROGRAM_NAME}.p4").read_text())["CONTROL_OP_SEND_FRAME"]
 PROOF_NONCE_BYTES = 16
+PROOF_TAG_BYTES = 16
 
 # Bounded-time aggregation (p4src/shared/deadline.p4): a worker's
 # RELEASE of a round, and the switch's RELEASED partial sum, whose fingerprint field
@@ -347,9 +350,9 @@ MSG_QUORUM = _DEADLINE["MSG_QUORUM"]
 
 
 def proof_frame(dst_mac: str, dst_ip: str, dst_port: int, src_mac: str, src_ip: str,
-                nonce: bytes) -> bytes:
-    """Ethernet, IPv4 (checksummed) and UDP (no checksum) around the nonce."""
-    payload = PROOF_MAGIC + nonce.hex().encode()
+                nonce: bytes, tag: bytes) -> bytes:
+    """Ethernet, IPv4 (checksummed) and UDP (no checksum) around the nonce and its tag."""
+    payload = PROOF_MAGIC + nonce.hex().encode() + tag.hex().encode()
     udp = struct.pack("!HHHH", dst_port, dst_port, 8 + len(payload), 0) + payload
     header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0,
                          ipaddress.IPv4Address(src_ip).packed,
@@ -362,12 +365,14 @@ def proof_frame(dst_mac: str, dst_ip: str, dst_port: int, src_mac: str, src_ip: 
             + b"\x08\x00" + header + udp)
 
 
-def proof_nonce(datagram: bytes) -> str | None:
-    """The nonce (hex) a proof datagram carries, or None if it is not one."""
+def proof_payload(datagram: bytes) -> tuple[str, str] | None:
+    """The nonce and its tag (hex) a proof datagram carries, or None if it is not one."""
     text = datagram[len(PROOF_MAGIC):]
-    if not datagram.startswith(PROOF_MAGIC) or len(text) != 2 * PROOF_NONCE_BYTES:
+    if (not datagram.startswith(PROOF_MAGIC)
+            or len(text) != 2 * (PROOF_NONCE_BYTES + PROOF_TAG_BYTES)):
         return None
     try:
-        return bytes.fromhex(text.decode()).hex()
+        both = bytes.fromhex(text.decode())
     except (UnicodeDecodeError, ValueError):
         return None
+    return both[:PROOF_NONCE_BYTES].hex(), both[PROOF_NONCE_BYTES:].hex()

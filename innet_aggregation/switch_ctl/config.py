@@ -22,6 +22,7 @@
     ip = "10.0.0.1"
     udp_port = 40000
     switch_port = 1
+    l2_route = true                  # false: no L2 route to this MAC (frames to it flood)
 
     [loss]                           # simulated drop probability, 0..1, on every port
     ingress = 0.0
@@ -55,6 +56,9 @@ class WorkerConfig:
     ip: str
     udp_port: int
     switch_port: int
+    # False: the switch gets no L2 route to this MAC, and frames to it keep flooding (a
+    # host the job manager learned: only its answer to a nonce vouches for its MAC).
+    l2_route: bool = True
 
 
 # A deadline longer than this is a wait a worker's own timers end first
@@ -293,12 +297,16 @@ def _workers(raw: list, ports: set[int], problems: list[str], service_ip: str,
             problems.append(f"{where}.ip {ip} is the job's service address")
         if mac and mac == service_mac:
             problems.append(f"{where}.mac {mac} is the job's service address")
+        l2_route = w.get("l2_route", True)
+        if not isinstance(l2_route, bool):
+            problems.append(f"{where}.l2_route must be true or false, not {l2_route!r}")
         for key, value in (("id", wid), ("mac", mac), ("ip", ip), ("address", (ip, udp))):
             if value in seen[key]:
                 problems.append(f"{where} has the same {key} {value} as "
                                 f"job.workers[{seen[key][value]}]")
             seen[key][value] = n
-        workers.append(WorkerConfig(id=wid, mac=mac, ip=ip, udp_port=udp, switch_port=port))
+        workers.append(WorkerConfig(id=wid, mac=mac, ip=ip, udp_port=udp, switch_port=port,
+                                    l2_route=l2_route is not False))
     return tuple(workers)
 
 

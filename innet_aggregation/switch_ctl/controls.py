@@ -33,13 +33,15 @@ def ip_int(ip: str) -> int:
 
 class L2Forwarding(Control):
     """Workers' MACs to their ports (in a tree, also the other switches' workers, by
-    the port towards them); the flood group over every switch port."""
+    the port towards them), but for workers without an L2 route, whose MACs another
+    job or host may own; the flood group over every switch port."""
     TABLE = "AggIngress.l2_forwarding.mac_table"
     ACTIONS = ("AggIngress.l2_forwarding.forward",)
 
     @staticmethod
     def _routes(config: Config) -> list[tuple[str, int]]:
-        return [(w.mac, w.switch_port) for w in config.job.workers] + list(config.l2_routes)
+        return ([(w.mac, w.switch_port) for w in config.job.workers if w.l2_route]
+                + list(config.l2_routes))
 
     def install(self, config: Config) -> Changes:
         routes = self._routes(config)

@@ -257,7 +257,8 @@ def _routes(name: str, switches: dict, parents: dict[str, str],
         else:
             port = switches[name].get("uplink_port")
         routes += [(str(w["mac"]).lower(), port) for w in sw.get("workers", [])
-                   if isinstance(w, dict) and homes.get(w.get("id")) == name_w]
+                   if isinstance(w, dict) and homes.get(w.get("id")) == name_w
+                   and w.get("l2_route", True) is not False]
     return tuple(routes)
 
 

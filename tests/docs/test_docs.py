@@ -134,7 +134,7 @@ CONSTANTS = {
     "30 minutes by default": "peer_timeout, torch's and gloo's default",
     "10 s for a write or read, 5 s for arbitration, 120 s for": "switch_ctl/client.py's deadlines",
     "0.1 s at a time": "the listener's pause when out of descriptors",
-    "token), for 10 s": "how long a registration's nonce is good (manager)",
+    "token), for 30 s": "how long a registration's nonce is good (manager)",
     "in the last 10 minutes": "the listener's memory of addresses with the secret",
     "every test (600 s, generous for BMv2)": "pytest-timeout's bound",
     # the tests' settings

@@ -38,7 +38,8 @@ def bed(tmp_path_factory):
     reason = unavailable("softswitch")
     if reason:
         pytest.skip(reason)
-    bed = ManagerBed(tmp_path_factory.mktemp("manager"), unlisted=(7,)).start()
+    bed = ManagerBed(tmp_path_factory.mktemp("manager"), unlisted=(7,),
+                     listener={"learn_hosts": True}).start()
     yield bed
     bed.stop()
 

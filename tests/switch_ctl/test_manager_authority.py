@@ -8,6 +8,7 @@ switch)."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 
 import pytest
@@ -22,6 +23,7 @@ SECRET = "the-managers-secret"
 CRED_A = "credential-of-tenant-a"
 CRED_B = "credential-of-tenant-b"
 MACS = [f"02:00:00:00:00:0{i}" for i in range(1, 5)]
+PEER = "198.18.0.1"      # the address a registration came from
 
 
 def register_message(rank=0, world=2, *, job="train", credential=CRED_A, token=None, host=None):
@@ -192,7 +194,7 @@ def nonce_of(frames) -> str:
 
     from innet_aggregation.p4src import protocol
     ((_, _, frame),) = frames
-    return protocol.proof_nonce(bytes(Ether(frame)["UDP"].payload))
+    return protocol.proof_payload(bytes(Ether(frame)["UDP"].payload))[0]
 
 
 def test_a_port_proof_is_the_nonce_sent_to_that_host_once_and_in_time(jobs, monkeypatch):
@@ -203,7 +205,7 @@ def test_a_port_proof_is_the_nonce_sent_to_that_host_once_and_in_time(jobs, monk
     message = register_message(0)
     request = parse(message)
     member = jobs.member(request)
-    ((switch, port, raw),) = proofs.challenge(request, member)
+    ((switch, port, raw),) = proofs.challenge(request, member, PEER)
     frame = Ether(raw)
     # Out of the host's port, to the claimed host, from the pool's first service address.
     assert (switch, port) == ("switch", 1)
@@ -220,15 +222,15 @@ def test_a_port_proof_is_the_nonce_sent_to_that_host_once_and_in_time(jobs, monk
                                          "02:00:00:00:00:01 / 10.0.0.1 UDP 40000 through "
                                          "switch port 1"):
         proofs.check(echo("0" * 32), member)
-    nonce = nonce_of(proofs.challenge(request, member))
+    nonce = nonce_of(proofs.challenge(request, member, PEER))
     with pytest.raises(BadRequest, match="echoed a port proof the manager did not send"):
         proofs.check(echo(nonce, token=secrets.token_hex(16)), member)   # another client's
-    nonce = nonce_of(proofs.challenge(request, member))
+    nonce = nonce_of(proofs.challenge(request, member, PEER))
     assert proofs.check(echo(nonce), member) == member
     with pytest.raises(BadRequest, match="did not send"):
         proofs.check(echo(nonce), member)                                   # once only
     monkeypatch.setattr(proof_mod, "PROOF_SECONDS", -1.0)
-    late = nonce_of(proofs.challenge(request, member))
+    late = nonce_of(proofs.challenge(request, member, PEER))
     proofs.sent(request)                     # its time starts when the frames leave
     with pytest.raises(BadRequest, match="expired"):
         proofs.check(echo(late), member)
@@ -239,18 +241,23 @@ def test_a_host_the_fabric_does_not_list_is_learned_from_the_port_its_nonce_left
 
     from innet_aggregation.p4src import protocol
     from innet_aggregation.switch_ctl.manager import proof as proof_mod
-    proofs = proof_mod.PortProofs(jobs.config)
     unlisted = {"ifname": "eth0", "ip": "10.0.0.9", "mac": "02:00:00:00:00:09"}
     message = {**register_message(0), "interfaces": [unlisted]}
     request = parse(message)
+    with pytest.raises(BadRequest, match=r"is in the manager's fabric \(fabric.hosts\), and "
+                                         r"the manager learns no hosts \(learn_hosts is off\)"):
+        jobs.member(request)                            # learning is off by default
+    jobs.config = dataclasses.replace(jobs.config, learn_hosts=True)
+    proofs = proof_mod.PortProofs(jobs.config)
     member = jobs.member(request)
     assert (member.switch, member.switch_port) == ("", None)
-    frames = proofs.challenge(request, member)
+    frames = proofs.challenge(request, member, PEER)
     assert [(s, p) for s, p, _ in frames] == [("switch", p) for p in (1, 2, 3, 4)]
-    nonces = {p: protocol.proof_nonce(bytes(Ether(f)["UDP"].payload)) for _, p, f in frames}
+    nonces = {p: protocol.proof_payload(bytes(Ether(f)["UDP"].payload))[0] for _, p, f in frames}
     assert len(set(nonces.values())) == 4              # each port its own
     proven = proofs.check(parse({**message, "proof": nonces[3]}), member)
-    assert (proven.switch, proven.switch_port, proven.mac) == ("switch", 3, unlisted["mac"])
+    assert (proven.switch, proven.switch_port, proven.mac, proven.learned) == (
+        "switch", 3, unlisted["mac"], True)
     # Two unlisted interfaces: which one to learn is the rank's to say.
     two = {**message, "interfaces": [unlisted, {**unlisted, "ifname": "eth1",
                                                 "mac": "02:00:00:00:00:0a", "ip": "10.0.1.9"}]}
@@ -266,8 +273,113 @@ def test_a_nonce_that_arrives_after_the_rank_asked_again_still_proves_it(jobs):
     message = register_message(0)
     request = parse(message)
     member = jobs.member(request)
-    first = nonce_of(proofs.challenge(request, member))
+    first = nonce_of(proofs.challenge(request, member, PEER))
     proofs.sent(request)
-    nonce_of(proofs.challenge(request, member))        # the rank asked again
+    nonce_of(proofs.challenge(request, member, PEER))        # the rank asked again
     proofs.sent(request)
     assert proofs.check(parse({**message, "proof": first}), member) == member
+
+
+def test_a_wrong_echo_leaves_the_genuine_nonce_and_the_frame_is_tagged_for_its_registration(
+        jobs):
+    """A rank that echoed a forged nonce still proves itself with its own; the frame's
+    tag is the registration's (wire.proof_tag), not another's with the same claim."""
+    from scapy.layers.l2 import Ether
+
+    from innet_aggregation.p4src import protocol
+    from innet_aggregation.switch_ctl.manager import proof as proof_mod
+    from innet_aggregation.switch_ctl.manager.wire import proof_tag
+    proofs = proof_mod.PortProofs(jobs.config)
+    message = register_message(0)
+    request = parse(message)
+    member = jobs.member(request)
+    ((_, _, frame),) = proofs.challenge(request, member, PEER)
+    nonce, tag = protocol.proof_payload(bytes(Ether(frame)["UDP"].payload))
+    assert tag == proof_tag(request.token_hash, request.job, 0, nonce)
+    other = parse({**message, "token": secrets.token_hex(16)})
+    assert tag != proof_tag(other.token_hash, other.job, 0, nonce)
+    for forged in ("0" * 32, secrets.token_hex(16)):
+        with pytest.raises(BadRequest, match="echoed a wrong port proof"):
+            proofs.check(parse({**message, "proof": forged}), member)
+    assert proofs.check(parse({**message, "proof": nonce}), member) == member
+
+
+def test_a_flood_of_challenges_from_one_requester_drops_none_of_anothers(jobs):
+    """5,000 claims from one address (over MAX_OUTSTANDING), then MAX_PER_REQUESTER
+    from each of 70 more: the victim's one outstanding registration still proves."""
+    from innet_aggregation.switch_ctl.manager import proof as proof_mod
+    assert 70 * proof_mod.MAX_PER_REQUESTER > proof_mod.MAX_OUTSTANDING
+    proofs = proof_mod.PortProofs(jobs.config)
+    message = register_message(0)
+    request = parse(message)
+    member = jobs.member(request)
+    nonce = nonce_of(proofs.challenge(request, member, PEER))
+    flood = register_message(1, job="flood")
+    flood_member = jobs.member(parse(flood))
+    for n in range(5000):
+        proofs.challenge(parse({**flood, "rank": n % 2, "job": f"flood-{n}"}), flood_member,
+                         "198.18.0.66")
+    for peer in range(70):
+        for n in range(proof_mod.MAX_PER_REQUESTER):
+            proofs.challenge(parse({**flood, "job": f"many-{peer}-{n}"}), flood_member,
+                             f"198.18.1.{peer}")
+    assert proofs.check(parse({**message, "proof": nonce}), member) == member
+
+
+def test_a_learned_host_claims_no_service_mac_and_no_mac_another_port_has_shown(jobs):
+    """With learn_hosts on: a pool service MAC is refused before any nonce leaves; a
+    MAC a waiting rank has behind port 2 is refused at port 3; the job file gives a
+    learned MAC no L2 route."""
+    from innet_aggregation.switch_ctl.manager.jobs import _worker
+    jobs.config = dataclasses.replace(jobs.config, learn_hosts=True)
+    service = {"ifname": "eth0", "ip": "10.0.0.9", "mac": "02:00:00:00:00:fb"}
+    with pytest.raises(BadRequest, match="rank 0's address 02:00:00:00:00:fb is a service "
+                                         "address of the manager's pool"):
+        jobs.member(parse({**register_message(0), "interfaces": [service]}))
+    unlisted = [{"ifname": "eth0", "ip": "10.0.0.9", "mac": "02:00:00:00:00:09"}]
+
+    def learned_at(port, **message):
+        request = parse({**register_message(0, **message), "interfaces": unlisted})
+        return request, dataclasses.replace(jobs.member(request), switch="switch",
+                                            switch_port=port, learned=True)
+
+    jobs.register(*learned_at(2, job="owner"))                  # waits for its rank 1
+    jobs.register(*learned_at(2, job="owner-again"))            # the same port: fine
+    with pytest.raises(BadRequest, match="rank 0 of job intruder was learned behind switch "
+                                         "port 3 with MAC 02:00:00:00:00:09, which a rank the "
+                                         "manager holds has behind switch port 2: a learned "
+                                         "host may claim only a MAC no other port has shown"):
+        jobs.register(*learned_at(3, job="intruder"))
+    _, learned = learned_at(3)
+    assert _worker(learned)["l2_route"] is False
+    assert "l2_route" not in _worker(dataclasses.replace(learned, learned=False))
+
+
+def test_learning_is_off_by_default_and_needs_the_proof(tmp_path):
+    from innet_aggregation.switch_ctl import config as config_mod
+    base = {"manager": {"listen": "127.0.0.1:7070", "secret": SECRET},
+            "switch": {"grpc_addr": "127.0.0.1:9559"},
+            "pool": {"services": [{"ip": "10.0.0.250", "mac": "02:00:00:00:00:fa"}]},
+            "fabric": {"hosts": [{"mac": MACS[0], "switch_port": 1}]}}
+    config = manager_config.parse(base, tmp_path)
+    assert (config.prove_ports, config.learn_hosts) == (True, False)
+
+    def problems(**manager):
+        with pytest.raises(config_mod.ConfigError) as caught:
+            manager_config.parse({**base, "manager": {**base["manager"], **manager}}, tmp_path)
+        return caught.value.problems
+
+    assert problems(learn_hosts=True, prove_ports=False) == [
+        "manager.learn_hosts = true needs prove_ports = true: a host is learned from the "
+        "port its nonce left by"]
+    assert problems(learn_hosts="yes") == ["manager.learn_hosts must be true or false, not 'yes'"]
+    job = {"switch": {"grpc_addr": "127.0.0.1:9559", "ports": [1]},
+           "job": {"id": 1, "udp_port": 48864, "service_ip": "10.0.0.250",
+                   "service_mac": "02:00:00:00:00:fa", "num_slots": 4,
+                   "workers": [{"id": 0, "mac": MACS[0], "ip": "10.0.0.1", "udp_port": 40000,
+                                "switch_port": 1, "l2_route": False}]}}
+    assert config_mod.parse(job).job.workers[0].l2_route is False
+    job["job"]["workers"][0]["l2_route"] = 0
+    with pytest.raises(config_mod.ConfigError, match=r"job.workers\[0\].l2_route must be true "
+                                                     r"or false, not 0"):
+        config_mod.parse(job)

@@ -15,6 +15,7 @@ Needs no grpc or finsy: a numpy-only worker install imports it.
 from __future__ import annotations
 
 import fcntl
+import hmac
 import os
 import re
 import secrets
@@ -31,13 +32,15 @@ from innet_aggregation.p4src import protocol
 
 from .. import config as config_mod
 from ..tree import parse_tree
-from .wire import CREDENTIAL, JOB_NAME, MAX_LINE, decode_line, encode, job_key, needs_secret
+from .wire import (CREDENTIAL, JOB_NAME, MAX_LINE, decode_line, encode, job_key, needs_secret,
+                   proof_tag, token_hash)
 
 SIOCGIFADDR = 0x8915
 READ_TIMEOUT = 15.0          # the manager sends a progress line every second
 DEFAULT_TIMEOUT = 600.0
 PROOF_WAIT = 3.0             # the nonce crosses one switch: milliseconds, unless lost
 PROOF_TRIES = 3
+IP_PKTINFO = 8               # Linux: each datagram's arrival interface and destination
 
 
 class JoinError(RuntimeError):
@@ -288,7 +291,10 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
                         if message != last:
                             progress(f"ina: rank {rank} of job {job}: {message}")
                             last, said = message, time.monotonic()
-                        request["proof"] = proofs.receive(PROOF_WAIT)
+                        request["proof"] = proofs.receive(
+                            PROOF_WAIT, *_proof_path(answer, request["interfaces"]),
+                            lambda nonce: proof_tag(token_hash(token), job_key(job, credential),
+                                                    rank, nonce))
                         if request["proof"] is None:
                             unproven += 1
                             if unproven >= PROOF_TRIES:
@@ -321,25 +327,51 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
                             f"({last or 'no answer'}); gave up")
 
 
+def _proof_path(answer: dict, sent: list[dict]) -> tuple[str, str, int]:
+    """Where the manager's nonce comes from and goes to, from its ``prove`` answer:
+    (source address, this rank's address, that interface's index)."""
+    source, to = answer.get("source"), answer.get("to")
+    ifname = next((i["ifname"] for i in sent if i["ip"] == to), None)
+    if not isinstance(source, str) or ifname is None:
+        raise JoinError(f"the manager's port proof names no address of this rank "
+                        f"(to {to!r:.40} from {source!r:.40}; this rank sent "
+                        f"{', '.join(i['ip'] for i in sent)})")
+    try:
+        return source, to, socket.if_nametoindex(ifname)
+    except OSError:
+        raise JoinError(f"the interface {ifname} went away while registering") from None
+
+
 class _ProofSocket:
     """The rank's UDP port, bound while it registers: the manager's port proof arrives
-    here through the switch (manager/proof.py). Closed before the session binds it."""
+    here through the switch (manager/proof.py). Closed before the session binds it.
+    Anyone may send here: it takes only a datagram that came the switch's way and is
+    tagged for this registration."""
 
     def __init__(self):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
         self.sock.bind(("0.0.0.0", 0))
         self.port = self.sock.getsockname()[1]
 
-    def receive(self, wait: float) -> str | None:
-        """The first proof nonce to arrive within ``wait`` seconds, or None."""
+    def receive(self, wait: float, source: str, to: str, ifindex: int,
+                tag: Callable[[str], str]) -> str | None:
+        """The first nonce within ``wait`` seconds from ``source`` (and from this port,
+        as the manager's frame is), to ``to`` through interface ``ifindex``, whose tag
+        is ``tag(nonce)``; anything else is ignored. None if none came."""
         deadline = time.monotonic() + wait
         while (left := deadline - time.monotonic()) > 0:
             self.sock.settimeout(left)
             try:
-                nonce = protocol.proof_nonce(self.sock.recv(2048))
+                data, ancillary, _, sender = self.sock.recvmsg(2048, socket.CMSG_SPACE(12))
             except TimeoutError:
                 return None
-            if nonce is not None:
+            payload = protocol.proof_payload(data)
+            if (payload is None or sender != (source, self.port)
+                    or _arrival(ancillary) != (ifindex, to)):
+                continue
+            nonce, mac = payload
+            if hmac.compare_digest(mac, tag(nonce)):
                 return nonce
         return None
 
@@ -348,6 +380,15 @@ class _ProofSocket:
 
     def __exit__(self, *exc) -> None:
         self.sock.close()
+
+
+def _arrival(ancillary) -> tuple[int, str] | None:
+    """(interface index, destination address) of a datagram, from its IP_PKTINFO."""
+    for level, kind, data in ancillary:
+        if level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(data) >= 12:
+            ifindex, _, address = struct.unpack("i4s4s", data[:12])
+            return ifindex, socket.inet_ntoa(address)
+    return None
 
 
 def _membership(manager: _Manager, job: str, key: str, rank: int, token: str,

@@ -13,6 +13,9 @@
     prove_ports = true                 # a rank proves its host's port by a nonce the switch
                                        # sends it (PacketOut); false for a program without
                                        # PacketOut (TNA): the fabric map is then trusted
+    learn_hosts = false                # true: a host fabric.hosts does not list is learned
+                                       # (needs prove_ports): its nonce leaves by every
+                                       # host port, and the job gets no L2 route to it
     max_connections = 512              # open at once, all addresses together
     max_connections_per_peer = 32      # from one address, still sending their request
     request_seconds = 10               # for the TLS handshake and the request line together
@@ -79,7 +82,7 @@ MIN_SECRET = 16
 STAR = "switch"     # the name of a star manager's one switch
 MANAGER_KEYS = ("listen", "secret", "secret_file", "cert", "key", "insecure", "database",
                 "lease_seconds", "sweep_seconds", "default_slots", "max_connections",
-                "max_connections_per_peer", "request_seconds", "prove_ports")
+                "max_connections_per_peer", "request_seconds", "prove_ports", "learn_hosts")
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class ManagerConfig:
     homes: dict[str, str]           # data-plane MAC -> the switch (name) it is behind
     tree: TreeLinks | None = None   # None: one switch
     prove_ports: bool = True
+    learn_hosts: bool = False       # hosts fabric.hosts does not list: learned by the proof
     max_connections: int = 512
     max_connections_per_peer: int = 32
     request_seconds: float = 10.0
@@ -226,6 +230,12 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     prove_ports = mg.get("prove_ports", True)
     if not isinstance(prove_ports, bool):
         problems.append(f"manager.prove_ports must be true or false, not {prove_ports!r}")
+    learn_hosts = mg.get("learn_hosts", False)
+    if not isinstance(learn_hosts, bool):
+        problems.append(f"manager.learn_hosts must be true or false, not {learn_hosts!r}")
+    elif learn_hosts and prove_ports is False:
+        problems.append("manager.learn_hosts = true needs prove_ports = true: a host is "
+                        "learned from the port its nonce left by")
     insecure = mg.get("insecure", False)
     if not isinstance(insecure, bool):
         problems.append(f"manager.insecure must be true or false, not {insecure!r}")
@@ -277,6 +287,7 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
                          sweep_seconds=float(sweep), default_slots=default_slots,
                          switches=switches, pool=Pool(job_ids, slots, udp_ports, services),
                          fabric=fabric, homes=homes, tree=tree, prove_ports=prove_ports,
+                         learn_hosts=learn_hosts,
                          max_connections=max_connections, max_connections_per_peer=per_peer,
                          request_seconds=float(request_seconds), insecure=insecure)
 

@@ -11,6 +11,11 @@ interface another job uses) waits; the waiting jobs are tried in the order they
 became complete, and one that fits goes ahead of an earlier one that does not.
 Its ranks see why they wait until their own timeout ends the wait.
 
+A host the fabric map does not list (``learn_hosts``) may claim only a MAC that no
+rank the manager holds has behind another port, and never a pool service address;
+its job gets no L2 route to it (``l2_route = false``): the switch's mac_table, which
+every job shares, holds listed hosts at their listed ports only.
+
 A tree manager's job spans the switches its ranks are behind and the switches
 between them (up to the lowest one they share, its root): the same id, slots and UDP
 port on each, and a service address of each switch's own.
@@ -72,7 +77,8 @@ def _fault(step: str) -> None:
 @dataclass(frozen=True)
 class Member:
     """A registered rank: its data-plane interface, and the switch and port behind it
-    (None and "" until a host the fabric does not list has proven them)."""
+    (None and "" until a host the fabric does not list has proven them; ``learned``
+    then)."""
     rank: int
     ifname: str
     ip: str
@@ -80,6 +86,7 @@ class Member:
     udp_port: int
     switch_port: int | None
     switch: str = STAR
+    learned: bool = False
 
 
 @dataclass
@@ -195,18 +202,19 @@ class Jobs:
         known = [(i, self.config.fabric[i.mac]) for i in request.interfaces
                  if i.mac in self.config.fabric]
         listed = ", ".join(f"{i.ifname} {i.mac}" for i in request.interfaces)
-        if not known and self.config.prove_ports and len(request.interfaces) == 1:
-            # Not listed: its port is learned from the proof (proof.py).
+        if not known and len(request.interfaces) == 1:
             (interface,) = request.interfaces
             self._not_a_service(request, interface)
-            return Member(request.rank, interface.ifname, interface.ip, interface.mac,
-                          request.udp_port, None, "")
+            if self.config.learn_hosts:     # its port is learned from the proof (proof.py)
+                return Member(request.rank, interface.ifname, interface.ip, interface.mac,
+                              request.udp_port, None, "")
         if not known:
             raise BadRequest(f"none of rank {request.rank}'s interfaces ({listed}) is in the "
                              f"manager's fabric (fabric.hosts)"
                              + (": name the data-plane interface with INA_IFNAME for the "
-                                "manager to learn its port" if self.config.prove_ports else
-                                ": is INA_IFNAME the data-plane interface, and is this host "
+                                "manager to learn its port" if self.config.learn_hosts else
+                                ", and the manager learns no hosts (learn_hosts is off): is "
+                                "INA_IFNAME the data-plane interface, and is this host "
                                 "behind the switch?"))
         if len(known) > 1:
             raise BadRequest(f"rank {request.rank} has several interfaces in the fabric "
@@ -217,9 +225,27 @@ class Jobs:
                       request.udp_port, port, self.config.homes[interface.mac])
 
     def _not_a_service(self, request: Register, interface) -> None:
-        if interface.ip in {s.ip for s in self.config.pool.services}:
-            raise BadRequest(f"rank {request.rank}'s address {interface.ip} is a service "
-                             f"address of the manager's pool")
+        for address in (interface.ip, interface.mac):
+            if address in {a for s in self.config.pool.services for a in (s.ip, s.mac)}:
+                raise BadRequest(f"rank {request.rank}'s address {address} is a service "
+                                 f"address of the manager's pool")
+
+    def _shown(self, member: Member) -> tuple[str, int | None] | None:
+        """The (switch, port) behind which a rank of a job the manager holds (waiting,
+        or on its way on, on or off the switches) has the member's MAC, if not the
+        member's own; call under cond."""
+        here = (member.switch, member.switch_port)
+        for pending in self.pending.values():
+            for other in pending.members.values():
+                if other.mac == member.mac and (other.switch, other.switch_port) != here:
+                    return other.switch, other.switch_port
+        for jobs in (self.running, self.installing, self.removing):
+            for running in jobs.values():
+                for rank, switch in running.tree.homes.items():
+                    worker = running.member(rank)
+                    if worker.mac == member.mac and (switch, worker.switch_port) != here:
+                        return switch, worker.switch_port
+        return None
 
     def register(self, request: Register, member: Member) -> tuple[Pending, int]:
         """Enter the rank; returns its job and its registration's generation."""
@@ -248,6 +274,13 @@ class Jobs:
                 raise BadRequest(f"rank {request.rank} of job {request.name} asks for deadline_ms "
                                  f"{request.deadline_ms}; its other ranks asked for "
                                  f"{pending.deadline_ms}")
+            shown = self._shown(member) if member.learned else None
+            if shown is not None:
+                raise BadRequest(f"rank {member.rank} of job {request.name} was learned behind "
+                                 f"{member.switch} port {member.switch_port} with MAC "
+                                 f"{member.mac}, which a rank the manager holds has behind "
+                                 f"{shown[0]} port {shown[1]}: a learned host may claim only "
+                                 f"a MAC no other port has shown")
             first = pending.members.get(member.rank)
             if first is not None and not _same(pending.tokens[member.rank], request.token_hash):
                 raise BadRequest(f"rank {member.rank} of job {request.name} is already registered "
@@ -396,9 +429,8 @@ class Jobs:
             entry = {"grpc_addr": sw.grpc_addr, "device_id": sw.device_id,
                      "ports": list(sw.ports), "service_ip": service.ip,
                      "service_mac": service.mac,
-                     "workers": [{"id": m.rank, "mac": m.mac, "ip": m.ip,
-                                  "udp_port": m.udp_port, "switch_port": m.switch_port}
-                                 for m in sorted(pending.members.values(), key=lambda m: m.rank)
+                     "workers": [_worker(m) for m in sorted(pending.members.values(),
+                                                            key=lambda m: m.rank)
                                  if m.switch == name]}
             if name != spanned[0]:
                 entry.update(parent=links.parents[name], uplink_port=links.uplink_ports[name],
@@ -412,9 +444,7 @@ class Jobs:
 
     def _job_dict(self, pending: Pending, a: Allocation) -> dict:
         sw = self.config.switch
-        workers = [{"id": m.rank, "mac": m.mac, "ip": m.ip, "udp_port": m.udp_port,
-                    "switch_port": m.switch_port}
-                   for m in sorted(pending.members.values(), key=lambda m: m.rank)]
+        workers = [_worker(m) for m in sorted(pending.members.values(), key=lambda m: m.rank)]
         return {"switch": {"grpc_addr": sw.grpc_addr, "device_id": sw.device_id,
                            "ports": list(sw.ports)},
                 "job": {"id": a.job_id, "udp_port": a.udp_port, "service_ip": a.service.ip,
@@ -603,6 +633,14 @@ class Jobs:
                         "slots": p.slots, "message": p.message} for p in self.pending.values()]
             removing = [{"name": r.name, "id": r.job.id} for r in self.removing.values()]
         return {"running": running, "waiting": waiting, "removing": removing}
+
+
+def _worker(member: Member) -> dict:
+    """A rank as a job file's worker: a learned host's MAC gets no L2 route (frames to
+    it keep flooding), since only its answer to a nonce vouches that it is its own."""
+    return {"id": member.rank, "mac": member.mac, "ip": member.ip,
+            "udp_port": member.udp_port, "switch_port": member.switch_port,
+            **({"l2_route": False} if member.learned else {})}
 
 
 def _whose(job: InstalledJob) -> str:

@@ -5,16 +5,23 @@ registers again echoing it. Only the host behind that port receives it, so a ten
 holding the manager's secret cannot enter another's host in its job (which would
 send that host results and keep its owner's jobs off it).
 
-A host the fabric map does not list is learned the same way: a nonce of its own goes
-out of every port that faces hosts (on every switch of a tree), and the one the rank
-echoes names the port it is behind. Learning trusts whoever answers at that MAC, so
-list the hosts you know; an unlisted MAC is only ever learned for one registration.
+With ``learn_hosts`` on, a host the fabric map does not list is learned the same
+way: a nonce of its own goes out of every port that faces hosts (on every switch of
+a tree), and the one the rank echoes names the port it is behind. Learning trusts
+whoever answers at that MAC, so the job gets no L2 route to a learned MAC (jobs.py).
 
-A nonce is good for one registration of one (job, rank, token), for
-``PROOF_SECONDS`` from when it left. A rank that asked again (its nonce late: a switch
-that stalled delivers its PacketOuts when it resumes, oldest first) may echo any of
-its last ``NONCES_KEPT``; the table of outstanding registrations is bounded, oldest
-dropped first.
+A nonce is bound to the registration it answers, (job, rank, token): the frame
+carries a tag (wire.proof_tag) keyed by the rank's own token, so the rank ignores a
+forged nonce and one sent for another's claim of its address; an echo that is wrong
+leaves the registration's nonces in place, and only the right one consumes them. It
+is good for ``PROOF_SECONDS`` from when it left. A rank that asked again (its nonce
+late: a switch that stalled delivers its PacketOuts when it resumes, oldest first)
+may echo any of its last ``NONCES_KEPT``.
+
+Outstanding registrations are bounded per requester (the address that asked,
+``MAX_PER_REQUESTER``: over it, that requester's own oldest goes) and in all
+(``MAX_OUTSTANDING``: over it, the oldest of the requester holding the most goes), so
+a flood of claims from one place never drops another's.
 """
 
 from __future__ import annotations
@@ -24,17 +31,18 @@ import hmac
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from innet_aggregation.p4src import protocol
 
 from .config import ManagerConfig
 from .jobs import Member
-from .wire import BadRequest, Register
+from .wire import BadRequest, Register, proof_tag
 
 PROOF_SECONDS = 30.0
 MAX_OUTSTANDING = 4096
+MAX_PER_REQUESTER = 64
 NONCES_KEPT = 16
 
 
@@ -48,6 +56,7 @@ class _Nonce:
 @dataclass
 class _Challenge:
     member: Member
+    requester: str                        # who asked: the peer's address
     nonces: dict[str, _Nonce]             # nonce -> the port it left by, newest last
 
 
@@ -70,26 +79,52 @@ class PortProofs:
         self._candidates = host_ports(config)
         self._lock = threading.Lock()
         self._outstanding: OrderedDict[tuple, _Challenge] = OrderedDict()
+        self._per_requester: Counter[str] = Counter()
 
-    def challenge(self, request: Register, member: Member) -> list[tuple[str, int, bytes]]:
+    @property
+    def source_ip(self) -> str:
+        """The address every proof comes from: the rank takes no datagram from another."""
+        return self._source[1]
+
+    def challenge(self, request: Register, member: Member,
+                  requester: str) -> list[tuple[str, int, bytes]]:
         """The frames to send, (switch, port, frame): out of the member's port, or, for a
-        host to learn (``member.switch_port`` None), one out of every host port."""
+        host to learn (``member.switch_port`` None), one out of every host port.
+        ``requester``: who asked (the peer's address), whose outstanding registrations
+        are bounded; a bound per tenant would count a key of its own the same way."""
         ports = ([(member.switch, member.switch_port)] if member.switch_port is not None
                  else self._candidates)
         fresh = {secrets.token_hex(protocol.PROOF_NONCE_BYTES): _Nonce(switch, port)
                  for switch, port in ports}
         key = (request.job, request.rank, request.token_hash)
         with self._lock:
-            earlier = self._outstanding.pop(key, None)
+            earlier = self._forget(key)
             kept = (dict(list(earlier.nonces.items())[-NONCES_KEPT:])
                     if earlier is not None and earlier.member == member else {})
-            self._outstanding[key] = _Challenge(member, {**kept, **fresh})
+            self._outstanding[key] = _Challenge(member, requester, {**kept, **fresh})
+            self._per_requester[requester] += 1
+            if self._per_requester[requester] > MAX_PER_REQUESTER:
+                self._forget_oldest(requester)
             while len(self._outstanding) > MAX_OUTSTANDING:
-                self._outstanding.popitem(last=False)
+                self._forget_oldest(max(self._per_requester, key=self._per_requester.get))
         mac, ip = self._source
-        return [(n.switch, n.port, protocol.proof_frame(member.mac, member.ip, member.udp_port,
-                                                        mac, ip, bytes.fromhex(nonce)))
+        return [(n.switch, n.port, protocol.proof_frame(
+                    member.mac, member.ip, member.udp_port, mac, ip, bytes.fromhex(nonce),
+                    bytes.fromhex(proof_tag(request.token_hash, request.job, request.rank,
+                                            nonce))))
                 for nonce, n in fresh.items()]
+
+    def _forget(self, key: tuple) -> _Challenge | None:
+        challenge = self._outstanding.pop(key, None)
+        if challenge is not None:
+            self._per_requester[challenge.requester] -= 1
+            if not self._per_requester[challenge.requester]:
+                del self._per_requester[challenge.requester]
+        return challenge
+
+    def _forget_oldest(self, requester: str) -> None:
+        self._forget(next(key for key, c in self._outstanding.items()
+                          if c.requester == requester))
 
     def sent(self, request: Register) -> None:
         """The frames left: their nonces' time starts."""
@@ -101,26 +136,33 @@ class PortProofs:
                     nonce.expires = now + PROOF_SECONDS
 
     def check(self, request: Register, member: Member) -> Member:
-        """The member, proven (a learned host's port filled in); BadRequest unless
-        ``request.proof`` is a nonce sent to this very host."""
-        with self._lock:
-            challenge = self._outstanding.pop((request.job, request.rank, request.token_hash),
-                                              None)
+        """The member, proven (a learned host's port filled in, and marked learned);
+        BadRequest unless ``request.proof`` is a nonce sent to this very host. Only the
+        right nonce consumes the registration's: a wrong echo leaves them in place."""
         where = (f"{member.mac} / {member.ip} UDP {member.udp_port} through "
                  + (f"{member.switch} port {member.switch_port}" if member.switch_port is not None
                     else "every port that faces hosts"))
-        if challenge is None or challenge.member != member:
-            raise BadRequest(f"rank {request.rank} of job {request.name} echoed a port proof "
-                             f"the manager did not send to {where}: register without one to "
-                             f"get a nonce")
-        match = next((n for nonce, n in challenge.nonces.items()
-                      if hmac.compare_digest(nonce, request.proof)), None)
-        if match is None:
-            raise BadRequest(f"rank {request.rank} of job {request.name} echoed a wrong port "
-                             f"proof: the nonce went to {where}, and this host did not get it"
-                             + (" (is it behind that port? the fabric map says it is)"
-                                if member.switch_port is not None else ""))
-        if time.monotonic() > match.expires:
-            raise BadRequest(f"rank {request.rank} of job {request.name}: the port proof sent "
-                             f"to {where} expired ({PROOF_SECONDS:g} s)")
-        return dataclasses.replace(member, switch=match.switch, switch_port=match.port)
+        key = (request.job, request.rank, request.token_hash)
+        with self._lock:
+            challenge = self._outstanding.get(key)
+            if challenge is None or challenge.member != member:
+                raise BadRequest(f"rank {request.rank} of job {request.name} echoed a port "
+                                 f"proof the manager did not send to {where}: register "
+                                 f"without one to get a nonce")
+            match = next((nonce for nonce in challenge.nonces
+                          if hmac.compare_digest(nonce, request.proof)), None)
+            if match is None:
+                raise BadRequest(f"rank {request.rank} of job {request.name} echoed a wrong "
+                                 f"port proof: the nonce went to {where}, and this host did "
+                                 f"not get it" + (" (is it behind that port? the fabric map "
+                                                  "says it is)"
+                                                  if member.switch_port is not None else ""))
+            nonce = challenge.nonces.pop(match)
+            if time.monotonic() > nonce.expires:
+                if not challenge.nonces:
+                    self._forget(key)
+                raise BadRequest(f"rank {request.rank} of job {request.name}: the port proof "
+                                 f"sent to {where} expired ({PROOF_SECONDS:g} s)")
+            self._forget(key)
+        return dataclasses.replace(member, switch=nonce.switch, switch_port=nonce.port,
+                                   learned=member.switch_port is None)

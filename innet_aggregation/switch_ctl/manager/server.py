@@ -450,14 +450,14 @@ class Manager:
                 self._trusted[peer] = time.monotonic() + TRUSTED_SECONDS
             reply(**({"status": "ok"} if why is None else {"status": "refused", "error": why}))
         else:
-            self._register(request, reply, where)
+            self._register(request, reply, where, peer)
 
-    def _register(self, request: Register, reply, where: str) -> None:
+    def _register(self, request: Register, reply, where: str, peer: str) -> None:
         try:
             member = self.jobs.member(request)
             if self.config.prove_ports:
                 if request.proof is None:
-                    self._challenge(request, member, reply)
+                    self._challenge(request, member, reply, peer)
                     return
                 proven = self.proofs.check(request, member)
                 if member.switch_port is None:
@@ -475,10 +475,11 @@ class Manager:
             self.jobs.withdraw(pending, member.rank, generation)
             raise
 
-    def _challenge(self, request: Register, member: Member, reply) -> None:
+    def _challenge(self, request: Register, member: Member, reply, peer: str) -> None:
         """Send the port proof's nonce through the switch (one out of every host port
-        for a host to learn); the rank registers again with it (proof.py)."""
-        frames = self.proofs.challenge(request, member)
+        for a host to learn); the rank registers again with it (proof.py). The answer
+        says where it went and where from: the rank takes no datagram but that one."""
+        frames = self.proofs.challenge(request, member, peer)
         try:
             for switch, port, frame in frames:
                 self.installer.send_frame(switch, port, frame)
@@ -490,8 +491,9 @@ class Manager:
         where = (f"through {member.switch} port {member.switch_port}"
                  if member.switch_port is not None
                  else f"out of each of {len(frames)} host ports, to learn its port")
-        reply(status="prove", message=f"a nonce went to {member.mac} / {member.ip} UDP "
-                                      f"{member.udp_port} {where}: register again with it")
+        reply(status="prove", to=member.ip, source=self.proofs.source_ip,
+              message=f"a nonce went to {member.mac} / {member.ip} UDP {member.udp_port} "
+                      f"{where}: register again with it")
 
     def _await(self, pending: Pending, member: Member, generation: int, reply) -> None:
         """Progress lines until the job runs or is refused; a rank that hangs up is

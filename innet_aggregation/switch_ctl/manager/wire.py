@@ -15,7 +15,9 @@ Who may act for a job:
 - A registration first proves the host: the manager sends a nonce through the switch
   (PacketOut) out of the port the fabric map names, to the MAC, address and UDP port
   claimed, and the rank registers again echoing it (``proof``). So a tenant cannot
-  claim another's host, and its results never reach a host that did not ask.
+  claim another's host, and its results never reach a host that did not ask. The
+  frame's tag (``proof_tag``) binds the nonce to the registration: the rank takes no
+  other, so no bystander's datagram breaks its registration.
 - Each rank draws its own lease token and sends it with its registration; the
   manager keeps only its hash and never sends a token back. ``renew`` and ``close``
   carry the job's key and the token, not the secret. A second registration of a
@@ -25,6 +27,7 @@ Who may act for a job:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import ipaddress
 import json
 import math
@@ -104,6 +107,15 @@ def job_name_of(key: str) -> str:
 def token_hash(token: str) -> str:
     """What the manager keeps of a lease token (its database never holds one)."""
     return hashlib.sha256(b"ina-lease-token\0" + token.encode()).hexdigest()
+
+
+def proof_tag(token_hash: str, job: str, rank: int, nonce: str) -> str:
+    """What binds a port proof's nonce to the registration it answers: keyed by the
+    hash of the rank's own lease token, which only the rank and the manager hold, so
+    the rank takes no forged nonce, nor one the manager sent for another's claim."""
+    message = f"ina-port-proof\0{job}\0{rank}\0{nonce}".encode()
+    return hmac.new(token_hash.encode(), message, hashlib.sha256).hexdigest()[
+        :2 * protocol.PROOF_TAG_BYTES]
 
 
 def encode(message: dict) -> bytes:
