@@ -449,6 +449,6 @@ def test_a_flood_costs_no_lease_and_no_sum_and_a_job_registers_after_it(bed):
     assert all(t < 4.5 for t, _ in flood.ended) and all(t >= 3.0 for t in cut), flood.ended
     assert flood.closed > IDLE
     for kind in ("max_connections: ", "max_connections_per_peer: ", "made room for an "
-                 "address with the secret: "):
+                 "address with a secret: "):
         assert kind in log, kind
     assert registered_after < 10, registered_after

@@ -2,9 +2,13 @@
 installed, its ranks renew their leases, and a job leaves when every rank closed it
 or one rank's lease ran out.
 
-A job is known by its key, its name and its owner (wire.job_key): what one tenant
-sends never reaches another's job. A rank's lease token is the one it drew itself;
-a second registration of a waiting rank with another token is refused.
+A job is known by its key, its name and its owner (wire.job_key), within its
+tenant's space (tenants.scoped): what one tenant sends never reaches another's job.
+A rank's lease token is the one it drew itself; a second registration of a waiting
+rank with another token is refused. A tenant's jobs, slots, service addresses and
+waiting registrations are bounded by its quotas, and waiting registrations by
+address and in all (manager.max_pending_per_peer, max_pending); a registration
+whose job has not filled within manager.join_seconds is refused.
 
 A complete job that does not fit (slots, ids, ports, service addresses, or a host
 interface another job uses) waits; the waiting jobs are tried in the order they
@@ -51,6 +55,7 @@ from .config import STAR, ManagerConfig
 from .installer import MARK, Switches, refusal
 from .pool import Allocation, Allocator, Holding
 from .store import INSTALLING, REMOVING, RUNNING, Store, StoredJob
+from .tenants import Tenant, over_quota, tenant_of, wire_key
 from .wire import BadRequest, Lease, Register, job_name_of
 
 log = logging.getLogger("innet_aggregation.manager")
@@ -92,6 +97,8 @@ class Pending:
     members: dict[int, Member] = field(default_factory=dict)
     tokens: dict[int, str] = field(default_factory=dict)        # rank -> its token's hash
     generation: dict[int, int] = field(default_factory=dict)   # rank -> its registration
+    peers: dict[int, str] = field(default_factory=dict)        # rank -> the address it came from
+    joined: dict[int, float] = field(default_factory=dict)     # rank -> when (monotonic)
     complete_since: float | None = None
     message: str = ""
     # ("ready", Running) or ("refused", why); ("waiting", why) while being installed:
@@ -221,8 +228,10 @@ class Jobs:
             raise BadRequest(f"rank {request.rank}'s address {interface.ip} is a service "
                              f"address of the manager's pool")
 
-    def register(self, request: Register, member: Member) -> tuple[Pending, int]:
-        """Enter the rank; returns its job and its registration's generation."""
+    def register(self, request: Register, member: Member,
+                 peer: str = "") -> tuple[Pending, int]:
+        """Enter the rank (from address ``peer``); returns its job and its registration's
+        generation."""
         slots = request.slots or self.config.default_slots
         if request.deadline_ms is not None and self.config.tree is not None:
             raise BadRequest(f"job {request.name} asks for a deadline; this manager's switches "
@@ -235,6 +244,10 @@ class Jobs:
                 # token waits below until the running job is gone, and gets nothing of it.
                 return Pending(request.job, request.world, slots, outcome=("ready", running)), 0
             pending = self.pending.get(request.job)
+            again = pending is not None and member.rank in pending.members and _same(
+                pending.tokens[member.rank], request.token_hash)
+            if not again:
+                self._admit(request, slots, peer, new_job=pending is None)
             if pending is None:
                 pending = self.pending[request.job] = Pending(request.job, request.world, slots,
                                                               request.deadline_ms)
@@ -263,6 +276,8 @@ class Jobs:
             pending.members[member.rank] = member
             pending.tokens[member.rank] = request.token_hash
             pending.generation[member.rank] = self._generations
+            pending.peers[member.rank] = peer
+            pending.joined.setdefault(member.rank, time.monotonic())
             if len(pending.members) == pending.world and pending.complete_since is None:
                 pending.complete_since = time.monotonic()
             log.info("job %s: rank %d of %d registered from %s (%s, %s port %d)",
@@ -271,6 +286,46 @@ class Jobs:
             self._schedule()
             return pending, self._generations
 
+    def _admit(self, request: Register, slots: int, peer: str, new_job: bool) -> None:
+        """Refuse a registration over the caps on waiting registrations (in all, from
+        its address, its tenant's) or, for a new job, over its tenant's quotas; under
+        cond."""
+        waiting = [(name, p.peers[rank]) for name, p in self.pending.items()
+                   for rank in p.members]
+        who = f"rank {request.rank} of job {request.name} of tenant {tenant_of(request.job)}"
+        if len(waiting) >= self.config.max_pending:
+            raise BadRequest(f"the manager holds {len(waiting)} waiting registrations "
+                             f"(max_pending = {self.config.max_pending}): {who} refused")
+        from_peer = sum(1 for _, p in waiting if p == peer)
+        if peer and from_peer >= self.config.max_pending_per_peer:
+            raise BadRequest(f"{peer} has {from_peer} registrations waiting "
+                             f"(max_pending_per_peer = {self.config.max_pending_per_peer}): "
+                             f"{who} refused")
+        tenant = self.tenant(request.job)
+        if tenant is None:
+            return
+        jobs = self._tenant_jobs(tenant.name)
+        held = {"pending": sum(1 for name, _ in waiting if tenant_of(name) == tenant.name),
+                "jobs": len(jobs), "slots": sum(n for n, _ in jobs.values()),
+                "services": sum(s for _, s in jobs.values())}
+        why = over_quota(tenant, held, {"pending": 1, "jobs": int(new_job),
+                                        "slots": slots * new_job, "services": int(new_job)})
+        if why is not None:
+            raise BadRequest(f"{why}: rank {request.rank} of job {request.name} refused")
+
+    def tenant(self, name: str) -> Tenant | None:
+        """The tenant a job's key names (None: one no longer in the configuration)."""
+        return self.config.tenants.get(tenant_of(name))
+
+    def _tenant_jobs(self, tenant: str) -> dict[str, tuple[int, int]]:
+        """The tenant's jobs that hold or ask for resources (not those leaving): name ->
+        (slots, service addresses)."""
+        jobs = {p.name: (p.slots, 1) for p in self.pending.values()}
+        for group in (self.installing, self.running):
+            jobs.update({r.name: (r.job.num_slots, len(r.tree.switches))
+                         for r in group.values()})
+        return {name: held for name, held in jobs.items() if tenant_of(name) == tenant}
+
     def withdraw(self, pending: Pending, rank: int, generation: int) -> None:
         """A waiting rank went away (its timeout, or it died): the job waits for it again."""
         with self.cond:
@@ -278,6 +333,8 @@ class Jobs:
                 del pending.members[rank]
                 del pending.tokens[rank]
                 del pending.generation[rank]
+                pending.peers.pop(rank, None)
+                pending.joined.pop(rank, None)
                 pending.complete_since = None
                 if not pending.members and self.pending.get(pending.name) is pending:
                     del self.pending[pending.name]
@@ -290,6 +347,14 @@ class Jobs:
         if pending.generation.get(rank) != generation:
             return "refused", f"rank {rank} of job {pending.title} registered again elsewhere"
         if len(pending.members) < pending.world:
+            waited = time.monotonic() - pending.joined[rank]
+            if waited > self.config.join_seconds:
+                registered = len(pending.members)
+                self.withdraw(pending, rank, generation)
+                return "refused", (f"rank {rank} of job {pending.title} waited "
+                                   f"{self.config.join_seconds:g} s (the manager's "
+                                   f"join_seconds) with {registered} of its {pending.world} "
+                                   f"ranks registered: registration expired")
             return "waiting", (f"waiting for ranks: {len(pending.members)} of {pending.world} "
                                f"of job {pending.title} registered")
         return "waiting", pending.message or "waiting for the switch"
@@ -317,6 +382,17 @@ class Jobs:
                 continue
             macs = frozenset(m.mac for m in pending.members.values())
             spanned = self._spanned(pending)
+            tenant = self.tenant(pending.name)
+            if len(spanned) > 1 and tenant is not None:
+                others = self._tenant_jobs(tenant.name)
+                others.pop(pending.name, None)
+                why = over_quota(tenant, {"services": sum(s for _, s in others.values())},
+                                 {"services": len(spanned)})
+                if why is not None:
+                    pending.outcome = ("refused", f"{why}: job {pending.title} spans "
+                                                  f"{len(spanned)} switches")
+                    del self.pending[pending.name]
+                    continue
             allocation = self.allocator.allocate(pending.slots, macs, held, len(spanned))
             if isinstance(allocation, str):
                 pending.message = allocation
@@ -429,9 +505,10 @@ class Jobs:
     def lease(self, request: Lease) -> str | None:
         """Renew or close; None if done, else why refused."""
         with self.cond:
-            running = self.running.get(request.job)
-            token = running.tokens.get(request.rank) if running else None
-            if token is None or not _same(token, request.token_hash):
+            running = next((r for r in self.running.values() if wire_key(r.name) == request.job
+                            and request.rank in r.tokens
+                            and _same(r.tokens[request.rank], request.token_hash)), None)
+            if running is None:
                 return (f"job {job_name_of(request.job)} has no rank {request.rank} with this "
                         f"lease on this manager: it was closed, or reclaimed after a lease of "
                         f"{self.config.lease_seconds:g} s ran out")
@@ -591,27 +668,31 @@ class Jobs:
                      running.job.id, running.job.num_slots, ", ".join(running.tree.switches))
             self._schedule()
 
-    def listing(self) -> dict:
+    def listing(self, tenant: Tenant) -> dict:
+        """The tenant's own jobs (an operator's: every tenant's), each with its tenant;
+        nothing of a job's credential."""
+        def mine(name: str) -> bool:
+            return tenant.operator or tenant_of(name) == tenant.name
+
         with self.cond:
-            running = [{"name": job_name_of(r.name), "owner": owner(r.name), "id": r.job.id,
+            running = [{"name": job_name_of(r.name), "tenant": tenant_of(r.name), "id": r.job.id,
                         "slots": [r.job.first_slot, r.job.first_slot + r.job.num_slots - 1],
                         "udp_port": r.job.udp_port, "service_ip": r.job.service_ip,
                         "switches": list(r.tree.switches), "ranks": len(r.tokens),
-                        "closed": sorted(r.closed)} for r in self.running.values()]
-            waiting = [{"name": job_name_of(p.name), "owner": owner(p.name),
+                        "closed": sorted(r.closed)}
+                       for r in self.running.values() if mine(r.name)]
+            waiting = [{"name": job_name_of(p.name), "tenant": tenant_of(p.name),
                         "registered": sorted(p.members), "world": p.world,
-                        "slots": p.slots, "message": p.message} for p in self.pending.values()]
-            removing = [{"name": r.name, "id": r.job.id} for r in self.removing.values()]
+                        "slots": p.slots, "message": p.message}
+                       for p in self.pending.values() if mine(p.name)]
+            removing = [{"name": job_name_of(r.name), "tenant": tenant_of(r.name),
+                         "id": r.job.id} for r in self.removing.values() if mine(r.name)]
         return {"running": running, "waiting": waiting, "removing": removing}
 
 
 def _whose(job: InstalledJob) -> str:
     return ("marked as this manager's, unknown to its database" if job.mark == MARK
             else "not the manager's")
-
-
-def owner(key: str) -> str:
-    return key.partition("/")[2]
 
 
 def _same(a: str, b: str) -> bool:

@@ -7,7 +7,8 @@ Requests: ``register`` (answered by ``waiting`` lines, then ``ready`` or
 ``refused`` line). Importable without grpc or finsy: the worker side uses it.
 
 Who may act for a job:
-- ``register`` and ``jobs`` carry the manager's secret: it admits a tenant.
+- ``register`` and ``jobs`` carry a tenant's secret: it admits the tenant, whose
+  space of jobs the request then reaches (tenants.py).
 - A registration also carries the job's credential, which only the job's ranks share
   (the torch backend draws it into the job's own rendezvous store). A job is known by
   its name *and* its credential (``job_key``), so another tenant who picks the same
