@@ -131,7 +131,7 @@ def test_another_tenant_with_the_same_name_gathers_a_job_of_its_own(jobs):
     assert [(w["name"], w["registered"]) for w in waiting] == [("train", [1])]
     # The listing names the tenant, nothing derived from a job's credential.
     assert [set(w) for w in waiting] == [{"name", "tenant", "registered", "world", "slots",
-                                          "message"}]
+                                          "message", "priority"}]
     assert {j["tenant"] for j in listing["running"] + waiting} == {"default"}
 
 

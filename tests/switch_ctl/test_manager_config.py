@@ -144,7 +144,7 @@ def test_tenants_each_with_a_secret_and_quotas(tmp_path):
         manager_config.parse(bad, tmp_path)
     for said in ["tenants.Alice: a tenant's name is 1-32 of a-z, 0-9, _ and -",
                  "tenants.Alice has unknown keys colour (known: secret, secret_file, operator, "
-                 "jobs, slots, services, pending)",
+                 "jobs, slots, services, pending, priority, max_priority)",
                  "tenants.Alice.slots must be an integer, 0 or more, not -1",
                  "tenants.Alice.jobs must be an integer, 0 or more, not True",
                  "tenants default and Alice have the same secret: each tenant needs its own",

@@ -32,9 +32,10 @@ from .manager_harness import LEASE, ManagerBed, credential_of, launch_rank, unti
 from .test_manager import finished, held, joined
 
 SECRETS = {name: f"the-secret-of-{name}-0123" for name in
-           ("alice", "bob", "carol", "mallory", "dave", "ops")}
+           ("alice", "bob", "carol", "mallory", "dave", "ops", "hi")}
 TENANTS = {"alice": {"jobs": 1}, "bob": {"slots": 16}, "carol": {}, "mallory": {"pending": 8},
-           "dave": {"pending": 1}, "ops": {"operator": True}}
+           "dave": {"pending": 1}, "ops": {"operator": True},
+           "hi": {"priority": 5, "max_priority": 9}}
 PENDING_PER_PEER = 6
 JOIN_SECONDS = 6
 
@@ -283,6 +284,43 @@ def test_a_tenant_sees_and_reaches_only_its_own_jobs(bed):
     b.process.wait()
     release.touch()
     finished(a0 + [a1])
+
+
+def test_a_job_of_higher_priority_preempts_a_lower_one_and_it_returns_after(bed):
+    """Carol's job (priority 0) holds the whole pool; another of hers waits (equal
+    priority never preempts); tenant hi's job (priority 5) preempts the first: its
+    ranks' leases are revoked naming why, hi's job runs, and carol's registers again
+    and runs once hi's closed. A priority above the tenant's cap is refused."""
+    release = bed.workdir / "release-p"
+    low = launch(bed, "carol", "job-low", [4, 5], "--hold", str(release), INA_SLOTS="32")
+    joined(low)
+    same = launch(bed, "carol", "job-same", [0, 1], INA_SLOTS="16")
+    until(lambda: all("waiting for slots" in r.stderr for r in same), 30,
+          "carol's second job waits")
+    assert [j["name"] for j in listing(bed, "carol")["running"]] == ["job-low"]
+    over = launch(bed, "hi", "job-over", [2], INA_PRIORITY="10")
+    assert over[0].wait(30) == 2
+    assert ("tenant hi may give a job priority 9 at most (its max_priority), not 10"
+            in over[0].events()[-1]["error"])
+    for r in same:
+        r.process.kill()
+        r.process.wait()
+    preempted = time.monotonic()
+    high = launch(bed, "hi", "job-high", [6, 7], "--reps", "3", INA_SLOTS="16")
+    finished(high, calls=3)
+    took = time.monotonic() - preempted
+    until(lambda: all("ina: job job-low is lost: job job-low was preempted" in r.stderr
+                      for r in low), 3 * LEASE, "carol's ranks are told at their renewal")
+    release.touch()
+    for r in low:
+        assert r.wait(30) == 3
+        assert r.events()[-1]["error"] == (
+            "lost: job job-low was preempted by job job-high of tenant hi (priority 5 over 0)")
+    assert "leaving switch: preempted by job job-high" in bed.manager_log()
+    back = launch(bed, "carol", "job-low", [4, 5], "--reps", "3", INA_SLOTS="32")
+    finished(back, calls=3)
+    print(f"preemption: the high-priority job registered and ran 3 calls {took:.1f} s after "
+          f"it was launched")
 
 
 def test_the_client_sends_no_secret_in_plaintext_off_loopback(bed, monkeypatch):

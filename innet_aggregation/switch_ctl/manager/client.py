@@ -258,7 +258,8 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
          ca_cert: str | Path | None = None, ifname: str | None = None,
          slots: int | None = None, timeout: float = DEFAULT_TIMEOUT,
          progress: Callable[[str], None] | None = None,
-         deadline_ms: float | None = None, insecure: bool = False) -> Membership:
+         deadline_ms: float | None = None, insecure: bool = False,
+         priority: int | None = None) -> Membership:
     """Register rank ``rank`` of ``world`` in job ``job`` (whose ranks share
     ``credential``) and wait until the manager has installed the job (every rank
     registered, and room on the switch), at most ``timeout`` seconds; retried while
@@ -278,6 +279,8 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
             request["slots"] = slots
         if deadline_ms is not None:
             request["deadline_ms"] = deadline_ms
+        if priority is not None:
+            request["priority"] = priority
         deadline = time.monotonic() + timeout
         last, said, unanswered, unproven = "", 0.0, 0, 0
         while True:
@@ -413,8 +416,9 @@ def join_from_env(rank: int, world: int, credential: str | None = None,
                   progress: Callable[[str], None] | None = None) -> Membership:
     """``join`` with INA_MANAGER, INA_SECRET or INA_SECRET_FILE, INA_JOB, INA_CA_CERT,
     INA_IFNAME, INA_SLOTS, INA_DEADLINE_MS (the job's deadline, milliseconds; unset or
-    0: none), INA_JOIN_TIMEOUT (seconds) and INA_INSECURE (1: plaintext to a manager
-    off loopback) from the environment; the
+    0: none), INA_JOIN_TIMEOUT (seconds), INA_PRIORITY (the job's priority; unset: its
+    tenant's default) and INA_INSECURE (1: plaintext to a manager off loopback) from
+    the environment; the
     job's credential is ``credential`` (the torch backend's, from the job's store),
     else INA_JOB_CREDENTIAL or INA_JOB_CREDENTIAL_FILE."""
     env = os.environ
@@ -439,8 +443,10 @@ def join_from_env(rank: int, world: int, credential: str | None = None,
         slots = int(env["INA_SLOTS"]) if env.get("INA_SLOTS") else None
         timeout = float(env.get("INA_JOIN_TIMEOUT", DEFAULT_TIMEOUT))
         deadline = float(env.get("INA_DEADLINE_MS") or 0) or None
+        priority = int(env["INA_PRIORITY"]) if env.get("INA_PRIORITY") else None
     except ValueError as exc:
-        raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT / INA_DEADLINE_MS: {exc}") from None
+        raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT / INA_DEADLINE_MS / INA_PRIORITY: "
+                        f"{exc}") from None
     if deadline is not None and not 0 < deadline <= config_mod.MAX_DEADLINE_MS:
         raise JoinError(f"INA_DEADLINE_MS must be milliseconds in (0, "
                         f"{config_mod.MAX_DEADLINE_MS}], "
@@ -451,7 +457,7 @@ def join_from_env(rank: int, world: int, credential: str | None = None,
     return join(address, default_job_name(env), rank, world, secret, credential=credential,
                 ca_cert=env.get("INA_CA_CERT") or None, ifname=env.get("INA_IFNAME") or None,
                 slots=slots, timeout=timeout, progress=progress, deadline_ms=deadline,
-                insecure=insecure == "1")
+                insecure=insecure == "1", priority=priority)
 
 
 def _say(line: str) -> None:

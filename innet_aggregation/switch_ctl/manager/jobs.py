@@ -53,9 +53,10 @@ from ..overlaps import InstalledJob, JobOverlap
 from ..tree import Tree, parse_tree
 from .config import STAR, ManagerConfig
 from .installer import MARK, Switches, refusal
+from . import sharing
 from .pool import Allocation, Allocator, Holding
 from .store import INSTALLING, REMOVING, RUNNING, Store, StoredJob
-from .tenants import Tenant, over_quota, tenant_of, wire_key
+from .tenants import Tenant, tenant_of, wire_key
 from .wire import BadRequest, Lease, Register, job_name_of
 
 log = logging.getLogger("innet_aggregation.manager")
@@ -101,6 +102,8 @@ class Pending:
     joined: dict[int, float] = field(default_factory=dict)     # rank -> when (monotonic)
     complete_since: float | None = None
     message: str = ""
+    priority: int = 0
+    preempting: frozenset[str] = frozenset()   # the jobs it preempted, leaving for it
     # ("ready", Running) or ("refused", why); ("waiting", why) while being installed:
     # its ranks are fixed then (one that reconnects finds it again).
     outcome: tuple[str, object] | None = None
@@ -121,6 +124,7 @@ class Running:
     closed: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.time)
     pending: Pending | None = None     # while installing: its ranks, waiting for the outcome
+    priority: int = 0                  # a restored job's: its tenant's default
 
     @property
     def job(self):
@@ -157,6 +161,7 @@ class Jobs:
         self._seen: list[InstalledJob] | None = None   # the switches' jobs, as last read
         self._trouble = "not reached yet"              # why the switches could not be read
         self._orphans: list[int] = []                  # marked as ours, unknown to the database
+        self._preempted: dict[str, str] = {}           # a preempted job's key -> why
         self._alive = time.monotonic()
         fault = os.environ.get("INA_MANAGER_FAULT")
         if fault is not None and fault not in FAULT_STEPS:
@@ -187,9 +192,10 @@ class Jobs:
         self.wake.set()
 
     def _running(self, stored: StoredJob, deadline: float) -> Running:
+        tenant = self.tenant(stored.name)
         return Running(stored.name, self._tree(stored.config), stored.config, stored.tokens,
                        {rank: deadline for rank in stored.tokens}, set(stored.closed),
-                       stored.started)
+                       stored.started, priority=tenant.priority if tenant else 0)
 
     # -- registration ----------------------------------------------------------------
     def member(self, request: Register) -> Member:
@@ -236,6 +242,11 @@ class Jobs:
         if request.deadline_ms is not None and self.config.tree is not None:
             raise BadRequest(f"job {request.name} asks for a deadline; this manager's switches "
                              f"form a tree, whose leaves do not release rounds")
+        tenant = self.tenant(request.job)
+        priority = (request.priority or 0) if tenant is None else tenant.job_priority(
+            request.priority)
+        if isinstance(priority, str):
+            raise BadRequest(f"{priority}: rank {request.rank} of job {request.name} refused")
         with self.cond:
             running = self.running.get(request.job)
             if (running is not None and request.rank in running.tokens
@@ -247,10 +258,14 @@ class Jobs:
             again = pending is not None and member.rank in pending.members and _same(
                 pending.tokens[member.rank], request.token_hash)
             if not again:
-                self._admit(request, slots, peer, new_job=pending is None)
+                sharing.admit(self, request, slots, peer, new_job=pending is None)
             if pending is None:
                 pending = self.pending[request.job] = Pending(request.job, request.world, slots,
-                                                              request.deadline_ms)
+                                                              request.deadline_ms,
+                                                              priority=priority)
+            if pending.priority != priority:
+                raise BadRequest(f"rank {request.rank} of job {request.name} has priority "
+                                 f"{priority}; its other ranks have {pending.priority}")
             if pending.world != request.world:
                 raise BadRequest(f"rank {request.rank} of job {request.name} says world size "
                                  f"{request.world}; its other ranks said {pending.world}")
@@ -286,45 +301,9 @@ class Jobs:
             self._schedule()
             return pending, self._generations
 
-    def _admit(self, request: Register, slots: int, peer: str, new_job: bool) -> None:
-        """Refuse a registration over the caps on waiting registrations (in all, from
-        its address, its tenant's) or, for a new job, over its tenant's quotas; under
-        cond."""
-        waiting = [(name, p.peers[rank]) for name, p in self.pending.items()
-                   for rank in p.members]
-        who = f"rank {request.rank} of job {request.name} of tenant {tenant_of(request.job)}"
-        if len(waiting) >= self.config.max_pending:
-            raise BadRequest(f"the manager holds {len(waiting)} waiting registrations "
-                             f"(max_pending = {self.config.max_pending}): {who} refused")
-        from_peer = sum(1 for _, p in waiting if p == peer)
-        if peer and from_peer >= self.config.max_pending_per_peer:
-            raise BadRequest(f"{peer} has {from_peer} registrations waiting "
-                             f"(max_pending_per_peer = {self.config.max_pending_per_peer}): "
-                             f"{who} refused")
-        tenant = self.tenant(request.job)
-        if tenant is None:
-            return
-        jobs = self._tenant_jobs(tenant.name)
-        held = {"pending": sum(1 for name, _ in waiting if tenant_of(name) == tenant.name),
-                "jobs": len(jobs), "slots": sum(n for n, _ in jobs.values()),
-                "services": sum(s for _, s in jobs.values())}
-        why = over_quota(tenant, held, {"pending": 1, "jobs": int(new_job),
-                                        "slots": slots * new_job, "services": int(new_job)})
-        if why is not None:
-            raise BadRequest(f"{why}: rank {request.rank} of job {request.name} refused")
-
     def tenant(self, name: str) -> Tenant | None:
         """The tenant a job's key names (None: one no longer in the configuration)."""
         return self.config.tenants.get(tenant_of(name))
-
-    def _tenant_jobs(self, tenant: str) -> dict[str, tuple[int, int]]:
-        """The tenant's jobs that hold or ask for resources (not those leaving): name ->
-        (slots, service addresses)."""
-        jobs = {p.name: (p.slots, 1) for p in self.pending.values()}
-        for group in (self.installing, self.running):
-            jobs.update({r.name: (r.job.num_slots, len(r.tree.switches))
-                         for r in group.values()})
-        return {name: held for name, held in jobs.items() if tenant_of(name) == tenant}
 
     def withdraw(self, pending: Pending, rank: int, generation: int) -> None:
         """A waiting rank went away (its timeout, or it died): the job waits for it again."""
@@ -363,7 +342,7 @@ class Jobs:
         """Install every complete job that fits, in the order they became complete."""
         ready = sorted((p for p in self.pending.values()
                         if p.complete_since is not None and p.outcome is None),
-                       key=lambda p: p.complete_since)
+                       key=lambda p: (-p.priority, p.complete_since))
         if not ready:
             return
         if self._seen is None:
@@ -382,20 +361,16 @@ class Jobs:
                 continue
             macs = frozenset(m.mac for m in pending.members.values())
             spanned = self._spanned(pending)
-            tenant = self.tenant(pending.name)
-            if len(spanned) > 1 and tenant is not None:
-                others = self._tenant_jobs(tenant.name)
-                others.pop(pending.name, None)
-                why = over_quota(tenant, {"services": sum(s for _, s in others.values())},
-                                 {"services": len(spanned)})
-                if why is not None:
-                    pending.outcome = ("refused", f"{why}: job {pending.title} spans "
-                                                  f"{len(spanned)} switches")
-                    del self.pending[pending.name]
-                    continue
+            why = sharing.over_services(self, pending, len(spanned))
+            if why is not None:
+                pending.outcome = ("refused", why)
+                del self.pending[pending.name]
+                continue
             allocation = self.allocator.allocate(pending.slots, macs, held, len(spanned))
             if isinstance(allocation, str):
                 pending.message = allocation
+                if not pending.preempting & self.removing.keys():
+                    sharing.preempt(self, pending, macs, held, len(spanned))
                 continue
             running = self._start(pending, allocation, spanned)
             if running is not None:
@@ -427,7 +402,8 @@ class Jobs:
             return None
         tokens = dict(pending.tokens)
         self.store.add_job(pending.name, raw, tokens, state=INSTALLING)
-        running = Running(pending.name, tree, raw, tokens, {}, pending=pending)
+        running = Running(pending.name, tree, raw, tokens, {}, pending=pending,
+                          priority=pending.priority)
         self.installing[pending.name] = running
         pending.message = f"installing job {pending.title} on the switch"
         pending.outcome = ("waiting", pending.message)
@@ -508,6 +484,8 @@ class Jobs:
             running = next((r for r in self.running.values() if wire_key(r.name) == request.job
                             and request.rank in r.tokens
                             and _same(r.tokens[request.rank], request.token_hash)), None)
+            if running is None and request.job in self._preempted:
+                return f"job {job_name_of(request.job)} was {self._preempted[request.job]}"
             if running is None:
                 return (f"job {job_name_of(request.job)} has no rank {request.rank} with this "
                         f"lease on this manager: it was closed, or reclaimed after a lease of "
@@ -517,8 +495,8 @@ class Jobs:
                 return None
             if request.rank not in running.closed:
                 running.closed.add(request.rank)
-                self.store.close_rank(request.job, request.rank)
-                log.info("job %s: rank %d closed (%d of %d)", request.job, request.rank,
+                self.store.close_rank(running.name, request.rank)
+                log.info("job %s: rank %d closed (%d of %d)", running.name, request.rank,
                          len(running.closed), len(running.tokens))
             if running.closed == set(running.tokens):
                 self._finish(running, "every rank closed it")
@@ -679,11 +657,11 @@ class Jobs:
                         "slots": [r.job.first_slot, r.job.first_slot + r.job.num_slots - 1],
                         "udp_port": r.job.udp_port, "service_ip": r.job.service_ip,
                         "switches": list(r.tree.switches), "ranks": len(r.tokens),
-                        "closed": sorted(r.closed)}
+                        "closed": sorted(r.closed), "priority": r.priority}
                        for r in self.running.values() if mine(r.name)]
             waiting = [{"name": job_name_of(p.name), "tenant": tenant_of(p.name),
                         "registered": sorted(p.members), "world": p.world,
-                        "slots": p.slots, "message": p.message}
+                        "slots": p.slots, "message": p.message, "priority": p.priority}
                        for p in self.pending.values() if mine(p.name)]
             removing = [{"name": job_name_of(r.name), "tenant": tenant_of(r.name),
                          "id": r.job.id} for r in self.removing.values() if mine(r.name)]

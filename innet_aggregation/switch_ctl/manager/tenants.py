@@ -10,6 +10,8 @@ from the manager's TOML and used to attribute every request.
     slots = 256                   # slots, over all its jobs
     services = 4                  # service addresses (one per switch a job spans)
     pending = 8                   # registrations waiting for their job to fill or fit
+    priority = 0                  # its jobs' priority unless they ask (INA_PRIORITY)
+    max_priority = 0              # the most a job of it may ask (default: priority)
     operator = false              # true: ``jobs`` lists every tenant's jobs
 
 A quota left out is the pool's whole size. A tenant is known by its secret alone
@@ -28,7 +30,8 @@ DEFAULT = "default"              # the tenant of manager.secret
 MIN_SECRET = 16
 TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 QUOTAS = ("jobs", "slots", "services", "pending")
-TENANT_KEYS = ("secret", "secret_file", "operator", *QUOTAS)
+TENANT_KEYS = ("secret", "secret_file", "operator", *QUOTAS, "priority", "max_priority")
+MAX_PRIORITY = 1000             # wire.MAX_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,20 @@ class Tenant:
     slots: int | None = None
     services: int | None = None
     pending: int | None = None
+    priority: int = 0             # its jobs' unless they ask
+    max_priority: int = 0         # the most a job may ask
 
     def quota(self, name: str) -> int | None:
         return getattr(self, name)
+
+    def job_priority(self, asked: int | None) -> int | str:
+        """The priority of a job that asked ``asked`` (None: the default), or why not."""
+        if asked is None:
+            return self.priority
+        if asked > self.max_priority:
+            return (f"tenant {self.name} may give a job priority {self.max_priority} at most "
+                    f"(its max_priority), not {asked}")
+        return asked
 
 
 def identify(tenants: dict[str, Tenant], secret: bytes) -> Tenant | None:
@@ -111,7 +125,18 @@ def parse_tenants(mg: dict, raw, read_secret, problems: list[str]) -> dict[str, 
                                 f"{value!r}")
                 value = None
             quotas[quota] = value
-        tenants[name] = Tenant(name, read_secret(table, where), operator is True, **quotas)
+        priority, cap = table.get("priority", 0), table.get("max_priority")
+        for key, value in (("priority", priority), ("max_priority", cap)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= MAX_PRIORITY):
+                problems.append(f"{where}.{key} must be an integer in 0..{MAX_PRIORITY}, "
+                                f"not {value!r}")
+                priority, cap = 0, 0
+        cap = priority if cap is None else cap
+        if priority > cap:
+            problems.append(f"{where}.priority {priority} is above its max_priority {cap}")
+        tenants[name] = Tenant(name, read_secret(table, where), operator is True, **quotas,
+                               priority=priority, max_priority=cap)
     secrets: dict[bytes, str] = {}
     for tenant in tenants.values():
         if tenant.secret and tenant.secret in secrets:

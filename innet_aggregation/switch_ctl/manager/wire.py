@@ -48,6 +48,7 @@ _NONCE = re.compile(rf"^[0-9a-f]{{{2 * protocol.PROOF_NONCE_BYTES}}}$")
 # printable so it travels in an environment variable.
 CREDENTIAL = re.compile(r"^[\x21-\x7e]{16,256}$")
 MAX_INTERFACES = 32
+MAX_PRIORITY = 1000
 OPS = ("register", "renew", "close", "jobs")
 
 
@@ -73,6 +74,7 @@ class Register:
     token_hash: str          # of the token the rank drew, which renews its lease
     proof: str | None = None # the nonce the manager sent the host through the switch
     deadline_ms: float | None = None   # the job's deadline (config.JobConfig.deadline_ms)
+    priority: int | None = None        # asked; the tenant's default and cap apply (tenants.py)
 
     @property
     def name(self) -> str:
@@ -208,7 +210,7 @@ def parse(message: dict) -> Register | Lease | str:
         rank = _int(message, "rank", 0, protocol.MAX_WORKERS - 1)
         return Lease(op, key, rank, token_hash(_token(message)))
     _only(message, {"op", "secret", "job", "rank", "world", "interfaces", "udp_port", "slots",
-                    "credential", "token", "proof", "deadline_ms"})
+                    "credential", "token", "proof", "deadline_ms", "priority"})
     name = _job_name(message.get("job"))
     credential = message.get("credential")
     if not isinstance(credential, str) or not CREDENTIAL.match(credential):
@@ -222,6 +224,8 @@ def parse(message: dict) -> Register | Lease | str:
         raise BadRequest(f"rank {rank} is not below the world size {world}")
     udp_port = _int(message, "udp_port", 1024, 65535)
     slots = None if message.get("slots") is None else _int(message, "slots", 1, 1 << 15)
+    priority = (None if message.get("priority") is None
+                else _int(message, "priority", 0, MAX_PRIORITY))
     deadline = message.get("deadline_ms")
     if deadline is not None and (isinstance(deadline, bool)
                                  or not isinstance(deadline, (int, float))
@@ -234,7 +238,7 @@ def parse(message: dict) -> Register | Lease | str:
     return Register(job_key(name, credential), rank, world,
                     tuple(_interface(i, n) for n, i in enumerate(raw)), udp_port, slots,
                     token_hash(token), _proof(message.get("proof")),
-                    None if deadline is None else float(deadline))
+                    None if deadline is None else float(deadline), priority)
 
 
 def _proof(value) -> str | None:
