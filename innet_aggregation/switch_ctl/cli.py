@@ -87,8 +87,9 @@ def _parser() -> argparse.ArgumentParser:
                                          "their jobs on its switch (switch_ctl/manager/)")
     serve.add_argument("--config", type=Path, required=True, help="the manager's TOML")
     jobs = sub.add_parser("jobs", help="list the jobs a running manager holds and queues")
-    jobs.add_argument("--config", type=Path, required=True, help="the manager's TOML (its "
-                                                                 "address and secret)")
+    jobs.add_argument("--config", type=Path, required=True,
+                      help="the manager's TOML (its address, and the secret of its operator "
+                           "tenant, else of its first)")
     jobs.add_argument("--ca-cert", type=Path, help="the CA of the manager's certificate")
     jobs.add_argument("--json", action="store_true", help="print JSON instead of lines")
     return parser

@@ -137,9 +137,10 @@ class Manager:
         return self
 
     def _descriptors(self) -> None:
-        """RLIMIT_NOFILE raised (to its hard limit at most) to hold max_connections, and
-        never all of it taken by connections: the database, gRPC (which aborts the
-        process when it cannot make an epoll set) and the program files keep a share."""
+        """RLIMIT_NOFILE raised (to its hard limit at most) to hold max_connections and
+        max_pending waiting registrations, and never all of it taken by connections:
+        the database, gRPC (which aborts the process when it cannot make an epoll set)
+        and the program files keep a share."""
         need = self.config.max_connections + self.config.max_pending + SPARE_FILES
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY or soft >= need:
@@ -150,9 +151,10 @@ class Manager:
             spare = min(SPARE_FILES, soft // 2)
             self._room = max(1, soft - spare)
             log.warning("RLIMIT_NOFILE's hard limit %d holds fewer than manager.max_connections "
-                        "%d connections (and %d other files): the listener holds at most %d "
-                        "and accepts no more until some close", hard,
-                        self.config.max_connections, SPARE_FILES, self._room)
+                        "%d connections and max_pending %d waiting registrations (and %d "
+                        "other files): the listener holds at most %d and accepts no more "
+                        "until some close", hard, self.config.max_connections,
+                        self.config.max_pending, SPARE_FILES, self._room)
 
     @property
     def port(self) -> int:
