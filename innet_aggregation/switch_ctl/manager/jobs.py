@@ -330,7 +330,8 @@ class Jobs:
             if waited > self.config.join_seconds:
                 registered = len(pending.members)
                 self.withdraw(pending, rank, generation)
-                return "refused", (f"rank {rank} of job {pending.title} waited "
+                return "refused", (f"rank {rank} of job {pending.title} of tenant "
+                                   f"{tenant_of(pending.name)} waited "
                                    f"{self.config.join_seconds:g} s (the manager's "
                                    f"join_seconds) with {registered} of its {pending.world} "
                                    f"ranks registered: registration expired")
