@@ -14,7 +14,7 @@ from the manager's TOML and used to attribute every request.
     max_priority = 0              # the most a job of it may ask (default: priority)
     operator = false              # true: ``jobs`` lists every tenant's jobs
 
-A quota left out is the pool's whole size. A tenant is known by its secret alone
+A quota left out bounds nothing but the pool does. A tenant is known by its secret alone
 (compared in constant time against every tenant's), and its jobs live under keys of
 their own (``scoped``): what one tenant sends never names another's job, even with
 the other job's credential.
@@ -24,20 +24,21 @@ from __future__ import annotations
 
 import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .wire import MAX_PRIORITY
 
 DEFAULT = "default"              # the tenant of manager.secret
 MIN_SECRET = 16
 TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 QUOTAS = ("jobs", "slots", "services", "pending")
 TENANT_KEYS = ("secret", "secret_file", "operator", *QUOTAS, "priority", "max_priority")
-MAX_PRIORITY = 1000             # wire.MAX_PRIORITY
 
 
 @dataclass(frozen=True)
 class Tenant:
     name: str
-    secret: bytes
+    secret: bytes = field(repr=False)     # never in a log line or a traceback
     operator: bool = False
     jobs: int | None = None       # None: no quota but the pool's
     slots: int | None = None
