@@ -87,8 +87,9 @@ def _parser() -> argparse.ArgumentParser:
                                          "their jobs on its switch (switch_ctl/manager/)")
     serve.add_argument("--config", type=Path, required=True, help="the manager's TOML")
     jobs = sub.add_parser("jobs", help="list the jobs a running manager holds and queues")
-    jobs.add_argument("--config", type=Path, required=True, help="the manager's TOML (its "
-                                                                 "address and secret)")
+    jobs.add_argument("--config", type=Path, required=True,
+                      help="the manager's TOML (its address, and the secret of its operator "
+                           "tenant, else of its first)")
     jobs.add_argument("--ca-cert", type=Path, help="the CA of the manager's certificate")
     jobs.add_argument("--json", action="store_true", help="print JSON instead of lines")
     return parser
@@ -115,9 +116,12 @@ def list_jobs(args) -> None:
     config = manager_config.load(args.config)
     host, port = config.listen
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    # An operator sees every tenant's jobs; else the file's first tenant, its own.
+    tenant = next((t for t in config.tenants.values() if t.operator),
+                  next(iter(config.tenants.values())))
     try:
-        answer = _Manager(f"{host}:{port}", config.secret.decode(), args.ca_cert).request(
-            {"op": "jobs"})
+        answer = _Manager(f"{host}:{port}", tenant.secret.decode(), args.ca_cert,
+                          config.insecure).request({"op": "jobs"})
     except (OSError, JoinError) as exc:
         raise P4RuntimeError(str(exc)) from None
     if answer.get("status") != "ok":
@@ -127,14 +131,20 @@ def list_jobs(args) -> None:
                          indent=2))
         return
     for job in answer["running"]:
-        print(f"running {job['name']}: id {job['id']}, slots {job['slots'][0]}..{job['slots'][1]}, "
-              f"UDP port {job['udp_port']}, service {job['service_ip']}, {job['ranks']} ranks"
+        print(f"running {job['name']}{_tenant(job)}: id {job['id']}, "
+              f"slots {job['slots'][0]}..{job['slots'][1]}, UDP port {job['udp_port']}, "
+              f"service {job['service_ip']}, {job['ranks']} ranks"
               + (f" ({len(job['closed'])} closed)" if job["closed"] else ""))
     for job in answer["waiting"]:
-        print(f"waiting {job['name']}: {len(job['registered'])} of {job['world']} ranks, "
-              f"{job['slots']} slots: {job['message']}")
+        print(f"waiting {job['name']}{_tenant(job)}: {len(job['registered'])} of "
+              f"{job['world']} ranks, {job['slots']} slots: {job['message']}")
     for job in answer.get("removing", []):
-        print(f"removing {job['name']}: id {job['id']}, leaving the switch")
+        print(f"removing {job['name']}{_tenant(job)}: id {job['id']}, leaving the switch")
+
+
+def _tenant(job: dict) -> str:
+    """A job's tenant, where the manager has more than the default one."""
+    return "" if job.get("tenant") == "default" else f" (tenant {job.get('tenant')})"
 
 
 def _connection(args, config) -> SwitchConnection:

@@ -299,7 +299,8 @@ def test_every_configuration_key_is_documented():
                   | {part for table in re.findall(r"^\[\[?([a-z_.]+)", page, re.M)
                      for part in table.split(".")})
     code = set()
-    for rel in ("switch_ctl/config.py", "switch_ctl/tree.py", "switch_ctl/manager/config.py"):
+    for rel in ("switch_ctl/config.py", "switch_ctl/tree.py", "switch_ctl/manager/config.py",
+                "switch_ctl/manager/tenants.py"):
         text = (REPO / "innet_aggregation" / rel).read_text()
         code |= set(re.findall(r"""(?:get\(\w+, |\.get\(|\w\[|_range\(\w+, )"([a-z_]+)\"""", text))
     code |= {"ca_cert", "client_cert", "client_key", "secret", "secret_file"}

@@ -83,6 +83,7 @@ class ManagerBed:
     ranks: list[Rank] = field(default_factory=list)
     listener: dict = field(default_factory=dict)    # [manager] settings of the listener
     unlisted: tuple[int, ...] = ()     # hosts left out of fabric.hosts: the manager learns them
+    tenants: dict = field(default_factory=dict)     # [tenants.NAME] beside manager.secret
 
     def start(self) -> "ManagerBed":
         self.topology = Namespaces(8, tag=f"mg{os.getpid() % 100000}", management=True,
@@ -118,6 +119,7 @@ class ManagerBed:
             "fabric": {"hosts": [{"mac": h.mac, "switch_port": h.switch_port}
                                  for h in self.topology.hosts
                                  if h.index not in self.unlisted]},
+            **({"tenants": self.tenants} if self.tenants else {}),
         }
 
     # -- the manager process ---------------------------------------------------------

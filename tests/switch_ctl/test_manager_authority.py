@@ -114,7 +114,7 @@ def running(jobs: Jobs, key: str, timeout_sweeps: int = 5):
         if key in jobs.running:
             return jobs.running[key]
         jobs.sweep()
-    raise AssertionError(f"{key} did not start: {jobs.listing()}")
+    raise AssertionError(f"{key} did not start: {jobs.listing(jobs.config.tenants['default'])}")
 
 
 def test_another_tenant_with_the_same_name_gathers_a_job_of_its_own(jobs):
@@ -128,9 +128,13 @@ def test_another_tenant_with_the_same_name_gathers_a_job_of_its_own(jobs):
     assert sorted(a.tokens) == [0, 1]
     members = {w.id: w.mac for w in a.tree.switches["switch"].job.workers}
     assert members == {0: MACS[0], 1: MACS[1]}          # not tenant B's host
-    waiting = jobs.listing()["waiting"]
+    listing = jobs.listing(jobs.config.tenants["default"])
+    waiting = listing["waiting"]
     assert [(w["name"], w["registered"]) for w in waiting] == [("train", [1])]
-    assert waiting[0]["owner"] != jobs.listing()["running"][0]["owner"]
+    # The listing names the tenant, nothing derived from a job's credential.
+    assert [set(w) for w in waiting] == [{"name", "tenant", "registered", "world", "slots",
+                                          "message", "priority"}]
+    assert {j["tenant"] for j in listing["running"] + waiting} == {"default"}
 
 
 def test_a_rank_registered_twice_is_refused_never_evicted(jobs):

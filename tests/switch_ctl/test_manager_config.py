@@ -56,7 +56,7 @@ def test_every_problem_is_named(tmp_path):
 def test_a_secret_file(tmp_path):
     (tmp_path / "secret").write_text("0123456789abcdef0123\n")
     raw = {**GOOD, "manager": {"listen": "127.0.0.1:1", "secret_file": "secret"}}
-    assert manager_config.parse(raw, tmp_path).secret == b"0123456789abcdef0123"
+    assert manager_config.parse(raw, tmp_path).tenants["default"].secret == b"0123456789abcdef0123"
     raw["manager"]["secret"] = "y" * 20
     with pytest.raises(ConfigError, match="give manager.secret or manager.secret_file"):
         manager_config.parse(raw, tmp_path)
@@ -118,3 +118,53 @@ def test_the_pool_hands_out_disjoint_resources_in_turn():
     c = pool.allocate(16, frozenset({"m3"}), held[1:])
     assert c.first_slot == 0 and c.job_id not in (a.job_id, b.job_id)
     assert c.service == Service("10.0.0.252", "02:00:00:00:00:f2")
+
+
+def test_tenants_each_with_a_secret_and_quotas(tmp_path):
+    from innet_aggregation.switch_ctl.manager.tenants import DEFAULT, identify
+
+    (tmp_path / "bob.secret").write_text("bob's own secret, long\n")
+    raw = {**GOOD, "tenants": {"alice": {"secret": "a" * 16, "jobs": 2, "slots": 32},
+                               "bob": {"secret_file": "bob.secret", "operator": True}}}
+    tenants = manager_config.parse(raw, tmp_path).tenants
+    assert sorted(tenants) == ["alice", "bob", DEFAULT]
+    alice = tenants["alice"]
+    assert (alice.jobs, alice.slots, alice.pending) == (2, 32, None)
+    assert tenants["bob"].operator and not tenants["alice"].operator
+    assert identify(tenants, b"bob's own secret, long") is tenants["bob"]
+    assert identify(tenants, b"x" * 16) is tenants[DEFAULT]
+    assert identify(tenants, b"a" * 15) is None
+    # Tenants alone, without manager.secret: no default tenant.
+    alone = {**raw, "manager": {"listen": "127.0.0.1:7070"}}
+    assert sorted(manager_config.parse(alone, tmp_path).tenants) == ["alice", "bob"]
+    bad = {**GOOD, "tenants": {"Alice": {"secret": "x" * 16, "slots": -1, "jobs": True,
+                                         "colour": "red"},
+                               "carol": {"operator": "yes"}, DEFAULT: {"secret": "d" * 16}}}
+    with pytest.raises(ConfigError) as err:
+        manager_config.parse(bad, tmp_path)
+    for said in ["tenants.Alice: a tenant's name is 1-32 of a-z, 0-9, _ and -",
+                 "tenants.Alice has unknown keys colour (known: secret, secret_file, operator, "
+                 "jobs, slots, services, pending, priority, max_priority)",
+                 "tenants.Alice.slots must be an integer, 0 or more, not -1",
+                 "tenants.Alice.jobs must be an integer, 0 or more, not True",
+                 "tenants default and Alice have the same secret: each tenant needs its own",
+                 "tenants.carol.operator must be true or false, not 'yes'",
+                 "give tenants.carol.secret or tenants.carol.secret_file (one of them)",
+                 "tenants.default: manager.secret is the tenant 'default' already"]:
+        assert said in str(err.value), (said, str(err.value))
+    with pytest.raises(ConfigError, match="give manager.secret or manager.secret_file \\(one "
+                                          "tenant\\), or \\[tenants.NAME\\] tables"):
+        manager_config.parse({**GOOD, "manager": {"listen": "127.0.0.1:7070"}}, tmp_path)
+
+
+def test_the_waiting_registrations_limits_and_their_defaults(tmp_path):
+    config = manager_config.parse(GOOD, tmp_path)
+    assert (config.join_seconds, config.max_pending, config.max_pending_per_peer) == (
+        120.0, 512, 16)
+    raw = {**GOOD, "manager": {**GOOD["manager"], "join_seconds": 0, "max_pending": 8,
+                               "max_pending_per_peer": 9}}
+    with pytest.raises(ConfigError) as err:
+        manager_config.parse(raw, tmp_path)
+    for said in ["manager.join_seconds must be in (0, 86400], not 0",
+                 "manager.max_pending_per_peer must be in 1..8 (max_pending), not 9"]:
+        assert said in str(err.value), (said, str(err.value))

@@ -255,13 +255,39 @@ def test_the_total_cap_makes_room_for_an_address_that_gave_the_secret(manager):
             sock.recv(1)
 
 
+def test_addresses_with_the_secret_filling_the_cap_make_room_for_another(manager):
+    """Two addresses that gave the secret hold every connection without a request: a
+    third that gave it gets in, and the address holding the most gives up its oldest;
+    waiting registrations hold none of the cap."""
+    m = manager(max_connections=4, max_connections_per_peer=3)
+    for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
+        assert m.ask({"op": "jobs"}, source=source)["status"] == "ok"
+    waiting = m.connect("127.0.0.4")        # rank 0 of 2: waits for its job, holds no room
+    waiting.sendall(encode({**register("job-w", world=2), "secret": SECRET}))
+    assert answer_of(waiting)["status"] == "waiting"
+    time.sleep(0.5)
+    idle = [m.connect(source) for source in ("127.0.0.2", "127.0.0.2", "127.0.0.2",
+                                             "127.0.0.3")]
+    time.sleep(0.2)
+    assert m.ask({"op": "jobs"}, source="127.0.0.4")["status"] == "ok"
+    assert answer_of(idle[0]) == {
+        "status": "busy", "error": "the manager holds its 4 connections (max_connections), "
+                                   "and this one, without a request yet, made room"}
+    for sock in idle[1:]:
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):       # still open, nothing said
+            sock.recv(1)
+    waiting.close()
+
+
 def test_the_listener_outlives_running_out_of_file_descriptors(manager):
     """Connections never take the descriptors the database, gRPC and the program files
     need (gRPC aborts the process when it cannot make an epoll set: seen here on a busy
     machine, where the manager pushed the program during the flood)."""
     m = manager(nofile=64, request_seconds=60)      # only closing them frees descriptors
     assert ("RLIMIT_NOFILE's hard limit 64 holds fewer than manager.max_connections 512 "
-            "connections (and 64 other files): the listener holds at most 32") in m.log()
+            "connections and max_pending 512 waiting registrations (and 64 other files): the "
+            "listener holds at most 32") in m.log()
     flood = []
     for n in range(200):
         sock = socket.socket()
@@ -449,6 +475,6 @@ def test_a_flood_costs_no_lease_and_no_sum_and_a_job_registers_after_it(bed):
     assert all(t < 4.5 for t, _ in flood.ended) and all(t >= 3.0 for t in cut), flood.ended
     assert flood.closed > IDLE
     for kind in ("max_connections: ", "max_connections_per_peer: ", "made room for an "
-                 "address with the secret: "):
+                 "address with a secret: "):
         assert kind in log, kind
     assert registered_after < 10, registered_after

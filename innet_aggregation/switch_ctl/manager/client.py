@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from innet_aggregation.addresses import is_loopback
 from innet_aggregation.p4src import protocol
 
 from .. import config as config_mod
@@ -168,13 +169,20 @@ class Membership:
 
 
 class _Manager:
-    """How to reach the manager: address, secret, TLS."""
+    """How to reach the manager: address, secret, TLS. Without TLS the secret goes only
+    to a loopback manager, unless ``insecure``: anyone on the path could read it."""
 
-    def __init__(self, address: str, secret: str, ca_cert: str | Path | None):
+    def __init__(self, address: str, secret: str, ca_cert: str | Path | None,
+                 insecure: bool = False):
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise JoinError(f"the manager's address {address!r} must be host:port (INA_MANAGER)")
         self.address, self.host, self.port = address, host.strip("[]"), int(port)
+        if ca_cert is None and not insecure and not is_loopback(self.host):
+            raise JoinError(f"refusing to send the secret in plaintext to the manager at "
+                            f"{address}, which is not a loopback address: set INA_CA_CERT to "
+                            f"the CA of its certificate (TLS), or INA_INSECURE=1 to send it "
+                            f"in plaintext all the same")
         self.secret = secret
         self.ca_cert = ca_cert
         self.tls = None
@@ -253,16 +261,18 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
          ca_cert: str | Path | None = None, ifname: str | None = None,
          slots: int | None = None, timeout: float = DEFAULT_TIMEOUT,
          progress: Callable[[str], None] | None = None,
-         deadline_ms: float | None = None) -> Membership:
+         deadline_ms: float | None = None, insecure: bool = False,
+         priority: int | None = None) -> Membership:
     """Register rank ``rank`` of ``world`` in job ``job`` (whose ranks share
     ``credential``) and wait until the manager has installed the job (every rank
     registered, and room on the switch), at most ``timeout`` seconds; retried while
-    the manager is away. JoinError says why not."""
+    the manager is away. Without ``ca_cert``, only a loopback manager unless
+    ``insecure``. JoinError says why not."""
     progress = progress or _say
     if not CREDENTIAL.match(credential):
         raise JoinError("the job's credential must be 16-256 printable characters without "
                         "spaces (INA_JOB_CREDENTIAL)")
-    manager = _Manager(address, secret, ca_cert)
+    manager = _Manager(address, secret, ca_cert, insecure)
     token = secrets.token_hex(16)    # this rank's alone: retries send the same one
     with _ProofSocket() as proofs:
         request = {"op": "register", "job": job, "rank": rank, "world": world,
@@ -272,6 +282,8 @@ def join(address: str, job: str, rank: int, world: int, secret: str, *, credenti
             request["slots"] = slots
         if deadline_ms is not None:
             request["deadline_ms"] = deadline_ms
+        if priority is not None:
+            request["priority"] = priority
         deadline = time.monotonic() + timeout
         last, said, unanswered, unproven = "", 0.0, 0, 0
         while True:
@@ -445,7 +457,9 @@ def join_from_env(rank: int, world: int, credential: str | None = None,
                   progress: Callable[[str], None] | None = None) -> Membership:
     """``join`` with INA_MANAGER, INA_SECRET or INA_SECRET_FILE, INA_JOB, INA_CA_CERT,
     INA_IFNAME, INA_SLOTS, INA_DEADLINE_MS (the job's deadline, milliseconds; unset or
-    0: none) and INA_JOIN_TIMEOUT (seconds) from the environment; the
+    0: none), INA_JOIN_TIMEOUT (seconds), INA_PRIORITY (the job's priority; unset: its
+    tenant's default) and INA_INSECURE (1: plaintext to a manager off loopback) from
+    the environment; the
     job's credential is ``credential`` (the torch backend's, from the job's store),
     else INA_JOB_CREDENTIAL or INA_JOB_CREDENTIAL_FILE."""
     env = os.environ
@@ -470,15 +484,21 @@ def join_from_env(rank: int, world: int, credential: str | None = None,
         slots = int(env["INA_SLOTS"]) if env.get("INA_SLOTS") else None
         timeout = float(env.get("INA_JOIN_TIMEOUT", DEFAULT_TIMEOUT))
         deadline = float(env.get("INA_DEADLINE_MS") or 0) or None
+        priority = int(env["INA_PRIORITY"]) if env.get("INA_PRIORITY") else None
     except ValueError as exc:
-        raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT / INA_DEADLINE_MS: {exc}") from None
+        raise JoinError(f"INA_SLOTS / INA_JOIN_TIMEOUT / INA_DEADLINE_MS / INA_PRIORITY: "
+                        f"{exc}") from None
     if deadline is not None and not 0 < deadline <= config_mod.MAX_DEADLINE_MS:
         raise JoinError(f"INA_DEADLINE_MS must be milliseconds in (0, "
                         f"{config_mod.MAX_DEADLINE_MS}], "
                         f"not {env['INA_DEADLINE_MS']}")
+    insecure = env.get("INA_INSECURE", "0")
+    if insecure not in ("0", "1"):
+        raise JoinError(f"INA_INSECURE must be 0 or 1, not {insecure!r}")
     return join(address, default_job_name(env), rank, world, secret, credential=credential,
                 ca_cert=env.get("INA_CA_CERT") or None, ifname=env.get("INA_IFNAME") or None,
-                slots=slots, timeout=timeout, progress=progress, deadline_ms=deadline)
+                slots=slots, timeout=timeout, progress=progress, deadline_ms=deadline,
+                insecure=insecure == "1", priority=priority)
 
 
 def _say(line: str) -> None:

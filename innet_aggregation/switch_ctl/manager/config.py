@@ -2,7 +2,8 @@
 
     [manager]
     listen = "0.0.0.0:7070"            # where ranks register (host:port)
-    secret_file = "secret"             # or secret = "..." (16 characters or more)
+    secret_file = "secret"             # or secret = "..." (16 characters or more): the
+                                       #   tenant "default"; or [tenants.NAME] (tenants.py)
     cert = "tls/manager.pem"           # TLS on the listener, with its key: required off
     key = "tls/manager.key"            #   loopback unless insecure = true
     insecure = false                   # true: plaintext off loopback (a warning at start)
@@ -19,6 +20,9 @@
     max_connections = 512              # open at once, all addresses together
     max_connections_per_peer = 32      # from one address, still sending their request
     request_seconds = 10               # for the TLS handshake and the request line together
+    join_seconds = 120                 # a registration waits this long for its job to fill
+    max_pending = 512                  # registrations waiting, all addresses together
+    max_pending_per_peer = 16          # registrations waiting from one address
 
     [switch]                           # as a job file's [switch], ports from the fabric
     grpc_addr = "127.0.0.1:9559"
@@ -77,12 +81,13 @@ from innet_aggregation.p4src import protocol
 
 from ..config import TLS_KEYS, ConfigError, TLSConfig, _check_ip, _check_mac, tls_config
 from ..tree import _parents_first, _structure
+from .tenants import MIN_SECRET, Tenant, parse_tenants
 
-MIN_SECRET = 16
 STAR = "switch"     # the name of a star manager's one switch
 MANAGER_KEYS = ("listen", "secret", "secret_file", "cert", "key", "insecure", "database",
                 "lease_seconds", "sweep_seconds", "default_slots", "max_connections",
-                "max_connections_per_peer", "request_seconds", "prove_ports", "learn_hosts")
+                "max_connections_per_peer", "request_seconds", "prove_ports", "learn_hosts",
+                "join_seconds", "max_pending", "max_pending_per_peer")
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,7 @@ class TreeLinks:
 @dataclass(frozen=True)
 class ManagerConfig:
     listen: tuple[str, int]
-    secret: bytes
+    tenants: dict[str, Tenant]      # by name; manager.secret's is tenants.DEFAULT
     cert: Path | None
     key: Path | None
     database: Path
@@ -140,6 +145,9 @@ class ManagerConfig:
     max_connections_per_peer: int = 32
     request_seconds: float = 10.0
     insecure: bool = False          # plaintext allowed off loopback
+    join_seconds: float = 120.0     # a registration's wait for its job's other ranks
+    max_pending: int = 512          # registrations waiting, in all
+    max_pending_per_peer: int = 16  # registrations waiting from one address
 
     @property
     def switch(self) -> ManagerSwitch:
@@ -179,7 +187,7 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     if is_tree and "switch" in raw:
         problems.append("give [switch] (one switch) or [tree] and [switches.NAME] (a tree), "
                         "not both")
-    unknown = sorted(set(raw) - set(sections) - {"switch"})
+    unknown = sorted(set(raw) - set(sections) - {"switch", "tenants"})
     if unknown:
         problems.append(f"unknown tables {', '.join(unknown)} (known: {', '.join(sections)})")
     mg, pl, fb = (sections[n] for n in ("manager", "pool", "fabric"))
@@ -204,7 +212,6 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
         problems.append(f"manager has unknown keys {', '.join(extra)} (known: "
                         f"{', '.join(MANAGER_KEYS)})")
     listen = _address(get(mg, "listen", str, "manager"), "manager.listen", problems)
-    secret = _secret(mg, path, problems)
     cert, key = mg.get("cert"), mg.get("key")
     if (cert is None) != (key is None):
         problems.append("manager.cert and manager.key go together (a certificate and its key)")
@@ -255,6 +262,18 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     request_seconds = get(mg, "request_seconds", (int, float), "manager", 10)
     if request_seconds is not None and not 0 < request_seconds <= 300:
         problems.append(f"manager.request_seconds must be in (0, 300], not {request_seconds}")
+    join_seconds = get(mg, "join_seconds", (int, float), "manager", 120)
+    if join_seconds is not None and not 0 < join_seconds <= 86400:
+        problems.append(f"manager.join_seconds must be in (0, 86400], not {join_seconds}")
+    max_pending = get(mg, "max_pending", int, "manager", 512)
+    if max_pending is not None and not 1 <= max_pending <= 65536:
+        problems.append(f"manager.max_pending must be in 1..65536, not {max_pending}")
+        max_pending = None
+    pending_per_peer = get(mg, "max_pending_per_peer", int, "manager", 16)
+    if pending_per_peer is not None and max_pending is not None and (
+            not 1 <= pending_per_peer <= max_pending):
+        problems.append(f"manager.max_pending_per_peer must be in 1..{max_pending} "
+                        f"(max_pending), not {pending_per_peer}")
 
     fabric, homes = _fabric(fb, is_tree, problems)
     tree = None
@@ -271,6 +290,8 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     slots = _range(pl, "slots", (0, pool_size - 1), range(0, pool_size), problems)
     udp_ports = _range(pl, "udp_ports", (ports_all.start, ports_all.stop - 1), ports_all, problems)
     services = _services(pl.get("services"), fabric, problems)
+    tenants = parse_tenants(mg, raw.get("tenants"),
+                            lambda table, where: _secret(table, where, path, problems), problems)
     if is_tree and services and switches and len(services) < len(switches):
         problems.append(f"pool.services lists {len(services)} service addresses; a job across "
                         f"the tree takes one per switch, {len(switches)}")
@@ -282,14 +303,16 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     for name, switch in switches.items():
         if switch.tls is not None:
             switch.tls.check("switch" if tree is None else f"switches.{name}")
-    return ManagerConfig(listen=listen, secret=secret, cert=cert, key=key,
+    return ManagerConfig(listen=listen, tenants=tenants, cert=cert, key=key,
                          database=path(database), lease_seconds=float(lease),
                          sweep_seconds=float(sweep), default_slots=default_slots,
                          switches=switches, pool=Pool(job_ids, slots, udp_ports, services),
                          fabric=fabric, homes=homes, tree=tree, prove_ports=prove_ports,
                          learn_hosts=learn_hosts,
                          max_connections=max_connections, max_connections_per_peer=per_peer,
-                         request_seconds=float(request_seconds), insecure=insecure)
+                         request_seconds=float(request_seconds), insecure=insecure,
+                         join_seconds=float(join_seconds), max_pending=max_pending,
+                         max_pending_per_peer=pending_per_peer)
 
 
 def _switch(sw: dict, where: str, fabric: dict[str, int], base: Path, get,
@@ -393,26 +416,27 @@ def _address(value, where: str, problems: list[str]) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _secret(mg: dict, path, problems: list[str]) -> bytes:
-    given = [k for k in ("secret", "secret_file") if k in mg]
+def _secret(table: dict, where: str, path, problems: list[str]) -> bytes:
+    """``where``'s secret or secret_file (a tenant's)."""
+    given = [k for k in ("secret", "secret_file") if k in table]
     if len(given) != 1:
-        problems.append("give manager.secret or manager.secret_file (one of them): every "
-                        "registration must carry it")
+        problems.append(f"give {where}.secret or {where}.secret_file (one of them): every "
+                        f"request of the tenant must carry it")
         return b""
-    value = mg[given[0]]
+    value = table[given[0]]
     if not isinstance(value, str) or not value:
-        problems.append(f"manager.{given[0]} must be a string, not {value!r}")
+        problems.append(f"{where}.{given[0]} must be a string, not {value!r}")
         return b""
     if given[0] == "secret_file":
         try:
             secret = path(value).read_bytes().strip()
         except OSError as exc:
-            problems.append(f"manager.secret_file {path(value)}: {exc.strerror}")
+            problems.append(f"{where}.secret_file {path(value)}: {exc.strerror}")
             return b""
     else:
         secret = value.encode()
     if len(secret) < MIN_SECRET:
-        problems.append(f"manager's secret has {len(secret)} characters; give at least "
+        problems.append(f"{where}'s secret has {len(secret)} characters; give at least "
                         f"{MIN_SECRET}")
     return secret
 

@@ -2,9 +2,13 @@
 installed, its ranks renew their leases, and a job leaves when every rank closed it
 or one rank's lease ran out.
 
-A job is known by its key, its name and its owner (wire.job_key): what one tenant
-sends never reaches another's job. A rank's lease token is the one it drew itself;
-a second registration of a waiting rank with another token is refused.
+A job is known by its key, its name and its owner (wire.job_key), within its
+tenant's space (tenants.scoped): what one tenant sends never reaches another's job.
+A rank's lease token is the one it drew itself; a second registration of a waiting
+rank with another token is refused. A tenant's jobs, slots, service addresses and
+waiting registrations are bounded by its quotas, and waiting registrations by
+address and in all (manager.max_pending_per_peer, max_pending); a registration
+whose job has not filled within manager.join_seconds is refused.
 
 A complete job that does not fit (slots, ids, ports, service addresses, or a host
 interface another job uses) waits; the waiting jobs are tried in the order they
@@ -54,8 +58,10 @@ from ..overlaps import InstalledJob, JobOverlap
 from ..tree import Tree, parse_tree
 from .config import STAR, ManagerConfig
 from .installer import MARK, Switches, refusal
+from . import sharing
 from .pool import Allocation, Allocator, Holding
 from .store import INSTALLING, REMOVING, RUNNING, Store, StoredJob
+from .tenants import Tenant, tenant_of, wire_key
 from .wire import BadRequest, Lease, Register, job_name_of
 
 log = logging.getLogger("innet_aggregation.manager")
@@ -99,8 +105,12 @@ class Pending:
     members: dict[int, Member] = field(default_factory=dict)
     tokens: dict[int, str] = field(default_factory=dict)        # rank -> its token's hash
     generation: dict[int, int] = field(default_factory=dict)   # rank -> its registration
+    peers: dict[int, str] = field(default_factory=dict)        # rank -> the address it came from
+    joined: dict[int, float] = field(default_factory=dict)     # rank -> when (monotonic)
     complete_since: float | None = None
     message: str = ""
+    priority: int = 0
+    preempting: frozenset[str] = frozenset()   # the jobs it preempted, leaving for it
     # ("ready", Running) or ("refused", why); ("waiting", why) while being installed:
     # its ranks are fixed then (one that reconnects finds it again).
     outcome: tuple[str, object] | None = None
@@ -121,6 +131,7 @@ class Running:
     closed: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.time)
     pending: Pending | None = None     # while installing: its ranks, waiting for the outcome
+    priority: int = 0                  # a restored job's: its tenant's default
 
     @property
     def job(self):
@@ -157,6 +168,7 @@ class Jobs:
         self._seen: list[InstalledJob] | None = None   # the switches' jobs, as last read
         self._trouble = "not reached yet"              # why the switches could not be read
         self._orphans: list[int] = []                  # marked as ours, unknown to the database
+        self._preempted: dict[str, str] = {}           # a preempted job's key -> why
         self._alive = time.monotonic()
         fault = os.environ.get("INA_MANAGER_FAULT")
         if fault is not None and fault not in FAULT_STEPS:
@@ -187,9 +199,10 @@ class Jobs:
         self.wake.set()
 
     def _running(self, stored: StoredJob, deadline: float) -> Running:
+        tenant = self.tenant(stored.name)
         return Running(stored.name, self._tree(stored.config), stored.config, stored.tokens,
                        {rank: deadline for rank in stored.tokens}, set(stored.closed),
-                       stored.started)
+                       stored.started, priority=tenant.priority if tenant else 0)
 
     # -- registration ----------------------------------------------------------------
     def member(self, request: Register) -> Member:
@@ -247,12 +260,19 @@ class Jobs:
                         return switch, worker.switch_port
         return None
 
-    def register(self, request: Register, member: Member) -> tuple[Pending, int]:
-        """Enter the rank; returns its job and its registration's generation."""
+    def register(self, request: Register, member: Member,
+                 peer: str = "") -> tuple[Pending, int]:
+        """Enter the rank (from address ``peer``); returns its job and its registration's
+        generation."""
         slots = request.slots or self.config.default_slots
         if request.deadline_ms is not None and self.config.tree is not None:
             raise BadRequest(f"job {request.name} asks for a deadline; this manager's switches "
                              f"form a tree, whose leaves do not release rounds")
+        tenant = self.tenant(request.job)
+        priority = (request.priority or 0) if tenant is None else tenant.job_priority(
+            request.priority)
+        if isinstance(priority, str):
+            raise BadRequest(f"{priority}: rank {request.rank} of job {request.name} refused")
         with self.cond:
             running = self.running.get(request.job)
             if (running is not None and request.rank in running.tokens
@@ -261,9 +281,17 @@ class Jobs:
                 # token waits below until the running job is gone, and gets nothing of it.
                 return Pending(request.job, request.world, slots, outcome=("ready", running)), 0
             pending = self.pending.get(request.job)
+            again = pending is not None and member.rank in pending.members and _same(
+                pending.tokens[member.rank], request.token_hash)
+            if not again:
+                sharing.admit(self, request, slots, peer, new_job=pending is None)
             if pending is None:
                 pending = self.pending[request.job] = Pending(request.job, request.world, slots,
-                                                              request.deadline_ms)
+                                                              request.deadline_ms,
+                                                              priority=priority)
+            if pending.priority != priority:
+                raise BadRequest(f"rank {request.rank} of job {request.name} has priority "
+                                 f"{priority}; its other ranks have {pending.priority}")
             if pending.world != request.world:
                 raise BadRequest(f"rank {request.rank} of job {request.name} says world size "
                                  f"{request.world}; its other ranks said {pending.world}")
@@ -296,6 +324,8 @@ class Jobs:
             pending.members[member.rank] = member
             pending.tokens[member.rank] = request.token_hash
             pending.generation[member.rank] = self._generations
+            pending.peers[member.rank] = peer
+            pending.joined.setdefault(member.rank, time.monotonic())
             if len(pending.members) == pending.world and pending.complete_since is None:
                 pending.complete_since = time.monotonic()
             log.info("job %s: rank %d of %d registered from %s (%s, %s port %d)",
@@ -304,6 +334,10 @@ class Jobs:
             self._schedule()
             return pending, self._generations
 
+    def tenant(self, name: str) -> Tenant | None:
+        """The tenant a job's key names (None: one no longer in the configuration)."""
+        return self.config.tenants.get(tenant_of(name))
+
     def withdraw(self, pending: Pending, rank: int, generation: int) -> None:
         """A waiting rank went away (its timeout, or it died): the job waits for it again."""
         with self.cond:
@@ -311,6 +345,8 @@ class Jobs:
                 del pending.members[rank]
                 del pending.tokens[rank]
                 del pending.generation[rank]
+                pending.peers.pop(rank, None)
+                pending.joined.pop(rank, None)
                 pending.complete_since = None
                 if not pending.members and self.pending.get(pending.name) is pending:
                     del self.pending[pending.name]
@@ -323,6 +359,15 @@ class Jobs:
         if pending.generation.get(rank) != generation:
             return "refused", f"rank {rank} of job {pending.title} registered again elsewhere"
         if len(pending.members) < pending.world:
+            waited = time.monotonic() - pending.joined[rank]
+            if waited > self.config.join_seconds:
+                registered = len(pending.members)
+                self.withdraw(pending, rank, generation)
+                return "refused", (f"rank {rank} of job {pending.title} of tenant "
+                                   f"{tenant_of(pending.name)} waited "
+                                   f"{self.config.join_seconds:g} s (the manager's "
+                                   f"join_seconds) with {registered} of its {pending.world} "
+                                   f"ranks registered: registration expired")
             return "waiting", (f"waiting for ranks: {len(pending.members)} of {pending.world} "
                                f"of job {pending.title} registered")
         return "waiting", pending.message or "waiting for the switch"
@@ -331,7 +376,7 @@ class Jobs:
         """Install every complete job that fits, in the order they became complete."""
         ready = sorted((p for p in self.pending.values()
                         if p.complete_since is not None and p.outcome is None),
-                       key=lambda p: p.complete_since)
+                       key=lambda p: (-p.priority, p.complete_since))
         if not ready:
             return
         if self._seen is None:
@@ -350,9 +395,16 @@ class Jobs:
                 continue
             macs = frozenset(m.mac for m in pending.members.values())
             spanned = self._spanned(pending)
+            why = sharing.over_services(self, pending, len(spanned))
+            if why is not None:
+                pending.outcome = ("refused", why)
+                del self.pending[pending.name]
+                continue
             allocation = self.allocator.allocate(pending.slots, macs, held, len(spanned))
             if isinstance(allocation, str):
                 pending.message = allocation
+                if not pending.preempting & self.removing.keys():
+                    sharing.preempt(self, pending, macs, held, len(spanned))
                 continue
             running = self._start(pending, allocation, spanned)
             if running is not None:
@@ -384,7 +436,8 @@ class Jobs:
             return None
         tokens = dict(pending.tokens)
         self.store.add_job(pending.name, raw, tokens, state=INSTALLING)
-        running = Running(pending.name, tree, raw, tokens, {}, pending=pending)
+        running = Running(pending.name, tree, raw, tokens, {}, pending=pending,
+                          priority=pending.priority)
         self.installing[pending.name] = running
         pending.message = f"installing job {pending.title} on the switch"
         pending.outcome = ("waiting", pending.message)
@@ -459,9 +512,12 @@ class Jobs:
     def lease(self, request: Lease) -> str | None:
         """Renew or close; None if done, else why refused."""
         with self.cond:
-            running = self.running.get(request.job)
-            token = running.tokens.get(request.rank) if running else None
-            if token is None or not _same(token, request.token_hash):
+            running = next((r for r in self.running.values() if wire_key(r.name) == request.job
+                            and request.rank in r.tokens
+                            and _same(r.tokens[request.rank], request.token_hash)), None)
+            if running is None and request.job in self._preempted:
+                return f"job {job_name_of(request.job)} was {self._preempted[request.job]}"
+            if running is None:
                 return (f"job {job_name_of(request.job)} has no rank {request.rank} with this "
                         f"lease on this manager: it was closed, or reclaimed after a lease of "
                         f"{self.config.lease_seconds:g} s ran out")
@@ -470,8 +526,8 @@ class Jobs:
                 return None
             if request.rank not in running.closed:
                 running.closed.add(request.rank)
-                self.store.close_rank(request.job, request.rank)
-                log.info("job %s: rank %d closed (%d of %d)", request.job, request.rank,
+                self.store.close_rank(running.name, request.rank)
+                log.info("job %s: rank %d closed (%d of %d)", running.name, request.rank,
                          len(running.closed), len(running.tokens))
             if running.closed == set(running.tokens):
                 self._finish(running, "every rank closed it")
@@ -621,17 +677,25 @@ class Jobs:
                      running.job.id, running.job.num_slots, ", ".join(running.tree.switches))
             self._schedule()
 
-    def listing(self) -> dict:
+    def listing(self, tenant: Tenant) -> dict:
+        """The tenant's own jobs (an operator's: every tenant's), each with its tenant;
+        nothing of a job's credential."""
+        def mine(name: str) -> bool:
+            return tenant.operator or tenant_of(name) == tenant.name
+
         with self.cond:
-            running = [{"name": job_name_of(r.name), "owner": owner(r.name), "id": r.job.id,
+            running = [{"name": job_name_of(r.name), "tenant": tenant_of(r.name), "id": r.job.id,
                         "slots": [r.job.first_slot, r.job.first_slot + r.job.num_slots - 1],
                         "udp_port": r.job.udp_port, "service_ip": r.job.service_ip,
                         "switches": list(r.tree.switches), "ranks": len(r.tokens),
-                        "closed": sorted(r.closed)} for r in self.running.values()]
-            waiting = [{"name": job_name_of(p.name), "owner": owner(p.name),
+                        "closed": sorted(r.closed), "priority": r.priority}
+                       for r in self.running.values() if mine(r.name)]
+            waiting = [{"name": job_name_of(p.name), "tenant": tenant_of(p.name),
                         "registered": sorted(p.members), "world": p.world,
-                        "slots": p.slots, "message": p.message} for p in self.pending.values()]
-            removing = [{"name": r.name, "id": r.job.id} for r in self.removing.values()]
+                        "slots": p.slots, "message": p.message, "priority": p.priority}
+                       for p in self.pending.values() if mine(p.name)]
+            removing = [{"name": job_name_of(r.name), "tenant": tenant_of(r.name),
+                         "id": r.job.id} for r in self.removing.values() if mine(r.name)]
         return {"running": running, "waiting": waiting, "removing": removing}
 
 
@@ -646,10 +710,6 @@ def _worker(member: Member) -> dict:
 def _whose(job: InstalledJob) -> str:
     return ("marked as this manager's, unknown to its database" if job.mark == MARK
             else "not the manager's")
-
-
-def owner(key: str) -> str:
-    return key.partition("/")[2]
 
 
 def _same(a: str, b: str) -> bool:

@@ -49,9 +49,9 @@ class Allocator:
         self._last = {"id": None, "port": None, "service": None}
 
     def allocate(self, num_slots: int, macs: frozenset[str], held: list[Holding],
-                 services: int = 1) -> Allocation | str:
+                 services: int = 1, trial: bool = False) -> Allocation | str:
         """An allocation with ``services`` service addresses, or why none fits now, in
-        words for the waiting ranks."""
+        words for the waiting ranks; a ``trial`` leaves the turn where it was."""
         busy = sorted((h for h in held if h.macs & macs), key=lambda h: h.name)
         if busy:
             return (f"waiting for hosts: job {busy[0].name} runs on "
@@ -82,7 +82,8 @@ class Allocator:
         first_index = self._next("service", range(len(self.pool.services)), None, free)
         indices = (free[free.index(first_index):] + free[:free.index(first_index)])[:services]
         for key, value in (("id", job_id), ("port", port), ("service", indices[-1])):
-            self._last[key] = value
+            if not trial:
+                self._last[key] = value
         chosen = [self.pool.services[i] for i in indices]
         return Allocation(job_id, first, num_slots, port, chosen[0], tuple(chosen[1:]))
 

@@ -1,6 +1,6 @@
 """The manager's service: a listener (TLS where the manager has a certificate, one
-request per connection), a thread per request that carried the secret (or a lease's
-token), and a sweeper that reclaims lapsed jobs and repairs the switches every
+request per connection), a thread per request that carried a tenant's secret (or a
+lease's token), and a sweeper that reclaims lapsed jobs and repairs the switches every
 ``sweep_seconds``, and does every switch write and read (at once when there is work:
 ``Jobs.wake``). The manager starts whether its switches answer or not: jobs wait
 until the sweeper reaches them.
@@ -9,20 +9,29 @@ One thread reads every connection's TLS handshake and request line through a
 selector, so an idle or slow client costs a descriptor and a buffer, never a
 thread, and a flood cannot starve the renewals that keep jobs alive:
 
-- at most ``max_connections`` are open and ``max_connections_per_peer`` from one
-  address still sending their request; a newcomer over either is turned away with
-  one ``busy`` line (plaintext; on TLS it is closed: a line would cost a handshake),
-  which clients retry. An address that presented the secret in the last
-  TRUSTED_SECONDS is not turned away for the total while a connection from an
-  address that has not is still sending its request: the oldest of those makes
-  room, so a flood from addresses without the secret costs no rank its renewal;
+- at most ``max_connections`` are open besides the registrations waiting for their
+  job, and ``max_connections_per_peer`` from one address still sending their request;
+  a newcomer over either is turned away with one ``busy`` line (plaintext; on TLS it
+  is closed: a line would cost a handshake), which clients retry. An address that
+  presented a secret (or a live lease's token) in the last TRUSTED_SECONDS is not
+  turned away for the total while a connection from an address that has not is still
+  sending its request: the oldest of those makes room; else the address with the most
+  connections still sending gives up its oldest, while it has more than the
+  newcomer's. So neither a flood from addresses without a secret nor one from
+  addresses with one costs a rank its renewal;
+- a registration waiting for its job holds none of ``max_connections``: waiting
+  registrations have caps of their own (jobs.py: in all, per address, per tenant)
+  and end after ``join_seconds`` if their job has not filled;
 - ``request_seconds`` bounds the handshake and the whole request line together
-  (not each read); a registration's wait for its job, after the line, is not bounded;
+  (not each read);
 - the line is checked by wire.decode_line (length, UTF-8, nesting, numbers) before
   it is parsed, then a registration's or listing's secret is compared (in constant
-  time) before anything else in it is looked at; a wrong one is refused, logged with
-  the peer's address, and changes nothing. A renewal or close carries no secret: its
-  lease token proves it (wire.py says who may act for a job);
+  time, with every tenant's: tenants.py) before anything else in it is looked at; a
+  wrong one is refused, logged with the peer's address, and changes nothing. The
+  request is the tenant's from then on: its job keys are scoped to it, a listing
+  shows its jobs. A renewal or close carries no secret: its lease token proves it,
+  and it reaches only the job (so the tenant) that token registered in (wire.py says
+  who may act for a job);
 - accept errors never end the listener: out of descriptors (EMFILE, ENFILE) or
   memory it pauses accepting for ACCEPT_BACKOFF at a time, and a thread that cannot
   start turns its request away ``busy``.
@@ -30,8 +39,8 @@ thread, and a flood cannot starve the renewals that keep jobs alive:
 
 from __future__ import annotations
 
+import dataclasses
 import errno
-import hmac
 import logging
 import resource
 import selectors
@@ -50,6 +59,7 @@ from .installer import Switches
 from .jobs import TICK, Jobs, Member, Pending
 from .proof import PortProofs
 from .store import Store
+from .tenants import Tenant, identify, scoped
 from .wire import (MAX_LINE, BadRequest, Lease, Register, decode_line, encode, needs_secret,
                    parse, secret_of)
 
@@ -99,6 +109,7 @@ class Manager:
         self._tallied = time.monotonic()
         self._starved_since: float | None = None    # accept() out of descriptors or memory
         self._open = 0              # every open connection, the request threads' too
+        self._parked = 0            # of them, registrations waiting for their job
         # Connections the descriptors can hold while SPARE_FILES stay free, where
         # RLIMIT_NOFILE holds fewer than max_connections (_descriptors); else None.
         self._room: int | None = None
@@ -126,10 +137,11 @@ class Manager:
         return self
 
     def _descriptors(self) -> None:
-        """RLIMIT_NOFILE raised (to its hard limit at most) to hold max_connections, and
-        never all of it taken by connections: the database, gRPC (which aborts the
-        process when it cannot make an epoll set) and the program files keep a share."""
-        need = self.config.max_connections + SPARE_FILES
+        """RLIMIT_NOFILE raised (to its hard limit at most) to hold max_connections and
+        max_pending waiting registrations, and never all of it taken by connections:
+        the database, gRPC (which aborts the process when it cannot make an epoll set)
+        and the program files keep a share."""
+        need = self.config.max_connections + self.config.max_pending + SPARE_FILES
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY or soft >= need:
             return
@@ -139,9 +151,10 @@ class Manager:
             spare = min(SPARE_FILES, soft // 2)
             self._room = max(1, soft - spare)
             log.warning("RLIMIT_NOFILE's hard limit %d holds fewer than manager.max_connections "
-                        "%d connections (and %d other files): the listener holds at most %d "
-                        "and accepts no more until some close", hard,
-                        self.config.max_connections, SPARE_FILES, self._room)
+                        "%d connections and max_pending %d waiting registrations (and %d "
+                        "other files): the listener holds at most %d and accepts no more "
+                        "until some close", hard, self.config.max_connections,
+                        self.config.max_pending, SPARE_FILES, self._room)
 
     @property
     def port(self) -> int:
@@ -239,7 +252,8 @@ class Manager:
                             f"{peer} has {self._per_peer[peer]} connections still sending "
                             f"their request (the manager's max_connections_per_peer)")
             return
-        if self._open >= self.config.max_connections and not self._make_room(selector, peer):
+        if (self._open - self._parked >= self.config.max_connections
+                and not self._make_room(selector, peer)):
             self._turn_away(sock, peer, "busy", "max_connections",
                             f"the manager holds its {self.config.max_connections} connections "
                             f"(max_connections)")
@@ -260,16 +274,20 @@ class Manager:
             raise
 
     def _make_room(self, selector, peer: str) -> bool:
-        """Room for a newcomer from an address that presented the secret: the oldest
-        connection still sending its request from one that has not is turned away
+        """Room for a newcomer from an address that presented a secret: the oldest
+        connection still sending its request from one that has not is turned away, else
+        the oldest of the address with the most, while it has more than the newcomer's
         (False: there is none)."""
         now = time.monotonic()
         if self._trusted.get(peer, 0.0) < now:
             return False
         victim = next((i for i in self._incoming if self._trusted.get(i.peer, 0.0) < now), None)
         if victim is None:
-            return False
-        self._refuse(selector, victim, "busy", "made room for an address with the secret",
+            crowded = max(self._per_peer, key=self._per_peer.__getitem__, default=None)
+            if crowded is None or self._per_peer[crowded] <= self._per_peer[peer] + 1:
+                return False
+            victim = next(i for i in self._incoming if i.peer == crowded)
+        self._refuse(selector, victim, "busy", "made room for an address with a secret",
                      f"the manager holds its {self.config.max_connections} connections "
                      f"(max_connections), and this one, without a request yet, made room")
         return True
@@ -320,23 +338,28 @@ class Manager:
         """A whole request line: refused, or handed to a thread of its own."""
         self._forget(selector, incoming)
         sock, where = incoming.sock, incoming.where
+        tenant = None
         try:
             message = decode_line(line)
             if needs_secret(message):
-                if not hmac.compare_digest(secret_of(message), self.config.secret):
+                tenant = identify(self.config.tenants, secret_of(message))
+                if tenant is None:
                     log.warning("%s: refused a request with a wrong secret", where)
                     return self._end(sock, status="refused",
-                                     error="wrong secret: this manager's secret is not "
-                                           "INA_SECRET (or INA_SECRET_FILE's)")
+                                     error="wrong secret: no tenant of this manager has "
+                                           "INA_SECRET (or INA_SECRET_FILE's) as its secret")
                 self._trusted[incoming.peer] = time.monotonic() + TRUSTED_SECONDS
             request = parse(message)
+            if isinstance(request, Register):
+                request = dataclasses.replace(request, job=scoped(request.job, tenant.name))
         except BadRequest as exc:
             log.warning("%s: refused a malformed request: %s", where, exc)
             return self._end(sock, status="refused", error=f"malformed request: {exc}")
         # Blocking from here, the timeout for sends only: a registration waits unbounded.
         sock.settimeout(self.config.request_seconds)
         try:
-            threading.Thread(target=self._serve, args=(sock, incoming.peer, where, request),
+            threading.Thread(target=self._serve,
+                             args=(sock, incoming.peer, where, request, tenant),
                              daemon=True,
                              name=f"manager-{where}").start()
         except RuntimeError as exc:
@@ -427,10 +450,11 @@ class Manager:
             except Exception:
                 log.exception("sweep failed")
 
-    def _serve(self, conn: socket.socket, peer: str, where: str, request) -> None:
+    def _serve(self, conn: socket.socket, peer: str, where: str, request,
+               tenant: Tenant | None) -> None:
         try:
             with conn:
-                self._request(conn, peer, where, request)
+                self._request(conn, peer, where, request, tenant)
         except OSError as exc:
             log.info("%s: connection ended: %s", where, exc)
         except Exception:
@@ -438,21 +462,22 @@ class Manager:
         finally:
             self._count_closed()
 
-    def _request(self, conn: socket.socket, peer: str, where: str, request) -> None:
+    def _request(self, conn: socket.socket, peer: str, where: str, request,
+                 tenant: Tenant | None) -> None:
         def reply(**message) -> None:
             conn.sendall(encode(message))
 
         if request == "jobs":
-            reply(status="ok", **self.jobs.listing())
+            reply(status="ok", **self.jobs.listing(tenant))
         elif isinstance(request, Lease):
             why = self.jobs.lease(request)
             if why is None:     # a live lease's token: as good as the secret for room
                 self._trusted[peer] = time.monotonic() + TRUSTED_SECONDS
             reply(**({"status": "ok"} if why is None else {"status": "refused", "error": why}))
         else:
-            self._register(request, reply, where, peer)
+            self._register(request, reply, peer, where)
 
-    def _register(self, request: Register, reply, where: str, peer: str) -> None:
+    def _register(self, request: Register, reply, peer: str, where: str) -> None:
         try:
             member = self.jobs.member(request)
             if self.config.prove_ports:
@@ -464,16 +489,23 @@ class Manager:
                     log.info("%s: learned that %s (%s) is behind %s port %d", where, proven.mac,
                              proven.ip, proven.switch, proven.switch_port)
                 member = proven
-            pending, generation = self.jobs.register(request, member)
+            pending, generation = self.jobs.register(request, member, peer)
         except BadRequest as exc:
             log.warning("%s: registration refused: %s", where, exc)
             reply(status="refused", error=str(exc))
             return
+        self._park(1)       # the caps on waiting registrations hold it now
         try:
             self._await(pending, member, generation, reply)
         except OSError:
             self.jobs.withdraw(pending, member.rank, generation)
             raise
+        finally:
+            self._park(-1)
+
+    def _park(self, change: int) -> None:
+        with self._open_lock:
+            self._parked += change
 
     def _challenge(self, request: Register, member: Member, reply, peer: str) -> None:
         """Send the port proof's nonce through the switch (one out of every host port

@@ -7,7 +7,8 @@ Requests: ``register`` (answered by ``waiting`` lines, then ``ready`` or
 ``refused`` line). Importable without grpc or finsy: the worker side uses it.
 
 Who may act for a job:
-- ``register`` and ``jobs`` carry the manager's secret: it admits a tenant.
+- ``register`` and ``jobs`` carry a tenant's secret: it admits the tenant, whose
+  space of jobs the request then reaches (tenants.py).
 - A registration also carries the job's credential, which only the job's ranks share
   (the torch backend draws it into the job's own rendezvous store). A job is known by
   its name *and* its credential (``job_key``), so another tenant who picks the same
@@ -50,6 +51,7 @@ _NONCE = re.compile(rf"^[0-9a-f]{{{2 * protocol.PROOF_NONCE_BYTES}}}$")
 # printable so it travels in an environment variable.
 CREDENTIAL = re.compile(r"^[\x21-\x7e]{16,256}$")
 MAX_INTERFACES = 32
+MAX_PRIORITY = 1000
 OPS = ("register", "renew", "close", "jobs")
 
 
@@ -75,6 +77,7 @@ class Register:
     token_hash: str          # of the token the rank drew, which renews its lease
     proof: str | None = None # the nonce the manager sent the host through the switch
     deadline_ms: float | None = None   # the job's deadline (config.JobConfig.deadline_ms)
+    priority: int | None = None        # asked; the tenant's default and cap apply (tenants.py)
 
     @property
     def name(self) -> str:
@@ -219,7 +222,7 @@ def parse(message: dict) -> Register | Lease | str:
         rank = _int(message, "rank", 0, protocol.MAX_WORKERS - 1)
         return Lease(op, key, rank, token_hash(_token(message)))
     _only(message, {"op", "secret", "job", "rank", "world", "interfaces", "udp_port", "slots",
-                    "credential", "token", "proof", "deadline_ms"})
+                    "credential", "token", "proof", "deadline_ms", "priority"})
     name = _job_name(message.get("job"))
     credential = message.get("credential")
     if not isinstance(credential, str) or not CREDENTIAL.match(credential):
@@ -233,6 +236,8 @@ def parse(message: dict) -> Register | Lease | str:
         raise BadRequest(f"rank {rank} is not below the world size {world}")
     udp_port = _int(message, "udp_port", 1024, 65535)
     slots = None if message.get("slots") is None else _int(message, "slots", 1, 1 << 15)
+    priority = (None if message.get("priority") is None
+                else _int(message, "priority", 0, MAX_PRIORITY))
     deadline = message.get("deadline_ms")
     if deadline is not None and (isinstance(deadline, bool)
                                  or not isinstance(deadline, (int, float))
@@ -245,7 +250,7 @@ def parse(message: dict) -> Register | Lease | str:
     return Register(job_key(name, credential), rank, world,
                     tuple(_interface(i, n) for n, i in enumerate(raw)), udp_port, slots,
                     token_hash(token), _proof(message.get("proof")),
-                    None if deadline is None else float(deadline))
+                    None if deadline is None else float(deadline), priority)
 
 
 def _proof(value) -> str | None:
