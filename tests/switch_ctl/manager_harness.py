@@ -84,6 +84,7 @@ class ManagerBed:
     listener: dict = field(default_factory=dict)    # [manager] settings of the listener
     unlisted: tuple[int, ...] = ()     # hosts left out of fabric.hosts: the manager learns them
     tenants: dict = field(default_factory=dict)     # [tenants.NAME] beside manager.secret
+    switch_metrics: str | None = None  # the switch's --metrics-addr, if any
 
     def start(self) -> "ManagerBed":
         self.topology = Namespaces(8, tag=f"mg{os.getpid() % 100000}", management=True,
@@ -156,7 +157,8 @@ class ManagerBed:
         starts = len(list(self.workdir.glob("switch*.log")))
         self.switch = SwitchProcess(self.target, self.topology.switch_ports,
                                     grpc_addr=self.switch.grpc_addr if self.switch else None,
-                                    log_path=self.workdir / f"switch-{starts}.log").start(60)
+                                    log_path=self.workdir / f"switch-{starts}.log",
+                                    metrics_addr=self.switch_metrics).start(60)
 
     def kill_switch(self) -> None:
         self.switch.process.kill()

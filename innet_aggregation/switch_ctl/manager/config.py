@@ -23,6 +23,8 @@
     join_seconds = 120                 # a registration waits this long for its job to fill
     max_pending = 512                  # registrations waiting, all addresses together
     max_pending_per_peer = 16          # registrations waiting from one address
+    metrics = "127.0.0.1:9470"         # Prometheus metrics (metrics.py); default none.
+                                       #   Off loopback only with cert and key (TLS)
 
     [switch]                           # as a job file's [switch], ports from the fabric
     grpc_addr = "127.0.0.1:9559"
@@ -77,6 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from innet_aggregation.addresses import is_loopback
+from innet_aggregation.metrics import listen_address
 from innet_aggregation.p4src import protocol
 
 from ..config import TLS_KEYS, ConfigError, TLSConfig, _check_ip, _check_mac, tls_config
@@ -87,7 +90,7 @@ STAR = "switch"     # the name of a star manager's one switch
 MANAGER_KEYS = ("listen", "secret", "secret_file", "cert", "key", "insecure", "database",
                 "lease_seconds", "sweep_seconds", "default_slots", "max_connections",
                 "max_connections_per_peer", "request_seconds", "prove_ports", "learn_hosts",
-                "join_seconds", "max_pending", "max_pending_per_peer")
+                "join_seconds", "max_pending", "max_pending_per_peer", "metrics")
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class ManagerConfig:
     join_seconds: float = 120.0     # a registration's wait for its job's other ranks
     max_pending: int = 512          # registrations waiting, in all
     max_pending_per_peer: int = 16  # registrations waiting from one address
+    metrics: str | None = None      # host:port of the Prometheus endpoint, if any
 
     @property
     def switch(self) -> ManagerSwitch:
@@ -262,6 +266,14 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     request_seconds = get(mg, "request_seconds", (int, float), "manager", 10)
     if request_seconds is not None and not 0 < request_seconds <= 300:
         problems.append(f"manager.request_seconds must be in (0, 300], not {request_seconds}")
+    metrics = mg.get("metrics")
+    if metrics is not None and not isinstance(metrics, str):
+        problems.append(f"manager.metrics must be str, not {metrics!r}")
+    elif metrics is not None:
+        try:
+            listen_address(metrics, cert is not None, "manager.metrics")
+        except ValueError as exc:
+            problems.append(str(exc))
     join_seconds = get(mg, "join_seconds", (int, float), "manager", 120)
     if join_seconds is not None and not 0 < join_seconds <= 86400:
         problems.append(f"manager.join_seconds must be in (0, 86400], not {join_seconds}")
@@ -312,7 +324,7 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
                          max_connections=max_connections, max_connections_per_peer=per_peer,
                          request_seconds=float(request_seconds), insecure=insecure,
                          join_seconds=float(join_seconds), max_pending=max_pending,
-                         max_pending_per_peer=pending_per_peer)
+                         max_pending_per_peer=pending_per_peer, metrics=metrics)
 
 
 def _switch(sw: dict, where: str, fabric: dict[str, int], base: Path, get,

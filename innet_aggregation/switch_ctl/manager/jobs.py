@@ -61,6 +61,7 @@ from .installer import MARK, Switches, refusal
 from . import sharing
 from .pool import Allocation, Allocator, Holding
 from .store import INSTALLING, REMOVING, RUNNING, Store, StoredJob
+from .metrics import Tally
 from .tenants import Tenant, tenant_of, wire_key
 from .wire import BadRequest, Lease, Register, job_name_of
 
@@ -169,6 +170,7 @@ class Jobs:
         self._trouble = "not reached yet"              # why the switches could not be read
         self._orphans: list[int] = []                  # marked as ours, unknown to the database
         self._preempted: dict[str, str] = {}           # a preempted job's key -> why
+        self.tally = Tally()                           # for the metrics (metrics.py)
         self._alive = time.monotonic()
         fault = os.environ.get("INA_MANAGER_FAULT")
         if fault is not None and fault not in FAULT_STEPS:
@@ -419,7 +421,7 @@ class Jobs:
         ids = {h.job_id for h in ours}
         return ours + [Holding(f"#{j.id} ({_whose(j)})", j.id, j.first_slot, j.num_slots,
                                j.udp_port, j.service_ip, j.service_mac)
-                       for j in self._seen if j.id not in ids]
+                       for j in self._seen or () if j.id not in ids]
 
     def _start(self, pending: Pending, allocation: Allocation,
                spanned: list[str]) -> Running | None:
@@ -523,6 +525,7 @@ class Jobs:
                         f"{self.config.lease_seconds:g} s ran out")
             if request.op == "renew":
                 running.leases[request.rank] = time.monotonic() + self.config.lease_seconds
+                self.tally.count(self.tally.renewals, tenant_of(running.name))
                 return None
             if request.rank not in running.closed:
                 running.closed.add(request.rank)
@@ -563,6 +566,7 @@ class Jobs:
                 late = sorted(r for r, deadline in running.leases.items()
                               if r not in running.closed and deadline < now)
                 if late:
+                    self.tally.count(self.tally.expiries, tenant_of(running.name))
                     self._finish(running, f"rank{'s' * (len(late) > 1)} "
                                           f"{', '.join(map(str, late))} stopped renewing")
             self._schedule()

@@ -57,6 +57,7 @@ from ..client import P4RuntimeError
 from .config import ManagerConfig
 from .installer import Switches
 from .jobs import TICK, Jobs, Member, Pending
+from .metrics import serve_metrics
 from .proof import PortProofs
 from .store import Store
 from .tenants import Tenant, identify, scoped
@@ -114,6 +115,8 @@ class Manager:
         # RLIMIT_NOFILE holds fewer than max_connections (_descriptors); else None.
         self._room: int | None = None
         self._open_lock = threading.Lock()
+        self.tally = self.jobs.tally         # what the metrics count (metrics.py)
+        self._metrics = None                 # their server, where manager.metrics is set
 
     def start(self) -> "Manager":
         self.jobs.restore()          # the database only: the sweeper reaches the switches
@@ -134,6 +137,10 @@ class Manager:
         if self.tls is None and not is_loopback(host):
             log.warning("the listener on %s takes the secret in plaintext from the network "
                         "(manager.insecure = true): anyone on the path can read it", host)
+        if self.config.metrics is not None:
+            self._metrics = serve_metrics(self, self.config.metrics)
+            log.info("Prometheus metrics on %s%s", self.config.metrics,
+                     " (TLS)" if self.tls else "")
         return self
 
     def _descriptors(self) -> None:
@@ -167,6 +174,8 @@ class Manager:
             thread.join(timeout=5)
         if self._sock is not None:
             self._sock.close()
+        if self._metrics is not None:
+            self._metrics.shutdown()
         self.installer.close()
         self.store.close()
 
@@ -332,6 +341,7 @@ class Manager:
             if len(line) > MAX_LINE:
                 why = f"malformed request: a request is one JSON line of at most {MAX_LINE} bytes"
                 log.warning("%s: refused: %s", incoming.where, why)
+                self.tally.count(self.tally.refusals, "malformed")
                 return self._refuse(selector, incoming, "refused", None, why)
 
     def _complete(self, selector, incoming: _Incoming, line: bytes) -> None:
@@ -344,6 +354,7 @@ class Manager:
             if needs_secret(message):
                 tenant = identify(self.config.tenants, secret_of(message))
                 if tenant is None:
+                    self.tally.count(self.tally.refusals, "wrong_secret")
                     log.warning("%s: refused a request with a wrong secret", where)
                     return self._end(sock, status="refused",
                                      error="wrong secret: no tenant of this manager has "
@@ -353,6 +364,7 @@ class Manager:
             if isinstance(request, Register):
                 request = dataclasses.replace(request, job=scoped(request.job, tenant.name))
         except BadRequest as exc:
+            self.tally.count(self.tally.refusals, "malformed")
             log.warning("%s: refused a malformed request: %s", where, exc)
             return self._end(sock, status="refused", error=f"malformed request: {exc}")
         # Blocking from here, the timeout for sends only: a registration waits unbounded.
@@ -398,6 +410,7 @@ class Manager:
         self._forget(selector, incoming)
         if kind is not None:
             self._refused[kind, incoming.peer] += 1
+            self.tally.count(self.tally.refusals, "busy")
         if incoming.handshaken:
             self._end(incoming.sock, status=status, error=why)
         else:
@@ -408,6 +421,7 @@ class Manager:
                    why: str) -> None:
         """A connection not taken in: one line (plaintext), then closed."""
         self._refused[kind, peer] += 1
+        self.tally.count(self.tally.refusals, "busy")
         if self.tls is None:
             _say(sock, {"status": status, "error": why})
         sock.close()
@@ -467,13 +481,18 @@ class Manager:
         def reply(**message) -> None:
             conn.sendall(encode(message))
 
+        started = time.monotonic()
         if request == "jobs":
             reply(status="ok", **self.jobs.listing(tenant))
+            self.tally.request("jobs", time.monotonic() - started)
         elif isinstance(request, Lease):
             why = self.jobs.lease(request)
             if why is None:     # a live lease's token: as good as the secret for room
                 self._trusted[peer] = time.monotonic() + TRUSTED_SECONDS
+            else:
+                self.tally.count(self.tally.refusals, "lease")
             reply(**({"status": "ok"} if why is None else {"status": "refused", "error": why}))
+            self.tally.request(request.op, time.monotonic() - started)
         else:
             self._register(request, reply, peer, where)
 
@@ -491,6 +510,7 @@ class Manager:
                 member = proven
             pending, generation = self.jobs.register(request, member, peer)
         except BadRequest as exc:
+            self.tally.count(self.tally.refusals, "registration")
             log.warning("%s: registration refused: %s", where, exc)
             reply(status="refused", error=str(exc))
             return

@@ -100,6 +100,7 @@ def preempt(jobs: "Jobs", pending: "Pending", macs: frozenset[str], held: list[H
         jobs._preempted[wire_key(running.name)] = why
         while len(jobs._preempted) > PREEMPTED_KEPT:
             del jobs._preempted[next(iter(jobs._preempted))]
+        jobs.tally.count(jobs.tally.preemptions, tenant_of(running.name))
         jobs._finish(running, why)
     pending.preempting = frozenset(r.name for r in victims)
     pending.message = (f"waiting for job{'s' * (len(victims) > 1)} "
