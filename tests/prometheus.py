@@ -12,6 +12,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from innet_aggregation.testbed.stopping import terminate
 from tests.softswitch.conftest import free_port
 
 
@@ -65,12 +66,7 @@ class Prometheus:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        terminate(self.process)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

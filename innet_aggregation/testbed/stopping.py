@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import shutil
 import signal
+import subprocess
 import threading
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -73,6 +74,18 @@ def whole(teardown):
             raise Stopped(_pending.pop())
         return result
     return run
+
+
+def terminate(process, timeout: float = 10.0) -> None:
+    """Stop a process we started: SIGTERM, and SIGKILL if it is not gone in ``timeout``."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def dies_with_parent(argv: list[str]) -> list[str]:

@@ -27,7 +27,7 @@ from innet_aggregation import IMPORT_ROOT
 from innet_aggregation.p4src import protocol
 from innet_aggregation.softswitch.dataplane import io_threads_argument
 
-from .stopping import dies_with_parent, whole
+from .stopping import dies_with_parent, terminate, whole
 
 if TYPE_CHECKING:
     from .tls import TLSBundle
@@ -227,14 +227,8 @@ class SwitchProcess:
 
     @whole
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            terminate(self.process)
 
     def __enter__(self) -> "SwitchProcess":
         return self.start()

@@ -24,7 +24,7 @@ from innet_aggregation.switch_ctl.client import P4RuntimeError, SwitchConnection
 from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.testbed.layout import link_mtu
 from innet_aggregation.testbed.netns import Namespaces
-from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port
+from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port, unavailable
 from innet_aggregation.testbed.tls import make_bundle
 
 REPO = Path(__file__).resolve().parents[2]
@@ -233,6 +233,24 @@ def launch_rank(host, outdir: Path, rank: int, world: int, manager: str, job: st
                               str(rank), "--world", str(world), *args],
                              stdout=o, stderr=e, env=full_env, cwd=REPO)
     return Rank(rank, process, out, err)
+
+
+def nothing_left(bed: "ManagerBed") -> None:
+    """A test's jobs gone from the manager and the switch."""
+    until(lambda: not bed.jobs()["running"] and not bed.jobs()["waiting"], 3 * LEASE,
+          "the test's jobs left the manager")
+    until(lambda: not bed.installed(), 5, "the test's jobs left the switch")
+
+
+def skip_unless_runnable() -> None:
+    """A manager's bed needs root (namespaces) and the embedded switch."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("the manager tests need root to create network namespaces")
+    reason = unavailable("softswitch")
+    if reason:
+        pytest.skip(reason)
 
 
 def credential_of(job: str) -> str:

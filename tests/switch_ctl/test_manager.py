@@ -11,7 +11,6 @@ back.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import ssl
@@ -22,22 +21,18 @@ import time
 import pytest
 
 from innet_aggregation.switch_ctl.manager import JoinError, join
-from innet_aggregation.testbed.targets import unavailable
 
 from innet_aggregation.switch_ctl.manager.client import _Manager
 from innet_aggregation.switch_ctl.manager.wire import job_key
 
 from .manager_harness import (JOB_SLOTS, LEASE, POOL_SLOTS, SECRET, SWEEP, ManagerBed,
-                              credential_of, env, launch_rank, until)
+                              credential_of, env, launch_rank, nothing_left, skip_unless_runnable,
+                              until)
 
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the manager tests need root to create network namespaces")
-    reason = unavailable("softswitch")
-    if reason:
-        pytest.skip(reason)
+    skip_unless_runnable()
     bed = ManagerBed(tmp_path_factory.mktemp("manager"), unlisted=(7,),
                      listener={"learn_hosts": True}).start()
     yield bed
@@ -48,9 +43,7 @@ def bed(tmp_path_factory):
 def nothing_left_running(bed):
     """Each test ends with its jobs gone from the manager and the switch."""
     yield
-    until(lambda: not bed.jobs()["running"] and not bed.jobs()["waiting"], 3 * LEASE,
-          "the test's jobs left the manager")
-    until(lambda: not bed.installed(), 5, "the test's jobs left the switch")
+    nothing_left(bed)
 
 
 def joined(ranks, timeout=60):

@@ -51,7 +51,7 @@ def test_prometheus_sees_the_managers_job_and_the_switchs_aggregation(tmp_path):
         # The job runs and renews (a lease is LEASE s, renewed a few times within it).
         running = 'ina_manager_jobs{state="running",tenant="default"}'
         assert prometheus.value(running) == 1
-        assert prometheus.value(f'ina_manager_pool_used{{resource="slots"}}') == JOB_SLOTS
+        assert prometheus.value('ina_manager_pool_used{resource="slots"}') == JOB_SLOTS
         assert prometheus.value('ina_manager_pool_used{resource="job_ids"}') == 1
         renewed = prometheus.value('ina_manager_lease_renewals_total{tenant="default"} > 0',
                                    timeout=3 * LEASE)

@@ -8,7 +8,6 @@ MAC or a running job's service MAC. Hosts 6 and 7 are not in the fabric map.
 
 from __future__ import annotations
 
-import os
 import secrets
 import socket
 import threading
@@ -24,9 +23,9 @@ from innet_aggregation.switch_ctl.controls import L2Forwarding, mac_str
 from innet_aggregation.switch_ctl.manager.client import _Manager, _membership
 from innet_aggregation.switch_ctl.manager.wire import job_key
 from innet_aggregation.testbed.netns import in_netns, open_raw_socket
-from innet_aggregation.testbed.targets import unavailable
 
-from .manager_harness import LEASE, SECRET, SERVICES, ManagerBed, credential_of, until
+from .manager_harness import (SECRET, SERVICES, ManagerBed, credential_of,
+                              nothing_left, skip_unless_runnable, until)
 
 INTRUDER, THIRD = 5, 4
 FRAMES = 20
@@ -35,11 +34,7 @@ ETHERTYPE = 0x88B5          # IEEE local experimental: plain L2, never aggregate
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the manager tests need root to create network namespaces")
-    reason = unavailable("softswitch")
-    if reason:
-        pytest.skip(reason)
+    skip_unless_runnable()
     bed = ManagerBed(tmp_path_factory.mktemp("proof"), unlisted=(6, 7)).start()
     yield bed
     bed.stop()
@@ -48,9 +43,7 @@ def bed(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def nothing_left_running(bed):
     yield
-    until(lambda: not bed.jobs()["running"] and not bed.jobs()["waiting"], 3 * LEASE,
-          "the test's jobs left the manager")
-    until(lambda: not bed.installed(), 5, "the test's jobs left the switch")
+    nothing_left(bed)
 
 
 @pytest.fixture

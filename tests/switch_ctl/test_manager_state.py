@@ -17,9 +17,8 @@ import pytest
 from innet_aggregation.switch_ctl.manager.installer import MARK
 from innet_aggregation.switch_ctl.manager.jobs import FAULT_STEPS
 from innet_aggregation.switch_ctl.manager.wire import job_key
-from innet_aggregation.testbed.targets import unavailable
 
-from .manager_harness import LEASE, ManagerBed, credential_of, until
+from .manager_harness import LEASE, ManagerBed, credential_of, skip_unless_runnable, until
 from .test_manager import finished, held, joined
 
 VALUES = 1024
@@ -27,11 +26,7 @@ VALUES = 1024
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the manager tests need root to create network namespaces")
-    reason = unavailable("softswitch")
-    if reason:
-        pytest.skip(reason)
+    skip_unless_runnable()
     bed = ManagerBed(tmp_path_factory.mktemp("manager-state"), values=VALUES).start()
     yield bed
     bed.stop()

@@ -13,7 +13,6 @@ the test process itself can play a tenant registering jobs that never fill.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import ssl
@@ -26,9 +25,9 @@ import pytest
 from innet_aggregation.switch_ctl.manager import JoinError, join
 from innet_aggregation.switch_ctl.manager.client import _Manager, _Unreachable, join_from_env
 from innet_aggregation.switch_ctl.manager.wire import encode, job_key
-from innet_aggregation.testbed.targets import unavailable
 
-from .manager_harness import LEASE, ManagerBed, credential_of, launch_rank, until
+from .manager_harness import (LEASE, ManagerBed, credential_of, launch_rank,
+                              skip_unless_runnable, until)
 from .test_manager import finished, held, joined
 
 SECRETS = {name: f"the-secret-of-{name}-0123" for name in
@@ -42,11 +41,7 @@ JOIN_SECONDS = 6
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the manager tests need root to create network namespaces")
-    reason = unavailable("softswitch")
-    if reason:
-        pytest.skip(reason)
+    skip_unless_runnable()
     bed = ManagerBed(tmp_path_factory.mktemp("tenants"),
                      listener={"max_connections": 16, "max_connections_per_peer": 4,
                                "max_pending_per_peer": PENDING_PER_PEER,

@@ -25,10 +25,11 @@ from innet_aggregation.switch_ctl.controller import Controller
 from innet_aggregation.switch_ctl.manager import config as manager_config
 from innet_aggregation.switch_ctl.manager.wire import job_key
 from innet_aggregation.testbed.netns import Namespaces, SwitchLink
-from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port, unavailable
+from innet_aggregation.testbed.targets import SwitchProcess, free_tcp_port
 
 from .manager_harness import (LEASE, REPO, SECRET, SWEEP, Rank, credential_of, env,
-                              launch_rank, stop_ranks_and_manager, until)
+                              launch_rank, skip_unless_runnable, stop_ranks_and_manager,
+                              until)
 from .test_manager import finished, held, joined
 
 SERVICES = [(f"10.0.0.{250 + i}", f"02:00:00:00:00:f{i}") for i in range(4)]
@@ -156,11 +157,7 @@ class TreeBed:
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the manager tests need root to create network namespaces")
-    reason = unavailable("softswitch")
-    if reason:
-        pytest.skip(reason)
+    skip_unless_runnable()
     bed = TreeBed(tmp_path_factory.mktemp("manager-tree"))
     yield bed
     bed.stop()
