@@ -22,6 +22,10 @@ same bound (no rank contributes to them any more), so every rank reaches the
 recovery. A rank returns call k before its peers know k is done: safe, since a
 peer that did not complete k gets exactly k's bits from the broadcast.
 
+Values a deadline's releases left out (``carry.Carry``) are owed, not lost: the redone
+call adds the ones it took from the carry, and every call through gloo adds those of
+its key.
+
 Cost (only with a fallback attached): per call, a copy of its input before it
 and of its result after it (two memcpy of the call's size, into buffers reused
 while sizes repeat): memory of twice the largest call (DDP: its largest bucket).
@@ -149,11 +153,13 @@ class Fallback:
         return f"{type(exc).__name__}: {exc}"
 
     # -- one call, on the session's thread -------------------------------------------
-    def run(self, session, work: np.ndarray, average: bool, name, signature) -> None:
-        """Complete the session's next call on ``work`` by the agreed path."""
+    def run(self, session, work: np.ndarray, average: bool, name, signature, key) -> None:
+        """Complete the session's next call on ``work`` by the agreed path; on gloo, with
+        the values this rank owes of the call's ``key`` added in (``Carry.add_into``)."""
         self.issued += 1
         number = self.issued
         if self.path == GLOO:
+            session.carry.add_into(key, work)
             self._gloo(work, average)
             self._done(number, GLOO)
             return
@@ -161,7 +167,7 @@ class Fallback:
         if keeping:
             self._input = _keep(self._input, work)
         try:
-            session._reduce(work, average, name, signature)
+            session._reduce(work, average, name, signature, key)
         except SWITCH_FAILURES as exc:
             why = self.cause(exc)
             if not keeping:
@@ -171,7 +177,7 @@ class Fallback:
                     f"(INA_FALLBACK=error; =gloo goes on through gloo)") from exc
             try:
                 self._recover(session, number, work, average,
-                              signature_hash(work.size, signature, name), why)
+                              signature_hash(work.size, signature, name), why, key)
             except CallMismatch:
                 if isinstance(exc, CallMismatch):   # the callers' own calls differ: its words
                     raise exc from None
@@ -191,7 +197,7 @@ class Fallback:
         self.completed = number
         self.counts[path] += 1
 
-    def _recover(self, session, number, work, average, sig, why) -> None:
+    def _recover(self, session, number, work, average, sig, why, key) -> None:
         lo, hi, _ = self._agree(number, sig, work)
         self._change(session, number, GLOO, why)
         if lo < hi and number == hi:      # a peer completed it: its switch result is in work
@@ -199,6 +205,7 @@ class Fallback:
             self._kept(number, work)
             return
         np.copyto(work, self._input)      # the switch wrote some results in place
+        session.carry.add_into(key, work)  # owed again (the transport restored them)
         self._gloo(work, average)
         self._done(number, GLOO)
 

@@ -26,6 +26,7 @@ from innet_aggregation.switch_ctl import config as config_mod
 from innet_aggregation.switch_ctl import jobfile
 
 from . import quantize
+from .carry import Carry
 from .transport import RetransmitPolicy, Stats, Transport
 
 
@@ -60,12 +61,14 @@ class AggregationSession:
         self.num_workers = num_workers
         self.fmt = packet_format or protocol.packet_format()
         self._policy = policy
+        self.carry = Carry()
         self.transport = Transport(self.fmt, job_id=job_id, worker_id=worker_id,
                                    num_workers=num_workers, switch_ip=switch_ip,
                                    job_udp_port=job_udp_port, local_ip=local_ip,
                                    local_port=local_port, first_slot=first_slot,
                                    num_slots=num_slots, local_workers=local_workers,
-                                   policy=policy, fast_path=fast_path, deadline=deadline)
+                                   policy=policy, fast_path=fast_path, deadline=deadline,
+                                   carry=self.carry)
         self._start(worker_id)
 
     def _start(self, worker_id: int) -> None:
@@ -82,6 +85,7 @@ class AggregationSession:
         session = cls.__new__(cls)
         session.worker_id, session.num_workers = worker_id, num_workers
         session.fmt, session.transport, session._policy = None, None, RetransmitPolicy()
+        session.carry = Carry()
         session._start(worker_id)
         session.attach(fallback)
         return session
@@ -103,7 +107,7 @@ class AggregationSession:
     def transport_for(self, config) -> Transport:
         """A fresh transport of this worker in the job of ``config`` (a new session)."""
         fmt, args = _transport_args(config, self.worker_id, None)
-        transport = Transport(fmt, **args, policy=self._policy)
+        transport = Transport(fmt, **args, policy=self._policy, carry=self.carry)
         if self.fallback is not None:
             self._bound(transport, self.fallback)
         return transport
@@ -176,13 +180,14 @@ class AggregationSession:
 
     def _call(self, values: np.ndarray, average: bool, name: str | None,
               signature: tuple) -> None:
+        key = self.carry.key(name, values.size)
         if self.fallback is None:
-            self._reduce(values, average, name, signature)
+            self._reduce(values, average, name, signature, key)
         else:
-            self.fallback.run(self, values, average, name, signature)
+            self.fallback.run(self, values, average, name, signature, key)
 
     def _reduce(self, values: np.ndarray, average: bool, name: str | None,
-                signature: tuple) -> None:
+                signature: tuple, key: tuple) -> None:
         """Aggregate a C-contiguous float array, writing the result into it, block by
         block as results become final (float32 arrays are read and written in place;
         others are quantized from a float32 copy). ``signature``, the caller's dtype
@@ -199,7 +204,7 @@ class AggregationSession:
         # Read before the results overwrite the values.
         mine = (quantize.nonfinite(blocks.flat) if (own == quantize.POISON_EXPONENT).any()
                 else None)
-        scale = self.transport.aggregate(blocks, own, out, average=average, name=name,
+        scale = self.transport.aggregate(blocks, own, out, key=key, average=average, name=name,
                                          signature=signature)
         poisoned = scale == quantize.POISON_EXPONENT
         bound = quantize.error_bound(scale[~poisoned], self.num_workers, average=average)
@@ -217,9 +222,15 @@ class AggregationSession:
         switch's slot state is unknown, and the error said to reset it. With a
         fallback, the ranks first agree (``Fallback.settle``), and park only if all
         are on the switch and the lease holds; a park that fails then is reported,
-        not raised (the manager resets a job's slots when it leaves)."""
+        not raised (the manager resets a job's slots when it leaves). Values still
+        carried (their keys never came back) are not dropped: they stay in
+        ``self.carry`` for the caller (``Carry.pending``), and a warning names them."""
         with self._lock:
             self._executor.shutdown(wait=True)
+        if held := self.carry.values:
+            print(f"ina: worker {self.worker_id}: closing with {held} left-out values not yet "
+                  f"applied, of calls {sorted(self.carry.store, key=repr)}: they are in "
+                  f"session.carry.pending()", file=sys.stderr, flush=True)
         fallback = self.fallback
         try:
             if fallback is None:

@@ -128,6 +128,7 @@ from innet_aggregation.p4src.protocol import (EXPONENT_OF_ZERO, MSG_QUORUM, MSG_
 
 from . import quantize
 from .batchio import BatchSocket
+from .carry import Carry, history_key
 from .fastpath import FastCall
 
 PKT_ID_MASK = 0xFFFFFFFF
@@ -136,7 +137,6 @@ FINGERPRINT_STEP = 0x9E3779B1  # odd: the blocks of one call get distinct finger
 RECV_BATCH = 512              # results drained from the socket per system call
 COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for more
 HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its buckets)
-RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
 IP_MTU_DISCOVER, IP_PMTUDISC_INTERFACE, IP_MTU = 10, 4, 14   # linux/in.h; not in Python's socket
 SO_RCVBUFFORCE = 33           # asm-generic/socket.h: past rmem_max, with CAP_NET_ADMIN
@@ -195,15 +195,6 @@ def call_fingerprints(epoch: int, call: int | str, elements: int, name: str | No
                              digest_size=4)
     base = int.from_bytes(digest.digest(), "big")
     return (base + np.arange(blocks, dtype=np.uint64) * FINGERPRINT_STEP) & FINGERPRINT_MASK
-
-
-def history_key(name: str | None, elements: int, place: int) -> tuple:
-    """Where a call's agreed exponents are remembered, for its next time: its place in
-    the training step. A named call is its name (the DDP hook names buckets by
-    index); an unnamed one is its size and ``place``, its position in the run of
-    consecutive calls of that size (capped at ``RUN_PLACES - 1``), so that
-    equal-sized calls of one step, such as repeated layers' buckets, keep apart."""
-    return ("named", name, elements) if name is not None else ("unnamed", elements, place)
 
 
 def same_name(history: dict, name: str, num_blocks: int) -> np.ndarray | None:
@@ -341,7 +332,7 @@ class Transport:
                  switch_ip: str, job_udp_port: int, local_ip: str, local_port: int,
                  first_slot: int, num_slots: int, local_workers=None,
                  policy: RetransmitPolicy = RetransmitPolicy(), fast_path: bool = True,
-                 deadline: float = 0.0):
+                 deadline: float = 0.0, carry: Carry | None = None):
         if not 1 <= num_slots <= fmt.pool_size or not 0 <= first_slot <= fmt.pool_size - num_slots:
             raise ValueError(f"slots [{first_slot}, {first_slot + num_slots}) are not within the "
                              f"pool of {fmt.pool_size}")
@@ -362,9 +353,10 @@ class Transport:
         self.deadline = deadline
         # Released results are handled in Python only.
         self.fast_path = fast_path and not deadline   # False: every result through Python
-        # history_key -> (chunks, values): this worker's blocks a release left out,
-        # added into the same blocks of the next call of that key (``aggregate``).
-        self.carry: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        # This worker's blocks a release left out, per call key, added into the same
+        # blocks of the next call of that key (``aggregate``): the session's, so they
+        # outlive this transport (carry.py).
+        self.carry = Carry() if carry is None else carry
         # Released rounds not reached yet (``_Call._keep_early``): the packets, and
         # each one's window slot and packet id.
         self.early: list[np.ndarray] = []
@@ -381,7 +373,6 @@ class Transport:
         self.next_set = np.zeros(num_slots, dtype=np.int64)
         self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
         self.history: dict[tuple, np.ndarray] = {}  # history_key -> its last agreed maxima (quantize.remember)
-        self.run = (0, 0)                           # last call's (elements, place in its run)
         self.epoch: int | None = None               # set by start()
         self.calls = 0                              # calls issued, the empty ones included
         self.broken: BaseException | None = None
@@ -543,7 +534,7 @@ class Transport:
 
     # -- one call ------------------------------------------------------------------
     def aggregate(self, blocks: quantize.Blocks, own: np.ndarray, out: quantize.Blocks, *,
-                  average: bool, name: str | None = None,
+                  key: tuple, average: bool, name: str | None = None,
                   signature: tuple = ()) -> np.ndarray:
         """Sum (``average``: the mean of) float32 ``blocks`` over the job's workers into
         ``out`` (any float dtype; ``blocks`` itself to work in place): each block is
@@ -551,8 +542,8 @@ class Transport:
 
         ``own`` are this worker's block exponents; the size and ``name`` (the
         caller's, if any) go into the call's fingerprint with its number and the
-        caller's ``signature`` (dtype name, shape), and the size and name choose its
-        exponent history (``history_key``). Returns the scale exponent
+        caller's ``signature`` (dtype name, shape); ``key`` (``Carry.key``) chooses its
+        exponent history and its carry. Returns the scale exponent
         each block was quantized with (``POISON_EXPONENT`` for a block some worker
         could not carry)."""
         self._check_usable()
@@ -564,9 +555,7 @@ class Transport:
         if not n:
             return np.zeros(0, np.int64)
         self.start()
-        place = min(self.run[1] + 1, RUN_PLACES - 1) if self.run[0] == elements else 0
-        self.run = (elements, place)
-        key = history_key(name, elements, place)
+        place = key[2] if name is None else 0
         previous = self.history.get(key)
         if previous is None and name is None and place:
             # A place of a run seen for the first time: the call before it, the same size.
@@ -575,15 +564,20 @@ class Transport:
             previous = same_name(self.history, name, n)
         label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
         fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n, signature)
-        if key in self.carry:
-            own = _add_carried(blocks, own, *self.carry.pop(key))
+        if (taken := self.carry.take(key)) is not None:
+            own = _add_carried(blocks, own, *taken)
         call = _Call(self, blocks, out, own, quantize.speculate(previous, n), label=label,
                      fingerprints=fingerprints, quantized=True, average=average,
                      signature=signature)
-        scale, agreed = self._run(call)
+        try:
+            scale, agreed = self._run(call)
+        except BaseException:
+            if taken is not None:   # owed again: the call is redone elsewhere, or never
+                self.carry.restore(key, *taken)
+            raise
         if call.carried:
             chunks = np.concatenate([c for c, _ in call.carried])
-            self.carry[key] = (chunks, np.concatenate([v for _, v in call.carried]))
+            self.carry.keep(key, chunks, np.concatenate([v for _, v in call.carried]))
             whole = int(np.count_nonzero(chunks < len(blocks.whole)))
             self.stats.carried_values += (whole * blocks.whole.shape[1] + (len(chunks) - whole)
                                           * (blocks.flat.size - blocks.whole.size))

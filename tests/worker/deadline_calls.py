@@ -45,7 +45,7 @@ def main() -> None:
     rank, out = args.worker_id, Path(args.out)
     sleeps = {int(c) for c in args.sleep_calls.split(",") if c}
     with AggregationSession.from_config(args.config, rank) as session:
-        carry = session.transport.carry
+        carry = session.carry.store
         for call in range(args.calls):
             if call in sleeps:
                 time.sleep(args.sleep)
