@@ -53,7 +53,7 @@ class AggregationSession:
                  local_port: int, *, local_workers=None,
                  policy: RetransmitPolicy = RetransmitPolicy(),
                  packet_format: protocol.PacketFormat | None = None, fast_path: bool = True,
-                 deadline: float = 0.0):
+                 deadline: float = 0.0, peers: list[tuple[str, int]] = ()):
         if not 0 <= worker_id < protocol.MAX_WORKERS or not 1 <= num_workers <= protocol.MAX_WORKERS:
             raise ValueError(f"worker_id {worker_id} / num_workers {num_workers} out of range "
                              f"(at most {protocol.MAX_WORKERS} workers)")
@@ -68,7 +68,7 @@ class AggregationSession:
                                    local_port=local_port, first_slot=first_slot,
                                    num_slots=num_slots, local_workers=local_workers,
                                    policy=policy, fast_path=fast_path, deadline=deadline,
-                                   carry=self.carry)
+                                   carry=self.carry, peers=peers)
         self._start(worker_id)
 
     def _start(self, worker_id: int) -> None:
@@ -123,7 +123,8 @@ class AggregationSession:
         return cls(worker_id, args["num_workers"], args["switch_ip"], args["job_id"],
                    args["job_udp_port"], args["first_slot"], args["num_slots"],
                    args["local_ip"], args["local_port"],
-                   local_workers=args["local_workers"], deadline=args["deadline"], **kwargs)
+                   local_workers=args["local_workers"], deadline=args["deadline"],
+                   peers=args["peers"], **kwargs)
 
     @property
     def stats(self) -> Stats:
@@ -283,7 +284,8 @@ def _transport_args(config, worker_id: int, given: protocol.PacketFormat | None)
                 switch_ip=job.service_ip, job_udp_port=job.udp_port, local_ip=me[0].ip,
                 local_port=me[0].udp_port, first_slot=job.first_slot, num_slots=job.num_slots,
                 local_workers=[w.id for w in job.workers],
-                deadline=(job.deadline_ms or 0.0) / 1000.0)
+                deadline=(job.deadline_ms or 0.0) / 1000.0,
+                peers=[(w.ip, w.udp_port) for w in job.workers if w.id != worker_id])
     return fmt, args
 
 

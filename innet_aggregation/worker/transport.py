@@ -104,7 +104,10 @@ round, ``_take_early``), and sends nothing for a round whose result it holds; th
 others' lead is bounded by what it can hold: once a worker has been left out of
 LEAD_LIMIT released rounds in a row, the others neither release nor send quorums
 (``Transport.lead_ok``) until a round has every worker again, and a deadline job's
-socket buffer holds twice that many results (``_lead_buffer``).
+socket buffer holds twice that many results (``_lead_buffer``). A result lost on its
+way to a late worker, of a round the switch no longer holds (its resends are stale
+there), comes from the peers, who keep what they took (``repair.py``): a timer's
+expiry asks them.
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ from innet_aggregation.p4src.protocol import (EXPONENT_OF_ZERO, MSG_QUORUM, MSG_
 from . import quantize
 from .batchio import BatchSocket
 from .carry import Carry, history_key
+from .repair import Repair
 from .fastpath import FastCall
 
 PKT_ID_MASK = 0xFFFFFFFF
@@ -152,6 +156,7 @@ IDLE_SEQ = np.iinfo(np.int64).max   # a slot without a packet in flight: sent af
 # 1,024 values a packet, 17 MB of results.
 LEAD_LIMIT = 4096
 EARLY_ROUNDS = 1 << 16        # a released round this many ahead of its slot's is a duplicate
+REPAIR_DEPTH = 4              # rounds of a slot asked of the peers at once (repair.py)
 
 log = logging.getLogger("worker")
 
@@ -270,6 +275,7 @@ class Stats:
     released: int = 0                 # results the switch released before every worker was in
     late: int = 0                     # of which this worker's contribution was not in
     carried_values: int = 0           # values carried into the next call of the same name
+    repairs_asked: int = 0            # rounds asked of the peers (a timer expired under a deadline)
 
     def __sub__(self, other: "Stats") -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
@@ -332,7 +338,8 @@ class Transport:
                  switch_ip: str, job_udp_port: int, local_ip: str, local_port: int,
                  first_slot: int, num_slots: int, local_workers=None,
                  policy: RetransmitPolicy = RetransmitPolicy(), fast_path: bool = True,
-                 deadline: float = 0.0, carry: Carry | None = None):
+                 deadline: float = 0.0, carry: Carry | None = None,
+                 peers: list[tuple[str, int]] = ()):
         if not 1 <= num_slots <= fmt.pool_size or not 0 <= first_slot <= fmt.pool_size - num_slots:
             raise ValueError(f"slots [{first_slot}, {first_slot + num_slots}) are not within the "
                              f"pool of {fmt.pool_size}")
@@ -432,8 +439,21 @@ class Transport:
         self.io = BatchSocket(self.sock, self.tx, self.rx)
         self._poll = select.poll()
         self._poll.register(self.sock, select.POLLIN)
+        # A deadline job's results lost on the way to this worker, from its peers
+        # (``peers``: the others' address and job port; repair.py).
+        self.repair = None
+        if deadline and peers:
+            try:
+                self.repair = Repair(fmt, job_id, local_ip, local_port, list(peers),
+                                     kept=2 * LEAD_LIMIT)
+            except OSError:
+                self.sock.close()
+                raise
+            self._poll.register(self.repair.ask_sock, select.POLLIN)
 
     def close(self) -> None:
+        if self.repair is not None:
+            self.repair.close()
         self.sock.close()
 
     def _check_usable(self) -> None:
@@ -624,9 +644,11 @@ class Transport:
 
     def _lead_buffer(self) -> None:
         """A deadline job's socket holds 2 LEAD_LIMIT results, what this worker gets while
-        it is late (asleep, descheduled) before the others wait for it: a result lost
-        to a full buffer is one whose round the switch may no longer hold. Beyond
-        net.core.rmem_max only as root (SO_RCVBUFFORCE); short of it, a warning."""
+        it is late (asleep, descheduled) before the others wait for it, if it may
+        (beyond net.core.rmem_max only as root, SO_RCVBUFFORCE). A result lost to a
+        full buffer is one the switch may no longer hold, but the peers do, as many
+        (``Repair``'s ring): short of it, the late worker asks them for what it lost,
+        REPAIR_DEPTH rounds of a slot per timer expiry, which costs time, not values."""
         # What the kernel charges a datagram: its buffer, a power of two, and the skb.
         charged = (1 << (self.fmt.payload_bytes + 512).bit_length()) + 256
         # Twice the limit: the others stop once they see it, with a window in flight each.
@@ -639,10 +661,10 @@ class Transport:
                 continue
         got = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         if got < want:
-            log.warning("job %d, worker %d: the socket holds %d bytes of results, not the %d "
-                        "a worker late by %d released rounds needs (raise net.core.rmem_max, or "
-                        "run as root): a longer lag may lose results the switch no longer holds",
-                        self.job_id, self.worker_id, got, want, LEAD_LIMIT)
+            log.info("job %d, worker %d: the socket holds %d bytes of results, not the %d "
+                     "a worker late by %d released rounds gets (raise net.core.rmem_max, or "
+                     "run as root): results lost there are asked of the peers",
+                     self.job_id, self.worker_id, got, want, LEAD_LIMIT)
 
     def follow_releases(self, bitmaps: np.ndarray, counts: np.ndarray) -> None:
         """Released rounds (who is in each, how many), in the order taken: the first one
@@ -801,6 +823,9 @@ class _Call:
                         self._on_waiting(headers)
                     if datagrams < RECV_BATCH:
                         break
+                if t.repair is not None and len(repaired := t.repair.receive()):
+                    drained += len(repaired)
+                    self._on_results(repaired)
                 if self.deferring:
                     self._flush(time.monotonic())
                 if drained:
@@ -1067,6 +1092,8 @@ class _Call:
         t = self.t
         agreed = packets["exponent"][rows]
         self.agreed[chunks] = agreed
+        if t.repair is not None:          # for a peer that lost them
+            t.repair.keep(packets[rows])
         keep = None
         if self.quantized:
             keep, self.scale[chunks] = quantize.settle(self.scale[chunks], agreed)
@@ -1164,6 +1191,15 @@ class _Call:
                 & (self.sent_at + self.rack_rtt + t.rto.reorder_window <= now))
         if expired.any() and self.progress_at == -np.inf:
             expired = self._probe(expired, now)
+        if expired.any() and t.repair is not None:
+            # Its round may be one the switch holds no more (the others went on): the
+            # peers that took its result send it (repair.py).
+            # and the slot's next rounds, which a worker that slept lost too.
+            slots = np.flatnonzero(expired & (self.chunk >= 0))
+            ids = t.tx_pkt_id[slots].astype(np.int64)[:, None] + np.arange(REPAIR_DEPTH)
+            t.repair.ask(np.repeat(t.first_slot + slots, REPAIR_DEPTH),
+                         ids.reshape(-1) & PKT_ID_MASK)
+            t.stats.repairs_asked += len(slots)
         if expired.any():
             t.stats.timeouts += int(expired.sum())
             t.rto.timed_out(now)

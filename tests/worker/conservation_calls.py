@@ -83,7 +83,8 @@ def main() -> None:
             log.write(json.dumps({
                 "call": call, "via": via, "carried": session.carry.values,
                 "bound": session.last_call.max_error_bound if via == "switch" else 0.0,
-                "late": session.last_call.counters.late if via == "switch" else 0}) + "\n")
+                "late": session.last_call.counters.late if via == "switch" else 0,
+                "repairs_asked": session.stats.repairs_asked}) + "\n")
             log.flush()
     dist.destroy_process_group()
     sys.stderr.flush()

@@ -88,6 +88,18 @@ def test_the_late_ranks_values_are_all_applied_once(fabric, tmp_path):
     run_and_check(fabric, tmp_path, 31100)
 
 
+def test_with_loss_on_the_late_ranks_link_every_value_is_applied_once(fabric, tmp_path):
+    """1.5 % of the aggregation packets lost both ways on rank 3's port: a RELEASED
+    result lost on its way to rank 3 after its (slot, set) moved on is never sent again
+    by the switch (its resends are stale there); rank 3 gets it from a peer."""
+    def lossy(job):
+        port = [job.hosts[3].switch_port]
+        fabric.control.set_loss(port, ingress=0.015, egress=0.015)
+        return lambda: fabric.control.set_loss(port, ingress=0.0, egress=0.0)
+
+    run_and_check(fabric, tmp_path, 31200, lossy, pause_before=0)
+
+
 def test_values_carried_into_a_call_that_falls_back_to_gloo_are_applied_there(
         fabric, tmp_path):
     """Every rank's switch path fails at call 3, into which rank 3 carries its values of
