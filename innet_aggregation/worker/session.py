@@ -92,16 +92,24 @@ class AggregationSession:
 
     def attach(self, fallback) -> None:
         """Calls that fail on the switch go to ``fallback`` (gloo) from now on; a
-        switch call without progress for its ``switch_timeout`` (or the peer timeout,
-        if shorter) has failed."""
+        switch call that hears nothing from the switch for its ``switch_timeout`` (no
+        result, no WAITING reply) has failed. One the switch says waits for a slow
+        peer waits up to the peer timeout (the group's), as gloo would."""
         self.fallback = fallback
         fallback.session = self
         if self.transport is not None:
             self._bound(self.transport, fallback)
 
     def _bound(self, transport: Transport, fallback) -> None:
-        transport.policy = replace(transport.policy, peer_timeout=min(
-            transport.policy.peer_timeout, fallback.policy.switch_timeout))
+        # A waiting call hears a WAITING reply once a backed-off timer (max_rto): at
+        # least four in a switch timeout, so that a slow peer never looks like silence.
+        quarter = fallback.policy.switch_timeout / 4
+        p = transport.policy
+        transport.policy = replace(p, switch_silence=fallback.policy.switch_timeout,
+                                   max_rto=min(p.max_rto, quarter),
+                                   initial_rto=min(p.initial_rto, quarter),
+                                   min_rto=min(p.min_rto, quarter))
+        transport.rto.policy = transport.policy
         transport.abort = fallback.abort_reason
 
     def transport_for(self, config) -> Transport:

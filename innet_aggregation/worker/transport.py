@@ -157,6 +157,7 @@ IDLE_SEQ = np.iinfo(np.int64).max   # a slot without a packet in flight: sent af
 LEAD_LIMIT = 4096
 EARLY_ROUNDS = 1 << 16        # a released round this many ahead of its slot's is a duplicate
 REPAIR_DEPTH = 4              # rounds of a slot asked of the peers at once (repair.py)
+ABORT_POLL = 0.5              # seconds: a waiting call asks whether to give up this often
 
 log = logging.getLogger("worker")
 
@@ -237,21 +238,26 @@ class RetransmitPolicy:
     bounds how long one packet may wait for its result, and so how long a call can
     wait for a dead worker or an unreachable switch: 30 minutes by default, torch's
     and gloo's, as a rank may be busy for minutes (a checkpoint) without being
-    dead. ``progress_interval`` is how often a waiting call logs whom it waits for.
+    dead. ``switch_silence`` bounds how long a call may hear nothing from the switch
+    (no result, no WAITING reply; a fallback's INA_SWITCH_TIMEOUT): the switch is
+    gone, whereas WAITING replies say it is there, waiting for a slow peer.
+    ``progress_interval`` is how often a waiting call logs whom it waits for.
     ``coalesce`` is the longest a wake-up that found only a few results waits for
     more (0: never)."""
     initial_rto: float = 0.2
     min_rto: float = 0.001
     max_rto: float = 2.0
     peer_timeout: float = 1800.0
+    switch_silence: float = float("inf")
     coalesce: float = 0.0005
     progress_interval: float = 10.0
 
     def __post_init__(self):
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")
-        if self.peer_timeout <= 0 or self.progress_interval <= 0:
-            raise ValueError("peer_timeout and progress_interval must be positive")
+        if self.peer_timeout <= 0 or self.progress_interval <= 0 or self.switch_silence <= 0:
+            raise ValueError("peer_timeout, switch_silence and progress_interval must be "
+                             "positive")
         if self.coalesce < 0:
             raise ValueError("coalesce must not be negative")
 
@@ -764,6 +770,7 @@ class _Call:
         self.resent = np.zeros(w, dtype=bool)          # Karn: no RTT sample
         self.started = time.monotonic()
         self.progress_at = -np.inf      # when the call last got an answer
+        self.heard_at = self.started    # when the switch last said anything (a WAITING reply)
         self.logged_at = self.started   # when it last logged whom it waits for
         # The switch's last WAITING reply per slot: the bitmap of who had contributed.
         self.told = np.zeros(w, dtype=bool)
@@ -945,7 +952,11 @@ class _Call:
 
     def _next_wakeup(self) -> float:
         """The earliest ``_due`` (the same sum on the earliest times: rounding is
-        monotonic) or RACK deadline: before it, ``_recover`` has nothing to do."""
+        monotonic) or RACK deadline, and at most ``ABORT_POLL`` away, so a waiting call
+        asks ``Transport.abort`` that often: before it, ``_recover`` has nothing to do."""
+        return min(self._timers(), time.monotonic() + ABORT_POLL)
+
+    def _timers(self) -> float:
         if self.fast is not None:
             return self.fast.next_wakeup()
         t = self.t
@@ -1145,6 +1156,8 @@ class _Call:
         h = t.fmt.unpack(headers, ("contributions", "fingerprint"))
         match, slot = self._answers(headers, MsgType.WAITING)
         t.stats.waiting_replies += int(match.sum())
+        if match.any():
+            self.heard_at = time.monotonic()
         t.stats.duplicates_ignored += int((~match).sum())
         self.told[slot[match]] = True
         self.contributors[slot[match]] = h["fingerprint"][match]
@@ -1179,7 +1192,7 @@ class _Call:
         expired. A packet waiting ``peer_timeout`` ends the call."""
         t = self.t
         dead = now - self.first_sent_at >= t.policy.peer_timeout
-        if dead.any():
+        if dead.any() or now - max(self.heard_at, self.progress_at) >= t.policy.switch_silence:
             self._give_up(now)
         if (reason := t.abort()) is not None:
             raise CallAborted(f"job {t.job_id}, worker {t.worker_id}, {self.label}: given up "
@@ -1274,11 +1287,15 @@ class _Call:
         t = self.t
         waiting = np.flatnonzero(self.chunk >= 0)
         oldest = now - self.first_sent_at[waiting].min()
+        silent = now - max(self.heard_at, self.progress_at)
         slots = (t.first_slot + waiting).tolist()
         shown = ", ".join(map(str, slots[:16])) + (", ..." if len(slots) > 16 else "")
+        bound = (f"peer_timeout {t.policy.peer_timeout:g} s" if oldest >= t.policy.peer_timeout
+                 else f"the switch silent for {silent:.1f} s, switch_silence "
+                      f"{t.policy.switch_silence:g} s")
         raise AggregationTimeout(
             f"job {t.job_id}, worker {t.worker_id}, {self.label}: no result for {len(slots)} "
-            f"slot(s) [{shown}] after {oldest:.1f} s (peer_timeout {t.policy.peer_timeout:g} s, "
+            f"slot(s) [{shown}] after {oldest:.1f} s ({bound}, "
             f"{int(self.retries[waiting].sum())} timer expiries); {self._waiting_for()}. "
             f"The switch's slot state for this job is now unknown: {RECOVER}",
             switch_answered=bool(self.told[waiting].any()))

@@ -3,14 +3,16 @@ session's calls named, INA_FALLBACK=gloo):
 
     python -m tests.worker.conservation_calls --config job.toml --worker-id 0 \
         --master 10.0.0.1:29600 --world 4 --out DIR [--calls 8] [--size N] \
-        [--sleep 0.4 --sleep-calls 2] [--pause-before 3] [--zeros 8]
+        [--sleep 0.4 --sleep-calls 2] [--pause-before 0,6] [--zeros 8]
 
 ``--calls`` calls of ``run.make_inputs(size, SEED, call, rank)`` (any process can
 recompute them), a rank given ``--sleep`` sleeping before the calls in
-``--sleep-calls``; before call ``--pause-before`` every rank writes DIR/ready.RANK and
-waits for DIR/go (the test injects its fault in between); then calls of zeros, which
+``--sleep-calls``; before each call C in ``--pause-before`` every rank writes
+DIR/ready.C.RANK and waits for DIR/go.C (the test injects or undoes a fault in
+between; C may be the first zero call's number); then calls of zeros, which
 only apply what is still carried, each after the ranks have summed through a gloo group
-of their own how many values they still carry, until none are (at most ``--zeros``).
+of their own how many values they still carry, until none are (at most ``--zeros``);
+what is still carried then, DIR/RANK.owed.npy, where it belongs in the input.
 The sum is also a barrier: a late rank that trails the others in every round (their
 quorum released each without it) starts the zero call with them. Per call DIR/RANK.CALL.npy holds the
 result, and a JSON line in DIR/RANK.jsonl its path, error bound and the values still
@@ -48,7 +50,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16384)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--sleep-calls", default="")
-    parser.add_argument("--pause-before", type=int, default=-1)
+    parser.add_argument("--pause-before", default="")
     parser.add_argument("--switch-timeout", default="2")
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
@@ -56,6 +58,7 @@ def main() -> None:
                       INA_SWITCH_TIMEOUT=args.switch_timeout)
     rank, out = args.worker_id, Path(args.out)
     sleeps = {int(c) for c in args.sleep_calls.split(",") if c}
+    pauses = {int(c) for c in args.pause_before.split(",") if c}
     dist.init_process_group("cpu:ina", init_method=f"tcp://{args.master}", rank=rank,
                             world_size=args.world, timeout=timedelta(seconds=60))
     session = backend.session_of()
@@ -68,9 +71,9 @@ def main() -> None:
                 dist.all_reduce(carried, group=sync)
                 if not carried.item():
                     break
-            if call == args.pause_before:
-                (out / f"ready.{rank}").touch()
-                while not (out / "go").exists():
+            if call in pauses:
+                (out / f"ready.{call}.{rank}").touch()
+                while not (out / f"go.{call}").exists():
                     time.sleep(0.05)
             if call in sleeps:
                 time.sleep(args.sleep)
@@ -86,6 +89,10 @@ def main() -> None:
                 "late": session.last_call.counters.late if via == "switch" else 0,
                 "repairs_asked": session.stats.repairs_asked}) + "\n")
             log.flush()
+    owed = np.zeros(args.size, np.float64)     # what is still carried, where it belongs
+    for key in list(session.carry.store):
+        session.carry.add_into(key, owed)
+    np.save(out / f"{rank}.owed.npy", owed)
     dist.destroy_process_group()
     sys.stderr.flush()
     os._exit(0)
