@@ -127,12 +127,13 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from innet_aggregation.p4src.protocol import (EXPONENT_OF_ZERO, MSG_QUORUM, MSG_RELEASE,
-                                              MSG_RELEASED, MsgType, PacketFormat)
+                                              MSG_RELEASED, STALE_ROUNDS, MsgType,
+                                              PacketFormat)
 
 from . import quantize
 from .batchio import BatchSocket
 from .carry import Carry, history_key
-from .repair import Repair
+from .repair import ASK_MAX, Repair
 from .fastpath import FastCall
 
 PKT_ID_MASK = 0xFFFFFFFF
@@ -153,10 +154,12 @@ NONCE_BITS = 26               # |nonce| < 2**26: 32 workers' sum cannot saturate
 IDLE_SEQ = np.iinfo(np.int64).max   # a slot without a packet in flight: sent after every other
 # Released rounds in a row a worker may miss before the others wait for it again: what a
 # late worker must hold, queued in its socket and then kept (``early``), to catch up. At
-# 1,024 values a packet, 17 MB of results.
-LEAD_LIMIT = 4096
+# 1,024 values a packet, about 8 MiB of results. Half the switch's stale window: with one
+# slot every such round is a packet id of that slot, and a late worker's packet as many
+# ids behind as STALE_ROUNDS would count as newer and restart its round there (the
+# others' window in flight and the redone blocks stay within the other half).
+LEAD_LIMIT = STALE_ROUNDS // 2
 EARLY_ROUNDS = 1 << 16        # a released round this many ahead of its slot's is a duplicate
-REPAIR_DEPTH = 4              # rounds of a slot asked of the peers at once (repair.py)
 ABORT_POLL = 0.5              # seconds: a waiting call asks whether to give up this often
 
 log = logging.getLogger("worker")
@@ -654,7 +657,7 @@ class Transport:
         (beyond net.core.rmem_max only as root, SO_RCVBUFFORCE). A result lost to a
         full buffer is one the switch may no longer hold, but the peers do, as many
         (``Repair``'s ring): short of it, the late worker asks them for what it lost,
-        REPAIR_DEPTH rounds of a slot per timer expiry, which costs time, not values."""
+        a request's ASK_MAX rounds per timer expiry, which costs time, not values."""
         # What the kernel charges a datagram: its buffer, a power of two, and the skb.
         charged = (1 << (self.fmt.payload_bytes + 512).bit_length()) + 256
         # Twice the limit: the others stop once they see it, with a window in flight each.
@@ -1207,11 +1210,12 @@ class _Call:
         if expired.any() and t.repair is not None:
             # Its round may be one the switch holds no more (the others went on): the
             # peers that took its result send it (repair.py).
-            # and the slot's next rounds, which a worker that slept lost too.
+            # and the slot's next rounds, which a worker that slept lost too: as many as
+            # one request names.
             slots = np.flatnonzero(expired & (self.chunk >= 0))
-            ids = t.tx_pkt_id[slots].astype(np.int64)[:, None] + np.arange(REPAIR_DEPTH)
-            t.repair.ask(np.repeat(t.first_slot + slots, REPAIR_DEPTH),
-                         ids.reshape(-1) & PKT_ID_MASK)
+            depth = max(1, ASK_MAX // max(len(slots), 1))
+            ids = t.tx_pkt_id[slots].astype(np.int64)[:, None] + np.arange(depth)
+            t.repair.ask(np.repeat(t.first_slot + slots, depth), ids.reshape(-1) & PKT_ID_MASK)
             t.stats.repairs_asked += len(slots)
         if expired.any():
             t.stats.timeouts += int(expired.sum())
