@@ -347,6 +347,9 @@ _DEADLINE = parse_consts((P4SRC_DIR / "shared" / "deadline.p4").read_text())
 MSG_RELEASE = _DEADLINE["MSG_RELEASE"]
 MSG_RELEASED = _DEADLINE["MSG_RELEASED"]
 MSG_QUORUM = _DEADLINE["MSG_QUORUM"]
+# A packet id at most this many rounds behind its (slot, set)'s is stale; one this far
+# behind or further counts as newer (and restarts the round).
+STALE_ROUNDS = _DEADLINE["STALE_ROUNDS"]
 
 
 def proof_frame(dst_mac: str, dst_ip: str, dst_port: int, src_mac: str, src_ip: str,

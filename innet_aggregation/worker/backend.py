@@ -414,6 +414,11 @@ class _Joiner:
         return self._join()
 
 
+def _signals(store):
+    """The part of the group's store where a rank says it went to gloo (``Fallback``)."""
+    return dist.PrefixStore(f"{NAME}-to-gloo/", store)
+
+
 def open_session(rank: int, world_size: int, timeout: timedelta, store, group,
                  policy: FallbackPolicy) -> _Owner:
     """The session of ``rank`` from the environment (see the module's docstring),
@@ -435,7 +440,7 @@ def open_session(rank: int, world_size: int, timeout: timedelta, store, group,
                 raise SwitchUnavailable(f"rank {rank}: the job is not on the switch: {why} "
                                         f"(INA_FALLBACK=error; =gloo starts on gloo)")
             fallback = Fallback(group, policy, membership=membership, rejoin=joiner,
-                                path=GLOO, why=why)
+                                path=GLOO, why=why, store=_signals(store))
             session = AggregationSession.on_gloo(rank, world_size, fallback)
             print(f"{NAME}: rank {rank}: from call 1 on, through gloo: {why}",
                   file=sys.stderr, flush=True)
@@ -460,7 +465,8 @@ def open_session(rank: int, world_size: int, timeout: timedelta, store, group,
         raise RuntimeError(f"INA_DEADLINE_MS={asked}, but the job file (INA_JOB_CONFIG) says "
                            f"job.deadline_ms = {session.transport.deadline * 1000 or 'none'}: "
                            f"the switch's job and its workers must agree; set it in the file")
-    session.attach(Fallback(group, policy, membership=membership, rejoin=rejoin))
+    session.attach(Fallback(group, policy, membership=membership, rejoin=rejoin,
+                            store=_signals(store)))
     return _Owner(session)
 
 
@@ -493,7 +499,7 @@ def create(options, pg_options) -> InaProcessGroup:
     group = dist.ProcessGroupGloo(dist.PrefixStore(f"{NAME}-fallback/", options.store), rank,
                                   size, timeout)
     if given is not None:
-        given.attach(Fallback(group, policy))
+        given.attach(Fallback(group, policy, store=_signals(options.store)))
         owner = _Owner(given)
     else:
         owner = open_session(rank, size, timeout, options.store, group, policy)

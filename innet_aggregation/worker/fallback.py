@@ -11,16 +11,21 @@ finishes a block only with every rank's contribution. So when the switch path
 fails the ranks are at most one call apart: some completed call k (they wait in
 k+1, or close), the others wait in k, and every rank that completed k holds the
 same bits (the switch sends one sum to all, which each dequantizes alike). A rank
-whose switch call fails (``INA_SWITCH_TIMEOUT`` without progress, a lost lease, a
-refused route) recovers over the gloo group: the ranks gather (calls completed,
+whose switch call fails (``INA_SWITCH_TIMEOUT`` without a word from the switch, a
+lost lease, a refused route) recovers over the gloo group: the ranks gather (calls completed,
 call pending, the pending call's signature); where some completed k and others
 did not, the lowest rank that did broadcasts its kept copy of k's result, so k is
 the switch's on every rank; the pending call is then redone through gloo from a
 copy of its original input (the switch writes results in place as they arrive);
-from there on every call goes to gloo. The others' switch calls fail within the
-same bound (no rank contributes to them any more), so every rank reaches the
-recovery. A rank returns call k before its peers know k is done: safe, since a
+from there on every call goes to gloo. The others' switch calls may still hear the
+switch wait for that rank (a call the switch answers waits up to the group's timeout:
+slow is not dead), so the rank says in the group's store that it left (``_Signals``),
+and theirs give up on that word, within a second: every rank reaches the recovery. A rank returns call k before its peers know k is done: safe, since a
 peer that did not complete k gets exactly k's bits from the broadcast.
+
+Values a deadline's releases left out (``carry.Carry``) are owed, not lost: the redone
+call adds the ones it took from the carry, and every call through gloo adds those of
+its key.
 
 Cost (only with a fallback attached): per call, a copy of its input before it
 and of its result after it (two memcpy of the call's size, into buffers reused
@@ -55,6 +60,7 @@ MODES = ("gloo", "error")
 # switch, and well inside the manager's default lease (10 s) plus sweep, so a
 # restart is ridden out on gloo, not waited for; round trips are 0.1-10 ms.
 DEFAULT_SWITCH_TIMEOUT = 10.0
+STORE_POLL = 0.5             # seconds between a waiting call's looks for a rank that left
 SWITCH, GLOO = "switch", "gloo"
 CLOSING = -1                 # the call number a closing rank reports in an agreement
 # What a switch call can end with that gloo can take over (a NonFiniteError is a
@@ -104,8 +110,11 @@ class Fallback:
     returns the new membership (None: no coming back)."""
 
     def __init__(self, group, policy: FallbackPolicy, *, membership=None, rejoin=None,
-                 path: str = SWITCH, why: str = ""):
+                 path: str = SWITCH, why: str = "", store=None):
         self.group = group
+        # Why a peer left the switch path, once the group's store said so (``_Signals``):
+        # a rank still in a switch call that the switch says waits for it gives up then.
+        self._left = None
         self.policy = policy
         self.rank = group.rank()
         self.world = group.size()
@@ -126,12 +135,26 @@ class Fallback:
         self.session = None
         if path == GLOO:
             self.changes.append((1, GLOO, why))
+        self._signals = _Signals(store, self) if store is not None else None
 
     # -- the lease -----------------------------------------------------------------
     def abort_reason(self) -> str | None:
-        """Asked by the transport on every timer wake-up: the lease is lost."""
+        """Asked by the transport on every timer wake-up: the lease is lost, or a rank
+        left the switch path (its switch call failed; the store says so, asked at most
+        once a second) while this one waits in a switch call that the switch answers."""
         m = self.membership
-        return f"lease lost ({m.lost})" if m is not None and m.lost else None
+        if m is not None and m.lost:
+            return f"lease lost ({m.lost})"
+        return self._left
+
+    def _episode(self) -> str:
+        """The store's key for the next fall to gloo: the same on every rank."""
+        return str(sum(1 for _, path, _ in self.changes if path == GLOO))
+
+    def _tell(self) -> None:
+        """Tell the ranks still in a switch call that this one leaves the switch path."""
+        if self._signals is not None:
+            self._signals.tell(self._episode())
 
     def cause(self, exc: BaseException) -> str:
         if (lost := self.abort_reason()) is not None:
@@ -149,11 +172,13 @@ class Fallback:
         return f"{type(exc).__name__}: {exc}"
 
     # -- one call, on the session's thread -------------------------------------------
-    def run(self, session, work: np.ndarray, average: bool, name, signature) -> None:
-        """Complete the session's next call on ``work`` by the agreed path."""
+    def run(self, session, work: np.ndarray, average: bool, name, signature, key) -> None:
+        """Complete the session's next call on ``work`` by the agreed path; on gloo, with
+        the values this rank owes of the call's ``key`` added in (``Carry.add_into``)."""
         self.issued += 1
         number = self.issued
         if self.path == GLOO:
+            session.carry.add_into(key, work)
             self._gloo(work, average)
             self._done(number, GLOO)
             return
@@ -161,9 +186,10 @@ class Fallback:
         if keeping:
             self._input = _keep(self._input, work)
         try:
-            session._reduce(work, average, name, signature)
+            session._reduce(work, average, name, signature, key)
         except SWITCH_FAILURES as exc:
             why = self.cause(exc)
+            self._tell()
             if not keeping:
                 raise SwitchUnavailable(
                     f"rank {self.rank}, call {number}: the switch path failed within "
@@ -171,7 +197,7 @@ class Fallback:
                     f"(INA_FALLBACK=error; =gloo goes on through gloo)") from exc
             try:
                 self._recover(session, number, work, average,
-                              signature_hash(work.size, signature, name), why)
+                              signature_hash(work.size, signature, name), why, key)
             except CallMismatch:
                 if isinstance(exc, CallMismatch):   # the callers' own calls differ: its words
                     raise exc from None
@@ -191,7 +217,7 @@ class Fallback:
         self.completed = number
         self.counts[path] += 1
 
-    def _recover(self, session, number, work, average, sig, why) -> None:
+    def _recover(self, session, number, work, average, sig, why, key) -> None:
         lo, hi, _ = self._agree(number, sig, work)
         self._change(session, number, GLOO, why)
         if lo < hi and number == hi:      # a peer completed it: its switch result is in work
@@ -199,6 +225,7 @@ class Fallback:
             self._kept(number, work)
             return
         np.copyto(work, self._input)      # the switch wrote some results in place
+        session.carry.add_into(key, work)  # owed again (the transport restored them)
         self._gloo(work, average)
         self._done(number, GLOO)
 
@@ -255,6 +282,7 @@ class Fallback:
         if path == self.path:
             return
         self.path = path
+        self._left = None
         self.changes.append((number, path, why))
         if path == GLOO and session.transport is not None:
             session.transport.close()       # no switch I/O until a fresh one
@@ -327,12 +355,53 @@ class Fallback:
 
     def close(self) -> None:
         self._stop.set()
+        if self._signals is not None:
+            self._signals.stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
         if self.standby is not None:
             self.standby.close()
         if self.membership is not None:
             self.membership.close()
+
+
+class _Signals:
+    """A rank's word that it left the switch path, through the group's store, and the
+    look for a peer's, every ``STORE_POLL`` while on the switch path: on a thread of its
+    own, as the store's host may be behind the very switch that died (a store call
+    then blocks for the store's timeout, which the session's call must not)."""
+
+    def __init__(self, store, fallback: Fallback):
+        self.store = store
+        self.fallback = fallback
+        self.stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True,
+                         name=f"ina-signals-{fallback.rank}").start()
+
+    def tell(self, key: str) -> None:
+        """Say so under ``key``, waiting at most ``STORE_POLL`` (a rank that exits next
+        must have said it; a store behind a dead switch must not hold it)."""
+        def say():
+            try:
+                self.store.set(key, str(self.fallback.rank))
+            except Exception:            # noqa: BLE001  its host is gone: the others see that
+                pass
+        thread = threading.Thread(target=say, daemon=True)
+        thread.start()
+        thread.join(STORE_POLL)
+
+    def _run(self) -> None:
+        f = self.fallback
+        while not self.stop.wait(STORE_POLL):
+            try:
+                key = f._episode()
+                if f.path != SWITCH or f._left is not None or not self.store.check([key]):
+                    continue
+                why = f"rank {self.store.get(key).decode()} left the switch path (its call failed)"
+            except Exception as exc:     # noqa: BLE001  the store's host is gone: so is the job
+                why = f"the group's store is unreachable ({type(exc).__name__}: {exc})"
+            if f.path == SWITCH and f._episode() == key:
+                f._left = why
 
 
 def _keep(buffer, values: np.ndarray) -> np.ndarray:

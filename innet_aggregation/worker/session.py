@@ -28,6 +28,7 @@ from innet_aggregation.switch_ctl import jobfile
 from . import metrics, quantize
 from .breakdown import (NONE, CallBreakdown, ProfilerRanges, combine, debug_every,
                         debug_level, ranks_wait)
+from .carry import Carry
 from .transport import RetransmitPolicy, Stats, Transport
 
 
@@ -54,7 +55,7 @@ class AggregationSession:
                  local_port: int, *, local_workers=None,
                  policy: RetransmitPolicy = RetransmitPolicy(),
                  packet_format: protocol.PacketFormat | None = None, fast_path: bool = True,
-                 deadline: float = 0.0):
+                 deadline: float = 0.0, peers: list[tuple[str, int]] = ()):
         if not 0 <= worker_id < protocol.MAX_WORKERS or not 1 <= num_workers <= protocol.MAX_WORKERS:
             raise ValueError(f"worker_id {worker_id} / num_workers {num_workers} out of range "
                              f"(at most {protocol.MAX_WORKERS} workers)")
@@ -62,12 +63,14 @@ class AggregationSession:
         self.num_workers = num_workers
         self.fmt = packet_format or protocol.packet_format()
         self._policy = policy
+        self.carry = Carry()
         self.transport = Transport(self.fmt, job_id=job_id, worker_id=worker_id,
                                    num_workers=num_workers, switch_ip=switch_ip,
                                    job_udp_port=job_udp_port, local_ip=local_ip,
                                    local_port=local_port, first_slot=first_slot,
                                    num_slots=num_slots, local_workers=local_workers,
-                                   policy=policy, fast_path=fast_path, deadline=deadline)
+                                   policy=policy, fast_path=fast_path, deadline=deadline,
+                                   carry=self.carry, peers=peers)
         self._start(worker_id)
 
     def _start(self, worker_id: int) -> None:
@@ -90,28 +93,37 @@ class AggregationSession:
         session = cls.__new__(cls)
         session.worker_id, session.num_workers = worker_id, num_workers
         session.fmt, session.transport, session._policy = None, None, RetransmitPolicy()
+        session.carry = Carry()
         session._start(worker_id)
         session.attach(fallback)
         return session
 
     def attach(self, fallback) -> None:
         """Calls that fail on the switch go to ``fallback`` (gloo) from now on; a
-        switch call without progress for its ``switch_timeout`` (or the peer timeout,
-        if shorter) has failed."""
+        switch call that hears nothing from the switch for its ``switch_timeout`` (no
+        result, no WAITING reply) has failed. One the switch says waits for a slow
+        peer waits up to the peer timeout (the group's), as gloo would."""
         self.fallback = fallback
         fallback.session = self
         if self.transport is not None:
             self._bound(self.transport, fallback)
 
     def _bound(self, transport: Transport, fallback) -> None:
-        transport.policy = replace(transport.policy, peer_timeout=min(
-            transport.policy.peer_timeout, fallback.policy.switch_timeout))
+        # A waiting call hears a WAITING reply once a backed-off timer (max_rto): at
+        # least four in a switch timeout, so that a slow peer never looks like silence.
+        quarter = fallback.policy.switch_timeout / 4
+        p = transport.policy
+        transport.policy = replace(p, switch_silence=fallback.policy.switch_timeout,
+                                   max_rto=min(p.max_rto, quarter),
+                                   initial_rto=min(p.initial_rto, quarter),
+                                   min_rto=min(p.min_rto, quarter))
+        transport.rto.policy = transport.policy
         transport.abort = fallback.abort_reason
 
     def transport_for(self, config) -> Transport:
         """A fresh transport of this worker in the job of ``config`` (a new session)."""
         fmt, args = _transport_args(config, self.worker_id, None)
-        transport = Transport(fmt, **args, policy=self._policy)
+        transport = Transport(fmt, **args, policy=self._policy, carry=self.carry)
         if self.fallback is not None:
             self._bound(transport, self.fallback)
         return transport
@@ -127,7 +139,8 @@ class AggregationSession:
         return cls(worker_id, args["num_workers"], args["switch_ip"], args["job_id"],
                    args["job_udp_port"], args["first_slot"], args["num_slots"],
                    args["local_ip"], args["local_port"],
-                   local_workers=args["local_workers"], deadline=args["deadline"], **kwargs)
+                   local_workers=args["local_workers"], deadline=args["deadline"],
+                   peers=args["peers"], **kwargs)
 
     @property
     def stats(self) -> Stats:
@@ -197,11 +210,12 @@ class AggregationSession:
             t.waits, t.timing.ranges = (None, ()), ranges
         if ranges is not None:
             ranges.enter(f"allreduce ({values.size} elements{f', {name!r}' if name else ''})")
+        key = self.carry.key(name, values.size)
         try:
             if fallback is None:
-                self._reduce(values, average, name, signature)
+                self._reduce(values, average, name, signature, key)
             else:
-                fallback.run(self, values, average, name, signature)
+                fallback.run(self, values, average, name, signature, key)
         finally:
             seconds = time.perf_counter() - started
             fell_back = fallback is not None and fallback.counts["gloo"] > gloo
@@ -229,7 +243,7 @@ class AggregationSession:
             self._unreported.clear()
 
     def _reduce(self, values: np.ndarray, average: bool, name: str | None,
-                signature: tuple) -> None:
+                signature: tuple, key: tuple) -> None:
         """Aggregate a C-contiguous float array, writing the result into it, block by
         block as results become final (float32 arrays are read and written in place;
         others are quantized from a float32 copy). ``signature``, the caller's dtype
@@ -247,7 +261,7 @@ class AggregationSession:
             # Read before the results overwrite the values.
             mine = (quantize.nonfinite(blocks.flat) if (own == quantize.POISON_EXPONENT).any()
                     else None)
-        scale = self.transport.aggregate(blocks, own, out, average=average, name=name,
+        scale = self.transport.aggregate(blocks, own, out, key=key, average=average, name=name,
                                          signature=signature)
         poisoned = scale == quantize.POISON_EXPONENT
         bound = quantize.error_bound(scale[~poisoned], self.num_workers, average=average)
@@ -265,9 +279,15 @@ class AggregationSession:
         switch's slot state is unknown, and the error said to reset it. With a
         fallback, the ranks first agree (``Fallback.settle``), and park only if all
         are on the switch and the lease holds; a park that fails then is reported,
-        not raised (the manager resets a job's slots when it leaves)."""
+        not raised (the manager resets a job's slots when it leaves). Values still
+        carried (their keys never came back) are not dropped: they stay in
+        ``self.carry`` for the caller (``Carry.pending``), and a warning names them."""
         with self._lock:
             self._executor.shutdown(wait=True)
+        if held := self.carry.values:
+            print(f"ina: worker {self.worker_id}: closing with {held} left-out values not yet "
+                  f"applied, of calls {sorted(self.carry.store, key=repr)}: they are in "
+                  f"session.carry.pending()", file=sys.stderr, flush=True)
         fallback = self.fallback
         try:
             if fallback is None:
@@ -339,7 +359,8 @@ def _transport_args(config, worker_id: int, given: protocol.PacketFormat | None)
                 switch_ip=job.service_ip, job_udp_port=job.udp_port, local_ip=me[0].ip,
                 local_port=me[0].udp_port, first_slot=job.first_slot, num_slots=job.num_slots,
                 local_workers=[w.id for w in job.workers],
-                deadline=(job.deadline_ms or 0.0) / 1000.0)
+                deadline=(job.deadline_ms or 0.0) / 1000.0,
+                peers=[(w.ip, w.udp_port) for w in job.workers if w.id != worker_id])
     return fmt, args
 
 

@@ -104,7 +104,10 @@ round, ``_take_early``), and sends nothing for a round whose result it holds; th
 others' lead is bounded by what it can hold: once a worker has been left out of
 LEAD_LIMIT released rounds in a row, the others neither release nor send quorums
 (``Transport.lead_ok``) until a round has every worker again, and a deadline job's
-socket buffer holds twice that many results (``_lead_buffer``).
+socket buffer holds twice that many results (``_lead_buffer``). A result lost on its
+way to a late worker, of a round the switch no longer holds (its resends are stale
+there), comes from the peers, who keep what they took (``repair.py``): a timer's
+expiry asks them.
 """
 
 from __future__ import annotations
@@ -124,12 +127,15 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from innet_aggregation.p4src.protocol import (EXPONENT_OF_ZERO, MSG_QUORUM, MSG_RELEASE,
-                                              MSG_RELEASED, MsgType, PacketFormat)
+                                              MSG_RELEASED, STALE_ROUNDS, MsgType,
+                                              PacketFormat)
 
 from . import quantize
 from .batchio import BatchSocket
 from .breakdown import Timing, timed
+from .carry import Carry, history_key
 from .fastpath import FastCall
+from .repair import ASK_MAX, Repair
 
 PKT_ID_MASK = 0xFFFFFFFF
 FINGERPRINT_MASK = 0xFFFFFFFF
@@ -137,7 +143,6 @@ FINGERPRINT_STEP = 0x9E3779B1  # odd: the blocks of one call get distinct finger
 RECV_BATCH = 512              # results drained from the socket per system call
 COALESCE_BATCH = 8            # fewer results than this per wake-up: wait for more
 HISTORY_CALLS = 256           # calls whose exponents are remembered (DDP: its buckets)
-RUN_PLACES = 64               # places told apart in a run of unnamed calls of one size
 SOCKET_BUFFER = 4 << 20       # bytes; a window's results arrive in bursts
 IP_MTU_DISCOVER, IP_PMTUDISC_INTERFACE, IP_MTU = 10, 4, 14   # linux/in.h; not in Python's socket
 SO_RCVBUFFORCE = 33           # asm-generic/socket.h: past rmem_max, with CAP_NET_ADMIN
@@ -150,9 +155,13 @@ NONCE_BITS = 26               # |nonce| < 2**26: 32 workers' sum cannot saturate
 IDLE_SEQ = np.iinfo(np.int64).max   # a slot without a packet in flight: sent after every other
 # Released rounds in a row a worker may miss before the others wait for it again: what a
 # late worker must hold, queued in its socket and then kept (``early``), to catch up. At
-# 1,024 values a packet, 17 MB of results.
-LEAD_LIMIT = 4096
+# 1,024 values a packet, about 8 MiB of results. Half the switch's stale window: with one
+# slot every such round is a packet id of that slot, and a late worker's packet as many
+# ids behind as STALE_ROUNDS would count as newer and restart its round there (the
+# others' window in flight and the redone blocks stay within the other half).
+LEAD_LIMIT = STALE_ROUNDS // 2
 EARLY_ROUNDS = 1 << 16        # a released round this many ahead of its slot's is a duplicate
+ABORT_POLL = 0.5              # seconds: a waiting call asks whether to give up this often
 
 log = logging.getLogger("worker")
 
@@ -198,15 +207,6 @@ def call_fingerprints(epoch: int, call: int | str, elements: int, name: str | No
     return (base + np.arange(blocks, dtype=np.uint64) * FINGERPRINT_STEP) & FINGERPRINT_MASK
 
 
-def history_key(name: str | None, elements: int, place: int) -> tuple:
-    """Where a call's agreed exponents are remembered, for its next time: its place in
-    the training step. A named call is its name (the DDP hook names buckets by
-    index); an unnamed one is its size and ``place``, its position in the run of
-    consecutive calls of that size (capped at ``RUN_PLACES - 1``), so that
-    equal-sized calls of one step, such as repeated layers' buckets, keep apart."""
-    return ("named", name, elements) if name is not None else ("unnamed", elements, place)
-
-
 def same_name(history: dict, name: str, num_blocks: int) -> np.ndarray | None:
     """For a named call of a size new to its name: the maxima the name last agreed on
     at another size, block by block from the start (``quantize.resized``); None for a
@@ -242,21 +242,26 @@ class RetransmitPolicy:
     bounds how long one packet may wait for its result, and so how long a call can
     wait for a dead worker or an unreachable switch: 30 minutes by default, torch's
     and gloo's, as a rank may be busy for minutes (a checkpoint) without being
-    dead. ``progress_interval`` is how often a waiting call logs whom it waits for.
+    dead. ``switch_silence`` bounds how long a call may hear nothing from the switch
+    (no result, no WAITING reply; a fallback's INA_SWITCH_TIMEOUT): the switch is
+    gone, whereas WAITING replies say it is there, waiting for a slow peer.
+    ``progress_interval`` is how often a waiting call logs whom it waits for.
     ``coalesce`` is the longest a wake-up that found only a few results waits for
     more (0: never)."""
     initial_rto: float = 0.2
     min_rto: float = 0.001
     max_rto: float = 2.0
     peer_timeout: float = 1800.0
+    switch_silence: float = float("inf")
     coalesce: float = 0.0005
     progress_interval: float = 10.0
 
     def __post_init__(self):
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")
-        if self.peer_timeout <= 0 or self.progress_interval <= 0:
-            raise ValueError("peer_timeout and progress_interval must be positive")
+        if self.peer_timeout <= 0 or self.progress_interval <= 0 or self.switch_silence <= 0:
+            raise ValueError("peer_timeout, switch_silence and progress_interval must be "
+                             "positive")
         if self.coalesce < 0:
             raise ValueError("coalesce must not be negative")
 
@@ -280,6 +285,7 @@ class Stats:
     released: int = 0                 # results the switch released before every worker was in
     late: int = 0                     # of which this worker's contribution was not in
     carried_values: int = 0           # values carried into the next call of the same name
+    repairs_asked: int = 0            # rounds asked of the peers (a timer expired under a deadline)
 
     def __sub__(self, other: "Stats") -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
@@ -342,7 +348,8 @@ class Transport:
                  switch_ip: str, job_udp_port: int, local_ip: str, local_port: int,
                  first_slot: int, num_slots: int, local_workers=None,
                  policy: RetransmitPolicy = RetransmitPolicy(), fast_path: bool = True,
-                 deadline: float = 0.0):
+                 deadline: float = 0.0, carry: Carry | None = None,
+                 peers: list[tuple[str, int]] = ()):
         if not 1 <= num_slots <= fmt.pool_size or not 0 <= first_slot <= fmt.pool_size - num_slots:
             raise ValueError(f"slots [{first_slot}, {first_slot + num_slots}) are not within the "
                              f"pool of {fmt.pool_size}")
@@ -363,9 +370,10 @@ class Transport:
         self.deadline = deadline
         # Released results are handled in Python only.
         self.fast_path = fast_path and not deadline   # False: every result through Python
-        # history_key -> (chunks, values): this worker's blocks a release left out,
-        # added into the same blocks of the next call of that key (``aggregate``).
-        self.carry: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        # This worker's blocks a release left out, per call key, added into the same
+        # blocks of the next call of that key (``aggregate``): the session's, so they
+        # outlive this transport (carry.py).
+        self.carry = Carry() if carry is None else carry
         # Released rounds not reached yet (``_Call._keep_early``): the packets, and
         # each one's window slot and packet id.
         self.early: list[np.ndarray] = []
@@ -384,7 +392,6 @@ class Transport:
         self.next_set = np.zeros(num_slots, dtype=np.int64)
         self.next_pkt_id = np.zeros(num_slots, dtype=np.int64)
         self.history: dict[tuple, np.ndarray] = {}  # history_key -> its last agreed maxima (quantize.remember)
-        self.run = (0, 0)                           # last call's (elements, place in its run)
         self.epoch: int | None = None               # set by start()
         self.calls = 0                              # calls issued, the empty ones included
         self.broken: BaseException | None = None
@@ -444,8 +451,21 @@ class Transport:
         self.io = BatchSocket(self.sock, self.tx, self.rx)
         self._poll = select.poll()
         self._poll.register(self.sock, select.POLLIN)
+        # A deadline job's results lost on the way to this worker, from its peers
+        # (``peers``: the others' address and job port; repair.py).
+        self.repair = None
+        if deadline and peers:
+            try:
+                self.repair = Repair(fmt, job_id, local_ip, local_port, list(peers),
+                                     kept=2 * LEAD_LIMIT)
+            except OSError:
+                self.sock.close()
+                raise
+            self._poll.register(self.repair.ask_sock, select.POLLIN)
 
     def close(self) -> None:
+        if self.repair is not None:
+            self.repair.close()
         self.sock.close()
 
     def _check_usable(self) -> None:
@@ -546,7 +566,7 @@ class Transport:
 
     # -- one call ------------------------------------------------------------------
     def aggregate(self, blocks: quantize.Blocks, own: np.ndarray, out: quantize.Blocks, *,
-                  average: bool, name: str | None = None,
+                  key: tuple, average: bool, name: str | None = None,
                   signature: tuple = ()) -> np.ndarray:
         """Sum (``average``: the mean of) float32 ``blocks`` over the job's workers into
         ``out`` (any float dtype; ``blocks`` itself to work in place): each block is
@@ -554,8 +574,8 @@ class Transport:
 
         ``own`` are this worker's block exponents; the size and ``name`` (the
         caller's, if any) go into the call's fingerprint with its number and the
-        caller's ``signature`` (dtype name, shape), and the size and name choose its
-        exponent history (``history_key``). Returns the scale exponent
+        caller's ``signature`` (dtype name, shape); ``key`` (``Carry.key``) chooses its
+        exponent history and its carry. Returns the scale exponent
         each block was quantized with (``POISON_EXPONENT`` for a block some worker
         could not carry)."""
         self._check_usable()
@@ -567,9 +587,7 @@ class Transport:
         if not n:
             return np.zeros(0, np.int64)
         self.start()
-        place = min(self.run[1] + 1, RUN_PLACES - 1) if self.run[0] == elements else 0
-        self.run = (elements, place)
-        key = history_key(name, elements, place)
+        place = key[2] if name is None else 0
         previous = self.history.get(key)
         if previous is None and name is None and place:
             # A place of a run seen for the first time: the call before it, the same size.
@@ -578,16 +596,21 @@ class Transport:
             previous = same_name(self.history, name, n)
         label = f"call {self.calls} ({elements} elements" + (f", {name!r})" if name else ")")
         fingerprints = call_fingerprints(self.epoch, self.calls, elements, name, n, signature)
-        if key in self.carry:
-            own = _add_carried(blocks, own, *self.carry.pop(key))
+        if (taken := self.carry.take(key)) is not None:
+            own = _add_carried(blocks, own, *taken)
         call = _Call(self, blocks, out, own, quantize.speculate(previous, n), label=label,
                      fingerprints=fingerprints, quantized=True, average=average,
                      signature=signature)
-        scale, agreed = self._run(call)
+        try:
+            scale, agreed = self._run(call)
+        except BaseException:
+            if taken is not None:   # owed again: the call is redone elsewhere, or never
+                self.carry.restore(key, *taken)
+            raise
         self.waits = call.waits()
         if call.carried:
             chunks = np.concatenate([c for c, _ in call.carried])
-            self.carry[key] = (chunks, np.concatenate([v for _, v in call.carried]))
+            self.carry.keep(key, chunks, np.concatenate([v for _, v in call.carried]))
             whole = int(np.count_nonzero(chunks < len(blocks.whole)))
             self.stats.carried_values += (whole * blocks.whole.shape[1] + (len(chunks) - whole)
                                           * (blocks.flat.size - blocks.whole.size))
@@ -635,9 +658,11 @@ class Transport:
 
     def _lead_buffer(self) -> None:
         """A deadline job's socket holds 2 LEAD_LIMIT results, what this worker gets while
-        it is late (asleep, descheduled) before the others wait for it: a result lost
-        to a full buffer is one whose round the switch may no longer hold. Beyond
-        net.core.rmem_max only as root (SO_RCVBUFFORCE); short of it, a warning."""
+        it is late (asleep, descheduled) before the others wait for it, if it may
+        (beyond net.core.rmem_max only as root, SO_RCVBUFFORCE). A result lost to a
+        full buffer is one the switch may no longer hold, but the peers do, as many
+        (``Repair``'s ring): short of it, the late worker asks them for what it lost,
+        a request's ASK_MAX rounds per timer expiry, which costs time, not values."""
         # What the kernel charges a datagram: its buffer, a power of two, and the skb.
         charged = (1 << (self.fmt.payload_bytes + 512).bit_length()) + 256
         # Twice the limit: the others stop once they see it, with a window in flight each.
@@ -650,10 +675,10 @@ class Transport:
                 continue
         got = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         if got < want:
-            log.warning("job %d, worker %d: the socket holds %d bytes of results, not the %d "
-                        "a worker late by %d released rounds needs (raise net.core.rmem_max, or "
-                        "run as root): a longer lag may lose results the switch no longer holds",
-                        self.job_id, self.worker_id, got, want, LEAD_LIMIT)
+            log.info("job %d, worker %d: the socket holds %d bytes of results, not the %d "
+                     "a worker late by %d released rounds gets (raise net.core.rmem_max, or "
+                     "run as root): results lost there are asked of the peers",
+                     self.job_id, self.worker_id, got, want, LEAD_LIMIT)
 
     def follow_releases(self, bitmaps: np.ndarray, counts: np.ndarray) -> None:
         """Released rounds (who is in each, how many), in the order taken: the first one
@@ -757,6 +782,7 @@ class _Call:
         self.progress_at = -np.inf      # when the call last got an answer
         self.first_result = np.inf      # when it got its first
         self.missing = 0                # the workers the switch last said it waited for
+        self.heard_at = self.started    # when the switch last said anything (a WAITING reply)
         self.logged_at = self.started   # when it last logged whom it waits for
         # The switch's last WAITING reply per slot: the bitmap of who had contributed.
         self.told = np.zeros(w, dtype=bool)
@@ -817,6 +843,9 @@ class _Call:
                         self._on_waiting(headers)
                     if datagrams < RECV_BATCH:
                         break
+                if t.repair is not None and len(repaired := t.repair.receive()):
+                    drained += len(repaired)
+                    self._on_results(repaired)
                 if self.deferring:
                     self._flush(time.monotonic())
                 if drained:
@@ -949,7 +978,11 @@ class _Call:
 
     def _next_wakeup(self) -> float:
         """The earliest ``_due`` (the same sum on the earliest times: rounding is
-        monotonic) or RACK deadline: before it, ``_recover`` has nothing to do."""
+        monotonic) or RACK deadline, and at most ``ABORT_POLL`` away, so a waiting call
+        asks ``Transport.abort`` that often: before it, ``_recover`` has nothing to do."""
+        return min(self._timers(), time.monotonic() + ABORT_POLL)
+
+    def _timers(self) -> float:
         if self.fast is not None:
             return self.fast.next_wakeup()
         t = self.t
@@ -1097,6 +1130,8 @@ class _Call:
         t = self.t
         agreed = packets["exponent"][rows]
         self.agreed[chunks] = agreed
+        if t.repair is not None:          # for a peer that lost them
+            t.repair.keep(packets[rows])
         keep = None
         if self.quantized:
             keep, self.scale[chunks] = quantize.settle(self.scale[chunks], agreed)
@@ -1149,6 +1184,8 @@ class _Call:
         h = t.fmt.unpack(headers, ("contributions", "fingerprint"))
         match, slot = self._answers(headers, MsgType.WAITING)
         t.stats.waiting_replies += int(match.sum())
+        if match.any():
+            self.heard_at = time.monotonic()
         t.stats.duplicates_ignored += int((~match).sum())
         self.told[slot[match]] = True
         self.contributors[slot[match]] = h["fingerprint"][match]
@@ -1189,7 +1226,7 @@ class _Call:
         expired. A packet waiting ``peer_timeout`` ends the call."""
         t = self.t
         dead = now - self.first_sent_at >= t.policy.peer_timeout
-        if dead.any():
+        if dead.any() or now - max(self.heard_at, self.progress_at) >= t.policy.switch_silence:
             self._give_up(now)
         if (reason := t.abort()) is not None:
             raise CallAborted(f"job {t.job_id}, worker {t.worker_id}, {self.label}: given up "
@@ -1201,6 +1238,16 @@ class _Call:
                 & (self.sent_at + self.rack_rtt + t.rto.reorder_window <= now))
         if expired.any() and self.progress_at == -np.inf:
             expired = self._probe(expired, now)
+        if expired.any() and t.repair is not None:
+            # Its round may be one the switch holds no more (the others went on): the
+            # peers that took its result send it (repair.py).
+            # and the slot's next rounds, which a worker that slept lost too: as many as
+            # one request names.
+            slots = np.flatnonzero(expired & (self.chunk >= 0))
+            depth = max(1, ASK_MAX // max(len(slots), 1))
+            ids = t.tx_pkt_id[slots].astype(np.int64)[:, None] + np.arange(depth)
+            t.repair.ask(np.repeat(t.first_slot + slots, depth), ids.reshape(-1) & PKT_ID_MASK)
+            t.stats.repairs_asked += len(slots)
         if expired.any():
             t.stats.timeouts += int(expired.sum())
             t.rto.timed_out(now)
@@ -1275,11 +1322,15 @@ class _Call:
         t = self.t
         waiting = np.flatnonzero(self.chunk >= 0)
         oldest = now - self.first_sent_at[waiting].min()
+        silent = now - max(self.heard_at, self.progress_at)
         slots = (t.first_slot + waiting).tolist()
         shown = ", ".join(map(str, slots[:16])) + (", ..." if len(slots) > 16 else "")
+        bound = (f"peer_timeout {t.policy.peer_timeout:g} s" if oldest >= t.policy.peer_timeout
+                 else f"the switch silent for {silent:.1f} s, switch_silence "
+                      f"{t.policy.switch_silence:g} s")
         raise AggregationTimeout(
             f"job {t.job_id}, worker {t.worker_id}, {self.label}: no result for {len(slots)} "
-            f"slot(s) [{shown}] after {oldest:.1f} s (peer_timeout {t.policy.peer_timeout:g} s, "
+            f"slot(s) [{shown}] after {oldest:.1f} s ({bound}, "
             f"{int(self.retries[waiting].sum())} timer expiries); {self._waiting_for()}. "
             f"The switch's slot state for this job is now unknown: {RECOVER}",
             switch_answered=bool(self.told[waiting].any()))

@@ -129,7 +129,9 @@ CONSTANTS = {
     "(default 10 s)": "INA_SWITCH_TIMEOUT's default",
     "the retransmission timer's 2 s ceiling": "RetransmitPolicy.max_rto",
     "default 10 s lease": "manager.lease_seconds",
-    "(at most 2 s apart)": "RetransmitPolicy.max_rto",
+    "(at most 0.5 s apart)": "transport.ABORT_POLL",
+    "look there every 0.5 s": "fallback.STORE_POLL",
+    "logging every 10 s which rank": "RetransmitPolicy.progress_interval",
     "The default is 30 minutes": "peer_timeout, torch's and gloo's default",
     "30 minutes by default": "peer_timeout, torch's and gloo's default",
     "10 s for a write or read, 5 s for arbitration, 120 s for": "switch_ctl/client.py's deadlines",
@@ -139,6 +141,7 @@ CONSTANTS = {
     "every test (600 s, generous for BMv2)": "pytest-timeout's bound",
     # the tests' settings
     "pauses 40 s": "test_slow_and_dead.py's pause",
+    "a rank paused 12 s with": "test_slow_and_dead.py's pause past the switch timeout",
     "three 3 s leases": "test_manager_listener.py's leases",
     "0, 1 and 10 % loss": "the tree tests' loss rates",
     "1 % and 10 % loss": "test_end_to_end.py's loss rates",

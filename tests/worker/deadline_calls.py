@@ -7,7 +7,8 @@ Every call all-reduces, under one name, ``run.make_inputs(size, SEED, call, rank
 (normal values, steady scales per 64), which any process can recompute; a rank given
 ``--sleep`` first sleeps that long before the calls in ``--sleep-calls``;
 ``--lead-limit`` lowers the released rounds a late rank may trail by (transport's
-LEAD_LIMIT, so a test reaches it in a few calls). Per call,
+LEAD_LIMIT, so a test reaches it in a few calls); ``--rcvbuf`` shrinks the socket's
+receive buffer before a sleep, so most results sent meanwhile are lost. Per call,
 DIR/RANK.CALL.npz holds the result and the blocks this rank's values were left out
 of (a released round without them) with the values it carries into the next call,
 and a JSON line on stdout the call's counters and error bound.
@@ -15,6 +16,7 @@ and a JSON line on stdout the call's counters and error bound.
 
 import argparse
 import json
+import socket
 import sys
 import time
 from pathlib import Path
@@ -39,15 +41,19 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--sleep-calls", default="")
     parser.add_argument("--lead-limit", type=int, default=None)
+    parser.add_argument("--rcvbuf", type=int, default=None)
     args = parser.parse_args()
     if args.lead_limit is not None:
         transport.LEAD_LIMIT = args.lead_limit
     rank, out = args.worker_id, Path(args.out)
     sleeps = {int(c) for c in args.sleep_calls.split(",") if c}
     with AggregationSession.from_config(args.config, rank) as session:
-        carry = session.transport.carry
+        carry = session.carry.store
         for call in range(args.calls):
             if call in sleeps:
+                if args.rcvbuf:      # what comes while it sleeps mostly lost in the kernel
+                    session.transport.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
+                                                      args.rcvbuf)
                 time.sleep(args.sleep)
             values = make_inputs(args.size, SEED, call, rank, steady=True)
             session.allreduce(values, name=NAME)

@@ -333,9 +333,10 @@ def test_the_job_file_gives_the_session_and_destroy_closes_it(one_process, monke
     assert isinstance(group, InaProcessGroup) and dist.get_backend() == "cpu:ina"
     session = session_of()
     assert (session.worker_id, session.num_workers) == (0, 1)
-    # The switch's bound (INA_SWITCH_TIMEOUT, 10 s by default), not the group's timeout:
-    # past it, calls go to gloo (fallback.py).
-    assert session.transport.policy.peer_timeout == 10
+    # A call waits for a slow peer up to the group's timeout, and for a silent switch up to
+    # INA_SWITCH_TIMEOUT (10 s by default): past it, calls go to gloo (fallback.py).
+    policy = session.transport.policy
+    assert (policy.peer_timeout, policy.switch_silence) == (42, 10)
     t = torch.tensor([3, 4])                               # int: gloo's, one rank
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     assert t.tolist() == [3, 4]

@@ -13,8 +13,10 @@ sums, over the ranks that were in it, their input plus what they carried into it
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from innet_aggregation.p4src import protocol
+from innet_aggregation.worker import transport
 from innet_aggregation.worker.run import make_inputs
 
 from .deadline_calls import SEED
@@ -37,14 +39,15 @@ def effective_inputs(logs, call: int, k: int) -> list[np.ndarray]:
     return inputs
 
 
-def run_calls(fabric, tmp_path, job, calls: int, sleeper: list[str], every: list[str] = ()):
+def run_calls(fabric, tmp_path, job, calls: int, sleeper: list[str], every: list[str] = (),
+              timeout: float = 60):
     """The three ranks' calls (rank 2 with ``sleeper``'s arguments), checked: every
     call bit-identical on every rank and within the quantization's bound of the float64
     reference of what each rank put in; returns the logs and the runs."""
     k = protocol.packet_format().values_per_packet
     runs = fabric.run(job, ["--out", str(tmp_path), "--calls", str(calls), "--size", str(SIZE),
                             *every],
-                      extra={2: sleeper}, module="tests.worker.deadline_calls", timeout=60)
+                      extra={2: sleeper}, module="tests.worker.deadline_calls", timeout=timeout)
     for run in runs:
         assert run.returncode == 0, f"rank {run.worker}:\n{run.stderr[-3000:]}"
     logs = [[dict(np.load(tmp_path / f"{r}.{c}.npz")) for c in range(calls)] for r in range(3)]
@@ -131,3 +134,24 @@ def test_a_deadline_below_the_round_trip_to_the_switch_is_refused_naming_both(fa
         assert run.returncode != 0
         assert ("its deadline_ms, 0.001 ms, is below the round trip to the switch measured at "
                 f"worker {run.worker}'s start") in run.stderr, run.stderr[-2000:]
+
+
+def test_with_one_slot_a_rank_held_past_the_stale_window_does_not_diverge(fabric, tmp_path):
+    """One slot: every released round is a packet id of that slot, so a rank the others
+    left STALE_ROUNDS ids behind would have its old packet taken as a newer round, which
+    restarts it with its values alone, and apply that while the others applied the
+    original. Rank 2 sleeps 8 s, time for the others to run past STALE_ROUNDS rounds,
+    with a socket buffer too small to hold what they release meanwhile, so it sends its
+    packets of those rounds when it wakes: the others stopped at LEAD_LIMIT (half the
+    window), so the switch drops them as stale and the peers send the results; every
+    call is bit-identical on every rank and within the bound of the reference."""
+    if fabric.target != "softswitch":
+        pytest.skip("run on the native embedded switch only (thousands of rounds of one slot)")
+    k = protocol.packet_format().values_per_packet
+    job = fabric.job(3, num_slots=1, deadline_ms=DEADLINE_MS)
+    calls = protocol.STALE_ROUNDS // (SIZE // k) + 4
+    logs, runs = run_calls(fabric, tmp_path, job, calls,
+                           ["--sleep", "8", "--sleep-calls", "2", "--rcvbuf", "2304"],
+                           timeout=150)
+    missed = sum(len(log["left_out"]) for log in logs[2])
+    assert missed >= transport.LEAD_LIMIT - 64, missed

@@ -136,9 +136,12 @@ def test_with_ina_fallback_error_every_rank_raises_within_the_bound_naming_why(
         assert last["error"].startswith(f"SwitchUnavailable: rank {rank}, call "), last
         assert f"within INA_SWITCH_TIMEOUT={SWITCH_TIMEOUT:g} s: " in last["error"], last
         assert last["seconds"] < SWITCH_TIMEOUT + 2.5, last
-        why = ("switch restarted or unreachable" if fault == "killed" or rank == 2
-               else "the switch waits for a worker")
-        assert why in last["error"], last
+        # Rank 2 hears nothing; the others hear the switch wait for rank 2 (slow is
+        # not dead) until rank 2 says it left the switch path (through the group's
+        # store, whose host, rank 0, may have exited on its error before rank 1 looked).
+        whys = (("switch restarted or unreachable",) if fault == "killed" or rank == 2
+                else ("rank 2 left the switch path", "the group's store is unreachable"))
+        assert any(why in last["error"] for why in whys), last
 
 
 def test_the_policy_is_checked_at_the_boundary():

@@ -61,3 +61,44 @@ def test_a_rank_that_pauses_longer_than_before_is_waited_for(fabric, tmp_path):
         assert 0 < counters["waiting_replies"] <= counters["retransmissions"]
         assert counters["retransmissions"] <= PAUSE / 2.0 + 20
     fabric.remove(job)
+
+
+def test_a_rank_paused_past_the_switch_timeout_keeps_the_job_on_the_switch(fabric, tmp_path):
+    """On the ``ina`` backend with a fallback (INA_SWITCH_TIMEOUT=2 s), rank 1 pauses
+    12 s before a call, as a checkpoint would: the switch's WAITING replies say it is
+    there, so the others wait (no gloo call on any rank), and every call is exact and
+    bit-identical."""
+    import json
+
+    import numpy as np
+
+    from innet_aggregation.worker.run import make_inputs
+
+    from .conservation_calls import SEED
+
+    if fabric.target != "softswitch":
+        pytest.skip("run on the native embedded switch only (the pause costs 12 s)")
+    size, calls, pause = 6000, 4, 12.0
+    job = fabric.job(3, num_slots=8)
+    runs = fabric.run(job, ["--master", f"{job.hosts[0].ip}:{31300 + job.id}", "--world", "3",
+                            "--out", str(tmp_path), "--calls", str(calls), "--zeros", "0",
+                            "--size", str(size), "--switch-timeout", "2"],
+                      extra={1: ["--sleep", str(pause), "--sleep-calls", "2"]},
+                      module="tests.worker.conservation_calls", timeout=90)
+    for run in runs:
+        assert run.returncode == 0, f"rank {run.worker}:\n{run.stderr[-3000:]}"
+        assert "through gloo" not in run.stderr, run.stderr[-3000:]
+    logs = [[json.loads(line) for line in (tmp_path / f"{r}.jsonl").read_text().splitlines()]
+            for r in range(3)]
+    assert all(c["via"] == "switch" for log in logs for c in log), logs
+    for call in range(calls):
+        results = [np.load(tmp_path / f"{r}.{call}.npy") for r in range(3)]
+        assert all(r.tobytes() == results[0].tobytes() for r in results), f"call {call}"
+        exact = sum(make_inputs(size, SEED, call, r, steady=True).astype(np.float64)
+                    for r in range(3))
+        bound = max(log[call]["bound"] for log in logs) + np.abs(exact) * 2.0**-23
+        assert (np.abs(results[0] - exact) <= bound).all(), f"call {call}"
+    # The others waited the pause out in the switch call, naming rank 1 every
+    # progress_interval (10 s).
+    for run in (runs[0], runs[2]):
+        assert re.search(r"the switch waits for worker\(s\) 1", run.stderr), run.stderr[-3000:]
