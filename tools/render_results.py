@@ -537,7 +537,8 @@ def straggler(r: dict | None) -> dict[str, str]:
              cell(x["first_crossing_s"], ".1f"), f"{x['steps_time_s']:.1f}",
              f"{x['accuracy']:.3f}", f"{x['step_p50_ms']:.0f}", f"{x['step_p90_ms']:.0f}",
              f"{x['step_p99_ms']:.0f}", pct(x["released_pct"]), pct(x["late_pct"]),
-             pct(x["carried_pct"]), x["switch_drops"]] for x in runs]
+             pct(x["carried_pct"]), x["switch_drops"],
+             f"{x['load_before']:.1f}-{x['load_after']:.1f}"] for x in runs]
     target = f"{p['accuracy']:.0%}"
     steps = sorted({x["steps"] for x in f["runs"]})
     names = {"straggler_time_ratio": f"time to {target} held, with the deadline over without",
@@ -557,10 +558,11 @@ def straggler(r: dict | None) -> dict[str, str]:
           f"{f['sleep_ms']:.0f} ms in {p.get('p'):.0%} of its steps; {p.get('loss_pct'):g} % "
           f"loss on its port; {deadline}; seeds {', '.join(map(str, seeds))}; time to "
           f"{target} held: the first of {f['hold']} checks in a row at or above it, every "
-          f"{p.get('eval_every')} steps.\n\n"
+          f"{p.get('eval_every')} steps; load: the machine's 1-minute load average as a run "
+          f"started and ended.\n\n"
           + table(["seed", "scenario", "mode", "steps", "slept", f"s to {target} held",
                    "first s", "steps s", "accuracy", "p50 ms", "p90 ms", "p99 ms", "released",
-                   "late", "carried", "drops"], body)
+                   "late", "carried", "drops", "load"], body)
           + ("\n" + table(["ratio", *(f"seed {x}" for x in seeds), f"median of {len(seeds)}"],
                           ratios) if ratios else ""))
     return {"straggler.md": md}

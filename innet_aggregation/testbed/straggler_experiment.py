@@ -23,7 +23,10 @@ and every session with --deadline-ms, default a quarter of the warm-up's median 
 and ``gloo``, once for each of --seeds seeds from --seed (a seed draws the
 straggler's steps, the model's initial weights and the split of the digits into
 training and test sets; the warm-up, the sleep and the deadline are the first
-seed's, the same for all). Each run: the time to --accuracy on the job, held: the
+seed's, the same for all). A deadline is the job's, so its runs have a testbed of
+their own; each seed's two testbeds run back to back, in turn first and second,
+so that a load drifting over the experiment falls on both sides of its ratios,
+and each run records the load average as it starts and ends. Each run: the time to --accuracy on the job, held: the
 slowest rank's training time (every rank's clock stopped only while it scores its
 own model, which is every rank's) up to the first of --hold checks in a row at or
 above it, not the first check at or above it (that one is printed beside it); the
@@ -71,7 +74,8 @@ WARMUP_SKIPPED = 2         # the warm-up's first steps probe every block's expon
 CSV_FIELDS = ["seed", "scenario", "mode", "workers", "deadline_ms", "sleep_ms", "p", "loss_pct",
               "steps", "slept", "accuracy", "target_steps", "time_to_target_s",
               "first_crossing_s", "steps_time_s", "step_p50_ms", "step_p90_ms", "step_p99_ms",
-              "released_pct", "late_pct", "carried_pct", "retransmissions", "switch_drops"]
+              "released_pct", "late_pct", "carried_pct", "retransmissions", "switch_drops",
+              "load_before", "load_after"]
 STEP_FIELDS = ["seed", "scenario", "mode", "rank", "step", "step_ms", "slept"]
 
 
@@ -220,16 +224,18 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
         cmd = dict(command, seed=seed, backend="gloo" if mode == "gloo" else "switch")
         if scenario == "straggler":
             cmd["straggler"] = {"rank": straggler, "ms": sleep_ms, "p": args.p, "seed": seed}
-        before = testbed.counters()
+        before, load = testbed.counters(), os.getloadavg()[0]
         answers = agents.call(cmd, timeout=args.timeout)
         rows.append(summarize(scenario, mode, seed, answers, args, deadline_ms, sleep_ms,
                               _drops(testbed, before)))
+        rows[-1].update(load_before=round(load, 2), load_after=round(os.getloadavg()[0], 2))
         steps.extend(step_rows(seed, scenario, mode, answers))
         curves[(seed, scenario, mode)] = job_curve(answers)
         r = rows[-1]
         print(f"  accuracy {r['accuracy']:.3f}, held {_cell(r['time_to_target_s'], '.1f')} s, "
               f"{r['steps']} steps {r['steps_time_s']:.1f} s, step p50 "
-              f"{r['step_p50_ms']:.0f} ms, p99 {r['step_p99_ms']:.0f} ms", flush=True)
+              f"{r['step_p50_ms']:.0f} ms, p99 {r['step_p99_ms']:.0f} ms, load "
+              f"{r['load_before']:.1f}-{r['load_after']:.1f}", flush=True)
 
     def lossy(testbed, on: bool):
         port = testbed.config.job.workers[straggler].switch_port
@@ -241,9 +247,25 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
                        tls=args.tls, grpc_host=args.grpc_host, values_per_packet=args.values,
                        deadline_ms=deadline_ms, io_threads=args.io_threads)
 
+    def seed_runs(agents, testbed, seed: int, deadline_ms: float) -> None:
+        """One seed's runs on a testbed: with no deadline the reference and every mode
+        but ina+deadline, with one the ina+deadline runs."""
+        modes = ["ina+deadline"] if deadline_ms else [m for m in args.modes if m != "ina+deadline"]
+        if not deadline_ms:
+            train(agents, testbed, seed, *REFERENCE)
+        for scenario in args.scenarios:
+            if scenario == "loss":
+                lossy(testbed, True)
+            for mode in modes:
+                train(agents, testbed, seed, scenario, mode, sleep_ms=sleep_ms,
+                      deadline_ms=deadline_ms)
+            if scenario == "loss":
+                lossy(testbed, False)
+
     print(f"[straggler] {args.workers} workers, {model.name()}, {target}, links "
           f"{f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'}; scenarios "
-          f"{', '.join(args.scenarios)}; modes {', '.join(args.modes)}", flush=True)
+          f"{', '.join(args.scenarios)}; modes {', '.join(args.modes)}; seeds "
+          f"{', '.join(map(str, seeds))}", flush=True)
     with testbed_of(0.0) as testbed, HostAgents(testbed) as agents:
         fmt = testbed.program.format
         window = testbed.config.job.num_slots
@@ -268,26 +290,18 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
               f"sleeps {sleep_ms:.0f} ms in {args.p:.0%} of its steps; "
               + (f"deadline {deadline_ms:.0f} ms ({why})" if deadline_ms else "no deadline runs"),
               flush=True)
-        for seed in seeds:
-            train(agents, testbed, seed, *REFERENCE)
-            for scenario in args.scenarios:
-                if scenario == "loss":
-                    lossy(testbed, True)
-                for mode in (m for m in args.modes if m != "ina+deadline"):
-                    train(agents, testbed, seed, scenario, mode, sleep_ms=sleep_ms)
-                if scenario == "loss":
-                    lossy(testbed, False)
-    if deadline_ms:
-        print(f"[straggler] a testbed whose job and sessions have a {deadline_ms:.0f} ms deadline",
+        seed_runs(agents, testbed, seeds[0], 0.0)
+    # The deadline is the job's, so its runs need a testbed of their own. Each seed's two
+    # testbeds run back to back, in turn first and second, so that a load that drifts
+    # over the experiment (the machine is shared) falls on both sides of its ratios.
+    sides = [0.0] + ([deadline_ms] if deadline_ms else [])
+    plan = [(seed, d) for i, seed in enumerate(seeds) for d in (sides[::-1] if i % 2 else sides)]
+    for seed, d in plan[1:]:        # the first ran beside the warm-up
+        print(f"[straggler] seed {seed}: a testbed "
+              + (f"whose job and sessions have a {d:.0f} ms deadline" if d else "without a deadline"),
               flush=True)
-        with testbed_of(deadline_ms) as testbed, HostAgents(testbed) as agents:
-            for seed, scenario in ((x, y) for x in seeds for y in args.scenarios):
-                if scenario == "loss":
-                    lossy(testbed, True)
-                train(agents, testbed, seed, scenario, "ina+deadline", sleep_ms=sleep_ms,
-                      deadline_ms=deadline_ms)
-                if scenario == "loss":
-                    lossy(testbed, False)
+        with testbed_of(d) as testbed, HostAgents(testbed) as agents:
+            seed_runs(agents, testbed, seed, d)
     return rows, steps, curves, settings
 
 

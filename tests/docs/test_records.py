@@ -194,6 +194,7 @@ def test_the_straggler_experiment_records_each_run_as_it_prints_it(tmp_path):
                                          **counters) for rank in range(2)]
             rows.append(straggler_figures.summarize(scenario, mode, seed, answers, args, 50.0,
                                                     500.0, 0))
+            rows[-1].update(load_before=2.5, load_after=3.25)
     dl, no = rows[2], rows[1]
     # held from the second check on the slowest rank's clock; the whole run's 10 steps
     assert (dl["time_to_target_s"], dl["first_crossing_s"], dl["steps_time_s"]) == (2.5, 2.5, 6)
@@ -214,7 +215,7 @@ def test_the_straggler_experiment_records_each_run_as_it_prints_it(tmp_path):
                         out=tmp_path)
     md = render_results.straggler(json.loads(path.read_text()))["straggler.md"]
     assert ("| 5 | straggler | ina+deadline | 10 | 1 | 2.5 | 2.5 | 6.0 | 0.960 | 10 | 15 | 424 | "
-            "5.00 % | 5.00 % | 8.00 % | 0 |") in md
+            "5.00 % | 5.00 % | 8.00 % | 0 | 2.5-3.2 |") in md
     assert "| ratio | seed 4 | seed 5 | median of 2 |" in md
     assert "| time to 95% held, with the deadline over without | 0.83 | 0.83 | 0.83 |" in md
     assert "| time for the same 10 steps, with the deadline over without | 0.75 | 0.75 | 0.75 |" in md

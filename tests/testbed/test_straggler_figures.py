@@ -4,9 +4,11 @@ touch), the time for the same steps, and each ratio per seed with its median."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from innet_aggregation.testbed import straggler_experiment as se
 from innet_aggregation.testbed import straggler_figures as sf
+from innet_aggregation.testbed.train import _accuracy
 
 TARGET = 0.95
 
@@ -23,6 +25,16 @@ def test_time_to_accuracy_is_where_it_holds_not_the_first_touch():
     assert sf.held_crossing(touched, TARGET, hold=2) == 5   # 0.96, 0.94 is broken
     assert sf.held_crossing(touched, TARGET, hold=1) == 1   # hold 1 is the first touch
     assert sf.held_crossing(curve(0.90, 0.95, 0.96, 0.95, 0.97), TARGET) == 1
+
+
+def test_an_accuracy_exactly_at_the_target_is_at_it():
+    """342 of 360 test digits right is 0.95: a check at the target, not below it."""
+    y = torch.arange(360) % 10
+    logits = torch.nn.functional.one_hot(y, 10).float()
+    logits[:18] = torch.nn.functional.one_hot((y[:18] + 1) % 10, 10).float()   # 18 wrong
+    score = _accuracy(torch.nn.Identity(), logits, y)
+    assert score == 342 / 360 and score >= 0.95
+    assert sf.held_crossing(curve(0.90, score, score, score), TARGET) == 1
 
 
 def test_a_touch_the_run_ends_before_it_held_is_not_reached():
