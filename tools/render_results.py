@@ -538,6 +538,7 @@ def straggler(r: dict | None) -> dict[str, str]:
              f"{x['accuracy']:.3f}", f"{x['step_p50_ms']:.0f}", f"{x['step_p90_ms']:.0f}",
              f"{x['step_p99_ms']:.0f}", pct(x["released_pct"]), pct(x["late_pct"]),
              pct(x["carried_pct"]), x["switch_drops"],
+             "-" if "load_before" not in x else  # the record at b6a6119 has no per-run load
              f"{x['load_before']:.1f}-{x['load_after']:.1f}"] for x in runs]
     target = f"{p['accuracy']:.0%}"
     steps = sorted({x["steps"] for x in f["runs"]})
