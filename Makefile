@@ -41,6 +41,8 @@ LOSS_AT  ?= all
 # straggler-experiment: the ina+deadline runs' deadline in ms (empty: a quarter of the
 # measured median step; 0: none of those runs).
 DEADLINE ?=
+# straggler-experiment: seeds, each running every scenario and mode (empty: its default, 3).
+SEEDS    ?=
 PYTEST   ?= $(PY) -m pytest
 # gcc + libc6-dev: the softswitch compiles programs to C (its native backend).
 # python3-venv, ca-certificates: a minimal Debian has neither venv nor pip's TLS roots.
@@ -204,7 +206,8 @@ loss-experiment: setup
 # fifth of its steps, then 1 % loss on its link; time to 95 % accuracy and step time
 # percentiles through the switch without and with a deadline and through gloo.
 straggler-experiment: setup
-	$(PY) -m innet_aggregation.testbed.straggler_experiment --workers $(N) $(if $(DEADLINE),--deadline-ms $(DEADLINE))
+	$(PY) -m innet_aggregation.testbed.straggler_experiment --workers $(N) $(if $(DEADLINE),--deadline-ms $(DEADLINE)) \
+	    $(if $(SEEDS),--seeds $(SEEDS))
 
 clean:
 	rm -rf $(VENV) .venv-python3.* results .pytest_cache site

@@ -528,37 +528,60 @@ def loss(r: dict) -> dict[str, str]:
     return {"loss.md": md}
 
 
+STRAGGLER_ORDER = (("reference", "straggler", "loss"), ("ina", "ina+deadline", "gloo"))
+
+
 def straggler(r: dict | None) -> dict[str, str]:
-    """The straggler experiment's runs (testbed.straggler_experiment), or a line saying
-    that no record is committed yet."""
+    """The straggler experiment's runs, every seed's (testbed.straggler_experiment),
+    and its ratios per seed with their median, or a line saying that no record is
+    committed yet."""
     if r is None:
         return {"straggler.md": "*Not measured yet: no record in "
                                 "`docs/results/straggler-experiment.json`.*\n"}
     f, p = r["figures"], r["params"]
+    seeds, (scenarios, modes) = f["seeds"], STRAGGLER_ORDER
+
+    def cell(value, fmt):
+        return "-" if value is None else format(value, fmt)
 
     def pct(value):
         return "-" if value is None else f"{value:.2f} %"
-    body = [[x["scenario"], x["mode"], x["steps"], x["slept"],
-             "not reached" if x["time_to_target_s"] is None else f"{x['time_to_target_s']:.1f}",
-             "-" if x["first_to_target_s"] is None else f"{x['first_to_target_s']:.1f}",
+    runs = sorted(f["runs"], key=lambda x: (seeds.index(x["seed"]), scenarios.index(x["scenario"]),
+                                            modes.index(x["mode"])))
+    body = [[x["seed"], x["scenario"], x["mode"], x["steps"], x["slept"],
+             "not held" if x["time_to_target_s"] is None else f"{x['time_to_target_s']:.1f}",
+             cell(x["first_crossing_s"], ".1f"), f"{x['steps_time_s']:.1f}",
              f"{x['accuracy']:.3f}", f"{x['step_p50_ms']:.0f}", f"{x['step_p90_ms']:.0f}",
              f"{x['step_p99_ms']:.0f}", pct(x["released_pct"]), pct(x["late_pct"]),
-             pct(x["carried_pct"]), x["switch_drops"]] for x in f["runs"]]
-    goals = {"straggler_time_ratio": "time to accuracy with the deadline over without (goal: at most 0.6)",
-             "straggler_accuracy_points": "final accuracy with the deadline minus the reference's, "
-                                          "points (goal: within 0.5)",
-             "loss_p99_ratio": "step p99 with loss and the deadline over the reference's (goal: at most 1.2)"}
-    lines = "".join(f"- {goals[k]}: {v:.2f}\n" for k, v in f["ratios"].items())
+             pct(x["carried_pct"]), x["switch_drops"],
+             "-" if "load_before" not in x else  # the record at b6a6119 has no per-run load
+             f"{x['load_before']:.1f}-{x['load_after']:.1f}"] for x in runs]
+    target = f"{p['accuracy']:.0%}"
+    steps = sorted({x["steps"] for x in f["runs"]})
+    names = {"straggler_time_ratio": f"time to {target} held, with the deadline over without",
+             "straggler_steps_ratio": f"time for the same {', '.join(map(str, steps))} steps, "
+                                      "with the deadline over without",
+             "straggler_accuracy_points": "final accuracy with the deadline minus the "
+                                          "reference's, points (goal: within 0.5)",
+             "loss_p99_ratio": "step p99 with loss and the deadline over the reference's "
+                               "(goal: at most 1.2)"}
+    ratios = [[names[k], *(cell(v, ".2f") for v in x["per_seed"]), cell(x["median"], ".2f")]
+              for k, x in f["ratios"].items()]
     deadline = f"{f['deadline_ms']:.0f} ms deadline" if f["deadline_ms"] else "no deadline runs"
     md = (provenance(r) + f"\n{p.get('workers')} workers, {p.get('model')} model, "
-          f"{rate(p.get('bw'))}{' Mbit/s' if p.get('bw') else ''} links, "
+          f"{p.get('epochs')} epochs, {rate(p.get('bw'))}{' Mbit/s' if p.get('bw') else ''} links, "
           f"{f['values_per_packet']} values per packet; median "
           f"warm-up step {f['warmup_step_ms']:.0f} ms; rank {f['straggler_rank']} sleeps "
           f"{f['sleep_ms']:.0f} ms in {p.get('p'):.0%} of its steps; {p.get('loss_pct'):g} % "
-          f"loss on its port; {deadline}.\n\n"
-          + table(["scenario", "mode", "steps", "slept", f"s to {p.get('accuracy'):.0%}", "first s",
-                   "accuracy", "p50 ms", "p90 ms", "p99 ms", "released", "late", "carried",
-                   "drops"], body) + ("\n" + lines if lines else ""))
+          f"loss on its port; {deadline}; seeds {', '.join(map(str, seeds))}; time to "
+          f"{target} held: the first of {f['hold']} checks in a row at or above it, every "
+          f"{p.get('eval_every')} steps; load: the machine's 1-minute load average as a run "
+          f"started and ended.\n\n"
+          + table(["seed", "scenario", "mode", "steps", "slept", f"s to {target} held",
+                   "first s", "steps s", "accuracy", "p50 ms", "p90 ms", "p99 ms", "released",
+                   "late", "carried", "drops", "load"], body)
+          + ("\n" + table(["ratio", *(f"seed {x}" for x in seeds), f"median of {len(seeds)}"],
+                          ratios) if ratios else ""))
     return {"straggler.md": md}
 
 

@@ -3,6 +3,7 @@ without a deadline (bounded-time aggregation), and gloo.
 
     python -m innet_aggregation.testbed.straggler_experiment
     python -m innet_aggregation.testbed.straggler_experiment --sleep-ms 2000 --p 0.25 --deadline-ms 100
+    python -m innet_aggregation.testbed.straggler_experiment --seeds 1 --epochs 6
 
 DDP on the demo's large model (64-1024-1024-10 MLP, digits) with 4 workers on
 100 Mbit/s links through the embedded switch. A short warm-up (in-switch, no
@@ -11,19 +12,29 @@ straggler) measures the median step; then:
 - reference: in-switch aggregation, no straggler, no loss: the accuracy to match;
 - straggler: one rank (--straggler-rank, default the last) sleeps --sleep-ms
   (default 5 x the warm-up's median step) before its allreduce in a fraction --p of
-  its steps, drawn by a generator seeded with --seed: the same steps in every mode;
+  its steps, drawn by a generator seeded with the run's seed: the same steps in every
+  mode;
 - loss: the switch's drop simulator loses --loss-pct of the aggregation packets on
   that rank's port, both directions (it drops aggregation packets only: gloo's TCP is
   not lost, so its row is gloo on a lossless link); no straggler;
 
 each scenario through ``ina`` (the switch, no deadline), ``ina+deadline`` (the job
 and every session with --deadline-ms, default a quarter of the warm-up's median step)
-and ``gloo``. Each run: the time to --accuracy on the job (every rank's clock
-stopped only while it scores its own model, which is every rank's: the slowest
-rank's training time up to the step after which the check passed) and on the first
-rank there, the final accuracy, step time p50/p90/p99 over every rank's steps, and
-(ina) the share of results the switch released early, of blocks whose contribution
-was late, and of gradient values carried into the next step.
+and ``gloo``, once for each of --seeds seeds from --seed (a seed draws the
+straggler's steps, the model's initial weights and the split of the digits into
+training and test sets; the warm-up, the sleep and the deadline are the first
+seed's, the same for all). A deadline is the job's, so its runs have a testbed of
+their own; each seed's two testbeds run back to back, in turn first and second,
+so that a load drifting over the experiment falls on both sides of its ratios,
+and each run records the load average as it starts and ends. Each run: the time to --accuracy on the job, held: the
+slowest rank's training time (every rank's clock stopped only while it scores its
+own model, which is every rank's) up to the first of --hold checks in a row at or
+above it, not the first check at or above it (that one is printed beside it); the
+time for the run's steps, the same steps in every mode; the final accuracy, step
+time p50/p90/p99 over every rank's steps, and (ina) the share of results the switch
+released early, of blocks whose contribution was late, and of gradient values
+carried into the next step. The ratios with a deadline over without are printed for
+each seed and as their median.
 
 Writes <out>/straggler.csv (one row per run), <out>/straggler_steps.csv (every
 rank's every step), <out>/straggler_accuracy.png (accuracy against the job's
@@ -45,6 +56,7 @@ import numpy as np
 
 from . import record
 from .demo import MODELS
+from .straggler_figures import HOLD, REFERENCE, job_curve, seed_ratios, summarize
 from .layout import add_program_argument
 from .links import check_rate, check_workers
 from .stopping import Stopped, stop_on_signals
@@ -52,7 +64,6 @@ from .targets import add_switch_arguments, default_target
 
 SCENARIOS = ("straggler", "loss")
 MODES = ("ina", "ina+deadline", "gloo")
-REFERENCE = ("reference", "ina")
 SLEEP_STEPS = 5.0          # default --sleep-ms: this many median steps (the issue's goal)
 # Default --deadline-ms, in median steps: a slot's normal wait for the other ranks is a
 # window's drain at the link rate plus the ranks' skew, a few per cent of a step (both
@@ -60,11 +71,12 @@ SLEEP_STEPS = 5.0          # default --sleep-ms: this many median steps (the iss
 # loss, and costs the others a quarter step, not --sleep-ms, in a step with one.
 DEADLINE_STEPS = 0.25
 WARMUP_SKIPPED = 2         # the warm-up's first steps probe every block's exponent
-CSV_FIELDS = ["scenario", "mode", "workers", "deadline_ms", "sleep_ms", "p", "loss_pct",
+CSV_FIELDS = ["seed", "scenario", "mode", "workers", "deadline_ms", "sleep_ms", "p", "loss_pct",
               "steps", "slept", "accuracy", "target_steps", "time_to_target_s",
-              "first_to_target_s", "step_p50_ms", "step_p90_ms", "step_p99_ms",
-              "released_pct", "late_pct", "carried_pct", "retransmissions", "switch_drops"]
-STEP_FIELDS = ["scenario", "mode", "rank", "step", "step_ms", "slept"]
+              "first_crossing_s", "steps_time_s", "step_p50_ms", "step_p90_ms", "step_p99_ms",
+              "released_pct", "late_pct", "carried_pct", "retransmissions", "switch_drops",
+              "load_before", "load_after"]
+STEP_FIELDS = ["seed", "scenario", "mode", "rank", "step", "step_ms", "slept"]
 
 
 def csv_list(text: str) -> list[str]:
@@ -87,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="link rate, Mbit/s, 0 for unshaped links (default 100)")
     parser.add_argument("--accuracy", type=float, default=0.95,
                         help="the test accuracy whose time to reach is measured (default 0.95)")
+    parser.add_argument("--hold", type=int, default=HOLD,
+                        help=f"checks in a row at or above --accuracy that count as reaching "
+                             f"it, timed at the first of them (default {HOLD})")
     parser.add_argument("--eval-every", type=int, default=5,
                         help="steps between accuracy checks (default 5)")
     parser.add_argument("--scenarios", type=csv_list, default=list(SCENARIOS),
@@ -99,7 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--p", type=float, default=0.2,
                         help="the fraction of the straggler's steps it sleeps in (default 0.2)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="seeds the straggler's steps and the model (default 0)")
+                        help="the first seed (default 0)")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="every scenario and mode runs once a seed, --seed, --seed+1, ...: "
+                             "a seed draws the straggler's steps, the model's initial weights "
+                             "and the test digits (default 3; ratios: their median)")
     parser.add_argument("--straggler-rank", type=int, default=None,
                         help="the rank that straggles, and whose link loses (default the last)")
     parser.add_argument("--loss-pct", type=float, default=1.0,
@@ -128,6 +147,8 @@ def settle(args) -> argparse.Namespace:
     check_rate(args.bw)
     if args.epochs < 1 or args.batch < 1 or args.eval_every < 1:
         raise ValueError("--epochs, --batch and --eval-every must be at least 1")
+    if args.seeds < 1 or args.hold < 1:
+        raise ValueError(f"--seeds and --hold must be at least 1, not {args.seeds} and {args.hold}")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be at least 1, not {args.steps}")
     if args.warmup <= WARMUP_SKIPPED:
@@ -162,8 +183,8 @@ def settle(args) -> argparse.Namespace:
     return args
 
 
-def percentile(values, q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+def seeds_of(args) -> list[int]:
+    return list(range(args.seed, args.seed + args.seeds))
 
 
 def warmup_median_ms(answers: list[dict]) -> float:
@@ -171,43 +192,8 @@ def warmup_median_ms(answers: list[dict]) -> float:
     return statistics.median(t for a in answers for t in a["step_times_ms"][WARMUP_SKIPPED:])
 
 
-def summarize(scenario: str, mode: str, answers: list[dict], args, deadline_ms: float,
-              sleep_ms: float, drops: int) -> dict:
-    """One run's CSV row from every rank's answer (testbed.train with ``curve``)."""
-    times = [t for a in answers for t in a["step_times_ms"]]
-    reached = [a["time_to_target_s"] for a in answers]
-    results = sum(a["results_received"] for a in answers)
-    values = sum(a["steps"] * a["parameters"] for a in answers)
-
-    def share(name: str, of: int) -> float | None:
-        if mode == "gloo" or not all(name in a for a in answers):
-            return None         # gloo, or a worker without bounded-time aggregation
-        return 100 * sum(a[name] for a in answers) / max(of, 1)
-    return {"scenario": scenario, "mode": mode, "workers": len(answers),
-            "deadline_ms": deadline_ms if mode == "ina+deadline" else 0.0,
-            "sleep_ms": sleep_ms if scenario == "straggler" else 0.0,
-            "p": args.p if scenario == "straggler" else 0.0,
-            "loss_pct": args.loss_pct if scenario == "loss" else 0.0,
-            "steps": answers[0]["steps"], "slept": sum(len(a["slept_steps"]) for a in answers),
-            "accuracy": answers[0]["accuracy"], "target_steps": answers[0]["target_steps"],
-            "time_to_target_s": None if None in reached else max(reached),
-            "first_to_target_s": None if None in reached else min(reached),
-            "step_p50_ms": percentile(times, 50), "step_p90_ms": percentile(times, 90),
-            "step_p99_ms": percentile(times, 99),
-            "released_pct": share("released", results), "late_pct": share("late", results),
-            "carried_pct": share("carried_values", values),
-            "retransmissions": sum(a["retransmissions"] for a in answers), "switch_drops": drops}
-
-
-def job_curve(answers: list[dict]) -> list[tuple[float, float]]:
-    """(seconds, accuracy) per check: the slowest rank's clock at that step, and the
-    accuracy of the model every rank holds (rank 0's score)."""
-    return [(max(a["curve"][i][1] for a in answers), answers[0]["curve"][i][2])
-            for i in range(len(answers[0]["curve"]))]
-
-
-def step_rows(scenario: str, mode: str, answers: list[dict]) -> list[dict]:
-    return [{"scenario": scenario, "mode": mode, "rank": rank, "step": i, "step_ms": t,
+def step_rows(seed: int, scenario: str, mode: str, answers: list[dict]) -> list[dict]:
+    return [{"seed": seed, "scenario": scenario, "mode": mode, "rank": rank, "step": i, "step_ms": t,
              "slept": i in slept}
             for rank, a in enumerate(answers) for slept in [set(a["slept_steps"])]
             for i, t in enumerate(a["step_times_ms"])]
@@ -220,33 +206,36 @@ def _drops(testbed, before: dict) -> int:
 
 
 def run(args) -> tuple[list[dict], list[dict], dict, dict]:
-    """Every run: (CSV rows, step rows, the job curves by (scenario, mode), settings)."""
+    """Every run: (CSV rows, step rows, the job curves by (seed, scenario, mode), settings)."""
     from .agents import HostAgents
     from .topology import Testbed
 
     target = args.target or default_target()
     model = MODELS[args.model]
     straggler = args.straggler_rank
+    seeds = seeds_of(args)
     rows, steps, curves = [], [], {}
     command = {"op": "train", "epochs": args.epochs, "batch": args.batch, "lr": model.lr,
                "seed": args.seed, "hidden": list(model.hidden), "accuracy": args.accuracy,
                "eval_every": args.eval_every, "steps": args.steps, "curve": True}
 
-    def train(agents, testbed, scenario, mode, sleep_ms=0.0, deadline_ms=0.0):
-        label = f"{scenario}, {mode}"
-        print(f"[straggler] {label}", flush=True)
-        cmd = dict(command, backend="gloo" if mode == "gloo" else "switch")
+    def train(agents, testbed, seed, scenario, mode, sleep_ms=0.0, deadline_ms=0.0):
+        print(f"[straggler] seed {seed}: {scenario}, {mode}", flush=True)
+        cmd = dict(command, seed=seed, backend="gloo" if mode == "gloo" else "switch")
         if scenario == "straggler":
-            cmd["straggler"] = {"rank": straggler, "ms": sleep_ms, "p": args.p, "seed": args.seed}
-        before = testbed.counters()
+            cmd["straggler"] = {"rank": straggler, "ms": sleep_ms, "p": args.p, "seed": seed}
+        before, load = testbed.counters(), os.getloadavg()[0]
         answers = agents.call(cmd, timeout=args.timeout)
-        rows.append(summarize(scenario, mode, answers, args, deadline_ms, sleep_ms,
+        rows.append(summarize(scenario, mode, seed, answers, args, deadline_ms, sleep_ms,
                               _drops(testbed, before)))
-        steps.extend(step_rows(scenario, mode, answers))
-        curves[(scenario, mode)] = job_curve(answers)
+        rows[-1].update(load_before=round(load, 2), load_after=round(os.getloadavg()[0], 2))
+        steps.extend(step_rows(seed, scenario, mode, answers))
+        curves[(seed, scenario, mode)] = job_curve(answers)
         r = rows[-1]
-        print(f"  accuracy {r['accuracy']:.3f}, step p50 {r['step_p50_ms']:.0f} ms, "
-              f"p99 {r['step_p99_ms']:.0f} ms", flush=True)
+        print(f"  accuracy {r['accuracy']:.3f}, held {_cell(r['time_to_target_s'], '.1f')} s, "
+              f"{r['steps']} steps {r['steps_time_s']:.1f} s, step p50 "
+              f"{r['step_p50_ms']:.0f} ms, p99 {r['step_p99_ms']:.0f} ms, load "
+              f"{r['load_before']:.1f}-{r['load_after']:.1f}", flush=True)
 
     def lossy(testbed, on: bool):
         port = testbed.config.job.workers[straggler].switch_port
@@ -258,9 +247,25 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
                        tls=args.tls, grpc_host=args.grpc_host, values_per_packet=args.values,
                        deadline_ms=deadline_ms, io_threads=args.io_threads)
 
+    def seed_runs(agents, testbed, seed: int, deadline_ms: float) -> None:
+        """One seed's runs on a testbed: with no deadline the reference and every mode
+        but ina+deadline, with one the ina+deadline runs."""
+        modes = ["ina+deadline"] if deadline_ms else [m for m in args.modes if m != "ina+deadline"]
+        if not deadline_ms:
+            train(agents, testbed, seed, *REFERENCE)
+        for scenario in args.scenarios:
+            if scenario == "loss":
+                lossy(testbed, True)
+            for mode in modes:
+                train(agents, testbed, seed, scenario, mode, sleep_ms=sleep_ms,
+                      deadline_ms=deadline_ms)
+            if scenario == "loss":
+                lossy(testbed, False)
+
     print(f"[straggler] {args.workers} workers, {model.name()}, {target}, links "
           f"{f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'}; scenarios "
-          f"{', '.join(args.scenarios)}; modes {', '.join(args.modes)}", flush=True)
+          f"{', '.join(args.scenarios)}; modes {', '.join(args.modes)}; seeds "
+          f"{', '.join(map(str, seeds))}", flush=True)
     with testbed_of(0.0) as testbed, HostAgents(testbed) as agents:
         fmt = testbed.program.format
         window = testbed.config.job.num_slots
@@ -285,25 +290,18 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
               f"sleeps {sleep_ms:.0f} ms in {args.p:.0%} of its steps; "
               + (f"deadline {deadline_ms:.0f} ms ({why})" if deadline_ms else "no deadline runs"),
               flush=True)
-        train(agents, testbed, *REFERENCE)
-        for scenario in args.scenarios:
-            if scenario == "loss":
-                lossy(testbed, True)
-            for mode in (m for m in args.modes if m != "ina+deadline"):
-                train(agents, testbed, scenario, mode, sleep_ms=sleep_ms)
-            if scenario == "loss":
-                lossy(testbed, False)
-    if deadline_ms:
-        print(f"[straggler] a testbed whose job and sessions have a {deadline_ms:.0f} ms deadline",
+        seed_runs(agents, testbed, seeds[0], 0.0)
+    # The deadline is the job's, so its runs need a testbed of their own. Each seed's two
+    # testbeds run back to back, in turn first and second, so that a load that drifts
+    # over the experiment (the machine is shared) falls on both sides of its ratios.
+    sides = [0.0] + ([deadline_ms] if deadline_ms else [])
+    plan = [(seed, d) for i, seed in enumerate(seeds) for d in (sides[::-1] if i % 2 else sides)]
+    for seed, d in plan[1:]:        # the first ran beside the warm-up
+        print(f"[straggler] seed {seed}: a testbed "
+              + (f"whose job and sessions have a {d:.0f} ms deadline" if d else "without a deadline"),
               flush=True)
-        with testbed_of(deadline_ms) as testbed, HostAgents(testbed) as agents:
-            for scenario in args.scenarios:
-                if scenario == "loss":
-                    lossy(testbed, True)
-                train(agents, testbed, scenario, "ina+deadline", sleep_ms=sleep_ms,
-                      deadline_ms=deadline_ms)
-                if scenario == "loss":
-                    lossy(testbed, False)
+        with testbed_of(d) as testbed, HostAgents(testbed) as agents:
+            seed_runs(agents, testbed, seed, d)
     return rows, steps, curves, settings
 
 
@@ -323,42 +321,33 @@ def _pct(value) -> str:
 
 
 def summary(rows: list[dict], accuracy: float) -> str:
-    header = (f"{'scenario':<10} {'mode':<13} {'steps':>5} {'slept':>5} "
-              f"{f'to {accuracy:.0%} s':>9} {'first s':>8} {'accuracy':>8} {'p50 ms':>7} "
-              f"{'p90 ms':>7} {'p99 ms':>7} {'released':>9} {'late':>6} {'carried':>8} "
-              f"{'drops':>6}")
+    header = (f"{'seed':>4} {'scenario':<10} {'mode':<13} {'steps':>5} {'slept':>5} "
+              f"{f'to {accuracy:.0%} s':>9} {'first s':>8} {'steps s':>8} {'accuracy':>8} "
+              f"{'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'released':>9} {'late':>6} "
+              f"{'carried':>8} {'drops':>6}")
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
-            f"{r['scenario']:<10} {r['mode']:<13} {r['steps']:>5} {r['slept']:>5} "
-            f"{_cell(r['time_to_target_s'], '.1f'):>9} {_cell(r['first_to_target_s'], '.1f'):>8} "
-            f"{r['accuracy']:>8.3f} {r['step_p50_ms']:>7.0f} {r['step_p90_ms']:>7.0f} "
-            f"{r['step_p99_ms']:>7.0f} {_pct(r['released_pct']):>9} {_pct(r['late_pct']):>6} "
-            f"{_pct(r['carried_pct']):>8} {r['switch_drops']:>6}")
+            f"{r['seed']:>4} {r['scenario']:<10} {r['mode']:<13} {r['steps']:>5} {r['slept']:>5} "
+            f"{_cell(r['time_to_target_s'], '.1f'):>9} {_cell(r['first_crossing_s'], '.1f'):>8} "
+            f"{r['steps_time_s']:>8.1f} {r['accuracy']:>8.3f} {r['step_p50_ms']:>7.0f} "
+            f"{r['step_p90_ms']:>7.0f} {r['step_p99_ms']:>7.0f} {_pct(r['released_pct']):>9} "
+            f"{_pct(r['late_pct']):>6} {_pct(r['carried_pct']):>8} {r['switch_drops']:>6}")
     return "\n".join(lines)
 
 
-def ratios(rows: list[dict]) -> dict:
-    """The issue's goals as same-run ratios, where both sides were measured: time to
-    accuracy with a deadline over without (straggler), its final accuracy's distance
-    from the reference's, and step p99 with a deadline over the reference's (loss)."""
-    by = {(r["scenario"], r["mode"]): r for r in rows}
-    ref = by.get(REFERENCE)
-    out = {}
-    a, b = by.get(("straggler", "ina+deadline")), by.get(("straggler", "ina"))
-    if a and b and a["time_to_target_s"] and b["time_to_target_s"]:
-        out["straggler_time_ratio"] = a["time_to_target_s"] / b["time_to_target_s"]
-    if a and ref:
-        out["straggler_accuracy_points"] = 100 * (a["accuracy"] - ref["accuracy"])
-    a = by.get(("loss", "ina+deadline"))
-    if a and ref:
-        out["loss_p99_ratio"] = a["step_p99_ms"] / ref["step_p99_ms"]
-    return out
+def ratio_lines(ratios: dict, seeds: list[int]) -> list[str]:
+    """A line a ratio: each seed's, then their median ("-": not read, e.g. a run that
+    never held the target)."""
+    return [f"{name}: " + ", ".join(f"seed {seed} {_cell(v, '.2f')}"
+                                    for seed, v in zip(seeds, r["per_seed"]))
+            + f"; median {_cell(r['median'], '.2f')}" for name, r in ratios.items()]
 
 
 def plot(rows: list[dict], steps: list[dict], curves: dict, out: Path, accuracy: float) -> list[Path]:
-    """Accuracy against the job's training time, and the step-time distributions (every
-    rank's steps, an empirical CDF), one panel per scenario, the reference in each."""
+    """Accuracy against the job's training time (every seed's curve), and the step-time
+    distributions (every rank's steps of every seed, an empirical CDF), one panel per
+    scenario, the reference in each."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -368,12 +357,15 @@ def plot(rows: list[dict], steps: list[dict], curves: dict, out: Path, accuracy:
     paths = []
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5.5 * len(scenarios), 4), squeeze=False)
     for ax, scenario in zip(axes[0], scenarios):
-        for (s, mode), curve in curves.items():
+        labelled = set()
+        for (_, s, mode), curve in curves.items():
             if s in (scenario, REFERENCE[0]) and curve:
                 ref = s == REFERENCE[0]
-                ax.plot([c[0] for c in curve], [c[1] for c in curve], ":" if ref else "o-",
-                        color="black" if ref else colors[mode], markersize=3,
-                        label="reference (ina, none)" if ref else mode)
+                label = "reference (ina, none)" if ref else mode
+                ax.plot([c[1] for c in curve], [c[2] for c in curve], ":" if ref else "o-",
+                        color="black" if ref else colors[mode], markersize=3, alpha=0.8,
+                        label=None if label in labelled else label)
+                labelled.add(label)
         ax.axhline(accuracy, color="grey", linewidth=0.8, linestyle="--")
         ax.set_xlabel("training time, slowest rank (s)")
         ax.set_ylabel("test accuracy")
@@ -387,15 +379,14 @@ def plot(rows: list[dict], steps: list[dict], curves: dict, out: Path, accuracy:
 
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5.5 * len(scenarios), 4), squeeze=False)
     for ax, scenario in zip(axes[0], scenarios):
-        for r in rows:
-            if r["scenario"] not in (scenario, REFERENCE[0]):
+        for kind in dict.fromkeys((r["scenario"], r["mode"]) for r in rows):
+            if kind[0] not in (scenario, REFERENCE[0]):
                 continue
-            ref = r["scenario"] == REFERENCE[0]
-            ms = np.sort([s["step_ms"] for s in steps
-                          if (s["scenario"], s["mode"]) == (r["scenario"], r["mode"])])
+            ref = kind[0] == REFERENCE[0]
+            ms = np.sort([s["step_ms"] for s in steps if (s["scenario"], s["mode"]) == kind])
             ax.step(ms, np.arange(1, len(ms) + 1) / len(ms), where="post",
-                    color="black" if ref else colors[r["mode"]], linestyle=":" if ref else "-",
-                    label="reference (ina, none)" if ref else r["mode"])
+                    color="black" if ref else colors[kind[1]], linestyle=":" if ref else "-",
+                    label="reference (ina, none)" if ref else kind[1])
         ax.set_xscale("log")
         ax.set_xlabel("step time, every rank's steps (ms)")
         ax.set_ylabel("share of steps at most")
@@ -427,10 +418,13 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(rows, CSV_FIELDS, args.out / "straggler.csv")
         write_csv(steps, STEP_FIELDS, args.out / "straggler_steps.csv")
         paths = plot(rows, steps, curves, args.out, args.accuracy)
+        seeds = seeds_of(args)
+        ratios = seed_ratios(rows, seeds)
         record.write("straggler-experiment",
-                     {**settings, "runs": rows, "ratios": ratios(rows),
-                      "curves": [{"scenario": s, "mode": m, "points": c}
-                                 for (s, m), c in curves.items()]},
+                     {**settings, "seeds": seeds, "hold": args.hold, "runs": rows,
+                      "ratios": ratios,
+                      "curves": [{"seed": seed, "scenario": s, "mode": m, "points": c}
+                                 for (seed, s, m), c in curves.items()]},
                      params=vars(args), load_before=load, out=args.out)
     except Exception as exc:
         print(f"straggler_experiment: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -441,15 +435,15 @@ def main(argv: list[str] | None = None) -> int:
         return stop.code
     print("\n" + summary(rows, args.accuracy))
     print(f"\nslept: the straggler's sleeps. to {args.accuracy:.0%} s: training time of the "
-          f"slowest rank up to the step after which its model first scored {args.accuracy:.0%}"
-          f" (every rank's clock stops while it scores);\nfirst s: the same on the first rank "
-          f"there. p50/p90/p99: step times over every rank's steps. released, late: results "
-          f"the switch released\nearly and blocks whose contribution missed a release, of "
-          f"every rank's results; carried: gradient values carried into the next step, of "
-          f"all\n(-: gloo, or a worker without bounded-time aggregation). drops: aggregation "
-          f"packets the switch's simulator dropped (never gloo's TCP).")
-    for name, value in ratios(rows).items():
-        print(f"{name}: {value:.2f}")
+          f"slowest rank up to the first of {args.hold} checks in a row at or above "
+          f"{args.accuracy:.0%} (every rank's clock\nstops while it scores); first s: up to the "
+          f"first check at or above it; steps s: for all the run's steps. p50/p90/p99: step "
+          f"times over every rank's steps.\nreleased, late: results the switch released "
+          f"early and blocks whose contribution missed a release, of every rank's results; "
+          f"carried: gradient values\ncarried into the next step, of all (-: gloo, or a worker "
+          f"without bounded-time aggregation). drops: aggregation packets the switch's "
+          f"simulator dropped (never gloo's TCP).")
+    print("\n".join(ratio_lines(ratios, seeds)))
     print(f"wrote {args.out / 'straggler.csv'}, {args.out / 'straggler_steps.csv'}, "
           + ", ".join(map(str, paths)) + f", {args.out / 'straggler-experiment.json'}")
     print(f"({time.monotonic() - started:.0f} s)")

@@ -425,8 +425,10 @@ def mlp(hidden: list[int]) -> torch.nn.Sequential:
 
 
 def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The share of right answers, counted and divided in float64: a float32 mean puts
+    342 of 360 at 0.9499999, below a target of 0.95 that it meets."""
     with torch.no_grad():
-        return (model(x).argmax(1) == y).float().mean().item()
+        return int((model(x).argmax(1) == y).sum()) / len(y)
 
 
 def _timed(hook, times: list[float]):

@@ -100,8 +100,8 @@ CONSTANTS = {
     "to 95 % test accuracy": "the large demo's target accuracy",
     # the straggler experiment's defaults and the issue's goals (straggler_experiment.py)
     "(default 1 %)": "the loss scenario's default --loss-pct",
-    "*s to 95 %*": "the column of the target accuracy's time, --accuracy's default",
-    "(goal: at most 60 %)": "issue 38's goal for time to accuracy with a deadline",
+    "*s to 95 % held*": "the column of the target accuracy's time, --accuracy's default",
+    "goal of at most 60 % was judged": "issue 38's goal for time to accuracy with a deadline",
     "under 1 % of the blocks": "the share test_quantize asserts on the recorded gradients",
     "(default: large 0.95, small none)": "the demo's --accuracy default",
     "(default 0.95)": "the straggler experiment's --accuracy default",

@@ -7,7 +7,7 @@ import json
 import render_results  # tools/, on pytest's pythonpath (pyproject.toml)
 
 from innet_aggregation.testbed import (baseline_experiment, loss_experiment, record, scaling_experiment,
-                                       straggler_experiment)
+                                       straggler_experiment, straggler_figures)
 
 
 def test_a_record_names_its_commit_date_machine_and_load(tmp_path):
@@ -163,42 +163,64 @@ def test_the_tofino_figures_are_the_build_summarys(tmp_path, monkeypatch):
     assert render_results.main(["--check"]) == 1
 
 
-def _straggler_answer(rank, steps_ms, reached_s, slept=(), **counters):
-    """One rank's answer as testbed.train sends it with ``curve`` (1,000 parameters)."""
-    return {"accuracy": 0.96, "steps": len(steps_ms), "target_steps": 4,
-            "time_to_target_s": reached_s, "step_times_ms": steps_ms, "slept_steps": list(slept),
-            "curve": [[2, reached_s / 2, 0.5], [4, reached_s, 0.96]], "results_received": 100,
-            "retransmissions": 1, "parameters": 1000, **counters}
+def _straggler_answer(rank, steps_ms, checks_s, accuracies, slept=(), **counters):
+    """One rank's answer as testbed.train sends it with ``curve`` (1,000 parameters), a
+    check every 2 steps."""
+    return {"accuracy": accuracies[-1], "steps": len(steps_ms), "target_steps": None,
+            "time_to_target_s": None, "step_times_ms": steps_ms, "slept_steps": list(slept),
+            "curve": [[2 * (i + 1), t, a] for i, (t, a) in enumerate(zip(checks_s, accuracies))],
+            "results_received": 100, "retransmissions": 1, "parameters": 1000, **counters}
 
 
 def test_the_straggler_experiment_records_each_run_as_it_prints_it(tmp_path):
     args = straggler_experiment.settle(straggler_experiment._parser().parse_args(
-        ["--workers", "2", "--sleep-ms", "500", "--deadline-ms", "50"]))
-    runs = [("reference", "ina", [[10.0] * 4] * 2, (1.0, 1.0), {}),
-            ("straggler", "ina", [[10.0, 510.0, 10.0, 10.0]] * 2, (2.0, 2.0), {}),
-            ("straggler", "ina+deadline", [[10.0, 60.0, 10.0, 10.0], [10.0, 510.0, 10.0, 10.0]],
-             (1.2, 1.6), {"released": 5, "late": 5, "carried_values": 800})]
+        ["--workers", "2", "--sleep-ms", "500", "--deadline-ms", "50", "--seeds", "2",
+         "--seed", "4"]))
+    held = [0.5, 0.96, 0.97, 0.96, 0.96]
+    touched = [0.96, 0.5, 0.96, 0.97, 0.96]              # a touch at the first check, lost
+    steps_ms = [10.0] * 10
+    runs = [("reference", "ina", [steps_ms] * 2, ([1, 2, 3, 4, 5], [1, 2, 3, 4, 5]), held, {}),
+            ("straggler", "ina", [steps_ms[:1] + [510.0] + steps_ms[2:]] * 2,
+             ([1, 2, 3, 4, 8], [1, 2, 3, 4, 8]), touched, {}),
+            ("straggler", "ina+deadline", [[10.0, 60.0] + steps_ms[2:],
+                                           [10.0, 510.0] + steps_ms[2:]],
+             ([1, 2, 3, 4, 5], [1.5, 2.5, 3.5, 4.5, 6]), held,
+             {"released": 5, "late": 5, "carried_values": 800})]
     rows = []
-    for scenario, mode, times, reached, counters in runs:
-        answers = [_straggler_answer(rank, times[rank], reached[rank],
-                                     slept=[1] if scenario == "straggler" and rank == 1 else [],
-                                     **counters) for rank in range(2)]
-        rows.append(straggler_experiment.summarize(scenario, mode, answers, args, 50.0, 500.0, 0))
-    dl = rows[-1]
-    assert (dl["time_to_target_s"], dl["first_to_target_s"], dl["slept"]) == (1.6, 1.2, 1)
-    # 10 of 200 results released and late; 1,600 of 8,000 gradient values carried
-    assert (dl["released_pct"], dl["late_pct"], dl["carried_pct"]) == (5.0, 5.0, 20.0)
+    for seed in (4, 5):
+        for scenario, mode, times, clocks, accuracies, counters in runs:
+            answers = [_straggler_answer(rank, times[rank], clocks[rank], accuracies,
+                                         slept=[1] if scenario == "straggler" and rank == 1 else [],
+                                         **counters) for rank in range(2)]
+            rows.append(straggler_figures.summarize(scenario, mode, seed, answers, args, 50.0,
+                                                    500.0, 0))
+            rows[-1].update(load_before=2.5, load_after=3.25)
+    dl, no = rows[2], rows[1]
+    # held from the second check on the slowest rank's clock; the whole run's 10 steps
+    assert (dl["time_to_target_s"], dl["first_crossing_s"], dl["steps_time_s"]) == (2.5, 2.5, 6)
+    assert (no["time_to_target_s"], no["first_crossing_s"], no["steps_time_s"]) == (3, 1, 8)
+    assert dl["slept"] == 1 and dl["seed"] == 4 and rows[5]["seed"] == 5
+    # 10 of 200 results released and late; 1,600 of 20,000 gradient values carried
+    assert (dl["released_pct"], dl["late_pct"], dl["carried_pct"]) == (5.0, 5.0, 8.0)
     assert rows[1]["released_pct"] is None and rows[1]["deadline_ms"] == 0.0
     assert dl["step_p50_ms"] == 10.0 and rows[1]["step_p99_ms"] > 500
-    ratios = straggler_experiment.ratios(rows)
-    assert ratios["straggler_time_ratio"] == 0.8 and ratios["straggler_accuracy_points"] == 0.0
+    ratios = straggler_figures.seed_ratios(rows, [4, 5])
+    assert ratios["straggler_time_ratio"] == {"per_seed": [2.5 / 3, 2.5 / 3], "median": 2.5 / 3}
+    assert ratios["straggler_steps_ratio"]["median"] == 0.75
+    assert ratios["straggler_accuracy_points"]["median"] == 0.0
     path = record.write("straggler-experiment",
                         {"warmup_step_ms": 100.0, "sleep_ms": 500.0, "deadline_ms": 50.0,
-                         "straggler_rank": 1, "values_per_packet": 1024, "runs": rows,
-                         "ratios": ratios}, params=vars(args), out=tmp_path)
+                         "straggler_rank": 1, "values_per_packet": 1024, "seeds": [4, 5],
+                         "hold": 3, "runs": rows, "ratios": ratios}, params=vars(args),
+                        out=tmp_path)
     md = render_results.straggler(json.loads(path.read_text()))["straggler.md"]
-    assert ("| straggler | ina+deadline | 4 | 1 | 1.6 | 1.2 | 0.960 | 10 | 195 | 478 | 5.00 % | "
-            "5.00 % | 20.00 % | 0 |") in md
-    assert "- time to accuracy with the deadline over without (goal: at most 0.6): 0.80" in md
-    assert "rank 1 sleeps 500 ms in 20% of its steps; 1 % loss on its port; 50 ms deadline" in md
+    assert ("| 5 | straggler | ina+deadline | 10 | 1 | 2.5 | 2.5 | 6.0 | 0.960 | 10 | 15 | 424 | "
+            "5.00 % | 5.00 % | 8.00 % | 0 | 2.5-3.2 |") in md
+    assert "| ratio | seed 4 | seed 5 | median of 2 |" in md
+    assert "| time to 95% held, with the deadline over without | 0.83 | 0.83 | 0.83 |" in md
+    assert "| time for the same 10 steps, with the deadline over without | 0.75 | 0.75 | 0.75 |" in md
+    assert ("rank 1 sleeps 500 ms in 20% of its steps; 1 % loss on its port; 50 ms deadline; "
+            "seeds 4, 5; time to 95% held: the first of 3 checks in a row") in md
+    # the order a reader compares: per seed, the reference, then each scenario's modes
+    assert md.index("| 4 | straggler | ina+deadline") < md.index("| 5 | reference")
     assert render_results.straggler(None)["straggler.md"].startswith("*Not measured yet")

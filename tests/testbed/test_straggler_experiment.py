@@ -38,6 +38,8 @@ def settled(*argv: str):
     (("--loss-pct", "101"), "--loss-pct is a percentage"),
     (("--warmup", "2"), "--warmup must be more than 2"),
     (("--accuracy", "0"), "--accuracy is a fraction"),
+    (("--seeds", "0"), "--seeds and --hold must be at least 1, not 0 and 3"),
+    (("--hold", "0"), "--seeds and --hold must be at least 1, not 3 and 0"),
     (("--workers", "1"), "the testbed runs 2"),
     (("--bw", "5000"), "cannot be shaped"),
 ])
@@ -50,6 +52,7 @@ def test_the_deadline_mode_runs_by_default_and_not_with_deadline_0():
     assert settled().modes == ["ina", "ina+deadline", "gloo"]
     assert settled("--deadline-ms", "0").modes == ["ina", "gloo"]
     assert settled().straggler_rank == 3 and settled().epochs == 8
+    assert (settled().seeds, settled().seed, settled().hold) == (3, 0, 3)
 
 
 def test_a_refusal_is_one_line_before_anything_starts():
@@ -63,23 +66,30 @@ def test_a_refusal_is_one_line_before_anything_starts():
 @pytest.mark.slow
 @pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 def test_a_small_run_records_every_mode(tmp_path):
-    """2 workers, the small model, a few steps, deadline off: 20-40 s."""
+    """2 workers, the small model, a few steps, deadline off, 2 seeds: 40-80 s."""
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "innet_aggregation.testbed.straggler_experiment", "--workers", "2",
          "--model", "small", "--steps", str(STEPS), "--warmup", "4", "--eval-every", "2",
-         "--sleep-ms", str(SLEEP_MS), "--p", str(P), "--seed", str(SEED), "--bw", "0",
+         "--sleep-ms", str(SLEEP_MS), "--p", str(P), "--seed", str(SEED), "--seeds", "2", "--bw", "0",
          "--loss-pct", "20", "--deadline-ms", "0", "--target", "softswitch", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=240,
         env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = list(csv.DictReader(open(out / "straggler.csv")))
-    runs = {(r["scenario"], r["mode"]): r for r in rows}
-    assert list(runs) == [("reference", "ina"), ("straggler", "ina"), ("straggler", "gloo"),
-                          ("loss", "ina"), ("loss", "gloo")]
-    plan = straggler_sleeps({"rank": 1, "ms": SLEEP_MS, "p": P, "seed": SEED}, 1, STEPS)
-    slept = [i for i, s in enumerate(plan) if s]
-    assert 0 < len(slept) < STEPS
+    kinds = [("reference", "ina"), ("straggler", "ina"), ("straggler", "gloo"), ("loss", "ina"),
+             ("loss", "gloo")]
+    assert [(int(r["seed"]), r["scenario"], r["mode"]) for r in rows] == [
+        (seed, *kind) for seed in (SEED, SEED + 1) for kind in kinds]
+    runs = {(r["scenario"], r["mode"]): r for r in rows if int(r["seed"]) == SEED}
+    plans = {seed: [i for i, s in enumerate(straggler_sleeps(
+        {"rank": 1, "ms": SLEEP_MS, "p": P, "seed": seed}, 1, STEPS)) if s] for seed in (SEED, SEED + 1)}
+    slept = plans[SEED]
+    assert 0 < len(slept) < STEPS and plans[SEED] != plans[SEED + 1]
+    for r in rows:
+        assert int(r["slept"]) == (len(plans[int(r["seed"])]) if r["scenario"] == "straggler" else 0)
+        # the held check and the last step's time on the same clock
+        assert r["time_to_target_s"] == "" or 0 < float(r["time_to_target_s"]) <= float(r["steps_time_s"])
     for (scenario, mode), r in runs.items():
         assert int(r["steps"]) == STEPS
         assert 0 <= float(r["accuracy"]) <= 1
@@ -94,7 +104,7 @@ def test_a_small_run_records_every_mode(tmp_path):
     steps = list(csv.DictReader(open(out / "straggler_steps.csv")))
     for mode in ("ina", "gloo"):
         mine = {(int(s["rank"]), int(s["step"])): float(s["step_ms"]) for s in steps
-                if (s["scenario"], s["mode"]) == ("straggler", mode)}
+                if (int(s["seed"]), s["scenario"], s["mode"]) == (SEED, "straggler", mode)}
         assert len(mine) == 2 * STEPS
         # the straggler slept in its drawn steps; rank 0 waited for it there
         assert all(mine[(1, i)] >= SLEEP_MS for i in slept), mine
@@ -105,10 +115,17 @@ def test_a_small_run_records_every_mode(tmp_path):
     record = json.loads((out / "straggler-experiment.json").read_text())
     assert record["experiment"] == "straggler-experiment"
     f = record["figures"]
-    assert [(r["scenario"], r["mode"]) for r in f["runs"]] == list(runs)
+    assert [(r["seed"], r["scenario"], r["mode"]) for r in f["runs"]] == [
+        (int(r["seed"]), r["scenario"], r["mode"]) for r in rows]
     assert f["sleep_ms"] == SLEEP_MS and f["deadline_ms"] == 0 and f["warmup_step_ms"] > 0
-    assert {(c["scenario"], c["mode"]) for c in f["curves"]} == set(runs)
-    assert all(len(c["points"]) == STEPS // 2 for c in f["curves"])
+    assert f["seeds"] == [SEED, SEED + 1] and f["hold"] == 3
+    assert [(c["seed"], c["scenario"], c["mode"]) for c in f["curves"]] == [
+        (r["seed"], r["scenario"], r["mode"]) for r in f["runs"]]
+    assert all([p[0] for p in c["points"]] == list(range(2, STEPS + 1, 2)) for c in f["curves"])
+    for r in f["runs"]:
+        curve = next(c["points"] for c in f["curves"]
+                     if (c["seed"], c["scenario"], c["mode"]) == (r["seed"], r["scenario"], r["mode"]))
+        assert r["steps_time_s"] == curve[-1][1]
     for name in ("straggler_accuracy.png", "straggler_steps.png"):
         assert (out / name).stat().st_size > 10_000
-    assert "reference  ina" in done.stdout and "straggler  gloo" in done.stdout
+    assert f"{SEED + 1} reference  ina" in done.stdout and "straggler  gloo" in done.stdout
