@@ -292,6 +292,7 @@ def test_a_wrong_echo_leaves_the_genuine_nonce_and_the_frame_is_tagged_for_its_r
 
     from innet_aggregation.p4src import protocol
     from innet_aggregation.switch_ctl.manager import proof as proof_mod
+    from innet_aggregation.switch_ctl.manager import tenants
     from innet_aggregation.switch_ctl.manager.wire import proof_tag
     proofs = proof_mod.PortProofs(jobs.config)
     message = register_message(0)
@@ -306,6 +307,12 @@ def test_a_wrong_echo_leaves_the_genuine_nonce_and_the_frame_is_tagged_for_its_r
         with pytest.raises(BadRequest, match="echoed a wrong port proof"):
             proofs.check(parse({**message, "proof": forged}), member)
     assert proofs.check(parse({**message, "proof": nonce}), member) == member
+    # A tenant's registration is keyed apart in the manager (tenants.scoped); its
+    # rank computes the tag over the key it sent, and the frame carries that one.
+    scoped = dataclasses.replace(request, job=tenants.scoped(request.job, "alice"))
+    ((_, _, frame),) = proofs.challenge(scoped, member, PEER)
+    nonce, tag = protocol.proof_payload(bytes(Ether(frame)["UDP"].payload))
+    assert tag == proof_tag(request.token_hash, request.job, 0, nonce)
 
 
 def test_a_flood_of_challenges_from_one_requester_drops_none_of_anothers(jobs):

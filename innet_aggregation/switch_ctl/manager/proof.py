@@ -38,6 +38,7 @@ from innet_aggregation.p4src import protocol
 
 from .config import ManagerConfig
 from .jobs import Member
+from .tenants import wire_key
 from .wire import BadRequest, Register, proof_tag
 
 PROOF_SECONDS = 30.0
@@ -110,7 +111,7 @@ class PortProofs:
         mac, ip = self._source
         return [(n.switch, n.port, protocol.proof_frame(
                     member.mac, member.ip, member.udp_port, mac, ip, bytes.fromhex(nonce),
-                    bytes.fromhex(proof_tag(request.token_hash, request.job, request.rank,
+                    bytes.fromhex(proof_tag(request.token_hash, wire_key(request.job), request.rank,
                                             nonce))))
                 for nonce, n in fresh.items()]
 
