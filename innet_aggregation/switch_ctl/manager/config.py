@@ -254,15 +254,18 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
         problems.append(f"manager.listen {listen[0]}:{listen[1]} is not a loopback address and "
                         f"the manager has no certificate: give manager.cert and manager.key "
                         f"(TLS), or set manager.insecure = true to take the secret in plaintext")
-    max_connections = get(mg, "max_connections", int, "manager", 512)
-    if max_connections is not None and not 1 <= max_connections <= 65536:
-        problems.append(f"manager.max_connections must be in 1..65536, not {max_connections}")
-        max_connections = None
-    per_peer = get(mg, "max_connections_per_peer", int, "manager", 32)
-    if per_peer is not None and max_connections is not None and (
-            not 1 <= per_peer <= max_connections):
-        problems.append(f"manager.max_connections_per_peer must be in 1..{max_connections} "
-                        f"(max_connections), not {per_peer}")
+    def caps(total: str, per_peer: str, defaults: tuple[int, int]) -> tuple:
+        """A cap in all (1..65536) and the share of it one address may take."""
+        cap = get(mg, total, int, "manager", defaults[0])
+        if cap is not None and not 1 <= cap <= 65536:
+            problems.append(f"manager.{total} must be in 1..65536, not {cap}")
+            cap = None
+        share = get(mg, per_peer, int, "manager", defaults[1])
+        if share is not None and cap is not None and not 1 <= share <= cap:
+            problems.append(f"manager.{per_peer} must be in 1..{cap} ({total}), not {share}")
+        return cap, share
+
+    max_connections, per_peer = caps("max_connections", "max_connections_per_peer", (512, 32))
     request_seconds = get(mg, "request_seconds", (int, float), "manager", 10)
     if request_seconds is not None and not 0 < request_seconds <= 300:
         problems.append(f"manager.request_seconds must be in (0, 300], not {request_seconds}")
@@ -277,15 +280,7 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
     join_seconds = get(mg, "join_seconds", (int, float), "manager", 120)
     if join_seconds is not None and not 0 < join_seconds <= 86400:
         problems.append(f"manager.join_seconds must be in (0, 86400], not {join_seconds}")
-    max_pending = get(mg, "max_pending", int, "manager", 512)
-    if max_pending is not None and not 1 <= max_pending <= 65536:
-        problems.append(f"manager.max_pending must be in 1..65536, not {max_pending}")
-        max_pending = None
-    pending_per_peer = get(mg, "max_pending_per_peer", int, "manager", 16)
-    if pending_per_peer is not None and max_pending is not None and (
-            not 1 <= pending_per_peer <= max_pending):
-        problems.append(f"manager.max_pending_per_peer must be in 1..{max_pending} "
-                        f"(max_pending), not {pending_per_peer}")
+    max_pending, pending_per_peer = caps("max_pending", "max_pending_per_peer", (512, 16))
 
     fabric, homes = _fabric(fb, is_tree, problems)
     tree = None
