@@ -151,10 +151,11 @@ class Fallback:
         """The store's key for the next fall to gloo: the same on every rank."""
         return str(sum(1 for _, path, _ in self.changes if path == GLOO))
 
-    def _tell(self) -> None:
-        """Tell the ranks still in a switch call that this one leaves the switch path."""
+    def _tell(self, why: str) -> None:
+        """Tell the ranks still in a switch call that this one leaves the switch path,
+        and why: each of them then names the cause, not only the rank that saw it."""
         if self._signals is not None:
-            self._signals.tell(self._episode())
+            self._signals.tell(self._episode(), why)
 
     def cause(self, exc: BaseException) -> str:
         if (lost := self.abort_reason()) is not None:
@@ -189,7 +190,7 @@ class Fallback:
             session._reduce(work, average, name, signature, key)
         except SWITCH_FAILURES as exc:
             why = self.cause(exc)
-            self._tell()
+            self._tell(why)
             if not keeping:
                 raise SwitchUnavailable(
                     f"rank {self.rank}, call {number}: the switch path failed within "
@@ -378,12 +379,12 @@ class _Signals:
         threading.Thread(target=self._run, daemon=True,
                          name=f"ina-signals-{fallback.rank}").start()
 
-    def tell(self, key: str) -> None:
-        """Say so under ``key``, waiting at most ``STORE_POLL`` (a rank that exits next
-        must have said it; a store behind a dead switch must not hold it)."""
+    def tell(self, key: str, why: str) -> None:
+        """Say so, and why, under ``key``, waiting at most ``STORE_POLL`` (a rank that
+        exits next must have said it; a store behind a dead switch must not hold it)."""
         def say():
             try:
-                self.store.set(key, str(self.fallback.rank))
+                self.store.set(key, f"{self.fallback.rank}\n{why}")
             except Exception:            # noqa: BLE001  its host is gone: the others see that
                 pass
         thread = threading.Thread(target=say, daemon=True)
@@ -397,7 +398,8 @@ class _Signals:
                 key = f._episode()
                 if f.path != SWITCH or f._left is not None or not self.store.check([key]):
                     continue
-                why = f"rank {self.store.get(key).decode()} left the switch path (its call failed)"
+                rank, _, cause = self.store.get(key).decode().partition("\n")
+                why = f"rank {rank} left the switch path (its call failed: {cause})"
             except Exception as exc:     # noqa: BLE001  the store's host is gone: so is the job
                 why = f"the group's store is unreachable ({type(exc).__name__}: {exc})"
             if f.path == SWITCH and f._episode() == key:
