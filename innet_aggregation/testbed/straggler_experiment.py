@@ -59,6 +59,7 @@ from .demo import MODELS
 from .straggler_figures import HOLD, REFERENCE, job_curve, seed_ratios, summarize
 from .layout import add_program_argument
 from .links import check_rate, check_workers
+from .progress import Progress
 from .stopping import Stopped, stop_on_signals
 from .targets import add_switch_arguments, default_target
 
@@ -215,12 +216,14 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
     straggler = args.straggler_rank
     seeds = seeds_of(args)
     rows, steps, curves = [], [], {}
+    # Every seed: the reference, then each scenario in each mode.
+    progress = Progress(len(seeds) * (1 + len(args.scenarios) * len(args.modes)), "straggler")
     command = {"op": "train", "epochs": args.epochs, "batch": args.batch, "lr": model.lr,
                "seed": args.seed, "hidden": list(model.hidden), "accuracy": args.accuracy,
                "eval_every": args.eval_every, "steps": args.steps, "curve": True}
 
     def train(agents, testbed, seed, scenario, mode, sleep_ms=0.0, deadline_ms=0.0):
-        print(f"[straggler] seed {seed}: {scenario}, {mode}", flush=True)
+        progress.say(f"[straggler] seed {seed}: {scenario}, {mode}")
         cmd = dict(command, seed=seed, backend="gloo" if mode == "gloo" else "switch")
         if scenario == "straggler":
             cmd["straggler"] = {"rank": straggler, "ms": sleep_ms, "p": args.p, "seed": seed}
@@ -232,10 +235,11 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
         steps.extend(step_rows(seed, scenario, mode, answers))
         curves[(seed, scenario, mode)] = job_curve(answers)
         r = rows[-1]
-        print(f"  accuracy {r['accuracy']:.3f}, held {_cell(r['time_to_target_s'], '.1f')} s, "
-              f"{r['steps']} steps {r['steps_time_s']:.1f} s, step p50 "
-              f"{r['step_p50_ms']:.0f} ms, p99 {r['step_p99_ms']:.0f} ms, load "
-              f"{r['load_before']:.1f}-{r['load_after']:.1f}", flush=True)
+        progress.say(f"  accuracy {r['accuracy']:.3f}, held {_cell(r['time_to_target_s'], '.1f')} "
+                     f"s, {r['steps']} steps {r['steps_time_s']:.1f} s, step p50 "
+                     f"{r['step_p50_ms']:.0f} ms, p99 {r['step_p99_ms']:.0f} ms, load "
+                     f"{r['load_before']:.1f}-{r['load_after']:.1f}")
+        progress.advance(f"seed {seed}, {scenario}, {mode}")
 
     def lossy(testbed, on: bool):
         port = testbed.config.job.workers[straggler].switch_port
