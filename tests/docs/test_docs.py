@@ -5,7 +5,9 @@ shown to a new user runs in a test or says why not."""
 from __future__ import annotations
 
 import ast
+import importlib
 import json
+import math
 import os
 import re
 import shutil
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import gen_cli_docs  # tools/, on pytest's pythonpath (pyproject.toml)
@@ -89,56 +92,82 @@ UNIT = (r"(?: ?(?:%|×|[kMG]?pps\b|packets/s|frames/s|[kMG]?B/s|[kMG]?bit/s|ms\b
         r"|seconds?\b|minutes?\b|hours?\b)|x\b)")     # a factor is 3x, not the 2 x 1 of a mesh
 TYPED = re.compile(rf"(?<![\w.])\d[\d,]*(?:\.\d+(?![\d.]){UNIT}?|{UNIT})")
 
-# The design's constants and the tests' settings the pattern would otherwise take for
-# measured figures, each as the prose says it, with why it is not one.
+# The phrases the pattern would otherwise take for measured figures. A phrase that
+# quotes the code says where: its numbers must be that constant's value (Code, checked
+# below); the others (the tests' settings, versions, arithmetic) say why they are none.
+@dataclass(frozen=True)
+class Code:
+    """The value ``expr`` has in ``module``: a number, or a tuple in the phrase's order."""
+    module: str
+    expr: str
+
+    def values(self) -> tuple[float, ...]:
+        value = eval(self.expr, vars(importlib.import_module(self.module)))  # noqa: S307
+        return tuple(float(v) for v in (value if isinstance(value, tuple) else (value,)))
+
+
+BASELINE = "innet_aggregation.testbed.baseline_experiment"
+STRAGGLER = "innet_aggregation.testbed.straggler_experiment"
+DEMO = "innet_aggregation.testbed.demo"
+TRANSPORT = "innet_aggregation.worker.transport"
+FALLBACK = "innet_aggregation.worker.fallback"
+SERVER = "innet_aggregation.switch_ctl.manager.server"
+P4RUNTIME = "innet_aggregation.switch_ctl.client"
+
 CONSTANTS = {
-    # the sweep's definitions (testbed.baseline_experiment, testbed.stats)
-    "within 10 % of the limit": "the sweep's goal, baseline_experiment.GOAL",
-    "0.85 for 4 workers, 0.70 for 8": "the unshaped goals, baseline_experiment.UNSHAPED_GOALS",
-    "95 % bootstrap interval": "the intervals' confidence, testbed.stats",
-    "95 % intervals": "the intervals' confidence, testbed.stats",
-    "to 95 % test accuracy": "the large demo's target accuracy",
-    # the straggler experiment's defaults and the issue's goals (straggler_experiment.py)
-    "(default 1 %)": "the loss scenario's default --loss-pct",
-    "*s to 95 % held*": "the column of the target accuracy's time, --accuracy's default",
+    # the sweep's definitions
+    "within 10 % of the limit": Code(BASELINE, "100 * (GOAL - 1)"),
+    "0.85 for 4 workers, 0.70 for 8": Code(BASELINE,
+                                           "(UNSHAPED_GOALS[4], 4, UNSHAPED_GOALS[8], 8)"),
+    "95 % bootstrap interval": Code("innet_aggregation.testbed.stats", "100 * LEVEL"),
+    "95 % intervals": Code("innet_aggregation.testbed.stats", "100 * LEVEL"),
+    "to 95 % test accuracy": Code(DEMO, "100 * MODELS['large'].accuracy"),
+    # the straggler experiment's defaults and the issue's goals
+    "(default 1 %)": Code(STRAGGLER, "_parser().get_default('loss_pct')"),
+    "*s to 95 % held*": Code(STRAGGLER, "100 * _parser().get_default('accuracy')"),
     "goal of at most 60 % was judged": "issue 38's goal for time to accuracy with a deadline",
     "under 1 % of the blocks": "the share test_quantize asserts on the recorded gradients",
-    "(default: large 0.95, small none)": "the demo's --accuracy default",
-    "(default 0.95)": "the straggler experiment's --accuracy default",
-    "(default 0.2)": "the straggler experiment's --p default",
+    "(default: large 0.95, small none)": Code(DEMO, "MODELS['large'].accuracy"),
+    "(default 0.95)": Code(STRAGGLER, "_parser().get_default('accuracy')"),
+    "(default 0.2)": Code(STRAGGLER, "_parser().get_default('p')"),
     "--p 0.25": "an example of the straggler experiment's command line",
     "(at most 120 %)": "issue 38's goal for p99 step time under loss",
-    "at 80-100 %, **burst** above 100 %": "where the bound is called links or burst",
-    "at 80-100 %, \"burst\" above 100 %": "the same, in the parser's help",
-    "at most 5 % slower than the session": "bench-backend's goal",
-    "within 3 % of CODE": "bench-observe's goal, bench_observe.GOAL",
-    "20, 50, 100, 200 and 500 Mbit/s": "the sweep's link rates (--bw)",
-    "100 Mbit/s links": "the large demo's link rate (demo.py)",
+    "at 80-100 %, **burst** above 100 %": Code("innet_aggregation.testbed.links",
+                                              "(100 * LINK_BOUND, 100, 100)"),
+    "at 80-100 %, \"burst\" above 100 %": Code("innet_aggregation.testbed.links",
+                                               "(100 * LINK_BOUND, 100, 100)"),
+    "at most 5 % slower than the session": "bench-backend's goal (its docstring)",
+    "within 3 % of CODE": "bench-observe's goal, benchmarks/bench_observe.GOAL",
+    "20, 50, 100, 200 and 500 Mbit/s": Code(BASELINE, "tuple(_parser().get_default('bw')[:-1])"),
+    "100 Mbit/s links": Code(DEMO, "MODELS['large'].bw"),
     "0-1000 Mbit/s": "the rates the testbed can shape",
-    "20 Mbit/s to unshaped": "the sweep's link rates (--bw)",
-    "at 50 Mbit/s": "bench-scaling's link rate (--bw)",
+    "20 Mbit/s to unshaped": Code(BASELINE, "_parser().get_default('bw')[0]"),
+    "at 50 Mbit/s": Code("innet_aggregation.testbed.scaling_experiment",
+                         "_parser().get_default('bw')"),
     "0.67 for n = 4, 0.57 for n = 8": "n/(2(n-1)), arithmetic",
     "(1 at n = 2, 1.875 at n = 16)": "2(n-1)/n, arithmetic",
     "the 1.1x and 2x marks": "lines drawn on the loss plot",
     "1.13 M parameters": "the large demo model's size, arithmetic",
     "e.g. 1ms": "an example of --delay's argument",
-    "(default: small 0.01, large 0.001)": "the demo's learning rates",
-    "(default: large 0.95, small none)": "the large demo's target accuracy",
-    "(default 0,0.01,0.1,1,5,10)": "the loss experiment's rates",
-    # timeouts and defaults (their code names them)
-    "(default 10 s)": "INA_SWITCH_TIMEOUT's default",
-    "the retransmission timer's 2 s ceiling": "RetransmitPolicy.max_rto",
-    "default 10 s lease": "manager.lease_seconds",
-    "(at most 0.5 s apart)": "transport.ABORT_POLL",
-    "look there every 0.5 s": "fallback.STORE_POLL",
-    "logging every 10 s which rank": "RetransmitPolicy.progress_interval",
-    "The default is 30 minutes": "peer_timeout, torch's and gloo's default",
-    "30 minutes by default": "peer_timeout, torch's and gloo's default",
-    "10 s for a write or read, 5 s for arbitration, 120 s for": "switch_ctl/client.py's deadlines",
-    "0.1 s at a time": "the listener's pause when out of descriptors",
-    "token), for 30 s": "how long a registration's nonce is good (manager)",
-    "in the last 10 minutes": "the listener's memory of addresses with the secret",
-    "every test (600 s, generous for BMv2)": "pytest-timeout's bound",
+    "(default: small 0.01, large 0.001)": Code(DEMO, "(MODELS['small'].lr, MODELS['large'].lr)"),
+    "(default 0,0.01,0.1,1,5,10)": Code("innet_aggregation.testbed.loss_experiment",
+                                        "tuple(_parser().get_default('loss'))"),
+    # timeouts and defaults
+    "(default 10 s)": Code(FALLBACK, "DEFAULT_SWITCH_TIMEOUT"),
+    "the retransmission timer's 2 s ceiling": Code(TRANSPORT, "RetransmitPolicy.max_rto"),
+    "default 10 s lease": Code("innet_aggregation.switch_ctl.manager.config",
+                               "DEFAULT_LEASE_SECONDS"),
+    "(at most 0.5 s apart)": Code(TRANSPORT, "ABORT_POLL"),
+    "look there every 0.5 s": Code(FALLBACK, "STORE_POLL"),
+    "logging every 10 s which rank": Code(TRANSPORT, "RetransmitPolicy.progress_interval"),
+    "The default is 30 minutes": Code(TRANSPORT, "RetransmitPolicy.peer_timeout / 60"),
+    "30 minutes by default": Code(TRANSPORT, "RetransmitPolicy.peer_timeout / 60"),
+    "10 s for a write or read, 5 s for arbitration, 120 s for": Code(
+        P4RUNTIME, "(CALL_TIMEOUT, ARBITRATION_TIMEOUT, PUSH_TIMEOUT)"),
+    "0.1 s at a time": Code(SERVER, "ACCEPT_BACKOFF"),
+    "token), for 30 s": Code("innet_aggregation.switch_ctl.manager.proof", "PROOF_SECONDS"),
+    "in the last 10 minutes": Code(SERVER, "TRUSTED_SECONDS / 60"),
+    "every test (600 s, generous for BMv2)": "pytest-timeout's bound, pyproject.toml",
     # the tests' settings
     "pauses 40 s": "test_slow_and_dead.py's pause",
     "a rank paused 12 s with": "test_slow_and_dead.py's pause past the switch timeout",
@@ -154,6 +183,19 @@ CONSTANTS = {
     "before 4.20": "a Linux version",
     "in torch 2.13": "a torch version",
 }
+
+
+def quoted_wrongly(constants: dict) -> list[str]:
+    """The phrases whose numbers are not the code's constant they quote."""
+    wrong = []
+    for phrase, source in constants.items():
+        if isinstance(source, Code):
+            quoted = tuple(float(n) for n in re.findall(r"\d+(?:\.\d+)?", phrase))
+            code = source.values()
+            if len(quoted) != len(code) or not all(map(math.isclose, quoted, code)):
+                wrong.append(f"{phrase!r} quotes {quoted}, {source.module}.{source.expr} "
+                             f"is {code}")
+    return wrong
 
 
 def _prose(text: str) -> str:
@@ -197,6 +239,19 @@ def test_every_allowed_constant_is_still_on_a_page():
     prose = " ".join(_prose((REPO / page).read_text()) for page in PAGES)
     stale = [phrase for phrase in CONSTANTS if phrase not in prose]
     assert not stale, f"CONSTANTS lists phrases no page has any more: {stale}"
+
+
+def test_every_constant_the_docs_quote_is_the_codes():
+    wrong = quoted_wrongly(CONSTANTS)
+    assert not wrong, f"the docs quote constants the code no longer has: {wrong}"
+
+
+def test_a_changed_constant_fails_the_check(monkeypatch):
+    from innet_aggregation.worker import fallback
+    monkeypatch.setattr(fallback, "DEFAULT_SWITCH_TIMEOUT", 20.0)
+    assert quoted_wrongly(CONSTANTS) == [
+        "'(default 10 s)' quotes (10.0,), innet_aggregation.worker.fallback."
+        "DEFAULT_SWITCH_TIMEOUT is (20.0,)"]
 
 
 def test_a_typed_figure_fails_the_check(tmp_path):

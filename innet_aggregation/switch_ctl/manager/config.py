@@ -87,6 +87,7 @@ from ..tree import _parents_first, _structure
 from .tenants import MIN_SECRET, Tenant, parse_tenants
 
 STAR = "switch"     # the name of a star manager's one switch
+DEFAULT_LEASE_SECONDS = 10    # long enough for a rank's renewals to cross a loaded host
 MANAGER_KEYS = ("listen", "secret", "secret_file", "cert", "key", "insecure", "database",
                 "lease_seconds", "sweep_seconds", "default_slots", "max_connections",
                 "max_connections_per_peer", "request_seconds", "prove_ports", "learn_hosts",
@@ -232,7 +233,7 @@ def parse(raw: dict, base: Path | None = None) -> ManagerConfig:
             except OSError as exc:
                 problems.append(f"manager.{name} {p}: {exc.strerror}")
     database = get(mg, "database", str, "manager", "manager.db")
-    lease = get(mg, "lease_seconds", (int, float), "manager", 10)
+    lease = get(mg, "lease_seconds", (int, float), "manager", DEFAULT_LEASE_SECONDS)
     sweep = get(mg, "sweep_seconds", (int, float), "manager", 1)
     for name, value in (("lease_seconds", lease), ("sweep_seconds", sweep)):
         if value is not None and not 0 < value <= 3600:
