@@ -124,13 +124,16 @@ class ManagerBed:
         }
 
     # -- the manager process ---------------------------------------------------------
-    def start_manager(self, extra_env: dict | None = None) -> None:
+    def start_manager(self, fault: str | None = None) -> None:
+        """The manager, killing itself at ``fault`` (faulty_manager.py) if given."""
         self.log_path = self.workdir / f"manager-{self.restarts}.log"
+        program = (["-m", "innet_aggregation.switch_ctl"] if fault is None
+                   else [str(Path(__file__).with_name("faulty_manager.py")), fault])
         with open(self.log_path, "wb") as log:
             self.manager = subprocess.Popen(
-                [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
+                [sys.executable, *program, "serve", "--config",
                  str(self.config_path)], stdout=log, stderr=subprocess.STDOUT,
-                env={**env(), **(extra_env or {})}, cwd=REPO, start_new_session=True)
+                env=env(), cwd=REPO, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.manager.poll() is not None:

@@ -341,7 +341,7 @@ def test_a_learned_host_claims_no_service_mac_and_no_mac_another_port_has_shown(
     """With learn_hosts on: a pool service MAC is refused before any nonce leaves; a
     MAC a waiting rank has behind port 2 is refused at port 3; the job file gives a
     learned MAC no L2 route."""
-    from innet_aggregation.switch_ctl.manager.jobs import _worker
+    from innet_aggregation.switch_ctl.manager.placement import worker as _worker
     jobs.config = dataclasses.replace(jobs.config, learn_hosts=True)
     service = {"ifname": "eth0", "ip": "10.0.0.9", "mac": "02:00:00:00:00:fb"}
     with pytest.raises(BadRequest, match="rank 0's address 02:00:00:00:00:fb is a service "

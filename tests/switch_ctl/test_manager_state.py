@@ -15,9 +15,9 @@ import time
 import pytest
 
 from innet_aggregation.switch_ctl.manager.installer import MARK
-from innet_aggregation.switch_ctl.manager.jobs import FAULT_STEPS
 from innet_aggregation.switch_ctl.manager.wire import job_key
 
+from .faulty_manager import FAULT_STEPS
 from .manager_harness import LEASE, ManagerBed, credential_of, skip_unless_runnable, until
 from .test_manager import finished, held, joined
 
@@ -52,7 +52,7 @@ def log_lines(bed) -> str:
 @pytest.mark.parametrize("step", FAULT_STEPS)
 def test_a_manager_killed_at_each_step_loses_and_leaks_nothing(bed, step):
     bed.kill_manager()
-    bed.start_manager({"INA_MANAGER_FAULT": step})
+    bed.start_manager(fault=step)
     name = f"fault-{step}"
     ranks = bed.launch(name, [0, 1], "--reps", "2", "--seed", str(FAULT_STEPS.index(step)))
     until(lambda: bed.manager.poll() is not None, 60, f"the manager killed itself at {step}")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from innet_aggregation.p4src import protocol
 
 from .config import ManagerConfig
-from .jobs import Member
+from .records import Member
 from .tenants import wire_key
 from .wire import BadRequest, Register, proof_tag
 

@@ -56,7 +56,8 @@ from innet_aggregation.addresses import is_loopback
 from ..client import P4RuntimeError
 from .config import ManagerConfig
 from .installer import Switches
-from .jobs import TICK, Jobs, Member, Pending
+from .jobs import TICK, Jobs
+from .records import Member, Pending
 from .metrics import serve_metrics
 from .proof import PortProofs
 from .store import Store

@@ -13,7 +13,8 @@ from .tenants import over_quota, tenant_of, wire_key
 from .wire import BadRequest, Register, job_name_of
 
 if TYPE_CHECKING:
-    from .jobs import Jobs, Pending, Running
+    from .jobs import Jobs
+    from .records import Pending, Running
 
 PREEMPTED_KEPT = 256         # preempted jobs whose ranks' renewals are told why
 
