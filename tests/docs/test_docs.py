@@ -92,11 +92,11 @@ TYPED = re.compile(rf"(?<![\w.])\d[\d,]*(?:\.\d+(?![\d.]){UNIT}?|{UNIT})")
 # The design's constants and the tests' settings the pattern would otherwise take for
 # measured figures, each as the prose says it, with why it is not one.
 CONSTANTS = {
-    # the sweep's definitions (testbed.baseline_experiment, testbed.stats)
+    # the sweep's definitions (experiments.baseline, experiments.stats)
     "within 10 % of the limit": "the sweep's goal, baseline_experiment.GOAL",
     "0.85 for 4 workers, 0.70 for 8": "the unshaped goals, baseline_experiment.UNSHAPED_GOALS",
-    "95 % bootstrap interval": "the intervals' confidence, testbed.stats",
-    "95 % intervals": "the intervals' confidence, testbed.stats",
+    "95 % bootstrap interval": "the intervals' confidence, experiments.stats",
+    "95 % intervals": "the intervals' confidence, experiments.stats",
     "to 95 % test accuracy": "the large demo's target accuracy",
     # the straggler experiment's defaults and the issue's goals (straggler_experiment.py)
     "(default 1 %)": "the loss scenario's default --loss-pct",
