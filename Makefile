@@ -25,7 +25,7 @@ DATA     ?= recorded
 SCALE_N  ?= 2,4,8,12,16
 SCALE_BW ?= 50
 # demo: CHAOS=1 trains through the job manager while the switch is killed and
-# restarted, then the job's lease revoked: per step the path taken (testbed/chaos.py).
+# restarted, then the job's lease revoked: per step the path taken (experiments/chaos.py).
 CHAOS    ?=
 # demo: PROFILE=DIR writes torch.profiler traces of 2 steps per worker and backend, and a
 # picture of worker 0's switch calls (docs/observability.md).
@@ -158,7 +158,7 @@ bench-switch: setup
 # (docs/experiments.md, "More cores").
 bench-cores: setup
 	$(PY) benchmarks/bench_switch.py --sizes 1024 --targets ceiling --lanes 1,2,4,8 --workers 8 --repeats 5
-	$(PY) -m innet_aggregation.testbed.baseline_experiment --workers 4,8 --bw 0 --values 1024 \
+	$(PY) -m innet_aggregation.experiments.baseline --workers 4,8 --bw 0 --values 1024 \
 	    --io-threads 4 --min-timed-s 3 --out results/cores
 
 bench-worker: setup
@@ -177,10 +177,10 @@ bench-exponents: setup
 	$(PY) -m benchmarks.bench_exponents
 
 bench-allreduce: setup
-	$(PY) -m innet_aggregation.testbed.baseline_experiment $(TOPOLOGY) --data $(DATA) $(if $(INA),--ina)
+	$(PY) -m innet_aggregation.experiments.baseline $(TOPOLOGY) --data $(DATA) $(if $(INA),--ina)
 
 bench-scaling: setup
-	$(PY) -m innet_aggregation.testbed.scaling_experiment --workers $(SCALE_N) --bw $(SCALE_BW) --data $(DATA)
+	$(PY) -m innet_aggregation.experiments.scaling --workers $(SCALE_N) --bw $(SCALE_BW) --data $(DATA)
 
 # DDP gradients of the demo's large MLP and a small CNN (digits, 4 ranks, 300 steps),
 # a sample of them in a committed file of about 2.5 MB that bench-allreduce replays.
@@ -188,25 +188,25 @@ record-gradients: setup
 	$(PY) -m innet_aggregation.testbed.gradients
 
 demo: setup
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina) $(if $(CHAOS),--chaos) --busy $(BUSY) --runs $(RUNS) $(if $(BW),--bw $(BW)) $(if $(PROFILE),--profile $(PROFILE))
+	$(PY) -m innet_aggregation.experiments.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) $(if $(INA),--ina) $(if $(CHAOS),--chaos) --busy $(BUSY) --runs $(RUNS) $(if $(BW),--bw $(BW)) $(if $(PROFILE),--profile $(PROFILE))
 
 # The demo judged over runs: 5 on the model's links, 5 beside one busy core, 5 unshaped.
 bench-demo: setup
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) --runs 5
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) --runs 5 --busy 1
-	$(PY) -m innet_aggregation.testbed.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) --runs 5 --bw 0
+	$(PY) -m innet_aggregation.experiments.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) --runs 5
+	$(PY) -m innet_aggregation.experiments.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) --runs 5 --busy 1
+	$(PY) -m innet_aggregation.experiments.demo --workers $(N) --model $(MODEL) $(TOPOLOGY) --runs 5 --bw 0
 
 testbed: setup
 	$(PY) -m innet_aggregation.testbed.topology --workers $(N) $(TOPOLOGY)
 
 loss-experiment: setup
-	$(PY) -m innet_aggregation.testbed.loss_experiment $(TOPOLOGY) --loss-at $(LOSS_AT)
+	$(PY) -m innet_aggregation.experiments.loss $(TOPOLOGY) --loss-at $(LOSS_AT)
 
 # The large demo model on N workers at 100 Mbit/s: one rank sleeping 5 median steps in a
 # fifth of its steps, then 1 % loss on its link; time to 95 % accuracy and step time
 # percentiles through the switch without and with a deadline and through gloo.
 straggler-experiment: setup
-	$(PY) -m innet_aggregation.testbed.straggler_experiment --workers $(N) $(if $(DEADLINE),--deadline-ms $(DEADLINE)) \
+	$(PY) -m innet_aggregation.experiments.straggler --workers $(N) $(if $(DEADLINE),--deadline-ms $(DEADLINE)) \
 	    $(if $(SEEDS),--seeds $(SEEDS))
 
 clean:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from innet_aggregation.testbed.stopping import stop_on_signals  # noqa: E402
 from namespace_job import install_job  # noqa: E402  (beside this file)
 
-from innet_aggregation.testbed import record  # noqa: E402
+from innet_aggregation.experiments import record  # noqa: E402
 
 WORKERS = 4
 PORT = 29650

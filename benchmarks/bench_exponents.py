@@ -48,7 +48,7 @@ MODELS = {   # hidden widths, optimizer, learning rate, DDP bucket cap (MB), as 
 
 def _rank(rank: int, world: int, port: int, model_name: str, steps: int, queue) -> None:
     from innet_aggregation.testbed.gradients import ddp_group, train_ddp
-    from innet_aggregation.testbed.train import mlp
+    from innet_aggregation.testbed.model import mlp
 
     hidden, optimizer_name, lr, cap = MODELS[model_name]
     k = protocol.packet_format().values_per_packet
@@ -181,7 +181,7 @@ def measured_error(data, workers: int, values: int, calls: int) -> float:
 
 def recorded(out) -> None:
     from innet_aggregation.testbed import gradients
-    from innet_aggregation.testbed import record
+    from innet_aggregation.experiments import record
 
     data = gradients.load()
     rows = []

@@ -33,8 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from innet_aggregation.testbed import record  # noqa: E402
-from innet_aggregation.testbed.progress import Progress  # noqa: E402
+from innet_aggregation.experiments import record  # noqa: E402
+from innet_aggregation.experiments.progress import Progress  # noqa: E402
 from innet_aggregation.testbed.stopping import stop_on_signals  # noqa: E402
 from namespace_job import install_job  # noqa: E402  (beside this file)
 

@@ -53,10 +53,10 @@ from innet_aggregation.p4src import protocol  # noqa: E402
 from innet_aggregation.switch_ctl import config as config_mod  # noqa: E402
 from innet_aggregation.switch_ctl.client import SwitchConnection  # noqa: E402
 from innet_aggregation.switch_ctl.controller import Controller  # noqa: E402
-from innet_aggregation.testbed import record  # noqa: E402
+from innet_aggregation.experiments import record  # noqa: E402
 from innet_aggregation.testbed.layout import link_mtu  # noqa: E402
 from innet_aggregation.testbed.netns import Namespaces, in_netns  # noqa: E402
-from innet_aggregation.testbed.progress import Progress  # noqa: E402
+from innet_aggregation.experiments.progress import Progress  # noqa: E402
 from innet_aggregation.testbed.stopping import dies_with_parent, stop_on_signals  # noqa: E402
 from innet_aggregation.testbed.targets import (SwitchProcess, available_targets, bmv2_path,  # noqa: E402
                                                cpu_seconds)

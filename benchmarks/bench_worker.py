@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from innet_aggregation.p4src import protocol  # noqa: E402
-from innet_aggregation.testbed import record  # noqa: E402
+from innet_aggregation.experiments import record  # noqa: E402
 from innet_aggregation.testbed.stopping import dies_with_parent, stop_on_signals  # noqa: E402
 from innet_aggregation.worker import quantize  # noqa: E402
 from namespace_job import install_job  # noqa: E402  (beside this file)

@@ -1,7 +1,7 @@
 """Render the figures the documentation shows from the records in docs/results/.
 
 Every table, plot and sentence with a measured figure in the docs (and the README's
-one figure) is written here from a record (innet_aggregation/testbed/record.py
+one figure) is written here from a record (innet_aggregation/experiments/record.py
 writes them; docs/results/ holds the ones the docs quote) or from the build output
 it comes from (the Tofino resource summary), so no figure is typed by hand:
 tests/docs/test_docs.py renders again and fails when the committed output differs.
@@ -22,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from innet_aggregation.testbed.demo import redone_after_warmup
+from innet_aggregation.experiments.demo import redone_after_warmup
 from innet_aggregation.testbed.links import LINK_BOUND
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,11 +79,11 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 # -- bench-allreduce --------------------------------------------------------------
-# testbed.baseline_experiment's records: medians with 95 % bootstrap intervals, the
+# experiments.baseline's records: medians with 95 % bootstrap intervals, the
 # limit from the links' delivered rate, the goal judged on the interval.
 
 def interval(s: dict, fmt: str = ".1f") -> str:
-    """A median with its 95 % interval, as testbed.stats gives it."""
+    """A median with its 95 % interval, as experiments.stats gives it."""
     return f"{s['median']:{fmt}} ({s['lo']:{fmt}}-{s['hi']:{fmt}})"
 
 
@@ -297,7 +297,7 @@ def plot_loss(r: dict, path: Path) -> None:
 # -- bench-scaling ----------------------------------------------------------------
 
 def bench_scaling(r: dict | None) -> dict[str, str]:
-    """Time per MiB against n (testbed.scaling_experiment), or a line saying that no
+    """Time per MiB against n (experiments.scaling), or a line saying that no
     record is committed yet."""
     if r is None:
         return {"bench_scaling.md": "*Not measured yet: no record in "
@@ -532,7 +532,7 @@ STRAGGLER_ORDER = (("reference", "straggler", "loss"), ("ina", "ina+deadline", "
 
 
 def straggler(r: dict | None) -> dict[str, str]:
-    """The straggler experiment's runs, every seed's (testbed.straggler_experiment),
+    """The straggler experiment's runs, every seed's (experiments.straggler),
     and its ratios per seed with their median, or a line saying that no record is
     committed yet."""
     if r is None:

@@ -785,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
                              "yes" if r.padded else "", r.seconds, r.detail])
     print(summary(results, targets))
     print(f"CSV: {args.out}; switch logs: {logs}")
-    from innet_aggregation.testbed import record
+    from innet_aggregation.experiments import record
     record.write("p4c-samples", figures(results, targets),
                  params={"samples": str(args.samples), "targets": targets, "pad_short": args.pad_short,
                          "jobs": args.jobs, "only": args.only, "compiler": compiler_version()},

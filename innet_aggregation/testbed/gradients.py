@@ -244,7 +244,7 @@ def train_ddp(rank: int, world: int, model, optimizer, steps: int, record,
 def _rank(rank: int, world: int, port: int, model_name: str, steps: int, queue) -> None:
     import torch
 
-    from .train import mlp
+    from .model import mlp
 
     kept: dict[int, dict[int, np.ndarray]] = {}
 

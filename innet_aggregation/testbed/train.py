@@ -62,6 +62,8 @@ import torch.distributed as dist
 from innet_aggregation.switch_ctl import jobfile
 from innet_aggregation.worker.breakdown import since
 
+from .model import accuracy_of, mlp
+
 BENCH_CALL = "bench"  # the name of the benchmark's calls through the session
 INPUT_RANGE = 1000  # |input| <= 1000: exact in float32 and in the switch's fixed point
 # A result is right when every element is within n * 2**(E - TOLERANCE_BITS) of the
@@ -335,7 +337,7 @@ class Host:
                 done = len(step_times)
                 if curve_mode and (done % eval_every == 0 or done == total_steps):
                     stop = time.perf_counter()
-                    score = _accuracy(model, x_test, y_test)
+                    score = accuracy_of(model, x_test, y_test)
                     curve.append((done, stop - started - paused, score))
                     if target is not None and reached["target_steps"] is None and score >= target:
                         reached = {"target_steps": done, "time_to_target_s": curve[-1][1]}
@@ -362,7 +364,7 @@ class Host:
                      f"{backend}-rank{self.rank}.json")
         cpu = time.process_time() - cpu_before
         delta = counter_delta(before)
-        accuracy = _accuracy(model, x_test, y_test)
+        accuracy = accuracy_of(model, x_test, y_test)
         out = {"accuracy": accuracy, "steps": len(step_times), **reached,
                "step_time_ms": 1000 * float(np.median(step_times)),
                "step_min_ms": 1000 * min(step_times), "step_max_ms": 1000 * max(step_times),
@@ -384,7 +386,7 @@ class Host:
     def _rank0_accuracy(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         """Worker 0's test accuracy, on every worker: the models are identical, and
         one score decides for all when to stop measuring."""
-        score = torch.tensor([_accuracy(model, x, y) if self.rank == 0 else 0.0],
+        score = torch.tensor([accuracy_of(model, x, y) if self.rank == 0 else 0.0],
                              dtype=torch.float64)
         dist.broadcast(score, src=0)
         return float(score)
@@ -413,22 +415,6 @@ def _profile(profiling, done: int, folder: str, name: str):
         profiling.export_chrome_trace(str(Path(folder) / name))
         profiling = None
     return profiling
-
-
-def mlp(hidden: list[int]) -> torch.nn.Sequential:
-    """Digits' 64 pixels in, ReLU layers of the ``hidden`` widths, 10 classes out."""
-    layers, width = [], 64
-    for h in hidden:
-        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
-        width = h
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
-
-
-def _accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """The share of right answers, counted and divided in float64: a float32 mean puts
-    342 of 360 at 0.9499999, below a target of 0.95 that it meets."""
-    with torch.no_grad():
-        return int((model(x).argmax(1) == y).sum()) / len(y)
 
 
 def _timed(hook, times: list[float]):

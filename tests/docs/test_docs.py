@@ -106,9 +106,9 @@ class Code:
         return tuple(float(v) for v in (value if isinstance(value, tuple) else (value,)))
 
 
-BASELINE = "innet_aggregation.testbed.baseline_experiment"
-STRAGGLER = "innet_aggregation.testbed.straggler_experiment"
-DEMO = "innet_aggregation.testbed.demo"
+BASELINE = "innet_aggregation.experiments.baseline"
+STRAGGLER = "innet_aggregation.experiments.straggler"
+DEMO = "innet_aggregation.experiments.demo"
 TRANSPORT = "innet_aggregation.worker.transport"
 FALLBACK = "innet_aggregation.worker.fallback"
 SERVER = "innet_aggregation.switch_ctl.manager.server"
@@ -119,8 +119,8 @@ CONSTANTS = {
     "within 10 % of the limit": Code(BASELINE, "100 * (GOAL - 1)"),
     "0.85 for 4 workers, 0.70 for 8": Code(BASELINE,
                                            "(UNSHAPED_GOALS[4], 4, UNSHAPED_GOALS[8], 8)"),
-    "95 % bootstrap interval": Code("innet_aggregation.testbed.stats", "100 * LEVEL"),
-    "95 % intervals": Code("innet_aggregation.testbed.stats", "100 * LEVEL"),
+    "95 % bootstrap interval": Code("innet_aggregation.experiments.stats", "100 * LEVEL"),
+    "95 % intervals": Code("innet_aggregation.experiments.stats", "100 * LEVEL"),
     "to 95 % test accuracy": Code(DEMO, "100 * MODELS['large'].accuracy"),
     # the straggler experiment's defaults and the goals
     "(default 1 %)": Code(STRAGGLER, "_parser().get_default('loss_pct')"),
@@ -142,7 +142,7 @@ CONSTANTS = {
     "100 Mbit/s links": Code(DEMO, "MODELS['large'].bw"),
     "0-1000 Mbit/s": "the rates the testbed can shape",
     "20 Mbit/s to unshaped": Code(BASELINE, "_parser().get_default('bw')[0]"),
-    "at 50 Mbit/s": Code("innet_aggregation.testbed.scaling_experiment",
+    "at 50 Mbit/s": Code("innet_aggregation.experiments.scaling",
                          "_parser().get_default('bw')"),
     "0.67 for n = 4, 0.57 for n = 8": "n/(2(n-1)), arithmetic",
     "(1 at n = 2, 1.875 at n = 16)": "2(n-1)/n, arithmetic",
@@ -150,7 +150,7 @@ CONSTANTS = {
     "1.13 M parameters": "the large demo model's size, arithmetic",
     "e.g. 1ms": "an example of --delay's argument",
     "(default: small 0.01, large 0.001)": Code(DEMO, "(MODELS['small'].lr, MODELS['large'].lr)"),
-    "(default 0,0.01,0.1,1,5,10)": Code("innet_aggregation.testbed.loss_experiment",
+    "(default 0,0.01,0.1,1,5,10)": Code("innet_aggregation.experiments.loss",
                                         "tuple(_parser().get_default('loss'))"),
     # timeouts and defaults
     "(default 10 s)": Code(FALLBACK, "DEFAULT_SWITCH_TIMEOUT"),

@@ -6,8 +6,12 @@ import json
 
 import render_results  # tools/, on pytest's pythonpath (pyproject.toml)
 
-from innet_aggregation.testbed import (baseline_experiment, loss_experiment, record, scaling_experiment,
-                                       straggler_experiment, straggler_figures)
+from innet_aggregation.experiments import baseline as baseline_experiment
+from innet_aggregation.experiments import loss as loss_experiment
+from innet_aggregation.experiments import record
+from innet_aggregation.experiments import scaling as scaling_experiment
+from innet_aggregation.experiments import straggler as straggler_experiment
+from innet_aggregation.experiments import straggler_figures
 
 
 def test_a_record_names_its_commit_date_machine_and_load(tmp_path):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from innet_aggregation.testbed import baseline_experiment
+from innet_aggregation.experiments import baseline as baseline_experiment
 
 from .test_topology import _skip_reason
 

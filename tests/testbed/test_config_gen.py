@@ -87,7 +87,8 @@ def test_the_default_window_holds_at_most_128_kib_of_values():
 def test_a_testbed_runs_the_jumbo_build_on_the_softswitch_and_the_default_on_bmv2():
     """Where a testbed sets the links' MTU, the embedded switch gets the packets that cost
     it least per value; BMv2, as fast per value at either size, keeps Ethernet's MTU."""
-    from innet_aggregation.testbed import demo, loss_experiment, topology
+    from innet_aggregation.testbed import topology
+    from innet_aggregation.experiments import demo, loss as loss_experiment
     assert layout.default_values_per_packet("softswitch") == 1024
     assert layout.default_values_per_packet("softswitch-python") == 1024
     assert layout.default_values_per_packet("bmv2") == protocol.program().values_per_packet == 256
@@ -101,7 +102,7 @@ def test_a_testbed_runs_the_jumbo_build_on_the_softswitch_and_the_default_on_bmv
 def test_the_limit_with_headers_takes_gloos_segments_on_the_same_links():
     """bench-allreduce's limit: the aggregation frames per KiB of values against TCP's
     frames per payload at the MTU the packet size's testbed gives its links."""
-    from innet_aggregation.testbed.baseline_experiment import limits
+    from innet_aggregation.experiments.baseline import limits
     pure, with_headers = limits(4, 256)
     assert pure == pytest.approx(2 / 3)
     assert with_headers == pytest.approx(2 / 3 * (1080 / 1024) / (1514 / 1448))

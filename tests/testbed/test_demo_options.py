@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.testbed import demo
-from innet_aggregation.testbed.train import mlp
+from innet_aggregation.experiments import demo
+from innet_aggregation.testbed.model import mlp
 
 
 def options(*argv: str):

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_runs_alternate_and_each_is_recorded(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run(
-        [sys.executable, "-m", "innet_aggregation.testbed.demo", "--workers", "2",
+        [sys.executable, "-m", "innet_aggregation.experiments.demo", "--workers", "2",
          "--target", "softswitch", "--epochs", "1", "--runs", "2", "--busy", "1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

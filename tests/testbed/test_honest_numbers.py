@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.testbed import gradients, links, stats
+from innet_aggregation.testbed import gradients, links
+from innet_aggregation.experiments import stats
 from innet_aggregation.worker import quantize
 
 
@@ -79,7 +80,8 @@ def test_refusals_name_the_reason():
 
 
 def test_bench_refuses_before_starting(capsys):
-    from innet_aggregation.testbed import baseline_experiment, scaling_experiment
+    from innet_aggregation.experiments import baseline as baseline_experiment
+    from innet_aggregation.experiments import scaling as scaling_experiment
     assert baseline_experiment.main(["--bw", "100,5000"]) == 1
     assert "5000 Mbit/s cannot be shaped" in capsys.readouterr().err
     assert scaling_experiment.main(["--workers", "2,40"]) == 1
@@ -87,11 +89,12 @@ def test_bench_refuses_before_starting(capsys):
 
 
 def test_short_calls_take_more_calls_up_to_a_cap(capsys):
-    from innet_aggregation.testbed import baseline_experiment as b
-    assert b.timed_calls(15, 0.4, 2.0) == 15          # 15 x 0.4 s already last 6 s
-    assert b.timed_calls(15, 0.0137, 2.0) == 146      # 2 s of 13.7 ms calls
-    assert b.timed_calls(15, 0.0001, 2.0) == b.MAX_REPS
-    assert b.timed_calls(15, 0.01, 0.0) == 15         # off: --reps only
+    from innet_aggregation.experiments import baseline as b
+    from innet_aggregation.experiments import calls
+    assert calls.timed_calls(15, 0.4, 2.0) == 15          # 15 x 0.4 s already last 6 s
+    assert calls.timed_calls(15, 0.0137, 2.0) == 146      # 2 s of 13.7 ms calls
+    assert calls.timed_calls(15, 0.0001, 2.0) == calls.MAX_REPS
+    assert calls.timed_calls(15, 0.01, 0.0) == 15         # off: --reps only
     assert b.main(["--min-timed-s", "-1"]) == 1
     assert "--min-timed-s must not be negative" in capsys.readouterr().err
 
@@ -109,7 +112,7 @@ def _rows(backend: str, n: int, bw: float, times: list[float]) -> list[dict]:
 def test_unshaped_points_are_judged_on_the_ratio_by_worker_count(n, switch_ms, goal):
     """Unshaped, the hosts bind, so no link limit: t_sw/t_gloo against 0.85 (n = 4) and
     0.70 (n = 8) on its interval; other worker counts have no goal."""
-    from innet_aggregation.testbed import baseline_experiment as b
+    from innet_aggregation.experiments import baseline as b
     rng = np.random.default_rng(0)
     gloo = list(0.0125 + 0.0001 * rng.standard_normal(20))      # 12.5 ms
     switch = list(switch_ms / 1000 + 0.0001 * rng.standard_normal(20))

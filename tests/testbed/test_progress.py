@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from innet_aggregation.testbed.progress import Progress, duration
+from innet_aggregation.experiments.progress import Progress, duration
 
 
 class Clock:

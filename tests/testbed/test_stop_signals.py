@@ -125,14 +125,14 @@ def run_dirs(switch_pids) -> set[Path]:
 
 CASES = {
     # (entry point, its options, switches it starts, whether to wait for its workers)
-    "testbed": ("topology", TREE, 3, False),
-    "demo": ("demo", TREE + ["--epochs", "1"], 3, True),
-    "baseline": ("baseline_experiment", STAR + ["--bw", "0", "--values", "256", "--sizes",
-                                                "1024", "--reps", "1"], 1, True),
-    "loss": ("loss_experiment", STAR + ["--loss", "1", "--directions", "ingress", "--sizes",
-                                        "1024", "--reps", "1"], 1, True),
-    "straggler": ("straggler_experiment", STAR + ["--model", "small", "--bw", "0",
-                                                  "--deadline-ms", "0"], 1, True),
+    "testbed": ("testbed.topology", TREE, 3, False),
+    "demo": ("experiments.demo", TREE + ["--epochs", "1"], 3, True),
+    "baseline": ("experiments.baseline", STAR + ["--bw", "0", "--values", "256", "--sizes",
+                                                 "1024", "--reps", "1"], 1, True),
+    "loss": ("experiments.loss", STAR + ["--loss", "1", "--directions", "ingress", "--sizes",
+                                         "1024", "--reps", "1"], 1, True),
+    "straggler": ("experiments.straggler", STAR + ["--model", "small", "--bw", "0",
+                                                   "--deadline-ms", "0"], 1, True),
 }
 
 
@@ -144,8 +144,8 @@ CASES = {
     ids=lambda p: p if isinstance(p, str) else p.name)
 def test_a_signal_tears_everything_down(case, sig, tmp_path):
     module, options, switches, workers = CASES[case]
-    argv = [sys.executable, "-m", f"innet_aggregation.testbed.{module}", *options]
-    if module.endswith("_experiment"):
+    argv = [sys.executable, "-m", f"innet_aggregation.{module}", *options]
+    if case in ("baseline", "loss", "straggler"):
         argv += ["--out", str(tmp_path / "out")]
     proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO)))

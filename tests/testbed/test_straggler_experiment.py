@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from innet_aggregation.testbed import straggler_experiment as se
+from innet_aggregation.experiments import straggler as se
 from innet_aggregation.testbed.train import straggler_sleeps
 from tests.testbed.test_topology import _skip_reason
 
@@ -56,7 +56,7 @@ def test_the_deadline_mode_runs_by_default_and_not_with_deadline_0():
 
 
 def test_a_refusal_is_one_line_before_anything_starts():
-    done = subprocess.run([sys.executable, "-m", "innet_aggregation.testbed.straggler_experiment",
+    done = subprocess.run([sys.executable, "-m", "innet_aggregation.experiments.straggler",
                            "--p", "2"], cwd=REPO, capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 2
@@ -69,7 +69,7 @@ def test_a_small_run_records_every_mode(tmp_path):
     """2 workers, the small model, a few steps, deadline off, 2 seeds: 40-80 s."""
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "innet_aggregation.testbed.straggler_experiment", "--workers", "2",
+        [sys.executable, "-m", "innet_aggregation.experiments.straggler", "--workers", "2",
          "--model", "small", "--steps", str(STEPS), "--warmup", "4", "--eval-every", "2",
          "--sleep-ms", str(SLEEP_MS), "--p", str(P), "--seed", str(SEED), "--seeds", "2", "--bw", "0",
          "--loss-pct", "20", "--deadline-ms", "0", "--target", "softswitch", "--out", str(out)],

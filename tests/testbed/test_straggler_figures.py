@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from innet_aggregation.testbed import straggler_experiment as se
-from innet_aggregation.testbed import straggler_figures as sf
-from innet_aggregation.testbed.train import _accuracy
+from innet_aggregation.experiments import straggler as se
+from innet_aggregation.experiments import straggler_figures as sf
+from innet_aggregation.testbed.model import accuracy_of as _accuracy
 
 TARGET = 0.95
 

@@ -45,7 +45,7 @@ from scapy.layers.l2 import ARP, Ether
 
 from innet_aggregation.p4src import protocol
 
-from innet_aggregation.testbed import record
+from innet_aggregation.experiments import record
 from innet_aggregation.testbed.netns import in_netns
 
 from .harness import SERVICE_IP, SERVICE_MAC, WORKER_UDP_PORT, Fabric, Job

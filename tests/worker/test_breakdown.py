@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from innet_aggregation.testbed.trace_picture import draw, intervals
+from innet_aggregation.experiments.trace_picture import draw, intervals
 from innet_aggregation.worker.breakdown import PHASES, CallBreakdown, combine, debug_every, debug_level
 
 from .test_end_to_end import check_run

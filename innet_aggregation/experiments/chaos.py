@@ -1,7 +1,7 @@
 """``make demo`` with ``--chaos``: DDP on the digits through the job manager while
 the switch's side goes away, and the same training on gloo alone.
 
-    python -m innet_aggregation.testbed.demo --chaos [--workers 3] [--epochs 6]
+    python -m innet_aggregation.experiments.demo --chaos [--workers 3] [--epochs 6]
 
 Hosts in namespaces with a management network (the manager, rendezvous and gloo on
 it, as in a cluster), one switch process, the manager (``switch_ctl serve``). Three
@@ -38,10 +38,10 @@ PORT = 29700
 
 def run(args) -> int:
     from innet_aggregation.p4src import protocol
-    from .layout import link_mtu
-    from .netns import Namespaces
-    from .targets import SwitchProcess, default_target, free_tcp_port
-    from .tls import make_bundle
+    from ..testbed.layout import link_mtu
+    from ..testbed.netns import Namespaces
+    from ..testbed.targets import SwitchProcess, default_target, free_tcp_port
+    from ..testbed.tls import make_bundle
 
     target = args.target or default_target()
     workdir = Path(tempfile.mkdtemp(prefix="ina-chaos-"))
@@ -142,7 +142,7 @@ def _train(topology, env, workdir: Path, phase: str, args, fault) -> dict:
     for rank, host in enumerate(topology.hosts[:args.workers]):
         log = open(workdir / f"{phase}-{rank}.log", "w")
         ranks.append((host.popen(
-            [sys.executable, "-m", "innet_aggregation.testbed.chaos", "--rank", str(rank),
+            [sys.executable, "-m", "innet_aggregation.experiments.chaos", "--rank", str(rank),
              "--world", str(args.workers), "--master", f"{master}:{PORT}", "--out", str(out),
              "--epochs", str(args.epochs), "--backend", "gloo" if fault is None else "cpu:ina"],
             stdout=log, stderr=log, env={**env, "INA_JOB": f"chaos-{phase}"}), log))
@@ -196,7 +196,7 @@ def rank_main(argv: list[str] | None = None) -> int:
     from sklearn.datasets import load_digits
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .train import _accuracy, mlp
+    from ..testbed.model import accuracy_of, mlp
 
     parser = argparse.ArgumentParser()
     for name in ("--rank", "--world", "--epochs"):
@@ -243,7 +243,7 @@ def rank_main(argv: list[str] | None = None) -> int:
                 time.sleep(PAUSE)
     if args.rank == 0:
         Path(f"{args.out}.final").write_text(json.dumps(
-            {"accuracy": _accuracy(model, x_test, y_test), "steps": step}))
+            {"accuracy": accuracy_of(model, x_test, y_test), "steps": step}))
     dist.destroy_process_group()
     return 0
 

@@ -1,8 +1,8 @@
 """In-network aggregation against gloo's ring allreduce, same topology, same link rate.
 
-    python -m innet_aggregation.testbed.baseline_experiment          # n = 4, 8; 20 Mbit/s to unshaped; 1024, 256 and 64 values
-    python -m innet_aggregation.testbed.baseline_experiment --workers 4 --bw 100,0 --values 256 --sizes 65536,262144
-    python -m innet_aggregation.testbed.baseline_experiment --topo tree --leaves 2   # + a spine and 2 leaves
+    python -m innet_aggregation.experiments.baseline          # n = 4, 8; 20 Mbit/s to unshaped; 1024, 256 and 64 values
+    python -m innet_aggregation.experiments.baseline --workers 4 --bw 100,0 --values 256 --sizes 65536,262144
+    python -m innet_aggregation.experiments.baseline --topo tree --leaves 2   # + a spine and 2 leaves
 
 Why the ratio has a limit: a ring allreduce sends 2(n-1)/n times the tensor from
 every worker; in-network aggregation sends it once (and receives it once). When
@@ -27,7 +27,7 @@ short, so that a point's calls last at least --min-timed-s (short calls vary mos
 DDP gradients by default (testbed.gradients), whose exponents move from call to
 call, so some blocks are redone, as in training; integers never miss.
 
-Every figure is a median with its 95 % bootstrap interval (testbed.stats); the
+Every figure is a median with its 95 % bootstrap interval (experiments.stats); the
 goal (t_switch / t_gloo within 10 % of the limit; on unshaped links, where the hosts
 bind, the ratio itself against UNSHAPED_GOALS) is judged on the interval of the
 ratio. "bound" says what set the switch path's time from the workers' first
@@ -41,7 +41,7 @@ the links cannot be shaped to and more workers than the machine holds are refuse
 before anything starts (testbed.links).
 
 Writes <out>/baseline.csv, <out>/baseline.png and a JSON record of every figure
-(testbed.record).
+(experiments.record).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
-import math
 import os
 import statistics
 import sys
@@ -58,39 +57,20 @@ from pathlib import Path
 
 from innet_aggregation.p4src import protocol
 
-from .gradients import DATA
-from .gradients import load as load_gradients
-from .layout import add_topology_arguments, check_topology, link_mtu
+from ..testbed.layout import add_topology_arguments, check_topology
+from ..testbed.links import bound, burst_bytes
+from ..testbed.stopping import Stopped, stop_on_signals
+from ..testbed.targets import add_switch_arguments, default_target
 from . import record
-from .links import (bound, burst_bytes, capacity_mbit, check_rate, check_workers,
-                    link_time_s)
-from .loss_experiment import csv_list
+from .calls import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_arguments, agg_frame_bytes,
+                    breakdown_line, breakdown_ms, check_arguments, csv_list, measure,
+                    measure_capacity, ms, mtu_for, path_figures)
 from .progress import Progress
 from .stats import MIN_CALLS, judge, median_interval, ratio_interval
-from .stopping import Stopped, stop_on_signals
-from .targets import add_switch_arguments, default_target
 
-ETH = 14
-IP_TCP = 20 + 32                # TCP with timestamps, as Linux sends it
-WARMUP = 2                      # unrecorded calls a point: the first probes every block
 GOAL = 1.10                     # t_switch / t_gloo within 10 % of the links' limit
 # On unshaped links the hosts bind, not a limit: the ratio itself, by worker count.
 UNSHAPED_GOALS = {4: 0.85, 8: 0.70}
-MAX_REPS = 200                  # a point's timed calls, however short its calls
-BULK_PORT = 5201
-CSV_FIELDS = ["topo", "workers", "values", "mtu", "size", "bytes", "bw_mbit", "data", "backend",
-              "rep", "time_s", "cpu_worker_s", "cpu_switch_s", "first_tx", "retransmissions",
-              "redone", "tx_bytes", "capacity_mbit"]
-
-
-def agg_frame_bytes(values: int) -> int:
-    return ETH + protocol.packet_format(values).ip_bytes
-
-
-def mtu_for(values: int) -> int:
-    return link_mtu(protocol.packet_format(values))
-
-
 def limits(n: int, values: int) -> tuple[float, float]:
     """(pure, with headers) limit of t_switch / t_gloo when both are link-bound, gloo's
     TCP on links of the MTU that the packet size's testbed has: the nominal model,
@@ -126,117 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_measure_arguments(parser) -> None:
-    parser.add_argument("--reps", type=int, default=MIN_CALLS,
-                        help=f"timed calls a point, after {WARMUP} warm-up calls (default "
-                             f"{MIN_CALLS}: medians with a 95 %% bootstrap interval; fewer are "
-                             f"measured but never judged against a goal)")
-    parser.add_argument("--min-timed-s", type=float, default=2.0,
-                        help=f"a point takes more than --reps timed calls where its calls are "
-                             f"short, so that they last at least this many seconds (at most "
-                             f"{MAX_REPS} calls): single short calls vary most")
-    parser.add_argument("--data", choices=DATA, default="recorded",
-                        help="what the calls sum: recorded DDP gradients (testbed.gradients, "
-                             "make record-gradients), normal floats, or integers (whose block "
-                             "exponents never change: no block is ever redone) (default recorded)")
-
-
-def check_arguments(args) -> None:
-    """Everything refusable, refused before a testbed starts."""
-    for bw in args.bw:
-        check_rate(bw)
-    for n in args.workers:
-        check_workers(n)
-    if args.reps < 1:
-        raise ValueError(f"--reps must be at least 1, not {args.reps}")
-    if args.min_timed_s < 0:
-        raise ValueError(f"--min-timed-s must not be negative, not {args.min_timed_s}")
-    if args.data == "recorded":
-        load_gradients()
-
-
-def timed_calls(reps: int, call_s: float, min_timed_s: float) -> int:
-    """``reps``, or more where ``call_s`` is short: enough to last ``min_timed_s``."""
-    return max(reps, min(MAX_REPS, math.ceil(min_timed_s / max(call_s, 1e-6))))
-
-
-def measure(testbed, agents, backend: str, size: int, reps: int, ina: bool = False,
-            data: str = "integers", min_timed_s: float = 0.0) -> list[dict]:
-    """``WARMUP`` unrecorded calls, then ``reps`` timed ones (more if the last warm-up
-    call took under ``min_timed_s / reps``): per rep the slowest worker's time, the
-    workers' mean CPU and first transmissions, the most bytes a worker put on its
-    link, the blocks redone (every worker redoes the same), the switch's CPU per
-    call. With ``ina`` the switch's calls go through the torch backend (recorded as
-    "switch")."""
-    wire = "ina" if ina and backend == "switch" else backend
-    warm = agents.call({"op": "allreduce", "backend": wire, "size": size, "reps": WARMUP,
-                        "seed": reps, "barrier": True, "data": data, "first_call": 0},
-                       timeout=1800)
-    reps = timed_calls(reps, max(a["times"][-1] for a in warm), min_timed_s)
-    cpu = testbed.switch_cpu_seconds()
-    answers = agents.call({"op": "allreduce", "backend": wire, "size": size, "reps": reps,
-                           "seed": 0, "barrier": True, "data": data, "first_call": WARMUP},
-                          timeout=1800)
-    switch_cpu = (testbed.switch_cpu_seconds() - cpu) / reps
-    if not all(all(a["exact"]) for a in answers):
-        raise RuntimeError(f"{backend} allreduce of {size} values on {len(answers)} workers "
-                           f"returned a wrong sum")
-    return [{"backend": backend, "size": size, "bytes": 4 * size, "rep": r, "data": data,
-             "time_s": max(a["times"][r] for a in answers),
-             "cpu_worker_s": statistics.mean(a["cpu"][r] for a in answers),
-             "cpu_switch_s": switch_cpu,
-             "first_tx": statistics.mean(a["packets"][r] - a["retransmissions"][r]
-                                         for a in answers),
-             "retransmissions": sum(a["retransmissions"][r] for a in answers),
-             "redone": answers[0]["redone"][r],
-             "tx_bytes": max(a["tx_bytes"][r] for a in answers),
-             # The slowest worker's: where the call's time went (worker/breakdown.py).
-             "breakdown": max(answers, key=lambda a: a["times"][r])["breakdown"][r]
-             if "breakdown" in answers[0] else None}
-            for r in range(reps)]
-
-
-def breakdown_ms(rows: list[dict]) -> dict | None:
-    """The switch path's calls' phases (their slowest worker's), medians in ms, and
-    the wait's split."""
-    calls = [r["breakdown"] for r in rows if r.get("breakdown")]
-    if not calls:
-        return None
-    phases = {name: 1e3 * statistics.median(c["phases"][name] for c in calls)
-              for name in calls[0]["phases"]}
-    return {**phases, "other": 1e3 * statistics.median(c["other"] for c in calls),
-            "ranks_wait": 1e3 * statistics.median(c["ranks_wait_s"] for c in calls),
-            "network_wait": 1e3 * statistics.median(c["network_wait_s"] for c in calls)}
-
-
-def breakdown_line(switch: list[dict], gloo: list[dict]) -> str:
-    """Where the switch path's median call went, beside gloo's median time."""
-    ms = breakdown_ms(switch)
-    t_sw = 1e3 * statistics.median(r["time_s"] for r in switch)
-    t_gloo = 1e3 * statistics.median(r["time_s"] for r in gloo)
-    phases = ", ".join(f"{name} {value:.2f}" for name, value in
-                       sorted(((n, v) for n, v in ms.items()
-                               if n not in ("ranks_wait", "network_wait") and v >= 0.005),
-                              key=lambda item: -item[1]))
-    return (f"  switch path {t_sw:.2f} ms (gloo {t_gloo:.2f} ms), its phases' medians in ms: "
-            f"{phases}; of the wait, ranks {ms['ranks_wait']:.2f}, switch and wire "
-            f"{ms['network_wait']:.2f}")
-
-
-def measure_capacity(agents, payload: int, reps: int) -> dict:
-    """The links' delivered rate (testbed.links), Mbit/s of frames: a TCP transfer of
-    ``payload`` bytes from worker 0 to worker 1, ``reps`` times, each after a pause."""
-    answers = agents.call({"op": "bulk", "bytes": payload, "reps": reps, "port": BULK_PORT},
-                          timeout=1800)
-    sender, receiver = answers[0], answers[1]
-    rates = [capacity_mbit(w, payload, f, t) for w, f, t in
-             zip(sender["tx_bytes"], receiver["first_chunk"], receiver["seconds"])]
-    return median_interval(rates)
-
-
 def run(args) -> list[dict]:
-    from .agents import HostAgents
-    from .topology import Testbed
+    from ..testbed.agents import HostAgents
+    from ..testbed.topology import Testbed
 
     target = args.target or default_target()
     # A tree is measured beside one switch, on the same n and link rate.
@@ -285,33 +157,6 @@ def run(args) -> list[dict]:
     return rows
 
 
-def interval_ms(values: list[float]) -> dict:
-    return {k: (1000 * v if k != "n" else v) for k, v in median_interval(values).items()}
-
-
-def path_figures(rows: list[dict], nominal_mbit: float | None, values: int) -> dict:
-    """One path's figures at one point: time (median, 95 % interval), the link time its
-    bytes need at the delivered capacity, first transmissions against the nominal rate."""
-    size = rows[0]["size"]
-    t = interval_ms([r["time_s"] for r in rows])
-    capacity = rows[0]["capacity_mbit"]
-    link_ms = 1000 * link_time_s(statistics.median(r["tx_bytes"] for r in rows), capacity)
-    share = None
-    if nominal_mbit and rows[0]["backend"] == "switch":
-        link_pps = nominal_mbit * 1e6 / (8 * agg_frame_bytes(values))
-        share = statistics.median(r["first_tx"] / r["time_s"] for r in rows) / link_pps
-    mb = 4 * size / 1e6
-    return {"time_ms": t, "wire_bytes": statistics.median(r["tx_bytes"] for r in rows),
-            "capacity_mbit": capacity, "link_ms": link_ms,
-            "link_share": link_ms / t["median"], "first_tx_share": share,
-            "redone_per_call": statistics.mean(r["redone"] for r in rows),
-            "blocks_per_call": -(-size // values),
-            "retransmissions": sum(r["retransmissions"] for r in rows),
-            "cpu_worker_ms_per_mb": 1000 * statistics.median(r["cpu_worker_s"] for r in rows) / mb,
-            "cpu_switch_ms_per_mb": 1000 * statistics.median(r["cpu_switch_s"] for r in rows) / mb,
-            "breakdown_ms": breakdown_ms(rows)}
-
-
 def table(rows: list[dict], topo: str = "star") -> list[dict]:
     """One line per (n, packet size, link rate, tensor size) on ``topo``: each path's
     figures, t_switch / t_gloo with its interval, the limit of that ratio from the
@@ -351,10 +196,6 @@ def table(rows: list[dict], topo: str = "star") -> list[dict]:
 
 def rate(bw: float) -> str:
     return f"{bw:g}" if bw else "unshaped"
-
-
-def ms(s: dict) -> str:
-    return f"{s['median']:.1f} ({s['lo']:.1f}-{s['hi']:.1f})"
 
 
 def print_table(lines: list[dict]) -> None:

@@ -1,14 +1,14 @@
 """Time per allreduce as workers are added: in-network aggregation against gloo's ring.
 
-    python -m innet_aggregation.testbed.scaling_experiment      # n = 2,4,8,12,16 at 50 Mbit/s
-    python -m innet_aggregation.testbed.scaling_experiment --workers 2,4 --bw 100 --reps 15
+    python -m innet_aggregation.experiments.scaling      # n = 2,4,8,12,16 at 50 Mbit/s
+    python -m innet_aggregation.experiments.scaling --workers 2,4 --bw 100 --reps 15
 
 SwitchML's central claim: a worker sends and receives the tensor once whatever the
 number of workers, so the time per allreduce stays flat as n grows, while a ring
 sends 2(n-1)/n of it (1 at n = 2, 1.875 at n = 16). Both are measured here on the
 same links, one testbed per n (one switch, every link shaped to --bw, a rate at
 which the links, not the hosts, should bind), with the machinery of
-`bench-allreduce` (testbed.baseline_experiment): the links' delivered rate measured
+`bench-allreduce` (experiments.baseline): the links' delivered rate measured
 by a bulk transfer in each testbed, warm-up calls, then --reps timed calls of
 --data, medians with 95 % bootstrap intervals. The plot gives ms per MiB of tensor
 against n, each path's limit from the bytes it put on the wire at the delivered
@@ -19,7 +19,7 @@ bind, not the links, and the table's "sw link" column (the switch path's link ti
 over its time) says where. A rate the links cannot be shaped to, unshaped links,
 or more workers than the machine holds are refused before anything starts.
 
-Writes <out>/scaling.csv, <out>/scaling.png and a JSON record (testbed.record).
+Writes <out>/scaling.csv, <out>/scaling.png and a JSON record (experiments.record).
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ import sys
 import time
 from pathlib import Path
 
-from .baseline_experiment import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_arguments,
-                                  agg_frame_bytes, check_arguments, measure, measure_capacity,
-                                  mtu_for, ms, path_figures)
-from .layout import default_values_per_packet
-from .loss_experiment import csv_list
-from .progress import Progress
+from ..testbed.layout import default_values_per_packet
+from ..testbed.stopping import Stopped, stop_on_signals
+from ..testbed.targets import add_switch_arguments, default_target
 from . import record
-from .stopping import Stopped, stop_on_signals
-from .targets import add_switch_arguments, default_target
+from .calls import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_arguments, agg_frame_bytes,
+                    check_arguments, csv_list, measure, measure_capacity, ms, mtu_for,
+                    path_figures)
+from .progress import Progress
 
 MIB = 2**20
 
@@ -75,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> list[dict]:
-    from .agents import HostAgents
-    from .topology import Testbed
+    from ..testbed.agents import HostAgents
+    from ..testbed.topology import Testbed
 
     rows = []
     progress = Progress(2 * len(args.workers), "scaling")

@@ -1,6 +1,6 @@
 """Train a model with DDP across the testbed: gradients summed in the switch, then with gloo.
 
-    python -m innet_aggregation.testbed.demo --workers 4 [--model small|large] [--epochs E] [--bw MBIT]
+    python -m innet_aggregation.experiments.demo --workers 4 [--model small|large] [--epochs E] [--bw MBIT]
                            [--target softswitch|bmv2] [--chaos] [--busy N] [--runs R]
 
 An MLP on scikit-learn's digits, one process per Mininet host. The gloo process
@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from innet_aggregation.p4src import protocol
 
 from . import record
-from .baseline_experiment import agg_frame_bytes
-from .layout import add_program_argument, add_topology_arguments, check_deadline
+from .calls import agg_frame_bytes
+from ..testbed.layout import add_program_argument, add_topology_arguments, check_deadline
 from .progress import Progress
 from .trace_picture import draw
-from .stopping import Stopped, stop_on_signals
-from .targets import add_switch_arguments, default_target
+from ..testbed.stopping import Stopped, stop_on_signals
+from ..testbed.targets import add_switch_arguments, default_target
 
 
 BACKENDS = ("switch", "gloo")
@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--chaos", action="store_true",
                         help="through the job manager, the switch killed and restarted during "
                              "training, then the job's lease revoked; per step the path taken, "
-                             "and the accuracy against gloo's (testbed/chaos.py)")
+                             "and the accuracy against gloo's (experiments/chaos.py)")
     parser.add_argument("--deadline-ms", type=float, default=0.0,
                         help="bounded-time aggregation: the job's deadline, the switch's and "
                              "every session's (default 0: none); prints what it released")
@@ -143,9 +143,9 @@ def settle(args) -> argparse.Namespace:
 
 
 def run(args) -> None:
-    from .agents import HostAgents
-    from .busy import busy
-    from .topology import Testbed
+    from ..testbed.agents import HostAgents
+    from ..testbed.busy import busy
+    from ..testbed.topology import Testbed
 
     target = args.target or default_target()
     t0, load = time.monotonic(), os.getloadavg()[0]

@@ -1,8 +1,8 @@
 """Allreduce under simulated packet loss: completion time, retransmissions, exactness.
 
-    python -m innet_aggregation.testbed.loss_experiment                       # defaults: a few minutes
-    python -m innet_aggregation.testbed.loss_experiment --sizes 4096,262144 --reps 10 --workers 4
-    python -m innet_aggregation.testbed.loss_experiment --topo tree --workers 4 --loss-at spine
+    python -m innet_aggregation.experiments.loss                       # defaults: a few minutes
+    python -m innet_aggregation.experiments.loss --sizes 4096,262144 --reps 10 --workers 4
+    python -m innet_aggregation.experiments.loss --topo tree --workers 4 --loss-at spine
 
 The switch's loss simulator drops aggregation packets with the given probability
 on ingress (contributions lost before they are summed), egress (result copies
@@ -36,21 +36,16 @@ import time
 from pathlib import Path
 
 from . import record
-from .layout import add_program_argument, add_topology_arguments, check_deadline
+from .calls import csv_list
+from ..testbed.layout import add_program_argument, add_topology_arguments, check_deadline
 from .progress import Progress
-from .stopping import Stopped, stop_on_signals
-from .targets import add_switch_arguments, default_target
+from ..testbed.stopping import Stopped, stop_on_signals
+from ..testbed.targets import add_switch_arguments, default_target
 
 DIRECTIONS = {"ingress": (1, 0), "egress": (0, 1), "both": (1, 1)}
 CSV_FIELDS = ["workers", "values", "size", "direction", "loss_pct", "rep", "time_s",
               "retransmissions", "exact", "identical", "dropped_ingress", "dropped_egress",
               "resent_by_switch", "duplicates_dropped", "released", "late", "carried_values"]
-
-
-def csv_list(kind):
-    def parse(text: str):
-        return [kind(x) for x in text.split(",") if x.strip()]
-    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,8 +105,8 @@ def _workers_total(answers: list[dict], name: str) -> int | None:
 
 
 def run(args) -> list[dict]:
-    from .agents import HostAgents
-    from .topology import Testbed
+    from ..testbed.agents import HostAgents
+    from ..testbed.topology import Testbed
 
     target = args.target or default_target()
     if args.workers is None:

@@ -1,9 +1,9 @@
 """Training with a straggler, and with loss on one link: in-switch aggregation with and
 without a deadline (bounded-time aggregation), and gloo.
 
-    python -m innet_aggregation.testbed.straggler_experiment
-    python -m innet_aggregation.testbed.straggler_experiment --sleep-ms 2000 --p 0.25 --deadline-ms 100
-    python -m innet_aggregation.testbed.straggler_experiment --seeds 1 --epochs 6
+    python -m innet_aggregation.experiments.straggler
+    python -m innet_aggregation.experiments.straggler --sleep-ms 2000 --p 0.25 --deadline-ms 100
+    python -m innet_aggregation.experiments.straggler --seeds 1 --epochs 6
 
 DDP on the demo's large model (64-1024-1024-10 MLP, digits) with 4 workers on
 100 Mbit/s links through the embedded switch. A short warm-up (in-switch, no
@@ -57,11 +57,11 @@ import numpy as np
 from . import record
 from .demo import MODELS
 from .straggler_figures import HOLD, REFERENCE, job_curve, seed_ratios, summarize
-from .layout import add_program_argument
-from .links import check_rate, check_workers
+from ..testbed.layout import add_program_argument
+from ..testbed.links import check_rate, check_workers
 from .progress import Progress
-from .stopping import Stopped, stop_on_signals
-from .targets import add_switch_arguments, default_target
+from ..testbed.stopping import Stopped, stop_on_signals
+from ..testbed.targets import add_switch_arguments, default_target
 
 SCENARIOS = ("straggler", "loss")
 MODES = ("ina", "ina+deadline", "gloo")
@@ -208,8 +208,8 @@ def _drops(testbed, before: dict) -> int:
 
 def run(args) -> tuple[list[dict], list[dict], dict, dict]:
     """Every run: (CSV rows, step rows, the job curves by (seed, scenario, mode), settings)."""
-    from .agents import HostAgents
-    from .topology import Testbed
+    from ..testbed.agents import HostAgents
+    from ..testbed.topology import Testbed
 
     target = args.target or default_target()
     model = MODELS[args.model]
