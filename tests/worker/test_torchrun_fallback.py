@@ -37,10 +37,10 @@ def bed(tmp_path):
     bed.stop()
 
 
-def reference(world: int) -> list[torch.Tensor]:
+def reference(world: int, steps: int = script.STEPS) -> list[torch.Tensor]:
     net = torchrun_train.model()
     optimizer = torch.optim.SGD(net.parameters(), lr=torchrun_train.LR)
-    for step in range(script.STEPS):
+    for step in range(steps):
         for rank in range(world):
             x, y = torchrun_train.batch(step, rank)
             (torch.nn.functional.mse_loss(net(x), y) / world).backward()

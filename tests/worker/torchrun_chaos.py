@@ -5,13 +5,16 @@ PAUSE seconds, so that a test can fault the switch's side during the run:
 
 Per step, a JSON line in OUT.RANK.jsonl: a hash of the parameters' bytes after the
 step, the step's seconds and its end (time.time()), and how many of its calls went through the switch and
-through gloo; at the end the parameters (OUT.RANK.pt).
+through gloo; at the end the parameters (OUT.RANK.pt). CHAOS_STEPS sets the steps
+(default STEPS); CHAOS_SLEEP=RANK:STEP:SECONDS makes that rank sleep before that step,
+as a checkpoint would.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -33,8 +36,11 @@ def main(out: str) -> int:
     net = DDP(model())
     optimizer = torch.optim.SGD(net.parameters(), lr=LR)
     fallback = backend.session_of().fallback
+    sleeper, sleep_step, sleep_s = map(float, os.environ.get("CHAOS_SLEEP", "-1:-1:0").split(":"))
     with open(f"{out}.{rank}.jsonl", "w") as log:
-        for step in range(STEPS):
+        for step in range(int(os.environ.get("CHAOS_STEPS", STEPS))):
+            if (rank, step) == (sleeper, sleep_step):
+                time.sleep(sleep_s)
             before, started = dict(fallback.counts), time.monotonic()
             x, y = batch(step, rank)
             torch.nn.functional.mse_loss(net(x), y).backward()
