@@ -55,7 +55,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
-        bench-worker bench-backend bench-observe bench-cores bench-allreduce bench-scaling bench-exponents bench-demo record-gradients demo testbed loss-experiment straggler-experiment fuzz clean \
+        bench-worker bench-backend bench-observe bench-cores bench-allreduce bench-scaling bench-exponents bench-demo record-gradients demo testbed loss-experiment straggler-experiment sharing-experiment fuzz clean \
         p4c-samples docs
 
 setup: apt-deps $(VENV)/.installed
@@ -208,6 +208,11 @@ loss-experiment: setup
 straggler-experiment: setup
 	$(PY) -m innet_aggregation.experiments.straggler --workers $(N) $(if $(DEADLINE),--deadline-ms $(DEADLINE)) \
 	    $(if $(SEEDS),--seeds $(SEEDS))
+
+# Six jobs of two priorities through the job manager, a pool that fits two: job
+# completion times with priorities and preemption against first-come-first-served.
+sharing-experiment: setup
+	$(PY) -m innet_aggregation.experiments.sharing $(if $(SEEDS),--seeds $(SEEDS))
 
 clean:
 	rm -rf $(VENV) .venv-python3.* results .pytest_cache site
