@@ -31,6 +31,8 @@ COMMANDS = [
      "innet_aggregation.experiments.loss", "argv"),
     ("straggler-experiment", "make straggler-experiment; python -m innet_aggregation.experiments.straggler",
      "innet_aggregation.experiments.straggler", "argv"),
+    ("sharing-experiment", "make sharing-experiment; python -m innet_aggregation.experiments.sharing",
+     "innet_aggregation.experiments.sharing", "argv"),
     ("bench-allreduce", "make bench-allreduce; python -m innet_aggregation.experiments.baseline",
      "innet_aggregation.experiments.baseline", "argv"),
     ("bench-scaling", "make bench-scaling; python -m innet_aggregation.experiments.scaling",

@@ -585,6 +585,45 @@ def straggler(r: dict | None) -> dict[str, str]:
     return {"straggler.md": md}
 
 
+SHARING_GOAL = 0.7         # issue 46: the high jobs' mean JCT, priorities over FCFS
+
+
+def sharing(r: dict | None) -> dict[str, str]:
+    """The sharing experiment (experiments.sharing): per policy its jobs' mean
+    completion times, the high jobs' ratio per seed, and what a preemption cost."""
+    if r is None:
+        return {"sharing.md": "*Not measured yet: no record in "
+                              "`docs/results/sharing-experiment.json`.*\n"}
+    f, p = r["figures"], r["params"]
+    body = [[policy, f"{x['mean_jct_s']:.1f}", f"{x['high_mean_jct_s']:.1f}",
+             f"{x['low_mean_jct_s']:.1f}", f"{x['low_max_jct_s']:.1f}", x["preemptions"]]
+            for policy, x in f["policies"].items()]
+    ratio = f["high_ratio"]
+    verdict = ("met" if ratio["max"] <= SHARING_GOAL else
+               "missed" if ratio["min"] > SHARING_GOAL else "met on some seeds, not all")
+    cost = f["preemption_cost"]
+    if cost["gloo_calls"] is None:
+        cost_text = "No job was preempted."
+    else:
+        back = (f"back on the switch {spread(cost['return_s'], '.1f')} s after its last call "
+                f"through it ({cost['returned']} came back before their end)"
+                if cost["return_s"] is not None else "none came back before its end")
+        cost_text = (f"{len(cost['each'])} preemptions: the preempted job made "
+                     f"{spread(cost['gloo_calls'], 'g')} calls on gloo, {back}.")
+    md = (provenance(r) + f"\n{p['jobs']} jobs of {p['world']} ranks ({p['high']} of tenant "
+          f"high), {p['steps']} steps of {p['compute']:g} s and {p['size']} values each, "
+          f"arrivals about {p['gap']:g} s apart, a pool that fits two jobs; {p['seeds']} "
+          f"seeds, every seed under both policies. JCT: seconds from a job's arrival to its "
+          f"last step, the mean over the seeds' jobs.\n\n"
+          + table(["policy", "mean JCT s", "high s", "low s", "longest low s", "preemptions"],
+                  body)
+          + f"\nThe high jobs' mean JCT, priorities over FCFS: {spread(ratio)} (per seed: "
+          f"{', '.join(f'{x:.2f}' for x in f['high_ratios'])}); goal at most {SHARING_GOAL}: "
+          f"{verdict}. All jobs, priorities over FCFS: {spread(f['all_ratio'])}. "
+          f"{cost_text}\n")
+    return {"sharing.md": md}
+
+
 def fuzz(r: dict) -> dict[str, str]:
     f = r["figures"]
     def cell(value, fmt):
@@ -753,6 +792,7 @@ def render() -> dict[str, str]:
     out.update(demo(load("demo-small"), load("demo-large"), others, load_if("demo-large-unshaped")))
     out.update(loss(load("loss-experiment")))
     out.update(straggler(load_if("straggler-experiment")))
+    out.update(sharing(load_if("sharing-experiment")))
     out.update(fuzz(load("fuzz")))
     out.update(p4c_samples(load("p4c-samples")))
     out.update(tofino_stages(TOFINO.read_text()))
