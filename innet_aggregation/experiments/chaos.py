@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ def run(args) -> int:
     from innet_aggregation.p4src import protocol
     from ..testbed.layout import link_mtu
     from ..testbed.netns import Namespaces
-    from ..testbed.targets import SwitchProcess, default_target, free_tcp_port
+    from ..testbed.targets import SwitchProcess, default_target, free_tcp_port, wait_listening
     from ..testbed.tls import make_bundle
 
     target = args.target or default_target()
@@ -68,7 +67,7 @@ def run(args) -> int:
             [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
              str(config)], stdout=open(workdir / "manager.log", "wb"), stderr=subprocess.STDOUT,
             start_new_session=True)
-        _wait_listening(topology.mgmt_address, port, manager)
+        wait_listening(topology.mgmt_address, port, manager)
         print(f"[chaos] {args.workers} hosts, {target} switch, job manager at {address} "
               f"(lease {LEASE:g} s); logs in {workdir}", flush=True)
         env = {**os.environ, "INA_MANAGER": address, "INA_SECRET": SECRET,
@@ -119,18 +118,6 @@ def run(args) -> int:
             switch.stop()
         topology.destroy()
 
-
-def _wait_listening(host: str, port: int, process) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the job manager exited with {process.returncode}")
-        try:
-            with socket.create_connection((host, port), 0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError("the job manager did not listen within 60 s")
 
 
 def _train(topology, env, workdir: Path, phase: str, args, fault) -> dict:

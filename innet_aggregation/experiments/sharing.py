@@ -1,7 +1,7 @@
 """Sharing one switch: jobs of two priorities through the job manager, with
 priorities and preemption against first-come-first-served.
 
-    python -m innet_aggregation.experiments.sharing [--jobs 6] [--high 3] [--seeds 1]
+    python -m innet_aggregation.experiments.sharing --jobs 6 --high 3 --seeds 3   # the defaults
 
 Hosts in namespaces with a management network (the manager, rendezvous and gloo on
 it, as in a cluster), one switch process, and the manager (``switch_ctl serve``)
@@ -115,7 +115,7 @@ class _Run:
     """One policy's run: a switch, a manager, and the jobs as they arrive."""
 
     def __init__(self, args, topology, tls, workdir: Path, target: str, policy: str):
-        from ..testbed.targets import SwitchProcess, free_tcp_port
+        from ..testbed.targets import SwitchProcess, free_tcp_port, wait_listening
 
         self.args, self.topology, self.workdir, self.policy = args, topology, workdir, policy
         workdir.mkdir(parents=True)
@@ -130,7 +130,7 @@ class _Run:
             [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
              str(config)], stdout=open(workdir / "manager.log", "wb"),
             stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_listening(topology.mgmt_address, port, self.manager)
+        wait_listening(topology.mgmt_address, port, self.manager)
         self.tls = tls
         self.ranks: dict[int, list] = {}
 
@@ -168,20 +168,6 @@ class _Run:
             self.manager.wait(timeout=10)
         self.switch.stop()
 
-
-def _wait_listening(host: str, port: int, process) -> None:
-    import socket
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the job manager exited with {process.returncode}")
-        try:
-            with socket.create_connection((host, port), 0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError("the job manager did not listen within 60 s")
 
 
 def run_policy(args, topology, tls, workdir: Path, target: str, seed: int, policy: str,

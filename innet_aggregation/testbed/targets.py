@@ -96,6 +96,21 @@ def free_tcp_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_listening(host: str, port: int, process, what: str = "the job manager") -> None:
+    """Until ``process`` (started to listen on host:port) accepts a connection; it
+    exiting first, or 60 s without, is an error naming ``what``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        try:
+            with socket.create_connection((host, port), 0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{what} did not listen within 60 s")
+
+
 @functools.lru_cache(maxsize=None)
 def _has_thrift(binary: str) -> bool:
     """A BMv2 built without Thrift has no --thrift-port, and refuses the option."""

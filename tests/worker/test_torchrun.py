@@ -72,6 +72,20 @@ def torchrun(bed: ManagerBed, job: str, hosts: list[int], port: int, out, *,
     return processes
 
 
+def stop(processes: list) -> None:
+    """Every torchrun still running stopped (its agent stops its worker on SIGTERM),
+    and its log closed."""
+    for process, log in processes:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log.close()
+
+
 def test_two_torchrun_jobs_at_once_train_exactly_on_disjoint_slots(bed, tmp_path):
     jobs = {"alpha": [0, 1], "beta": [2, 3]}
     running = {name: torchrun(bed, name, hosts, 29810 + i, tmp_path / name)
@@ -83,15 +97,7 @@ def test_two_torchrun_jobs_at_once_train_exactly_on_disjoint_slots(bed, tmp_path
                 text = (tmp_path / f"{name}-{node_rank}.log").read_text()
                 assert code == 0, f"{name} node {node_rank}:\n{text[-4000:]}"
     finally:
-        for process, log in (p for processes in running.values() for p in processes):
-            if process.poll() is None:    # torchrun's agent stops its worker on SIGTERM
-                process.terminate()
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            log.close()
+        stop([p for processes in running.values() for p in processes])
 
     expected = reference(2)
     seen = {}

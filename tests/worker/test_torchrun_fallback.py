@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import subprocess
 import time
 
 import pytest
@@ -23,7 +22,7 @@ from tests.switch_ctl.manager_harness import LEASE, POOL_SLOTS, SWEEP, ManagerBe
 from tests.worker import torchrun_chaos as script
 from tests.worker import torchrun_train
 from tests.worker.harness import skip_unless_runnable
-from tests.worker.test_torchrun import BOUND, torchrun
+from tests.worker.test_torchrun import BOUND, stop, torchrun
 
 pytestmark = pytest.mark.slow
 SWITCH_TIMEOUT = "2"
@@ -84,15 +83,7 @@ def train_through(bed: ManagerBed, tmp_path, fault, world: int = 3):
             text = (tmp_path / f"chaos-{node_rank}.log").read_text()
             assert code == 0, f"node {node_rank}:\n{text[-4000:]}"
     finally:
-        for process, log in processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            log.close()
+        stop(processes)
     logs = [[json.loads(line) for line in (tmp_path / f"chaos.{r}.jsonl").read_text().splitlines()]
             for r in range(world)]
     assert all(len(log) == script.STEPS for log in logs), [len(log) for log in logs]

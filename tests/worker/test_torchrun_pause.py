@@ -9,14 +9,13 @@ About 90 s (marked slow).
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import torch
 
 from tests.switch_ctl.manager_harness import ManagerBed
 from tests.worker.harness import skip_unless_runnable
-from tests.worker.test_torchrun import BOUND, torchrun
+from tests.worker.test_torchrun import BOUND, stop, torchrun
 from tests.worker.test_torchrun_fallback import reference
 
 pytestmark = pytest.mark.slow
@@ -45,15 +44,7 @@ def test_a_rank_paused_a_minute_keeps_its_job_on_the_switch(bed, tmp_path, monke
             assert code == 0, f"node {node_rank}:\n{text[-4000:]}"
             assert "through gloo" not in text, text[-4000:]
     finally:
-        for process, log in processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            log.close()
+        stop(processes)
     logs = [[json.loads(line) for line in (tmp_path / f"pause.{r}.jsonl").read_text().splitlines()]
             for r in range(3)]
     assert all(len(log) == STEPS for log in logs), [len(log) for log in logs]
