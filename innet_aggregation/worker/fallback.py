@@ -187,7 +187,7 @@ class Fallback:
         if keeping:
             self._input = _keep(self._input, work)
         try:
-            session._reduce(work, average, name, signature, key)
+            session.reduce_on_switch(work, average, name, signature, key)
         except SWITCH_FAILURES as exc:
             why = self.cause(exc)
             self._tell(why)
@@ -274,7 +274,7 @@ class Fallback:
         self.group.allreduce([ready]).wait()
         if ready.item() == self.world:
             self.standby = None
-            self.session.transport = standby
+            self.session.use_transport(standby)
             self._change(self.session, self.issued + 1, SWITCH,
                          "the manager installed the job again on every rank")
 
@@ -324,7 +324,6 @@ class Fallback:
                 membership.close()
                 self._stop.wait(1.0)
                 continue
-            transport.abort = self.abort_reason
             self.membership = membership
             self.standby = transport
             return

@@ -104,7 +104,7 @@ class AggregationSession:
         result, no WAITING reply) has failed. One the switch says waits for a slow
         peer waits up to the peer timeout (the group's), as gloo would."""
         self.fallback = fallback
-        fallback.session = self
+        fallback.bind(self)
         if self.transport is not None:
             self._bound(self.transport, fallback)
 
@@ -119,6 +119,11 @@ class AggregationSession:
                                    min_rto=min(p.min_rto, quarter))
         transport.rto.policy = transport.policy
         transport.abort = fallback.abort_reason
+
+    def use_transport(self, transport: Transport) -> None:
+        """The fallback's way back to the switch: every rank has a transport for the
+        job the manager installed again (``transport_for``), and the next call uses it."""
+        self.transport = transport
 
     def transport_for(self, config) -> Transport:
         """A fresh transport of this worker in the job of ``config`` (a new session)."""
@@ -213,7 +218,7 @@ class AggregationSession:
         key = self.carry.key(name, values.size)
         try:
             if fallback is None:
-                self._reduce(values, average, name, signature, key)
+                self.reduce_on_switch(values, average, name, signature, key)
             else:
                 fallback.run(self, values, average, name, signature, key)
         finally:
@@ -242,8 +247,8 @@ class AggregationSession:
                   file=sys.stderr, flush=True)
             self._unreported.clear()
 
-    def _reduce(self, values: np.ndarray, average: bool, name: str | None,
-                signature: tuple, key: tuple) -> None:
+    def reduce_on_switch(self, values: np.ndarray, average: bool, name: str | None,
+                         signature: tuple, key: tuple) -> None:
         """Aggregate a C-contiguous float array, writing the result into it, block by
         block as results become final (float32 arrays are read and written in place;
         others are quantized from a float32 copy). ``signature``, the caller's dtype
