@@ -137,6 +137,10 @@ class Fallback:
             self.changes.append((1, GLOO, why))
         self._signals = _Signals(store, self) if store is not None else None
 
+    def bind(self, session) -> None:
+        """The session whose calls this completes (``AggregationSession.attach``)."""
+        self.session = session
+
     # -- the lease -----------------------------------------------------------------
     def abort_reason(self) -> str | None:
         """Asked by the transport on every timer wake-up: the lease is lost, or a rank
