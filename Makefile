@@ -41,7 +41,8 @@ LOSS_AT  ?= all
 # straggler-experiment: the ina+deadline runs' deadline in ms (empty: a quarter of the
 # measured median step; 0: none of those runs).
 DEADLINE ?=
-# straggler-experiment: seeds, each running every scenario and mode (empty: its default, 3).
+# straggler-experiment, sharing-experiment: seeds, each running every scenario and mode, or
+# both policies (empty: the default, 3).
 SEEDS    ?=
 PYTEST   ?= $(PY) -m pytest
 # gcc + libc6-dev: the softswitch compiles programs to C (its native backend).
@@ -55,7 +56,7 @@ APT_PACKAGES := iproute2 ethtool mininet bridge-utils iputils-ping gcc libc6-dev
 TORCH    ?= torch==2.13.0
 
 .PHONY: setup apt-deps test test-bmv2 test-pythons p4 p4-tofino p4-test-programs bench bench-switch \
-        bench-worker bench-backend bench-observe bench-cores bench-allreduce bench-scaling bench-exponents bench-demo record-gradients demo testbed loss-experiment straggler-experiment fuzz clean \
+        bench-worker bench-backend bench-observe bench-cores bench-allreduce bench-scaling bench-exponents bench-demo record-gradients demo testbed loss-experiment straggler-experiment sharing-experiment fuzz clean \
         p4c-samples docs
 
 setup: apt-deps $(VENV)/.installed
@@ -208,6 +209,11 @@ loss-experiment: setup
 straggler-experiment: setup
 	$(PY) -m innet_aggregation.testbed.straggler_experiment --workers $(N) $(if $(DEADLINE),--deadline-ms $(DEADLINE)) \
 	    $(if $(SEEDS),--seeds $(SEEDS))
+
+# 6 jobs of 4 ranks (3 high priority) on a pool that fits 2, arrivals spread over time:
+# job completion times with priorities and preemption against first come first served.
+sharing-experiment: setup
+	$(PY) -m innet_aggregation.testbed.sharing_experiment $(if $(SEEDS),--seeds $(SEEDS))
 
 clean:
 	rm -rf $(VENV) .venv-python3.* results .pytest_cache site

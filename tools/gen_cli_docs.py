@@ -31,6 +31,8 @@ COMMANDS = [
      "innet_aggregation.testbed.loss_experiment", "argv"),
     ("straggler-experiment", "make straggler-experiment; python -m innet_aggregation.testbed.straggler_experiment",
      "innet_aggregation.testbed.straggler_experiment", "argv"),
+    ("sharing-experiment", "make sharing-experiment; python -m innet_aggregation.testbed.sharing_experiment",
+     "innet_aggregation.testbed.sharing_experiment", "argv"),
     ("bench-allreduce", "make bench-allreduce; python -m innet_aggregation.testbed.baseline_experiment",
      "innet_aggregation.testbed.baseline_experiment", "argv"),
     ("bench-scaling", "make bench-scaling; python -m innet_aggregation.testbed.scaling_experiment",
