@@ -24,6 +24,7 @@ from pathlib import Path
 
 from innet_aggregation.testbed.demo import redone_after_warmup
 from innet_aggregation.testbed.links import LINK_BOUND
+from innet_aggregation.testbed.sharing_experiment import plot as plot_sharing
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "docs" / "results"
@@ -585,6 +586,45 @@ def straggler(r: dict | None) -> dict[str, str]:
     return {"straggler.md": md}
 
 
+def sharing(r: dict | None) -> dict[str, str]:
+    """The sharing experiment's runs (testbed.sharing_experiment): per seed and policy
+    the jobs' mean completion times, the high jobs' ratio against FCFS and what each
+    preemption cost."""
+    if r is None:
+        return {"sharing.md": "*Not measured yet: no record in "
+                              "`docs/results/sharing-experiment.json`.*\n"}
+    f, p = r["figures"], r["params"]
+    runs = sorted(f["runs"].items(), key=lambda kv: (int(kv[0].split("-")[0]), kv[0]))
+    body = [[name.split("-")[0], name.split("-")[1], f"{x['mean_jct_s']:.1f}",
+             f"{x['mean_jct_high_s']:.1f}", f"{x['mean_jct_low_s']:.1f}",
+             f"{x['max_jct_low_s']:.1f}", f"{x['finished']}/{x['jobs']}", x["preemptions"],
+             x["switch_calls"], x["gloo_calls"]] for name, x in runs]
+    ratio, seeds = f["high_jct_ratio"], len(f["high_jct_ratios"])
+    costs = f["preemption_costs"]
+    cost = ("no job was preempted" if not costs else
+            f"a preemption cost the preempted job {spread(f['preemption_gloo_calls'], 'g')} "
+            f"calls on gloo and "
+            + (f"{spread(f['preemption_to_return_s'], '.1f')} s from its first call on gloo "
+               f"to its first back through the switch" if f["preemption_to_return_s"] else
+               "never came back")
+            + (f" ({f['never_back']} of them finished on gloo)" if f["never_back"] else "")
+            + f", over {len(costs)} preemptions (median, range)")
+    md = (provenance(r) + f"\n{p['jobs']} jobs of {p['ranks']} ranks ({p['jobs'] // 2} high "
+          f"priority), a pool for {p['fit']}, {p['calls']} calls of {mib(p['size'])} each, "
+          f"{rate(p['bw'])}{' Mbit/s' if p['bw'] else ''} links, arrivals {p['gap']:g} s apart "
+          f"on average, INA_SWITCH_TIMEOUT={p['switch_timeout']:g} s, {seeds} seed"
+          f"{'s' * (seeds > 1)}. JCT: from a job's arrival to its last rank's last call, s.\n\n"
+          + table(["seed", "policy", "mean JCT", "high", "low", "max low", "finished",
+                   "preemptions", "switch calls", "gloo calls"], body)
+          + f"\nThe high jobs' mean JCT with priorities over FCFS: **{spread(ratio)}** "
+          f"(per seed {', '.join(f'{x:.2f}' for x in f['high_jct_ratios'])}; goal at most "
+          f"{f['goal']:g}: {f['judged']}); all jobs': {spread(f['all_jct_ratio'])}; every job "
+          f"finished with every result exact: {'yes' if f['all_finished'] else 'no'}. "
+          f"{cost[0].upper() + cost[1:]}.\n\n"
+          f"![Each job's calls over time under each policy, first seed](generated/sharing.png)\n")
+    return {"sharing.md": md}
+
+
 def fuzz(r: dict) -> dict[str, str]:
     f = r["figures"]
     def cell(value, fmt):
@@ -753,6 +793,7 @@ def render() -> dict[str, str]:
     out.update(demo(load("demo-small"), load("demo-large"), others, load_if("demo-large-unshaped")))
     out.update(loss(load("loss-experiment")))
     out.update(straggler(load_if("straggler-experiment")))
+    out.update(sharing(load_if("sharing-experiment")))
     out.update(fuzz(load("fuzz")))
     out.update(p4c_samples(load("p4c-samples")))
     out.update(tofino_stages(TOFINO.read_text()))
@@ -773,6 +814,10 @@ def plot_all() -> list[Path]:
         plot_scaling(scaling, paths[-1])
     paths.append(OUT / "loss.png")
     plot_loss(load("loss-experiment"), paths[-1])
+    shared = load_if("sharing-experiment")
+    if shared:
+        paths.append(OUT / "sharing.png")
+        plot_sharing(shared["figures"]["timeline"], shared["params"]["seed"], paths[-1])
     return paths
 
 

@@ -235,23 +235,24 @@ def job_row(job: dict, out: Path, started: float, seed: int, policy: str, ranks:
             "jct_s": finish - job["launched"],
             "calls": len(calls), "wrong": sum(r["wrong"] for r in records),
             "switch_calls": paths.count("switch"), "gloo_calls": paths.count("gloo"),
-            "preemptions": preemptions(calls),
+            "preemptions": preemptions(calls, records[0]["changes"]),
             "path_at": [[round(c["at"] - started, 3), c["path"]] for c in calls]}
 
 
-def preemptions(calls: list[dict]) -> list[dict]:
-    """Each time a job was preempted: the calls it made on gloo and the seconds from
-    its first call there to its first call back through the switch (None: never back)."""
-    costs, i = [], 0
-    while i < len(calls):
-        if calls[i]["path"] == "gloo" and "preempted" in calls[i].get("why", ""):
-            back = next((k for k in range(i, len(calls)) if calls[k]["path"] == "switch"), None)
-            costs.append({"gloo_calls": (back if back is not None else len(calls)) - i,
-                          "to_return_s": (round(calls[back]["at"] - calls[i]["at"], 3)
-                                          if back is not None else None)})
-            i = back if back is not None else len(calls)
-        else:
-            i += 1
+def preemptions(calls: list[dict], changes: list) -> list[dict]:
+    """Each time a job was preempted (its path's changes, ``Fallback.changes``: the call
+    from which on, 1-based, the path, why): the calls it made on gloo until it was back
+    on the switch, and the seconds from the end of the call it left the switch in to
+    the end of its first call back through it (None: it finished on gloo)."""
+    costs = []
+    for k, (number, path, why) in enumerate(changes):
+        if path != "gloo" or "preempted" not in why:
+            continue
+        back = next((n for n, p, _ in changes[k + 1:] if p == "switch"), None)
+        end = len(calls) if back is None else back - 1
+        costs.append({"gloo_calls": sum(c["path"] == "gloo" for c in calls[number - 1:end]),
+                      "to_return_s": (None if back is None else
+                                      round(calls[back - 1]["at"] - calls[number - 1]["at"], 3))})
     return costs
 
 
@@ -436,8 +437,8 @@ def run(args) -> int:
 
 def rank_main(args) -> int:
     """A rank of one job: ``--calls`` all_reduce calls on the ``ina`` backend, each
-    result checked against the exact sum; its record: per call the path it took,
-    when it ended and, where the path changed, why."""
+    result checked against the exact sum; its record: per call the path it took and
+    when it ended, and the fallback's changes of path (from which call, why)."""
     import torch
     import torch.distributed as dist
 
@@ -459,13 +460,10 @@ def rank_main(args) -> int:
         exact = sum(inputs(args.size, call, r).astype(np.float64) for r in range(args.world))
         wrong += int(np.count_nonzero(tensor.numpy() != exact))
         path = "gloo" if fallback.counts["gloo"] > before else "switch"
-        entry = {"path": path, "at": time.time()}
-        why = [w for number, p, w in fallback.changes if number == call + 1 and p == path]
-        if why:
-            entry["why"] = why[-1]
-        calls.append(entry)
+        calls.append({"path": path, "at": time.time()})
+    changes = list(fallback.changes)
     dist.destroy_process_group()
-    Path(args.record).write_text(json.dumps({"calls": calls, "wrong": wrong,
+    Path(args.record).write_text(json.dumps({"calls": calls, "changes": changes, "wrong": wrong,
                                              "finished": time.time()}))
     return 0
 

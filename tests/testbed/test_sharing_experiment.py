@@ -47,10 +47,14 @@ def test_the_schedule_is_seeded_with_half_the_jobs_high():
 
 def test_a_preemption_is_costed_from_the_calls_paths():
     why = "lease lost (job job0 was preempted by job job1 of tenant lab (priority 5 over 0))"
-    calls = ([{"path": "switch", "at": 1.0}, {"path": "gloo", "at": 2.0, "why": why},
-              {"path": "gloo", "at": 3.0}, {"path": "switch", "at": 4.5, "why": "back"}]
-             + [{"path": "gloo", "at": 5.0, "why": "not joined within 2 s"}])
-    assert se.preemptions(calls) == [{"gloo_calls": 2, "to_return_s": 2.5}]
+    paths = ["gloo", "switch", "switch", "gloo", "gloo", "switch", "gloo", "gloo"]
+    calls = [{"path": p, "at": float(i)} for i, p in enumerate(paths)]
+    # Started on gloo (not joined), preempted in call 3 (its result a peer's: switch),
+    # back from call 6; preempted again in call 7 and finished on gloo.
+    changes = [[1, "gloo", "not joined within 2 s"], [2, "switch", "installed"],
+               [3, "gloo", why], [6, "switch", "installed again"], [7, "gloo", why]]
+    assert se.preemptions(calls, changes) == [{"gloo_calls": 2, "to_return_s": 3.0},
+                                              {"gloo_calls": 2, "to_return_s": None}]
 
 
 def test_a_high_job_preempts_a_low_one_under_priority_and_not_under_fcfs(tmp_path):
