@@ -594,7 +594,9 @@ def sharing(r: dict | None) -> dict[str, str]:
         return {"sharing.md": "*Not measured yet: no record in "
                               "`docs/results/sharing-experiment.json`.*\n"}
     f, p = r["figures"], r["params"]
-    runs = sorted(f["runs"].items(), key=lambda kv: (int(kv[0].split("-")[0]), kv[0]))
+    order = ("priority", "fcfs")
+    runs = sorted(f["runs"].items(),
+                  key=lambda kv: (int(kv[0].split("-")[0]), order.index(kv[0].split("-")[1])))
     body = [[name.split("-")[0], name.split("-")[1], f"{x['mean_jct_s']:.1f}",
              f"{x['mean_jct_high_s']:.1f}", f"{x['mean_jct_low_s']:.1f}",
              f"{x['max_jct_low_s']:.1f}", f"{x['finished']}/{x['jobs']}", x["preemptions"],
@@ -604,11 +606,11 @@ def sharing(r: dict | None) -> dict[str, str]:
     cost = ("no job was preempted" if not costs else
             f"a preemption cost the preempted job {spread(f['preemption_gloo_calls'], 'g')} "
             f"calls on gloo and "
-            + (f"{spread(f['preemption_to_return_s'], '.1f')} s from its first call on gloo "
-               f"to its first back through the switch" if f["preemption_to_return_s"] else
-               "never came back")
+            + (f"{spread(f['preemption_to_return_s'], '.1f')} s from the call it left the "
+               f"switch in to its first call back through it" if f["preemption_to_return_s"]
+               else "never came back")
             + (f" ({f['never_back']} of them finished on gloo)" if f["never_back"] else "")
-            + f", over {len(costs)} preemptions (median, range)")
+            + f", over {len(costs)} preemption{'s' * (len(costs) > 1)} (median, range)")
     md = (provenance(r) + f"\n{p['jobs']} jobs of {p['ranks']} ranks ({p['jobs'] // 2} high "
           f"priority), a pool for {p['fit']}, {p['calls']} calls of {mib(p['size'])} each, "
           f"{rate(p['bw'])}{' Mbit/s' if p['bw'] else ''} links, arrivals {p['gap']:g} s apart "
