@@ -41,7 +41,8 @@ LOSS_AT  ?= all
 # straggler-experiment: the ina+deadline runs' deadline in ms (empty: a quarter of the
 # measured median step; 0: none of those runs).
 DEADLINE ?=
-# straggler-experiment: seeds, each running every scenario and mode (empty: its default, 3).
+# straggler-experiment, sharing-experiment: seeds, each running every scenario and mode, or
+# both policies (empty: the default, 3).
 SEEDS    ?=
 PYTEST   ?= $(PY) -m pytest
 # gcc + libc6-dev: the softswitch compiles programs to C (its native backend).
@@ -209,8 +210,8 @@ straggler-experiment: setup
 	$(PY) -m innet_aggregation.experiments.straggler --workers $(N) $(if $(DEADLINE),--deadline-ms $(DEADLINE)) \
 	    $(if $(SEEDS),--seeds $(SEEDS))
 
-# Six jobs of two priorities through the job manager, a pool that fits two: job
-# completion times with priorities and preemption against first-come-first-served.
+# 6 jobs of 4 ranks (3 high priority) on a pool that fits 2, arrivals spread over time:
+# job completion times with priorities and preemption against first come first served.
 sharing-experiment: setup
 	$(PY) -m innet_aggregation.experiments.sharing $(if $(SEEDS),--seeds $(SEEDS))
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from innet_aggregation.experiments.demo import redone_after_warmup
 from innet_aggregation.testbed.links import LINK_BOUND
+from innet_aggregation.experiments.sharing import plot as plot_sharing
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "docs" / "results"
@@ -585,42 +586,44 @@ def straggler(r: dict | None) -> dict[str, str]:
     return {"straggler.md": md}
 
 
-SHARING_GOAL = 0.7         # issue 46: the high jobs' mean JCT, priorities over FCFS
-
-
 def sharing(r: dict | None) -> dict[str, str]:
-    """The sharing experiment (experiments.sharing): per policy its jobs' mean
-    completion times, the high jobs' ratio per seed, and what a preemption cost."""
+    """The sharing experiment's runs (experiments.sharing): per seed and policy
+    the jobs' mean completion times, the high jobs' ratio against FCFS and what each
+    preemption cost."""
     if r is None:
         return {"sharing.md": "*Not measured yet: no record in "
                               "`docs/results/sharing-experiment.json`.*\n"}
     f, p = r["figures"], r["params"]
-    body = [[policy, f"{x['mean_jct_s']:.1f}", f"{x['high_mean_jct_s']:.1f}",
-             f"{x['low_mean_jct_s']:.1f}", f"{x['low_max_jct_s']:.1f}", x["preemptions"]]
-            for policy, x in f["policies"].items()]
-    ratio = f["high_ratio"]
-    verdict = ("met" if ratio["max"] <= SHARING_GOAL else
-               "missed" if ratio["min"] > SHARING_GOAL else "met on some seeds, not all")
-    cost = f["preemption_cost"]
-    if cost["gloo_calls"] is None:
-        cost_text = "No job was preempted."
-    else:
-        back = (f"back on the switch {spread(cost['return_s'], '.1f')} s after its last call "
-                f"through it ({cost['returned']} came back before their end)"
-                if cost["return_s"] is not None else "none came back before its end")
-        cost_text = (f"{len(cost['each'])} preemptions: the preempted job made "
-                     f"{spread(cost['gloo_calls'], 'g')} calls on gloo, {back}.")
-    md = (provenance(r) + f"\n{p['jobs']} jobs of {p['world']} ranks ({p['high']} of tenant "
-          f"high), {p['steps']} steps of {p['compute']:g} s and {p['size']} values each, "
-          f"arrivals about {p['gap']:g} s apart, a pool that fits two jobs; {p['seeds']} "
-          f"seeds, every seed under both policies. JCT: seconds from a job's arrival to its "
-          f"last step, the mean over the seeds' jobs.\n\n"
-          + table(["policy", "mean JCT s", "high s", "low s", "longest low s", "preemptions"],
-                  body)
-          + f"\nThe high jobs' mean JCT, priorities over FCFS: {spread(ratio)} (per seed: "
-          f"{', '.join(f'{x:.2f}' for x in f['high_ratios'])}); goal at most {SHARING_GOAL}: "
-          f"{verdict}. All jobs, priorities over FCFS: {spread(f['all_ratio'])}. "
-          f"{cost_text}\n")
+    order = ("priority", "fcfs")
+    runs = sorted(f["runs"].items(),
+                  key=lambda kv: (int(kv[0].split("-")[0]), order.index(kv[0].split("-")[1])))
+    body = [[name.split("-")[0], name.split("-")[1], f"{x['mean_jct_s']:.1f}",
+             f"{x['mean_jct_high_s']:.1f}", f"{x['mean_jct_low_s']:.1f}",
+             f"{x['max_jct_low_s']:.1f}", f"{x['finished']}/{x['jobs']}", x["preemptions"],
+             x["switch_calls"], x["gloo_calls"]] for name, x in runs]
+    ratio, seeds = f["high_jct_ratio"], len(f["high_jct_ratios"])
+    costs = f["preemption_costs"]
+    cost = ("no job was preempted" if not costs else
+            f"a preemption cost the preempted job {spread(f['preemption_gloo_calls'], 'g')} "
+            f"calls on gloo and "
+            + (f"{spread(f['preemption_to_return_s'], '.1f')} s from the call it left the "
+               f"switch in to its first call back through it" if f["preemption_to_return_s"]
+               else "never came back")
+            + (f" ({f['never_back']} of them finished on gloo)" if f["never_back"] else "")
+            + f", over {len(costs)} preemption{'s' * (len(costs) > 1)} (median, range)")
+    md = (provenance(r) + f"\n{p['jobs']} jobs of {p['ranks']} ranks ({p['jobs'] // 2} high "
+          f"priority), a pool for {p['fit']}, {p['calls']} calls of {mib(p['size'])} each, "
+          f"{rate(p['bw'])}{' Mbit/s' if p['bw'] else ''} links, arrivals {p['gap']:g} s apart "
+          f"on average, INA_SWITCH_TIMEOUT={p['switch_timeout']:g} s, {seeds} seed"
+          f"{'s' * (seeds > 1)}. JCT: from a job's arrival to its last rank's last call, s.\n\n"
+          + table(["seed", "policy", "mean JCT", "high", "low", "max low", "finished",
+                   "preemptions", "switch calls", "gloo calls"], body)
+          + f"\nThe high jobs' mean JCT with priorities over FCFS: **{spread(ratio)}** "
+          f"(per seed {', '.join(f'{x:.2f}' for x in f['high_jct_ratios'])}; goal at most "
+          f"{f['goal']:g}: {f['judged']}); all jobs': {spread(f['all_jct_ratio'])}; every job "
+          f"finished with every result exact: {'yes' if f['all_finished'] else 'no'}. "
+          f"{cost[0].upper() + cost[1:]}.\n\n"
+          f"![Each job's calls over time under each policy, first seed](generated/sharing.png)\n")
     return {"sharing.md": md}
 
 
@@ -813,6 +816,10 @@ def plot_all() -> list[Path]:
         plot_scaling(scaling, paths[-1])
     paths.append(OUT / "loss.png")
     plot_loss(load("loss-experiment"), paths[-1])
+    shared = load_if("sharing-experiment")
+    if shared:
+        paths.append(OUT / "sharing.png")
+        plot_sharing(shared["figures"]["timeline"], shared["params"]["seed"], paths[-1])
     return paths
 
 

@@ -1,4 +1,4 @@
 """The experiments that run on the testbed, one file each (demo, chaos, baseline,
-scaling, loss, straggler), over a shared measuring core: timed calls and the links'
+scaling, loss, straggler, sharing), over a shared measuring core: timed calls and the links'
 rate (calls.py), medians with bootstrap intervals (stats.py), JSON records
 (record.py), progress and time left (progress.py)."""

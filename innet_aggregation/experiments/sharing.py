@@ -1,40 +1,41 @@
-"""Sharing one switch: jobs of two priorities through the job manager, with
-priorities and preemption against first-come-first-served.
+"""``make sharing-experiment``: what priorities and preemption give the jobs of a shared
+switch, against first come first served, through the real job manager.
 
-    python -m innet_aggregation.experiments.sharing --jobs 6 --high 3 --seeds 3   # the defaults
+    python -m innet_aggregation.experiments.sharing --seeds 3   # the default; SEEDS= in make
 
 Hosts in namespaces with a management network (the manager, rendezvous and gloo on
-it, as in a cluster), one switch process, and the manager (``switch_ctl serve``)
-with a pool that fits two jobs (each asks for JOB_SLOTS slots of 2 x JOB_SLOTS), and
-its default lease and sweep (a lease of a few seconds is lost on a loaded 2-core
-host, and a job that loses it goes to gloo: that is not what is measured here).
-Each job is ``--world`` ranks on hosts of their own, each rank
-(experiments/sharing_rank.py) on the ``ina`` backend: ``--steps`` steps of a pause
-(the step's compute) and one allreduce of ``--size`` integer-valued floats, checked
-exact. The jobs arrive in a seeded order (``--high`` of them of tenant ``high``)
-about ``--gap`` seconds apart. Two policies, on the same fabric, one after the
-other: ``priority`` (tenant ``high`` has priority 5: a complete high job that does
-not fit preempts a low one, whose ranks go on through gloo and come back when
-room frees) and ``fcfs`` (every tenant priority 0: a job that does not fit waits
-for room, its ranks starting on gloo after INA_SWITCH_TIMEOUT and coming to the
-switch once it is installed).
+it, as in a cluster), one embedded switch, the manager (``switch_ctl serve``) with a
+pool that fits ``--fit`` jobs at once. ``--jobs`` jobs of ``--ranks`` ranks each, every
+rank a process on a host of its own (the ``ina`` backend, INA_FALLBACK=gloo), half of
+the jobs high priority,
+arrive at a seeded schedule (exponential gaps of mean ``--gap`` s); each makes
+``--calls`` allreduce calls of ``--size`` integer-valued float32 values and checks
+every result against the exact sum. Every host's data-plane and management links are
+shaped to ``--bw`` Mbit/s alike, as one network carries both in a cluster: gloo's ring
+then moves 2(n-1)/n of a call's bytes where the switch path moves them once (unshaped,
+gloo's management bridge here outruns the embedded switch on two cores, and a job gains
+nothing from the switch). Each seed runs the same schedule under both policies, each on
+a fresh switch and manager:
 
-A job's completion time (JCT) is from its ranks' start to rank 0's last step. Per
-policy: the mean JCT of all jobs, of the high ones and of the low ones, and the
-longest low one (none starves: every job finishes); the ratio of the high jobs'
-mean JCT under priorities over FCFS, per seed; and per preemption, the calls the
-preempted job made on gloo and the time from its last call through the switch to
-its next one.
+- **priority**: the high jobs ask priority 5 (``INA_PRIORITY``): one that does not fit
+  preempts a running low one, which goes on through gloo and comes back when slots free;
+- **fcfs**: every job priority 0: one that does not fit waits its turn, training on
+  gloo meanwhile (the backend starts on gloo when it is not joined within
+  INA_SWITCH_TIMEOUT).
 
-Writes <out>/sharing.csv (a row per job and policy), <out>/sharing.png (each job's
-time line under each policy: waiting, on the switch, on gloo) and a JSON record
-(experiments.record).
+A job's ranks are started (torch imported) before the run's clock; a job arrives when
+they are told to go, and its completion time (JCT) runs from then, through the
+rendezvous and the manager's join, to the end of its last rank's last call. Per policy: the mean JCT of all jobs and of the high ones, the longest
+of the low ones (no starvation: every job must finish), and per preemption what it
+cost the preempted job: calls on gloo and seconds until back on the switch (from its
+ranks' own record of the path each call took, ``worker/fallback.py``). Writes
+``results/sharing/sharing.csv`` (a row a job a run), ``sharing.png`` and
+``sharing-experiment.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -45,319 +46,459 @@ import time
 from pathlib import Path
 
 import numpy as np
-import tomli_w
 
-from ..testbed.stopping import Stopped, stop_on_signals
-from ..testbed.targets import add_switch_arguments, default_target
-from . import record
-from .progress import Progress
+from ..testbed.links import burst_bytes, check_rate
+from .progress import Progress, duration
+from .record import spread, write
 
-JOB_SLOTS = 8                   # a job's window; the pool holds two
-SECRET, HIGH_SECRET = "sharing-default-secret", "sharing-high-tenant-secret"
-HIGH_PRIORITY = 5
+TENANT, SECRET = "lab", "sharing-experiment-secret"
+HIGH, LOW = 5, 0
 POLICIES = ("priority", "fcfs")
-CSV_FIELDS = ["seed", "policy", "job", "tier", "arrival_s", "finish_s", "jct_s",
-              "switch_steps", "gloo_steps", "preemptions"]
+JOB_SLOTS = 16
+LEASE, SWEEP = 3.0, 0.5
+PORT = 29800                     # rendezvous ports: PORT + a run's jobs
+GOAL = 0.7                       # high jobs' mean JCT, priority over fcfs (issue 46)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--jobs", type=int, default=6, help="jobs a run (default 6)")
-    parser.add_argument("--high", type=int, default=3,
-                        help="of them of tenant high (default 3)")
-    parser.add_argument("--world", type=int, default=2, help="ranks a job (default 2)")
-    parser.add_argument("--steps", type=int, default=40, help="steps a job (default 40)")
-    parser.add_argument("--size", type=int, default=65536,
-                        help="values an allreduce (default 65536)")
-    parser.add_argument("--compute", type=float, default=0.2,
-                        help="seconds of a step's compute (default 0.2)")
-    parser.add_argument("--gap", type=float, default=3.0,
-                        help="mean seconds between arrivals (default 3)")
-    parser.add_argument("--seeds", type=int, default=3,
-                        help="arrival orders, each run under both policies (default 3)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="the first arrival order's seed; the others follow (default 0)")
-    add_switch_arguments(parser)
-    parser.add_argument("--out", type=Path, default=Path("results/sharing"),
-                        help="results folder (default results/sharing)")
-    return parser
-
-
-def schedule(args, seed: int) -> list[tuple[float, str]]:
-    """(arrival, tier) per job: ``--high`` high ones in a seeded order, arrivals
-    ``--gap`` apart on average, the first at 0."""
+def schedule(seed: int, jobs: int, gap: float) -> list[dict]:
+    """Each job's arrival (s from the run's start) and priority class: half high, in a
+    seeded order, after exponential gaps; the first job arrives at 0."""
     rng = np.random.default_rng(seed)
-    tiers = list(rng.permutation(["high"] * args.high + ["low"] * (args.jobs - args.high)))
-    arrivals = np.concatenate([[0.0], np.cumsum(rng.uniform(0.5, 1.5, args.jobs - 1))])
-    return [(float(args.gap * a), str(t)) for a, t in zip(arrivals, tiers)]
+    classes = rng.permutation(["high"] * (jobs // 2) + ["low"] * (jobs - jobs // 2))
+    arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(gap, jobs - 1))])
+    return [{"job": f"job{i}", "class": str(c), "arrival": round(float(a), 2)}
+            for i, (c, a) in enumerate(zip(classes, arrivals))]
 
 
-def _manager_config(topology, switch, tls, workdir: Path, port: int, policy: str) -> dict:
+# -- a run ------------------------------------------------------------------------------
+
+class Bed:
+    """Namespaces with a management network, a switch and the manager, fresh per run."""
+
+    def __init__(self, args, workdir: Path):
+        from innet_aggregation.p4src import protocol
+        from ..testbed.layout import link_mtu
+        from ..testbed.netns import Namespaces
+        from ..testbed.tls import make_bundle
+
+        self.args, self.workdir = args, workdir
+        self.topology = Namespaces(args.jobs * args.ranks, tag=f"sh{os.getpid() % 100000}",
+                                   management=True,
+                                   mtu=link_mtu(protocol.packet_format())).create()
+        if args.bw:
+            shape(self.topology, args.bw)
+        self.tls = make_bundle(workdir / "tls", hosts=(self.topology.mgmt_address,))
+        self.switch = self.manager = None
+
+    def start(self, run: str) -> str:
+        """A fresh switch and manager for ``run``; the manager's address."""
+        import tomli_w
+
+        from ..testbed.targets import SwitchProcess, free_tcp_port, wait_listening
+
+        self.switch = SwitchProcess("softswitch", self.topology.switch_ports,
+                                    log_path=self.workdir / f"switch-{run}.log").start(60)
+        port = free_tcp_port()
+        address = f"{self.topology.mgmt_address}:{port}"
+        config = self.workdir / f"manager-{run}.toml"
+        config.write_text(tomli_w.dumps({
+            "manager": {"listen": address, "cert": str(self.tls.server_cert),
+                        "key": str(self.tls.server_key),
+                        "database": str(self.workdir / f"manager-{run}.db"),
+                        "lease_seconds": LEASE, "sweep_seconds": SWEEP,
+                        "default_slots": JOB_SLOTS},
+            "tenants": {TENANT: {"secret": SECRET, "priority": LOW, "max_priority": HIGH}},
+            "switch": {"grpc_addr": self.switch.grpc_addr},
+            "pool": {"job_ids": [1, 16], "slots": [0, self.args.fit * JOB_SLOTS - 1],
+                     "services": [{"ip": f"10.0.0.{240 + i}", "mac": f"02:00:00:00:00:{240 + i:x}"}
+                                  for i in range(8)]},
+            "fabric": {"hosts": [{"mac": h.mac, "switch_port": h.switch_port}
+                                 for h in self.topology.hosts]}}))
+        self.log = self.workdir / f"manager-{run}.log"
+        self.manager = subprocess.Popen(
+            [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
+             str(config)], stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        wait_listening(self.topology.mgmt_address, port, self.manager)
+        return address
+
+    def stop_run(self) -> None:
+        if self.manager is not None and self.manager.poll() is None:
+            self.manager.terminate()
+            self.manager.wait(timeout=10)
+        if self.switch is not None:
+            self.switch.stop()
+        self.manager = self.switch = None
+
+    def destroy(self) -> None:
+        self.stop_run()
+        self.topology.destroy()
+
+
+def shape(topology, mbit: float) -> None:
+    """Both directions of every host's data-plane and management link: an HTB class of
+    ``mbit`` with a bucket of ``links.HTB_BURST_S`` at that rate (as topology.py's)."""
+    burst = burst_bytes(mbit)
+
+    def htb(*prefix: str, dev: str) -> None:
+        for argv in (["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb",
+                      "default", "1"],
+                     ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1",
+                      "htb", "rate", f"{mbit}mbit", "burst", str(burst), "cburst", str(burst)]):
+            subprocess.run([*prefix, *argv], check=True, capture_output=True, timeout=30)
+
+    for host in topology.hosts:
+        ns = ("ip", "netns", "exec", host.netns)
+        htb(*ns, dev=host.ifname)
+        htb(*ns, dev=topology.MGMT_IFNAME)
+        htb(dev=host.switch_ifname)
+        htb(dev=f"{topology.tag}m{host.index}")
+
+
+def run_policy(bed: Bed, args, seed: int, policy: str, jobs: list[dict], first_port: int,
+               say) -> list[dict]:
+    """The seed's schedule under ``policy``; each job's row (its ranks' record joined)."""
+    run = f"{seed}-{policy}"
+    address = bed.start(run)
+    out = bed.workdir / run
+    out.mkdir()
+    env = {**os.environ, "INA_MANAGER": address, "INA_SECRET": SECRET,
+           "INA_CA_CERT": str(bed.tls.ca_cert), "INA_FALLBACK": "gloo",
+           "INA_SWITCH_TIMEOUT": str(args.switch_timeout), "INA_JOIN_TIMEOUT": "600",
+           "GLOO_SOCKET_IFNAME": bed.topology.MGMT_IFNAME, "OMP_NUM_THREADS": "1"}
+    ranks: list[tuple[dict, int, subprocess.Popen]] = []
+    try:
+        for j, job in enumerate(jobs):        # started ahead: torch's import is no job's time
+            job_env = {**env, "INA_JOB": job["job"],
+                       "INA_PRIORITY": str(HIGH if policy == "priority" and
+                                           job["class"] == "high" else LOW)}
+            hosts = bed.topology.hosts[args.ranks * j:args.ranks * (j + 1)]
+            for rank, host in enumerate(hosts):
+                log = open(out / f"{job['job']}-{rank}.log", "w")
+                ranks.append((job, rank, host.popen(
+                    [sys.executable, "-m", "innet_aggregation.experiments.sharing",
+                     "--rank", str(rank), "--world", str(args.ranks),
+                     "--master", f"{hosts[0].mgmt_ip}:{first_port + j}",
+                     "--calls", str(args.calls), "--size", str(args.size),
+                     "--go", str(out / f"{job['job']}.go"),
+                     "--record", str(out / f"{job['job']}.{rank}.json")],
+                    stdout=log, stderr=subprocess.STDOUT, env=job_env)))
+        for job, rank, process in ranks:
+            ready = out / f"{job['job']}.{rank}.json.ready"
+            while not ready.exists():
+                if process.poll() is not None:
+                    log = (out / f"{job['job']}-{rank}.log").read_text()
+                    raise RuntimeError(f"{run}: rank {rank} of {job['job']} exited with "
+                                       f"{process.returncode} before its job arrived:\n"
+                                       f"{log[-3000:]}")
+                time.sleep(0.1)
+        started = time.time()
+        for job in jobs:
+            time.sleep(max(0.0, started + job["arrival"] - time.time()))
+            job["launched"] = time.time() - started
+            (out / f"{job['job']}.go").touch()
+        deadline = time.time() + args.timeout
+        for job, rank, process in ranks:
+            try:
+                process.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.returncode != 0:
+                log = (out / f"{job['job']}-{rank}.log").read_text()
+                raise RuntimeError(f"{run}: rank {rank} of {job['job']} exited with "
+                                   f"{process.returncode}:\n{log[-3000:]}")
+    finally:
+        for _, _, process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        preempted = bed.log.read_text().count("preempted by") if bed.log.exists() else 0
+        bed.stop_run()
+    rows = [job_row(job, out, started, seed, policy, args.ranks) for job in jobs]
+    say(f"  {run}: manager said 'preempted by' {preempted} times")
+    return rows
+
+
+def job_row(job: dict, out: Path, started: float, seed: int, policy: str, ranks: int) -> dict:
+    """A job's figures from its ranks' records (rank 0's calls and paths; the last
+    rank's end, as a job is done when its last rank is)."""
+    records = [json.loads((out / f"{job['job']}.{r}.json").read_text()) for r in range(ranks)]
+    calls = records[0]["calls"]
+    paths = [c["path"] for c in calls]
+    if any([c["path"] for c in r["calls"]] != paths for r in records[1:]):
+        raise RuntimeError(f"{job['job']}: its ranks took different paths on a call")
+    finish = max(r["finished"] for r in records) - started
+    return {"seed": seed, "policy": policy, "job": job["job"], "class": job["class"],
+            "arrival_s": job["launched"], "finish_s": finish,
+            "jct_s": finish - job["launched"],
+            "calls": len(calls), "wrong": sum(r["wrong"] for r in records),
+            "switch_calls": paths.count("switch"), "gloo_calls": paths.count("gloo"),
+            "preemptions": preemptions(calls, records[0]["changes"]),
+            "path_at": [[round(c["at"] - started, 3), c["path"]] for c in calls]}
+
+
+def preemptions(calls: list[dict], changes: list) -> list[dict]:
+    """Each time a job was preempted (its path's changes, ``Fallback.changes``: the call
+    from which on, 1-based, the path, why): the calls it made on gloo until it was back
+    on the switch, and the seconds from the end of the call it left the switch in to
+    the end of its first call back through it (None: it finished on gloo)."""
+    costs = []
+    for k, (number, path, why) in enumerate(changes):
+        if path != "gloo" or "preempted" not in why:
+            continue
+        back = next((n for n, p, _ in changes[k + 1:] if p == "switch"), None)
+        end = len(calls) if back is None else back - 1
+        costs.append({"gloo_calls": sum(c["path"] == "gloo" for c in calls[number - 1:end]),
+                      "to_return_s": (None if back is None else
+                                      round(calls[back - 1]["at"] - calls[number - 1]["at"], 3))})
+    return costs
+
+
+# -- the figures ------------------------------------------------------------------------
+
+def summarize(rows: list[dict]) -> dict:
+    """One run's (a seed, a policy) means and extremes."""
+    jct = {c: [r["jct_s"] for r in rows if c in ("all", r["class"])]
+           for c in ("all", "high", "low")}
+    return {"mean_jct_s": statistics.mean(jct["all"]),
+            "mean_jct_high_s": statistics.mean(jct["high"]),
+            "mean_jct_low_s": statistics.mean(jct["low"]),
+            "max_jct_low_s": max(jct["low"]),
+            "finished": sum(r["calls"] == r["expected"] for r in rows), "jobs": len(rows),
+            "wrong": sum(r["wrong"] for r in rows),
+            "preemptions": sum(len(r["preemptions"]) for r in rows),
+            "switch_calls": sum(r["switch_calls"] for r in rows),
+            "gloo_calls": sum(r["gloo_calls"] for r in rows)}
+
+
+def figures(rows: list[dict], seeds: list[int]) -> dict:
+    runs = {f"{s}-{p}": summarize([r for r in rows if (r["seed"], r["policy"]) == (s, p)])
+            for s in seeds for p in POLICIES}
+    ratios = [runs[f"{s}-priority"]["mean_jct_high_s"] / runs[f"{s}-fcfs"]["mean_jct_high_s"]
+              for s in seeds]
+    costs = [c for r in rows for c in r["preemptions"]]
+    back = [c["to_return_s"] for c in costs if c["to_return_s"] is not None]
+    ratio = spread(ratios)
     return {
-        "manager": {"listen": f"{topology.mgmt_address}:{port}", "secret": SECRET,
-                    "cert": str(tls.server_cert), "key": str(tls.server_key),
-                    "database": str(workdir / "manager.db"), "default_slots": JOB_SLOTS},
-        "switch": {"grpc_addr": switch.grpc_addr,
-                   "ports": sorted(h.switch_port for h in topology.hosts)},
-        "pool": {"job_ids": [1, 16], "slots": [0, 2 * JOB_SLOTS - 1],
-                 "services": [{"ip": f"10.0.0.{240 + i}", "mac": f"02:00:00:00:00:{240 + i:02x}"}
-                              for i in range(8)]},
-        "fabric": {"hosts": [{"mac": h.mac, "switch_port": h.switch_port}
-                             for h in topology.hosts]},
-        "tenants": {"high": {"secret": HIGH_SECRET,
-                             "priority": HIGH_PRIORITY if policy == "priority" else 0}},
+        "runs": runs,
+        "high_jct_ratio": ratio, "high_jct_ratios": ratios,
+        "all_jct_ratio": spread([runs[f"{s}-priority"]["mean_jct_s"] / runs[f"{s}-fcfs"]["mean_jct_s"]
+                                 for s in seeds]),
+        "goal": GOAL,
+        "judged": ("met" if ratio["max"] <= GOAL else
+                   "missed" if ratio["min"] > GOAL else "undecided"),
+        "all_finished": all(r["finished"] == r["jobs"] and not r["wrong"] for r in runs.values()),
+        "preemption_costs": costs,
+        "preemption_gloo_calls": spread([c["gloo_calls"] for c in costs]) if costs else None,
+        "preemption_to_return_s": spread(back) if back else None,
+        "never_back": sum(c["to_return_s"] is None for c in costs),
     }
 
 
-class _Run:
-    """One policy's run: a switch, a manager, and the jobs as they arrive."""
-
-    def __init__(self, args, topology, tls, workdir: Path, target: str, policy: str):
-        from ..testbed.targets import SwitchProcess, free_tcp_port, wait_listening
-
-        self.args, self.topology, self.workdir, self.policy = args, topology, workdir, policy
-        workdir.mkdir(parents=True)
-        self.switch = SwitchProcess(target, topology.switch_ports,
-                                    log_path=workdir / "switch.log").start(60)
-        port = free_tcp_port()
-        self.address = f"{topology.mgmt_address}:{port}"
-        config = workdir / "manager.toml"
-        config.write_text(tomli_w.dumps(_manager_config(topology, self.switch, tls, workdir,
-                                                        port, policy)))
-        self.manager = subprocess.Popen(
-            [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
-             str(config)], stdout=open(workdir / "manager.log", "wb"),
-            stderr=subprocess.STDOUT, start_new_session=True)
-        wait_listening(topology.mgmt_address, port, self.manager)
-        self.tls = tls
-        self.ranks: dict[int, list] = {}
-
-    def launch(self, job: int, tier: str, port: int) -> None:
-        world = self.args.world
-        hosts = self.topology.hosts[job * world:(job + 1) * world]
-        env = {**os.environ, "INA_MANAGER": self.address,
-               "INA_SECRET": HIGH_SECRET if tier == "high" else SECRET,
-               "INA_CA_CERT": str(self.tls.ca_cert), "INA_JOB": f"{self.policy}-job{job}",
-               "INA_SLOTS": str(JOB_SLOTS), "INA_JOIN_TIMEOUT": "600",
-               "GLOO_SOCKET_IFNAME": self.topology.MGMT_IFNAME, "OMP_NUM_THREADS": "1",
-               "MASTER_ADDR": hosts[0].mgmt_ip, "MASTER_PORT": str(port),
-               "WORLD_SIZE": str(world)}
-        self.ranks[job] = []
-        for rank, host in enumerate(hosts):
-            out = open(self.workdir / f"job{job}.{rank}.jsonl", "w")
-            err = open(self.workdir / f"job{job}.{rank}.log", "w")
-            self.ranks[job].append(host.popen(
-                [sys.executable, "-m", "innet_aggregation.experiments.sharing_rank",
-                 "--steps", str(self.args.steps), "--size", str(self.args.size),
-                 "--compute", str(self.args.compute)],
-                stdout=out, stderr=err, env={**env, "RANK": str(rank)}))
-
-    def finished(self) -> bool:
-        return all(p.poll() is not None for ranks in self.ranks.values() for p in ranks)
-
-    def stop(self) -> None:
-        for ranks in self.ranks.values():
-            for p in ranks:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if self.manager.poll() is None:
-            self.manager.terminate()
-            self.manager.wait(timeout=10)
-        self.switch.stop()
+def report(f: dict, seeds: list[int], say) -> None:
+    say(f"\n{'seed':>4} {'policy':<9} {'mean JCT s':>10} {'high':>7} {'low':>7} "
+        f"{'max low':>8} {'finished':>8} {'preempt':>7} {'switch':>6} {'gloo':>5}")
+    for s in seeds:
+        for p in POLICIES:
+            r = f["runs"][f"{s}-{p}"]
+            say(f"{s:>4} {p:<9} {r['mean_jct_s']:>10.1f} {r['mean_jct_high_s']:>7.1f} "
+                f"{r['mean_jct_low_s']:>7.1f} {r['max_jct_low_s']:>8.1f} "
+                f"{r['finished']:>4}/{r['jobs']:<3} {r['preemptions']:>7} "
+                f"{r['switch_calls']:>6} {r['gloo_calls']:>5}")
+    ratio = f["high_jct_ratio"]
+    say(f"\nhigh-priority mean JCT, priority over fcfs: {ratio['median']:.2f} "
+        f"({ratio['min']:.2f}-{ratio['max']:.2f} over {len(seeds)} seed(s)); goal at most "
+        f"{GOAL}: {f['judged']}")
+    all_ratio = f["all_jct_ratio"]
+    say(f"all jobs' mean JCT, priority over fcfs: {all_ratio['median']:.2f} "
+        f"({all_ratio['min']:.2f}-{all_ratio['max']:.2f}); every job finished, every "
+        f"result exact: {'yes' if f['all_finished'] else 'NO'}")
+    if f["preemption_costs"]:
+        g, t = f["preemption_gloo_calls"], f["preemption_to_return_s"]
+        say(f"a preemption cost the preempted job {g['median']:g} calls on gloo "
+            f"({g['min']:g}-{g['max']:g}) and "
+            + (f"{t['median']:.1f} s to return to the switch ({t['min']:.1f}-{t['max']:.1f})"
+               if t else "it never returned")
+            + f", over {len(f['preemption_costs'])} preemptions")
 
 
-
-def run_policy(args, topology, tls, workdir: Path, target: str, seed: int, policy: str,
-               base_port: int) -> tuple[list[dict], list[dict], dict]:
-    """The jobs of ``seed``'s schedule under ``policy``: a row per job, each
-    preemption's cost, and each job's steps (for the picture)."""
-    plan = schedule(args, seed)
-    run = _Run(args, topology, tls, workdir, target, policy)
-    try:
-        start = time.time()
-        for job, (arrival, tier) in enumerate(plan):
-            time.sleep(max(0.0, start + arrival - time.time()))
-            run.launch(job, tier, base_port + job)
-        deadline = time.monotonic() + 60 + 20 * args.jobs * (1 + args.steps * args.compute)
-        while not run.finished():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{policy}: jobs still running after their time")
-            time.sleep(0.2)
-        for job, ranks in run.ranks.items():
-            for rank, p in enumerate(ranks):
-                if p.returncode != 0:
-                    log = (workdir / f"job{job}.{rank}.log").read_text()
-                    raise RuntimeError(f"{policy}: job {job} rank {rank} exited with "
-                                       f"{p.returncode}:\n{log[-3000:]}")
-    finally:
-        run.stop()
-    rows, costs, lines = [], [], {}
-    for job, (arrival, tier) in enumerate(plan):
-        events = [[json.loads(line) for line in
-                   (workdir / f"job{job}.{rank}.jsonl").read_text().splitlines()]
-                  for rank in range(args.world)]
-        steps = [[e for e in ev if e["event"] == "step"] for ev in events]
-        if any(len(s) != args.steps or not all(e["exact"] for e in s) for s in steps):
-            raise RuntimeError(f"{policy}: job {job} did not make every step exact")
-        if len({tuple(e["path"] for e in s) for s in steps}) != 1:
-            raise RuntimeError(f"{policy}: job {job}'s ranks took different paths")
-        paths = [e["path"] for e in steps[0]]
-        ends = [e["at"] - start for e in steps[0]]
-        began = min(e["at"] for ev in events for e in ev if e["event"] == "started") - start
-        preemptions = 0
-        for i in range(1, len(paths)):
-            if paths[i] == "gloo" and "switch" in paths[:i] and paths[i - 1] == "switch":
-                preemptions += 1
-                back = next((k for k in range(i, len(paths)) if paths[k] == "switch"), None)
-                costs.append({"policy": policy, "seed": seed, "job": job, "tier": tier,
-                              "gloo_calls": (back if back is not None else len(paths)) - i,
-                              "return_s": ends[back] - ends[i - 1] if back is not None
-                              else None})
-        rows.append({"seed": seed, "policy": policy, "job": job, "tier": tier,
-                     "arrival_s": arrival, "finish_s": ends[-1], "jct_s": ends[-1] - arrival,
-                     "switch_steps": paths.count("switch"), "gloo_steps": paths.count("gloo"),
-                     "preemptions": preemptions})
-        lines[job] = {"arrival": arrival, "began": began, "ends": ends, "paths": paths,
-                      "tier": tier}
-    return rows, costs, lines
-
-
-def figures(rows: list[dict], costs: list[dict], seeds: list[int]) -> dict:
-    """Per policy the mean JCTs and the longest low one; per seed the ratio of the
-    high jobs' mean JCT under priorities over FCFS; each preemption's cost."""
-    def mean(policy, tier=None, seed=None, agg=statistics.mean):
-        return agg(r["jct_s"] for r in rows if r["policy"] == policy
-                   and (tier is None or r["tier"] == tier) and (seed is None or r["seed"] == seed))
-
-    by_policy = {p: {"mean_jct_s": mean(p), "high_mean_jct_s": mean(p, "high"),
-                     "low_mean_jct_s": mean(p, "low"), "low_max_jct_s": mean(p, "low", agg=max),
-                     "preemptions": sum(r["preemptions"] for r in rows if r["policy"] == p)}
-                 for p in POLICIES}
-    ratios = [mean("priority", "high", s) / mean("fcfs", "high", s) for s in seeds]
-    returned = [c["return_s"] for c in costs if c["return_s"] is not None]
-    return {"policies": by_policy,
-            "high_ratio": record.spread(ratios), "high_ratios": ratios,
-            "all_ratio": record.spread([mean("priority", seed=s) / mean("fcfs", seed=s)
-                                        for s in seeds]),
-            "preemption_cost": {
-                "gloo_calls": record.spread([c["gloo_calls"] for c in costs]) if costs else None,
-                "return_s": record.spread(returned) if returned else None,
-                "returned": len(returned), "each": costs}}
-
-
-def plot(lines: dict, path: Path) -> None:
-    """Each job's time line under each policy (the first seed's): grey from arrival
-    to its first step, then each step's interval on the switch or on gloo."""
+def plot(rows: list[dict], seed: int, path: Path) -> None:
+    """The first seed's jobs over time under each policy: each call a tick coloured by
+    its path, from the job's arrival to its end."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(POLICIES), figsize=(12, 4), sharex=True, sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True, sharey=True)
     for ax, policy in zip(axes, POLICIES):
-        for job, line in sorted(lines[policy].items()):
-            y = -job
-            first = line["ends"][0] if line["ends"] else line["arrival"]
-            ax.barh(y, first - line["arrival"], left=line["arrival"], color="0.85", height=0.6)
-            previous = first
-            for end, step_path in zip(line["ends"][1:], line["paths"][1:]):
-                ax.barh(y, end - previous, left=previous, height=0.6,
-                        color="tab:green" if step_path == "switch" else "tab:orange")
-                previous = end
-            ax.text(line["arrival"], y + 0.35, f"job {job} ({line['tier']})", fontsize=7)
-        ax.set_title(f"{policy}: green switch, orange gloo, grey before its first step")
-        ax.set_xlabel("seconds since the first arrival")
-        ax.set_yticks([])
+        jobs = [r for r in rows if (r["seed"], r["policy"]) == (seed, policy)]
+        for y, r in enumerate(jobs):
+            ax.plot([r["arrival_s"], r["finish_s"]], [y, y], color="0.8", lw=6, zorder=1)
+            for way, colour in (("switch", "tab:blue"), ("gloo", "tab:orange")):
+                at = [a for a, p in r["path_at"] if p == way]
+                ax.scatter(at, [y] * len(at), marker="|", s=60, color=colour, zorder=2,
+                           label=way if y == 0 else None)
+            ax.text(r["finish_s"] + 0.5, y, f"{r['jct_s']:.0f} s", va="center", fontsize=7)
+        ax.set_yticks(range(len(jobs)),
+                      [f"{r['job']} ({r['class']})" for r in jobs], fontsize=8)
+        ax.set_title(f"{policy}: mean JCT high {statistics.mean(r['jct_s'] for r in jobs if r['class'] == 'high'):.1f} s",
+                     fontsize=9)
+        ax.set_xlabel("s since the first arrival")
+    axes[0].legend(fontsize=8, loc="lower right", title="a call through", title_fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def print_summary(fig: dict) -> None:
-    for policy, f in fig["policies"].items():
-        print(f"  {policy:<8} mean JCT {f['mean_jct_s']:6.1f} s, high {f['high_mean_jct_s']:6.1f} "
-              f"s, low {f['low_mean_jct_s']:6.1f} s (longest low {f['low_max_jct_s']:.1f} s), "
-              f"{f['preemptions']} preemptions")
-    r = fig["high_ratio"]
-    print(f"  high jobs' mean JCT, priorities over FCFS: {r['median']:.2f} "
-          f"({r['min']:.2f}-{r['max']:.2f} over the seeds)")
-    cost = fig["preemption_cost"]
-    if cost["gloo_calls"] is not None:
-        back = (f", back on the switch {cost['return_s']['median']:.1f} s after its last "
-                f"switch call (median of the {cost['returned']} that came back before their "
-                f"end)" if cost["return_s"] is not None else ", none came back before its end")
-        print(f"  {len(cost['each'])} preemptions: {cost['gloo_calls']['median']:g} calls on "
-              f"gloo (median){back}")
+# -- the experiment ---------------------------------------------------------------------
 
-
-def run(args) -> tuple[list[dict], list[dict], dict]:
-    from innet_aggregation.p4src import protocol
-
-    from ..testbed.layout import link_mtu
-    from ..testbed.netns import Namespaces
-    from ..testbed.tls import make_bundle
-
-    target = args.target or default_target()
-    workdir = Path(tempfile.mkdtemp(prefix="ina-sharing-"))
-    topology = Namespaces(args.jobs * args.world, tag=f"sh{os.getpid() % 100000}",
-                          management=True, mtu=link_mtu(protocol.packet_format())).create()
-    rows, costs, lines = [], [], {}
-    progress = Progress(args.seeds * len(POLICIES), "sharing")
+def check(args) -> None:
+    """Refuse settings that cannot run, before anything starts."""
+    if args.jobs < 2 or args.jobs > 16:
+        raise SystemExit(f"--jobs must be 2 to 16 (the pool's job ids), not {args.jobs}")
+    if not 1 <= args.fit < args.jobs:
+        raise SystemExit(f"--fit must be 1 to --jobs - 1 (some must wait), not {args.fit}")
+    if not 2 <= args.ranks or args.jobs * args.ranks > 64:
+        raise SystemExit(f"--ranks must be at least 2 and --jobs x --ranks at most 64 hosts, "
+                         f"not {args.ranks} x {args.jobs}")
     try:
-        tls = make_bundle(workdir / "tls", hosts=(topology.mgmt_address,))
-        progress.say(f"[sharing] {args.jobs} jobs of {args.world} ranks ({args.high} high), "
-                     f"{args.steps} steps of {args.compute:g} s and {args.size} values each, "
-                     f"a pool of two jobs on one {target} switch; logs in {workdir}")
-        for seed in range(args.seed, args.seed + args.seeds):
-            # Each seed's other policy first on odd seeds: neither always runs first.
-            for i, policy in enumerate(POLICIES[::-1] if seed % 2 else POLICIES):
-                got, cost, line = run_policy(args, topology, tls, workdir / f"{seed}-{policy}",
-                                             target, seed, policy,
-                                             29500 + 100 * (2 * seed + i))
+        check_rate(args.bw)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if args.calls < 1 or args.size < 1 or args.seeds < 1:
+        raise SystemExit(f"--calls, --size and --seeds must be at least 1, not "
+                         f"{args.calls}, {args.size}, {args.seeds}")
+    if args.gap < 0 or args.switch_timeout <= 0:
+        raise SystemExit(f"--gap must be at least 0 and --switch-timeout above 0, not "
+                         f"{args.gap}, {args.switch_timeout}")
+
+
+def run(args) -> int:
+    from ..testbed.targets import unavailable
+
+    check(args)
+    if os.geteuid() != 0:
+        raise SystemExit("the sharing experiment needs root (network namespaces)")
+    if (why := unavailable("softswitch")):
+        raise SystemExit(f"the sharing experiment needs the embedded switch: {why}")
+    load = os.getloadavg()[0]
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    workdir = Path(tempfile.mkdtemp(prefix="ina-sharing-"))
+    progress = Progress(len(seeds) * len(POLICIES), "sharing")
+    say = progress.say
+    say(f"[sharing] {args.jobs} jobs of {args.ranks} ranks ({args.jobs // 2} high), a pool for "
+        f"{args.fit}, {args.calls} calls of {args.size} values each, links "
+        f"{f'{args.bw:g} Mbit/s' if args.bw else 'unshaped'}, mean gap {args.gap:g} s, "
+        f"seeds {seeds}; logs in {workdir}")
+    bed = Bed(args, workdir)
+    rows = []
+    try:
+        for n, seed in enumerate(seeds):
+            jobs = schedule(seed, args.jobs, args.gap)
+            say(f"seed {seed}: " + ", ".join(f"{j['job']} {j['class']} at {j['arrival']:g} s"
+                                             for j in jobs))
+            order = POLICIES if n % 2 == 0 else POLICIES[::-1]    # a drifting load on both
+            for policy in order:
+                first_port = PORT + 20 * (2 * n + order.index(policy))
+                got = run_policy(bed, args, seed, policy, [dict(j) for j in jobs],
+                                 first_port, say)
+                for r in got:
+                    r["expected"] = args.calls
                 rows += got
-                costs += cost
-                if seed == args.seed:
-                    lines[policy] = line
-                progress.advance(f"seed {seed}, {policy}")
+                s = summarize(got)
+                progress.advance(f"seed {seed} {policy}: mean JCT {s['mean_jct_s']:.1f} s, "
+                                 f"high {s['mean_jct_high_s']:.1f} s")
     finally:
-        topology.destroy()
-    return rows, costs, lines
+        bed.destroy()
+    f = figures(rows, seeds)
+    report(f, seeds, say)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    columns = ["seed", "policy", "job", "class", "arrival_s", "finish_s", "jct_s", "calls",
+               "wrong", "switch_calls", "gloo_calls"]
+    (out / "sharing.csv").write_text(
+        ",".join(columns + ["preemptions"]) + "\n" + "".join(
+            ",".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in columns)
+            + f",{len(r['preemptions'])}\n" for r in rows))
+    plot(rows, seeds[0], out / "sharing.png")
+    f["jobs"] = [{k: v for k, v in r.items() if k != "path_at"} for r in rows]
+    f["timeline"] = [r for r in rows if r["seed"] == seeds[0]]
+    record = write("sharing-experiment", f, load_before=load, out=out, params={
+        k: getattr(args, k) for k in ("jobs", "fit", "ranks", "bw", "calls", "size", "gap", "seed", "seeds",
+                                      "switch_timeout")})
+    say(f"wrote {out / 'sharing.csv'}, {out / 'sharing.png'} and {record} "
+        f"({duration(time.monotonic() - progress.started)})")
+    return 0 if f["all_finished"] else 1
+
+
+# -- one rank ---------------------------------------------------------------------------
+
+def rank_main(args) -> int:
+    """A rank of one job: ``--calls`` all_reduce calls on the ``ina`` backend, each
+    result checked against the exact sum; its record: per call the path it took and
+    when it ended, and the fallback's changes of path (from which call, why)."""
+    import torch
+    import torch.distributed as dist
+
+    from innet_aggregation.worker import backend    # registers "ina"
+
+    Path(f"{args.record}.ready").touch()
+    go = Path(args.go)
+    while not go.exists():
+        time.sleep(0.02)
+    dist.init_process_group("cpu:ina", init_method=f"tcp://{args.master}", rank=args.rank,
+                            world_size=args.world)
+    fallback = backend.session_of().fallback
+    calls, wrong = [], 0
+    for call in range(args.calls):
+        mine = inputs(args.size, call, args.rank)
+        tensor = torch.from_numpy(mine.copy())
+        before = fallback.counts["gloo"]
+        dist.all_reduce(tensor)
+        exact = sum(inputs(args.size, call, r).astype(np.float64) for r in range(args.world))
+        wrong += int(np.count_nonzero(tensor.numpy() != exact))
+        path = "gloo" if fallback.counts["gloo"] > before else "switch"
+        calls.append({"path": path, "at": time.time()})
+    changes = list(fallback.changes)
+    dist.destroy_process_group()
+    Path(args.record).write_text(json.dumps({"calls": calls, "changes": changes, "wrong": wrong,
+                                             "finished": time.time()}))
+    return 0
+
+
+def inputs(size: int, call: int, rank: int) -> np.ndarray:
+    """Integer-valued float32: the switch's sum is exact."""
+    rng = np.random.default_rng([call, rank])
+    return rng.integers(-1000, 1001, size).astype(np.float32)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if os.geteuid() != 0:
-        print("sharing: needs root (network namespaces)", file=sys.stderr)
-        return 1
-    if not 0 < args.high < args.jobs or args.world < 2 or args.steps < 2 or args.seeds < 1:
-        print("sharing: needs 0 < --high < --jobs, --world >= 2, --steps >= 2, --seeds >= 1",
-              file=sys.stderr)
-        return 1
-    load = os.getloadavg()[0]
-    stop_on_signals()
-    try:
-        rows, costs, lines = run(args)
-    except Stopped as stop:
-        print(f"sharing: stopped by {stop.name}; the namespaces were removed", file=sys.stderr)
-        return stop.code
-    except Exception as exc:
-        print(f"sharing: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "sharing.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    plot(lines, args.out / "sharing.png")
-    fig = figures(rows, costs, list(range(args.seed, args.seed + args.seeds)))
-    print_summary(fig)
-    record.write("sharing-experiment", {**fig, "runs": rows}, params=vars(args),
-                 load_before=load, out=args.out)
-    print(f"wrote {args.out / 'sharing.csv'}, {args.out / 'sharing.png'}, "
-          f"{args.out / 'sharing-experiment.json'}")
-    return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=6, help="jobs, half of them high priority")
+    parser.add_argument("--fit", type=int, default=2, help="jobs the pool fits at once")
+    parser.add_argument("--ranks", type=int, default=4, help="ranks (hosts) a job")
+    parser.add_argument("--bw", type=float, default=20.0,
+                        help="every link's rate, Mbit/s (0: unshaped)")
+    parser.add_argument("--calls", type=int, default=40, help="allreduce calls a job makes")
+    parser.add_argument("--size", type=int, default=131072, help="float32 values a call")
+    parser.add_argument("--gap", type=float, default=4.0, help="mean seconds between arrivals")
+    parser.add_argument("--seed", type=int, default=1, help="the first seed")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds, each running both policies")
+    parser.add_argument("--switch-timeout", type=float, default=2.0,
+                        help="INA_SWITCH_TIMEOUT of every rank (s)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds a run's jobs may take after the last arrival")
+    parser.add_argument("--out", default="results/sharing")
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--record", help=argparse.SUPPRESS)
+    parser.add_argument("--go", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rank is not None:
+        return rank_main(args)
+    return run(args)
 
 
 if __name__ == "__main__":

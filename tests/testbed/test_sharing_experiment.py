@@ -1,52 +1,89 @@
-"""`make sharing-experiment` in its smallest form (experiments/sharing.py): three
-jobs of two ranks through the real manager and embedded switch, the high one last,
-when the two low ones hold the pool. Under priorities it preempts one of them,
-which finishes through gloo or back on the switch; under FCFS nothing is preempted
-and it waits its turn. Every step of every job is checked exact inside the
-experiment (it fails otherwise). The lows arrive seconds apart and each runs for
-longer than the high one needs to arrive and register. About two minutes (marked slow)."""
+"""`make sharing-experiment`, run small: a low job holding the whole pool and a high
+one arriving while it runs, under both policies, through the real manager and
+switch; bad settings refused with one line before anything starts."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from innet_aggregation.experiments import sharing
-from innet_aggregation.testbed.targets import unavailable
+from innet_aggregation.experiments import sharing as se
+from tests.switch_ctl.manager_harness import skip_unless_runnable
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    os.geteuid() != 0 or unavailable("softswitch") is not None,
-    reason="needs root (namespaces) and the embedded switch")]
-ARGS = ["--jobs", "3", "--high", "1", "--steps", "60", "--compute", "0.3", "--gap", "4",
-        "--seeds", "1", "--seed", "3"]
+REPO = Path(__file__).resolve().parents[2]
+CALLS = 60
+SEED = 3          # schedule(3, 2, ...): job0 low at 0, job1 high at 0.39 x --gap
 
 
-def test_the_high_job_last_finds_the_pool_full():
-    """The schedule this test relies on: seed 3 puts the one high job last."""
-    args = sharing._parser().parse_args(ARGS)
-    plan = sharing.schedule(args, 3)
-    assert [tier for _, tier in plan] == ["low", "low", "high"]
-    assert plan[0][0] == 0 and all(a < b for (a, _), (b, _) in zip(plan, plan[1:]))
+@pytest.mark.parametrize("argv, message", [
+    (("--fit", "6"), "--fit must be 1 to --jobs - 1 (some must wait), not 6"),
+    (("--ranks", "1"), "--ranks must be at least 2"),
+    (("--jobs", "17"), "--jobs must be 2 to 16"),
+    (("--calls", "0"), "--calls, --size and --seeds must be at least 1, not 0, 131072, 3"),
+    (("--gap", "-1"), "--gap must be at least 0"),
+    (("--bw", "5000"), "cannot be shaped"),
+])
+def test_settings_that_cannot_run_are_refused(argv, message):
+    done = subprocess.run([sys.executable, "-m", "innet_aggregation.experiments.sharing",
+                           *argv], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 1 and message in done.stderr.splitlines()[-1], done.stderr
 
 
-def test_priorities_preempt_fcfs_does_not_and_every_job_finishes(tmp_path, capsys):
-    out = tmp_path / "sharing"
-    assert sharing.main([*ARGS, "--out", str(out)]) == 0, capsys.readouterr().err
-    figures = json.loads((out / "sharing-experiment.json").read_text())["figures"]
+def test_the_schedule_is_seeded_with_half_the_jobs_high():
+    jobs = se.schedule(1, 6, 4.0)
+    assert jobs == se.schedule(1, 6, 4.0) != se.schedule(2, 6, 4.0)
+    assert sorted(j["class"] for j in jobs) == ["high"] * 3 + ["low"] * 3
+    assert jobs[0]["arrival"] == 0 and [j["arrival"] for j in jobs] == sorted(
+        j["arrival"] for j in jobs)
+    assert [j["class"] for j in se.schedule(SEED, 2, 1.0)] == ["low", "high"]
+
+
+def test_a_preemption_is_costed_from_the_calls_paths():
+    why = "lease lost (job job0 was preempted by job job1 of tenant lab (priority 5 over 0))"
+    paths = ["gloo", "switch", "switch", "gloo", "gloo", "switch", "gloo", "gloo"]
+    calls = [{"path": p, "at": float(i)} for i, p in enumerate(paths)]
+    # Started on gloo (not joined), preempted in call 3 (its result a peer's: switch),
+    # back from call 6; preempted again in call 7 and finished on gloo.
+    changes = [[1, "gloo", "not joined within 2 s"], [2, "switch", "installed"],
+               [3, "gloo", why], [6, "switch", "installed again"], [7, "gloo", why]]
+    assert se.preemptions(calls, changes) == [{"gloo_calls": 2, "to_return_s": 3.0},
+                                              {"gloo_calls": 2, "to_return_s": None}]
+
+
+def test_a_high_job_preempts_a_low_one_under_priority_and_not_under_fcfs(tmp_path):
+    """Two jobs of 2 ranks, a pool for one: about 30 s."""
+    skip_unless_runnable()
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "innet_aggregation.experiments.sharing", "--jobs", "2",
+         "--fit", "1", "--ranks", "2", "--calls", str(CALLS), "--size", "32768", "--gap", "5",
+         "--seed", str(SEED), "--seeds", "1", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = list(csv.DictReader(open(out / "sharing.csv")))
-    assert len(rows) == len(figures["runs"]) == 6        # 3 jobs under each policy
-    for row in figures["runs"]:
-        assert row["switch_steps"] + row["gloo_steps"] == 60
-        assert 0 < row["jct_s"] and row["finish_s"] > row["arrival_s"]
-    policies = figures["policies"]
-    assert policies["priority"]["preemptions"] >= 1, figures["runs"]
-    assert policies["fcfs"]["preemptions"] == 0, figures["runs"]
-    preempted = [r for r in figures["runs"] if r["preemptions"]]
-    assert all(r["tier"] == "low" and r["gloo_steps"] > 0 for r in preempted)
-    assert figures["preemption_cost"]["gloo_calls"]["min"] >= 1
-    assert len(figures["high_ratios"]) == 1 and figures["high_ratios"][0] > 0
-    assert (out / "sharing.png").stat().st_size > 0
-    assert "high jobs' mean JCT, priorities over FCFS" in capsys.readouterr().out
+    assert [(r["policy"], r["job"], r["class"]) for r in rows] == [
+        ("priority", "job0", "low"), ("priority", "job1", "high"),
+        ("fcfs", "job0", "low"), ("fcfs", "job1", "high")]
+    # Every job finished every call, every result exact, each call on one path.
+    assert all(int(r["calls"]) == CALLS and r["wrong"] == "0" for r in rows)
+    assert all(int(r["switch_calls"]) + int(r["gloo_calls"]) == CALLS for r in rows)
+    preempted = {(r["policy"], r["job"]): int(r["preemptions"]) for r in rows}
+    assert preempted == {("priority", "job0"): 1, ("priority", "job1"): 0,
+                         ("fcfs", "job0"): 0, ("fcfs", "job1"): 0}
+    record = json.loads((out / "sharing-experiment.json").read_text())
+    f = record["figures"]
+    assert f["all_finished"] and f["runs"]["3-priority"]["preemptions"] == 1
+    (cost,) = f["preemption_costs"]
+    assert cost["gloo_calls"] >= 1
+    assert f["high_jct_ratios"][0] == pytest.approx(
+        float(rows[1]["jct_s"]) / float(rows[3]["jct_s"]), rel=1e-3)
+    assert (out / "sharing.png").stat().st_size > 10_000
+    assert "high-priority mean JCT, priority over fcfs" in done.stdout
