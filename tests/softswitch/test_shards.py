@@ -30,14 +30,44 @@ def program(name: str):
                    "set once from a header field"),
     ("special_ops", "the program clones, resubmits or recirculates"),
     ("varbit", "the program has no registers"),
-    # The slot-reset PacketOut indexes the bitmaps by its own slot field.
-    ("aggregation", "register AggIngress.bitmap_checker.bitmaps is indexed by "
-                    "packet_out.slot, others by agg.slot"),
+    ("primitives", "register Ing.reg: an index that is not the field's bits (Cast)"),
 ])
 def test_a_program_that_cannot_be_proven_keeps_one_lock_and_says_why(name, reason):
     result = shards.plan(program(name))
-    assert result.key is None and reason in result.reason
+    assert not result.keys and reason in result.reason
     assert shards.describe(result).startswith("the lanes run the pipeline under one lock: ")
+
+
+def test_the_aggregation_program_is_shared_out_by_its_slot():
+    """Every register index is bits of agg.slot, or (the controller's slot reset) of
+    packet_out.slot on a branch no aggregation packet takes."""
+    result = shards.plan(program("aggregation"))
+    assert result.reason is None, result.reason
+    assert sorted(f"{f.header}.{f.name}" for f in result.keys) == ["agg.slot", "packet_out.slot"]
+    assert result.shifts["AggIngress.bitmap_checker.bitmaps"] == 0
+    assert result.shifts["AggIngress.contribution_counter.counts"] == 1
+    assert result.bits == 15
+    assert shards.describe(result).startswith(
+        "register state can be shared out by agg.slot or packet_out.slot (261 registers, "
+        "15 bits of it)")
+
+
+def test_a_frame_that_can_reach_registers_by_two_fields_is_refused():
+    """The aggregation program with one more write by agg.slot after its branch on the
+    PacketOut: a PacketOut frame then reaches registers by both slot fields."""
+    p = program("aggregation")
+    slot = ir.FieldRef(p.field(["agg", "slot"]))
+    bitmaps = p.registers["AggIngress.bitmap_checker.bitmaps"]
+    p.ir.ingress.append(ir.RegisterWrite(bitmaps, slot, ir.Const(0)))
+    assert shards.plan(p).reason == ("a frame can reach registers indexed by agg.slot "
+                                     "and by packet_out.slot")
+    # Behind the same test on the PacketOut's validity, no frame can.
+    p.ir.ingress[-1] = ir.If(ir.Unary("not", ir.Valid(p.header("packet_out"))), [], [
+        ir.RegisterWrite(bitmaps, slot, ir.Const(0))])
+    assert "packet_out" in shards.plan(p).reason
+    p.ir.ingress[-1] = ir.If(ir.Valid(p.header("packet_out")), [], [
+        ir.RegisterWrite(bitmaps, slot, ir.Const(0))])
+    assert shards.plan(p).reason is None
 
 
 def test_the_slot_is_found_through_temporaries_shifts_and_masks():
@@ -45,7 +75,7 @@ def test_the_slot_is_found_through_temporaries_shifts_and_masks():
     slot's bits sit at shift 1, 15 of them kept by the 16-bit mask."""
     p = program("aggregation")
     prover = shards._Prover(p, p.ir)
-    cells = {r.name: e for r, e in prover.accesses}
+    cells = {a.register.name: a.index for a in prover.accesses}
     f, shift, bits = prover.form(cells["AggIngress.contribution_counter.counts"])
     assert (f.header, f.name, shift, bits) == ("agg", "slot", 1, 15)
     f, shift, bits = prover.form(cells["AggIngress.value_aggregator.value_0"])
