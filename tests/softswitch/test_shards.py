@@ -5,6 +5,7 @@ one lock and why."""
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import time
@@ -109,8 +110,9 @@ def test_the_switch_says_at_start_that_its_lanes_share_one_lock_and_why():
             deadline = time.monotonic() + 30
             line = ""
             while "lanes;" not in line and time.monotonic() < deadline:
-                line = switch.stderr.readline()
-                assert line or switch.poll() is None, "the switch exited"
+                if select.select([switch.stderr], [], [], 0.5)[0]:   # never blocks past it
+                    line = switch.stderr.readline()
+                    assert line or switch.poll() is None, "the switch exited"
         finally:
             switch.terminate()
             switch.wait(timeout=60)
