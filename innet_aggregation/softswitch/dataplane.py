@@ -142,6 +142,8 @@ class DataPlane:
         if getattr(pipeline, "native", False):
             pipeline.start_io([(n, p.rx.fileno(), p.tx.fileno())
                                for n, p in sorted(self.ports.items())], self.io_threads)
+            log.info("%d lanes; %s", min(self.io_threads, max(len(self.ports), 1)),
+                     pipeline.lanes_line)
             self.running = pipeline
             return
         self.stopping.clear()
