@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import tomli_w
 
 FAULT_STEP = 15
 PAUSE = 0.2                     # seconds between steps: the run outlasts a restart
@@ -39,7 +37,7 @@ def run(args) -> int:
     from innet_aggregation.p4src import protocol
     from ..testbed.layout import link_mtu
     from ..testbed.netns import Namespaces
-    from ..testbed.targets import SwitchProcess, default_target, free_tcp_port, wait_listening
+    from ..testbed.targets import SwitchProcess, default_target, free_tcp_port, start_manager
     from ..testbed.tls import make_bundle
 
     target = args.target or default_target()
@@ -53,8 +51,7 @@ def run(args) -> int:
                                log_path=workdir / "switch-0.log").start(60)
         port = free_tcp_port()
         address = f"{topology.mgmt_address}:{port}"
-        config = workdir / "manager.toml"
-        config.write_text(tomli_w.dumps({
+        manager = start_manager({
             "manager": {"listen": address, "secret": SECRET, "cert": str(tls.server_cert),
                         "key": str(tls.server_key), "database": str(workdir / "manager.db"),
                         "lease_seconds": LEASE, "sweep_seconds": SWEEP, "default_slots": 16},
@@ -62,12 +59,8 @@ def run(args) -> int:
             "pool": {"job_ids": [1, 8], "slots": [0, 31],
                      "services": [{"ip": "10.0.0.250", "mac": "02:00:00:00:00:fa"}]},
             "fabric": {"hosts": [{"mac": h.mac, "switch_port": h.switch_port}
-                                 for h in topology.hosts]}}))
-        manager = subprocess.Popen(
-            [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
-             str(config)], stdout=open(workdir / "manager.log", "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True)
-        wait_listening(topology.mgmt_address, port, manager)
+                                 for h in topology.hosts]}},
+            workdir / "manager.toml", workdir / "manager.log")
         print(f"[chaos] {args.workers} hosts, {target} switch, job manager at {address} "
               f"(lease {LEASE:g} s); logs in {workdir}", flush=True)
         env = {**os.environ, "INA_MANAGER": address, "INA_SECRET": SECRET,

@@ -92,16 +92,15 @@ class Bed:
 
     def start(self, run: str) -> str:
         """A fresh switch and manager for ``run``; the manager's address."""
-        import tomli_w
 
-        from ..testbed.targets import SwitchProcess, free_tcp_port, wait_listening
+        from ..testbed.targets import SwitchProcess, free_tcp_port, start_manager
 
         self.switch = SwitchProcess("softswitch", self.topology.switch_ports,
                                     log_path=self.workdir / f"switch-{run}.log").start(60)
         port = free_tcp_port()
         address = f"{self.topology.mgmt_address}:{port}"
-        config = self.workdir / f"manager-{run}.toml"
-        config.write_text(tomli_w.dumps({
+        self.log = self.workdir / f"manager-{run}.log"
+        self.manager = start_manager({
             "manager": {"listen": address, "cert": str(self.tls.server_cert),
                         "key": str(self.tls.server_key),
                         "database": str(self.workdir / f"manager-{run}.db"),
@@ -113,13 +112,8 @@ class Bed:
                      "services": [{"ip": f"10.0.0.{240 + i}", "mac": f"02:00:00:00:00:{240 + i:x}"}
                                   for i in range(8)]},
             "fabric": {"hosts": [{"mac": h.mac, "switch_port": h.switch_port}
-                                 for h in self.topology.hosts]}}))
-        self.log = self.workdir / f"manager-{run}.log"
-        self.manager = subprocess.Popen(
-            [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
-             str(config)], stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True)
-        wait_listening(self.topology.mgmt_address, port, self.manager)
+                                 for h in self.topology.hosts]}},
+            self.workdir / f"manager-{run}.toml", self.log)
         return address
 
     def stop_run(self) -> None:

@@ -96,19 +96,34 @@ def free_tcp_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_listening(host: str, port: int, process, what: str = "the job manager") -> None:
-    """Until ``process`` (started to listen on host:port) accepts a connection; it
-    exiting first, or 60 s without, is an error naming ``what``."""
+def start_manager(config: dict, config_path: Path, log_path: Path) -> subprocess.Popen:
+    """The job manager (``switch_ctl serve``) on ``config`` (written to ``config_path``
+    as TOML), its output in ``log_path``; returns once it accepts connections."""
+    import tomli_w
+
+    config_path.write_text(tomli_w.dumps(config))
+    host, port = config["manager"]["listen"].rsplit(":", 1)
+    manager = subprocess.Popen(
+        [sys.executable, "-m", "innet_aggregation.switch_ctl", "serve", "--config",
+         str(config_path)], stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    wait_listening(host, int(port), manager)
+    return manager
+
+
+def wait_listening(host: str, port: int, process) -> None:
+    """Until the job manager ``process`` accepts a connection on host:port; it exiting
+    first, or 60 s without, is an error."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}")
+            raise RuntimeError(f"the job manager exited with {process.returncode}")
         try:
             with socket.create_connection((host, port), 0.5):
                 return
         except OSError:
             time.sleep(0.1)
-    raise TimeoutError(f"{what} did not listen within 60 s")
+    raise TimeoutError("the job manager did not listen within 60 s")
 
 
 @functools.lru_cache(maxsize=None)
