@@ -1,0 +1,82 @@
+"""The fallback at a deadline's lead (worker/lead.py): the switch fails while the
+others are calls ahead of a late rank, and every value is still applied once, on
+every rank alike: the late rank takes the calls the others completed through the
+switch from them, carries its values of those calls, and from the first call nobody
+completed every rank goes through gloo (and, with a manager, back to the switch).
+
+Four ranks of conservation_calls.py, a 40 ms deadline. Rank 3 holds before call 2
+with the switch's packets to it dropped, so it cannot catch up from its socket; the
+others release its rounds and run calls 2, 3 and 4, then hold before call 5. The
+switch is killed there and started again; the others' call 5 hears nothing and falls
+back; rank 3 goes on once it has heard so through the group's store, three calls
+behind. Before the fallback took leads, every rank raised CallMismatch there ("the
+ranks did not issue the same calls").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from innet_aggregation.p4src import protocol
+
+from .harness import Fabric
+from .test_conservation import DEADLINE_MS, SWITCH_TIMEOUT, WORLD, check_conserved
+from .test_fallback import restart_switch
+
+CALLS, ZEROS = 8, 8
+SIZE = 64 * protocol.packet_format().values_per_packet     # 4 rounds of 16 slots
+LATE, HELD, AHEAD = 3, 2, 5      # rank 3 holds before call 2, the others before call 5
+
+
+def wait_for(tmp_path, call: int, ranks, runner) -> None:
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready.{call}.{r}").exists() for r in ranks):
+        assert runner.is_alive() and time.monotonic() < deadline, \
+            f"ranks {list(ranks)} never got to call {call}"
+        time.sleep(0.05)
+
+
+def check_lead(logs) -> None:
+    """The lead was real and taken over: the others completed calls 2-4 through the
+    switch, rank 3 took them from a peer; from call 5 on, gloo on every rank."""
+    for rank, log in enumerate(logs):
+        assert all(c["via"] == "switch" for c in log[:AHEAD]), (rank, log)
+        assert [c["taken"] for c in log[HELD:AHEAD]] == [rank == LATE] * (AHEAD - HELD), \
+            (rank, log)
+        assert log[AHEAD]["via"] == "gloo", (rank, log)
+    assert sum(c["late"] for log in logs[:LATE] for c in log[HELD:AHEAD]) == 0
+
+
+def test_a_switch_killed_while_a_rank_trails_by_calls_loses_no_value(fabric: Fabric, tmp_path):
+    if fabric.target != "softswitch":
+        import pytest
+        pytest.skip("run on the native embedded switch only (the fallback is the workers')")
+    job = fabric.job(WORLD, num_slots=16, deadline_ms=DEADLINE_MS)
+    done = {}
+    runner = threading.Thread(target=lambda: done.update(runs=fabric.run(
+        job, ["--master", f"{job.hosts[0].ip}:{31400 + job.id}", "--world", str(WORLD),
+              "--out", str(tmp_path), "--calls", str(CALLS), "--zeros", str(ZEROS),
+              "--size", str(SIZE), "--switch-timeout", str(SWITCH_TIMEOUT)],
+        extra={r: ["--pause-before", str(HELD), "--after-word"] if r == LATE
+               else ["--pause-before", str(AHEAD)] for r in range(WORLD)},
+        module="tests.worker.conservation_calls", timeout=120)))
+    runner.start()
+    late_port = [job.hosts[LATE].switch_port]
+    try:
+        wait_for(tmp_path, HELD, [LATE], runner)
+        fabric.control.set_loss(late_port, egress=1.0)
+        wait_for(tmp_path, AHEAD, range(LATE), runner)
+    finally:
+        fabric.switch.process.kill()      # and with it its loss, and the rounds it held
+        fabric.switch.process.wait()
+    (tmp_path / f"go.{AHEAD}").touch()
+    time.sleep(SWITCH_TIMEOUT)            # the others' call 5 hears nothing
+    restart_switch(fabric)                # gloo's traffic crosses it (harness.py)
+    (tmp_path / f"go.{HELD}").touch()
+    runner.join()
+    for run in done["runs"]:
+        assert run.returncode == 0, f"rank {run.worker}:\n{run.stderr[-3000:]}"
+    logs = check_conserved(tmp_path, CALLS + ZEROS, calls=CALLS, size=SIZE)
+    check_lead(logs)
+    assert sum(c["late"] for c in logs[LATE]) == 0      # its values all came a call late
