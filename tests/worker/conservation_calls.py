@@ -18,7 +18,8 @@ peer has said in the group's store that it left the switch path, as a rank late 
 a fall to gloo hears it); then calls of zeros, which
 only apply what is still carried, each after the ranks have summed through a gloo group
 of their own how many values they still carry, until none are (at most ``--zeros``;
-``--back-on-switch``: and every rank's last call went through the switch);
+``--back-on-switch``: and every rank's last call went through the switch, one zero
+call every 0.1 s);
 what is still carried then, DIR/RANK.owed.npy, where it belongs in the input.
 The sum is also a barrier: a late rank that trails the others in every round (their
 quorum released each without it) starts the zero call with them. Per call DIR/RANK.CALL.npy holds the
@@ -83,6 +84,8 @@ def main() -> None:
                 dist.all_reduce(left, group=sync)
                 if not left.any():
                     break
+                if args.back_on_switch:      # a pace, while the ranks join the job again
+                    time.sleep(0.1)
             if call in pauses:
                 (out / f"ready.{call}.{rank}").touch()
                 while not (out / f"go.{call}").exists():

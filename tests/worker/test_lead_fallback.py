@@ -15,18 +15,23 @@ ranks did not issue the same calls").
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
+import pytest
+
 from innet_aggregation.p4src import protocol
 
-from .harness import Fabric
+from .harness import REPO, Fabric
 from .test_conservation import DEADLINE_MS, SWITCH_TIMEOUT, WORLD, check_conserved
 from .test_fallback import restart_switch
 
 CALLS, ZEROS = 8, 8
 SIZE = 64 * protocol.packet_format().values_per_packet     # 4 rounds of 16 slots
 LATE, HELD, AHEAD = 3, 2, 5      # rank 3 holds before call 2, the others before call 5
+BACK_ZEROS = 300                 # zero calls at most, 0.1 s apart, until back on the switch
+MANAGER_SWITCH_TIMEOUT = 4.0     # the four ranks' first join must fit in it (else: gloo)
 
 
 def wait_for(tmp_path, call: int, ranks, runner) -> None:
@@ -50,7 +55,6 @@ def check_lead(logs) -> None:
 
 def test_a_switch_killed_while_a_rank_trails_by_calls_loses_no_value(fabric: Fabric, tmp_path):
     if fabric.target != "softswitch":
-        import pytest
         pytest.skip("run on the native embedded switch only (the fallback is the workers')")
     job = fabric.job(WORLD, num_slots=16, deadline_ms=DEADLINE_MS)
     done = {}
@@ -80,3 +84,72 @@ def test_a_switch_killed_while_a_rank_trails_by_calls_loses_no_value(fabric: Fab
     logs = check_conserved(tmp_path, CALLS + ZEROS, calls=CALLS, size=SIZE)
     check_lead(logs)
     assert sum(c["late"] for c in logs[LATE]) == 0      # its values all came a call late
+
+
+@pytest.mark.slow
+def test_and_with_a_manager_the_ranks_return_to_the_switch(tmp_path):
+    """The same through the job manager, whose testbed has a management network for
+    gloo and the store: rank 3's data link is down while it holds (its results lost),
+    the switch is killed and started again (the manager installs its program anew),
+    and after the fallback the ranks join the job again and their calls go through
+    the switch once more, every value still applied once on every rank. About 40 s."""
+    from tests.switch_ctl.manager_harness import SECRET, ManagerBed, credential_of, env
+    from .harness import skip_unless_runnable
+
+    skip_unless_runnable("softswitch")
+    bed = ManagerBed(tmp_path / "bed").start()
+    out, processes = tmp_path / "calls", []
+    out.mkdir()
+    hosts = bed.topology.hosts[:WORLD]
+    try:
+        for rank, host in enumerate(hosts):
+            rank_env = {**env(), "INA_MANAGER": bed.address, "INA_SECRET": SECRET,
+                        "INA_CA_CERT": str(bed.tls.ca_cert), "INA_JOB": "lead",
+                        "INA_JOB_CREDENTIAL": credential_of("lead"), "INA_JOIN_TIMEOUT": "60",
+                        "INA_DEADLINE_MS": str(DEADLINE_MS), "OMP_NUM_THREADS": "1",
+                        "GLOO_SOCKET_IFNAME": bed.topology.MGMT_IFNAME}
+            hold = ([str(HELD), "--after-word"] if rank == LATE else [str(AHEAD)])
+            with open(out / f"{rank}.err", "w") as err:
+                processes.append(host.popen(
+                    [sys.executable, "-m", "tests.worker.conservation_calls", "--worker-id",
+                     str(rank), "--master", f"{hosts[0].mgmt_ip}:31500", "--world",
+                     str(WORLD), "--out", str(out), "--calls", str(CALLS), "--zeros",
+                     str(BACK_ZEROS), "--size", str(SIZE), "--switch-timeout",
+                     str(MANAGER_SWITCH_TIMEOUT), "--back-on-switch", "--pause-before", *hold],
+                    stdout=err, stderr=err, env=rank_env, cwd=REPO))
+        runner = _Running(processes)
+        wait_for(out, HELD, [LATE], runner)
+        late = hosts[LATE]
+        late.run(["ip", "link", "set", late.ifname, "down"], check=True)
+        try:
+            wait_for(out, AHEAD, range(LATE), runner)
+        finally:
+            bed.kill_switch()
+            (out / f"go.{AHEAD}").touch()
+            time.sleep(MANAGER_SWITCH_TIMEOUT)      # the others' call 5 hears nothing
+            bed.start_switch()
+            late.run(["ip", "link", "set", late.ifname, "up"], check=True)
+        (out / f"go.{HELD}").touch()
+        for rank, process in enumerate(processes):
+            code = process.wait(timeout=120)
+            assert code == 0, f"rank {rank}:\n{(out / f'{rank}.err').read_text()[-4000:]}"
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        bed.stop()
+    logs = check_conserved(out, CALLS + BACK_ZEROS, calls=CALLS, size=SIZE)
+    check_lead(logs)
+    for rank, log in enumerate(logs):        # back on the switch: the last calls
+        assert log[-1]["via"] == "switch" and not log[-1]["taken"], (rank, log[-3:])
+
+
+class _Running:
+    """``wait_for``'s view of the ranks' processes: alive while all are."""
+
+    def __init__(self, processes):
+        self.processes = processes
+
+    def is_alive(self) -> bool:
+        return all(p.poll() is None for p in self.processes)
