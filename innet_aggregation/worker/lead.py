@@ -66,6 +66,7 @@ class Kept:
 
     def __init__(self):
         self.records: deque[Record] = deque()
+        self._blocks = 0                 # the records' blocks, summed
         self._spare: list[np.ndarray] = []
 
     def keep(self, number: int, work: np.ndarray, members, sig: int, k: int,
@@ -78,13 +79,14 @@ class Kept:
         else:
             self._spare.remove(buffer)
             np.copyto(buffer, flat)
-        self.records.append(Record(number, buffer, None if members is None else members.copy(),
-                                   sig, k))
+        record = Record(number, buffer, None if members is None else members.copy(), sig, k)
+        self.records.append(record)
+        self._blocks += record.blocks
         lead_blocks = 2 * LEAD_LIMIT if deadline else 0
-        newer = sum(r.blocks for r in self.records) - self.records[0].blocks
-        while len(self.records) > 1 and newer > lead_blocks:
-            self._spare = [self.records.popleft().result, *self._spare][:SPARE]
-            newer -= self.records[0].blocks
+        while len(self.records) > 1 and self._blocks - self.records[0].blocks > lead_blocks:
+            gone = self.records.popleft()
+            self._blocks -= gone.blocks
+            self._spare = [gone.result, *self._spare][:SPARE]
 
     @property
     def oldest(self) -> int:

@@ -586,6 +586,7 @@ class Transport:
         if blocks.whole.shape[1] != k or out.whole.shape[1] != k or len(out) != len(blocks):
             raise ValueError(f"blocks and out must be as many blocks of {k} values")
         self.calls += 1
+        self.last_members = None
         n, elements = len(blocks), blocks.flat.size
         if not n:
             return np.zeros(0, np.int64)
