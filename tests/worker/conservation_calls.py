@@ -3,7 +3,7 @@ session's calls named, INA_FALLBACK=gloo):
 
     python -m tests.worker.conservation_calls [--config job.toml] --worker-id 0 \
         --master 10.0.0.1:29600 --world 4 --out DIR [--calls 8] [--size N] \
-        [--sleep 0.4 --sleep-calls 2] [--pause-before 0,6 [--after-word]] [--zeros 8] \
+        [--sleep 0.4 --sleep-calls 2] [--pause-before 0,6 [--hold]] [--zeros 8] \
         [--back-on-switch]
 
 Without ``--config`` the job comes from the manager (INA_MANAGER and the rest set by
@@ -13,9 +13,9 @@ the caller).
 recompute them), a rank given ``--sleep`` sleeping before the calls in
 ``--sleep-calls``; before each call C in ``--pause-before`` every rank writes
 DIR/ready.C.RANK and waits for DIR/go.C (the test injects or undoes a fault in
-between; C may be the first zero call's number; ``--after-word``: then also until a
-peer has said in the group's store that it left the switch path, as a rank late for
-a fall to gloo hears it); then calls of zeros, which
+between; C may be the first zero call's number; ``--hold``: then also for DIR/go.C.RANK
+and until a peer has said in the group's store that it left the switch path, as a
+rank late for a fall to gloo hears it); then calls of zeros, which
 only apply what is still carried, each after the ranks have summed through a gloo group
 of their own how many values they still carry, until none are (at most ``--zeros``;
 ``--back-on-switch``: and every rank's last call went through the switch, one zero
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--sleep-calls", default="")
     parser.add_argument("--pause-before", default="")
     parser.add_argument("--switch-timeout", default="2")
-    parser.add_argument("--after-word", action="store_true")
+    parser.add_argument("--hold", action="store_true")
     parser.add_argument("--back-on-switch", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
@@ -90,7 +90,9 @@ def main() -> None:
                 (out / f"ready.{call}.{rank}").touch()
                 while not (out / f"go.{call}").exists():
                     time.sleep(0.05)
-                while args.after_word and fallback.abort_reason() is None:
+                while args.hold and not (out / f"go.{call}.{rank}").exists():
+                    time.sleep(0.05)
+                while args.hold and fallback.abort_reason() is None:
                     time.sleep(0.05)
             if call in sleeps:
                 time.sleep(args.sleep)
