@@ -223,14 +223,15 @@ class Fallback:
                 raise
             return
         except NonFiniteError:      # complete: its NaN blocks agreed on every rank
-            self._kept(session, number, work, sig, keeping)
+            self._kept(session, number, work, sig, keeping, poisoned=True)
             raise
         self._kept(session, number, work, sig, keeping)
 
-    def _kept(self, session, number: int, work: np.ndarray, sig: int, keeping: bool) -> None:
+    def _kept(self, session, number: int, work: np.ndarray, sig: int, keeping: bool,
+              poisoned: bool = False) -> None:
         if keeping:
             k, members = session.last_blocks()
-            self.kept.keep(number, work, members, sig, k, bool(session.deadline))
+            self.kept.keep(number, work, members, sig, k, bool(session.deadline), poisoned)
         self._done(number, SWITCH)
 
     def _done(self, number: int, path: str) -> None:
@@ -255,6 +256,11 @@ class Fallback:
         replay(record, self.rank, work, original, sig, session.carry, key)
         self.taken += 1
         self._done(record.number, SWITCH)
+        if record.poisoned:      # complete, and raised on every rank that completed it
+            raise NonFiniteError(
+                f"rank {self.rank}, call {record.number}: the switch's result, taken from a "
+                f"peer, has NaN blocks: some rank's tensor held NaN, Inf or a magnitude of "
+                f"2**126 or more (that rank's error names it)")
 
     def _agree(self, number: int, sig: int) -> tuple[int, int, bool]:
         """Gather every rank's (completed, pending call or CLOSING, its signature, the

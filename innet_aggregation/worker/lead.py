@@ -47,12 +47,14 @@ class LeadLost(RuntimeError):
 class Record:
     """One call's switch result as every rank applies it: ``result`` (flat, the call's
     host dtype), per block the bitmap of who was in its final round (``members``;
-    None: everyone), the call's signature hash, and the values per packet (blocks of)."""
+    None: everyone), the call's signature hash, the values per packet (blocks of), and
+    whether some block was poisoned (the call raised NonFiniteError on every rank)."""
     number: int
     result: np.ndarray
     members: np.ndarray | None
     sig: int
     k: int
+    poisoned: bool = False
 
     @property
     def blocks(self) -> int:
@@ -70,7 +72,7 @@ class Kept:
         self._spare: list[np.ndarray] = []
 
     def keep(self, number: int, work: np.ndarray, members, sig: int, k: int,
-             deadline: bool) -> None:
+             deadline: bool, poisoned: bool = False) -> None:
         flat = work.reshape(-1)
         buffer = next((b for b in self._spare if b.shape == flat.shape and b.dtype == flat.dtype),
                       None)
@@ -79,7 +81,8 @@ class Kept:
         else:
             self._spare.remove(buffer)
             np.copyto(buffer, flat)
-        record = Record(number, buffer, None if members is None else members.copy(), sig, k)
+        record = Record(number, buffer, None if members is None else members.copy(), sig, k,
+                        poisoned)
         self.records.append(record)
         self._blocks += record.blocks
         lead_blocks = 2 * LEAD_LIMIT if deadline else 0
@@ -115,9 +118,10 @@ def hand_over(group, rank: int, number: int, rows: list[tuple], kept: Kept) -> R
     record = kept.get(number) if rank == holders[0] else None
     if record is not None:
         header[:] = torch.tensor([record.result.size, DTYPES.index(record.result.dtype.name),
-                                  record.sig, record.k, record.members is not None, 0])
+                                  record.sig, record.k, record.members is not None,
+                                  record.poisoned])
     group.broadcast([header], options).wait()
-    size, dtype, sig, k, members, _ = header.tolist()
+    size, dtype, sig, k, members, poisoned = header.tolist()
     dtype = np.dtype(DTYPES[dtype])
     payload = np.empty(size * dtype.itemsize + (8 * -(-size // k) if members else 0), np.uint8)
     if record is not None:
@@ -129,7 +133,7 @@ def hand_over(group, rank: int, number: int, rows: list[tuple], kept: Kept) -> R
         return None
     result = payload[:size * dtype.itemsize].view(dtype)
     members = payload[result.nbytes:].copy().view(np.int64) if members else None
-    return Record(number, result, members, sig, k)
+    return Record(number, result, members, sig, k, bool(poisoned))
 
 
 def replay(record: Record, rank: int, work: np.ndarray, original: np.ndarray, sig: int,
