@@ -128,7 +128,8 @@ def hand_over(group, rank: int, number: int, rows: list[tuple], kept: Kept) -> R
         payload[:record.result.nbytes] = record.result.view(np.uint8)
         if members:
             payload[record.result.nbytes:] = record.members.view(np.uint8)
-    group.broadcast([torch.from_numpy(payload)], options).wait()
+    if payload.size:                     # every rank knows it from the header
+        group.broadcast([torch.from_numpy(payload)], options).wait()
     if rows[rank][0] >= number:
         return None
     result = payload[:size * dtype.itemsize].view(dtype)
