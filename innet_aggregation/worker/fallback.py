@@ -6,22 +6,28 @@ rank: through the switch, or through gloo (a group of the job's ranks that only
 the session uses), with each rank's own input. Never a mix.
 
 **Why the ranks can always agree.** A session's calls run one at a time, in call
-order, and a rank sends call k+1 only once its call k is complete; the switch
-finishes a block only with every rank's contribution. So when the switch path
-fails the ranks are at most one call apart: some completed call k (they wait in
-k+1, or close), the others wait in k, and every rank that completed k holds the
-same bits (the switch sends one sum to all, which each dequantizes alike). A rank
+order, and every rank that completes a call through the switch holds the same bits
+(the switch sends one sum, or one released round, to all, which each dequantizes
+alike). Without a deadline a rank sends call k+1 only once its call k is complete
+and the switch finishes a block only with every rank's contribution, so when the
+switch path fails the ranks are at most one call apart; with one, the others may run
+ahead of a late rank by as many calls as ``LEAD_LIMIT`` released rounds span. A rank
 whose switch call fails (``INA_SWITCH_TIMEOUT`` without a word from the switch, a
-lost lease, a refused route) recovers over the gloo group: the ranks gather (calls completed,
-call pending, the pending call's signature); where some completed k and others
-did not, the lowest rank that did broadcasts its kept copy of k's result, so k is
-the switch's on every rank; the pending call is then redone through gloo from a
-copy of its original input (the switch writes results in place as they arrive);
-from there on every call goes to gloo. The others' switch calls may still hear the
+lost lease, a refused route) recovers over the gloo group: the ranks gather (calls
+completed, call pending, the pending call's signature, the oldest call whose result
+they keep); every call some completed and others did not goes from the lowest rank
+that keeps it to the others (``lead.py``), so each call up to the furthest rank's is
+the switch's on every rank: a rank behind completes its pending call and the ones it
+issues next from those results, checking each call's signature and carrying its
+values of the blocks the switch released without it, as the switch path would have.
+The first call no rank completed is redone through gloo from a copy of its original
+input (the switch writes results in place as they arrive); from there on every call
+goes to gloo. The others' switch calls may still hear the
 switch wait for that rank (a call the switch answers waits up to the group's timeout:
 slow is not dead), so the rank says in the group's store that it left (``_Signals``),
-and theirs give up on that word, within a second: every rank reaches the recovery. A rank returns call k before its peers know k is done: safe, since a
-peer that did not complete k gets exactly k's bits from the broadcast.
+and theirs give up on that word, within a second: every rank reaches the recovery. A
+rank returns call k before its peers know k is done: safe, since a peer that did not
+complete k gets exactly k's bits from the hand-over.
 
 Values a deadline's releases left out (``carry.Carry``) are owed, not lost: the redone
 call adds the ones it took from the carry, and every call through gloo adds those of
@@ -29,7 +35,9 @@ its key.
 
 Cost (only with a fallback attached): per call, a copy of its input before it
 and of its result after it (two memcpy of the call's size, into buffers reused
-while sizes repeat): memory of twice the largest call (DDP: its largest bucket).
+while sizes repeat): memory of twice the largest call (DDP: its largest bucket);
+under a deadline, also the results of the calls a lead can span (``lead.Kept``: at
+most 2 ``LEAD_LIMIT`` blocks, 16 MiB of float32 at 1,024 values a packet).
 
 **Coming back.** While on gloo, a thread leaves the manager's job (the manager
 takes it off the switch and resets its slots) and joins it again, retrying while
@@ -50,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .lead import Kept, Record, hand_over, replay
 from .quantize import NonFiniteError
 from .transport import (AggregationTimeout, CallAborted, CallMismatch, SendRefused,
                         TransportBroken)
@@ -128,7 +137,8 @@ class Fallback:
         self.issued = 0
         self.standby = None                  # a fresh transport, ready for the switch again
         self._input = None                   # the pending call's original input
-        self._last = None                    # the last call's switch result
+        self.kept = Kept()                   # the last calls' switch results (lead.py)
+        self.owed: dict[int, Record] = {}    # calls a peer completed and this rank has not
         self._stop = threading.Event()
         self._thread = None
         self._said = ""                      # the last reason a rejoin failed
@@ -179,10 +189,15 @@ class Fallback:
     # -- one call, on the session's thread -------------------------------------------
     def run(self, session, work: np.ndarray, average: bool, name, signature, key) -> None:
         """Complete the session's next call on ``work`` by the agreed path; on gloo, with
-        the values this rank owes of the call's ``key`` added in (``Carry.add_into``)."""
+        the values this rank owes of the call's ``key`` added in (``Carry.add_into``),
+        unless a peer completed the call through the switch (``owed``: a lead)."""
         self.issued += 1
         number = self.issued
+        sig = signature_hash(work.size, signature, name)
         if self.path == GLOO:
+            if (record := self.owed.pop(number, None)) is not None:
+                self._replay(session, record, work, work, sig, key)
+                return
             session.carry.add_into(key, work)
             self._gloo(work, average)
             self._done(number, GLOO)
@@ -201,21 +216,22 @@ class Fallback:
                     f"INA_SWITCH_TIMEOUT={self.policy.switch_timeout:g} s: {why} "
                     f"(INA_FALLBACK=error; =gloo goes on through gloo)") from exc
             try:
-                self._recover(session, number, work, average,
-                              signature_hash(work.size, signature, name), why, key)
+                self._recover(session, number, work, average, sig, why, key)
             except CallMismatch:
                 if isinstance(exc, CallMismatch):   # the callers' own calls differ: its words
                     raise exc from None
                 raise
             return
         except NonFiniteError:      # complete: its NaN blocks agreed on every rank
-            self._kept(number, work, keeping)
+            self._kept(session, number, work, sig, keeping, poisoned=True)
             raise
-        self._kept(number, work, keeping)
+        self._kept(session, number, work, sig, keeping)
 
-    def _kept(self, number: int, work: np.ndarray, keeping: bool = True) -> None:
+    def _kept(self, session, number: int, work: np.ndarray, sig: int, keeping: bool,
+              poisoned: bool = False) -> None:
         if keeping:
-            self._last = _keep(self._last, work)
+            k, members = session.last_blocks()
+            self.kept.keep(number, work, members, sig, k, bool(session.deadline), poisoned)
         self._done(number, SWITCH)
 
     def _done(self, number: int, path: str) -> None:
@@ -223,45 +239,55 @@ class Fallback:
         self.counts[path] += 1
 
     def _recover(self, session, number, work, average, sig, why, key) -> None:
-        lo, hi, _ = self._agree(number, sig, work)
+        """The agreement (``_agree``), then this call: the switch's, if a peer completed
+        it (the ranks were at a lead, ``lead.py``), else redone through gloo."""
+        self._agree(number, sig)
         self._change(session, number, GLOO, why)
-        if lo < hi and number == hi:      # a peer completed it: its switch result is in work
-            self.taken += 1
-            self._kept(number, work)
+        if (record := self.owed.pop(number, None)) is not None:
+            self._replay(session, record, work, self._input, sig, key)
             return
         np.copyto(work, self._input)      # the switch wrote some results in place
         session.carry.add_into(key, work)  # owed again (the transport restored them)
         self._gloo(work, average)
         self._done(number, GLOO)
 
-    def _agree(self, number: int, sig: int, pending=None) -> tuple[int, int, bool]:
-        """Gather every rank's (completed, pending call or CLOSING, its signature);
-        where some completed call ``hi`` and others did not, the lowest that did
-        broadcasts its kept result into the others' ``pending`` output. Returns the
-        fewest and most calls completed, and whether every rank is closing."""
-        import torch
-        import torch.distributed as dist
+    def _replay(self, session, record, work, original, sig, key) -> None:
+        """A call a peer completed through the switch, completed here alike (``lead.replay``)."""
+        replay(record, self.rank, work, original, sig, session.carry, key)
+        self.taken += 1
+        self._done(record.number, SWITCH)
+        if record.poisoned:      # complete, and raised on every rank that completed it
+            raise NonFiniteError(
+                f"rank {self.rank}, call {record.number}: the switch's result, taken from a "
+                f"peer, has NaN blocks: some rank's tensor held NaN, Inf or a magnitude of "
+                f"2**126 or more (that rank's error names it)")
 
-        mine = torch.tensor([self.completed, number, sig], dtype=torch.int64)
-        rows = [torch.empty(3, dtype=torch.int64) for _ in range(self.world)]
+    def _agree(self, number: int, sig: int) -> tuple[int, int, bool]:
+        """Gather every rank's (completed, pending call or CLOSING, its signature, the
+        oldest call it keeps); every call some completed and others did not (a lead of
+        any length the deadline allows) goes from the lowest rank that keeps it to the
+        others (``lead.hand_over``), who keep it in ``owed`` until they issue it. Returns
+        the fewest and most calls completed, and whether every rank is closing."""
+        import torch
+
+        mine = torch.tensor([self.completed, number, sig, self.kept.oldest], dtype=torch.int64)
+        rows = [torch.empty(4, dtype=torch.int64) for _ in range(self.world)]
         self.group.allgather([rows], [mine]).wait()
         rows = [tuple(int(v) for v in r) for r in rows]
         done = [r[0] for r in rows]
         lo, hi = min(done), max(done)
         ahead = {r[1] for r in rows if r[0] == hi}     # all pending hi + 1, or all closing
         signatures = {}
-        ok = (hi - lo <= 1 and len(ahead) == 1 and ahead <= {hi + 1, CLOSING}
-              and all(r[1] == hi for r in rows if r[0] < hi)
+        ok = (len(ahead) == 1 and ahead <= {hi + 1, CLOSING}
+              and all(r[1] == r[0] + 1 for r in rows if r[0] < hi)
               and all(signatures.setdefault(r[1], r[2]) == r[2] for r in rows if r[1] > 0))
         if not ok:
             raise CallMismatch(f"rank {self.rank}: the ranks did not issue the same calls "
-                               f"(calls completed, call pending, its signature, per rank: "
-                               f"{rows})")
-        if lo < hi:
-            options = dist.BroadcastOptions()
-            options.rootRank = done.index(hi)
-            buffer = self._last if self.completed == hi else pending
-            self.group.broadcast([torch.from_numpy(buffer)], options).wait()
+                               f"(calls completed, call pending, its signature, oldest call "
+                               f"kept, per rank: {rows})")
+        for call in range(lo + 1, hi + 1):
+            if (record := hand_over(self.group, self.rank, call, rows, self.kept)) is not None:
+                self.owed[call] = record
         return lo, hi, ahead == {CLOSING}
 
     def _gloo(self, work: np.ndarray, average: bool) -> None:
@@ -294,6 +320,7 @@ class Fallback:
         print(f"ina: rank {self.rank}: from call {number} on, through "
               f"{'gloo' if path == GLOO else 'the switch'}: {why}", file=sys.stderr, flush=True)
         if path == GLOO:
+            self.kept = Kept()              # every rank has what it needs (``_agree``)
             self.leave_and_rejoin(session)
 
     def leave_and_rejoin(self, session, leave: bool = True) -> None:

@@ -147,6 +147,17 @@ class AggregationSession:
                    local_workers=args["local_workers"], deadline=args["deadline"],
                    peers=args["peers"], **kwargs)
 
+    def last_blocks(self) -> tuple[int, np.ndarray | None]:
+        """The last switch call's values per block and, per block, the bitmap of the
+        workers in its final round where a deadline released one (None: every worker in
+        every block): what a rank that did not complete the call needs (``lead.py``)."""
+        return self.transport.fmt.values_per_packet, self.transport.last_members
+
+    @property
+    def deadline(self) -> float:
+        """The switch job's deadline in seconds (0: none, or no switch job yet)."""
+        return self.transport.deadline if self.transport is not None else 0.0
+
     @property
     def stats(self) -> Stats:
         """Counters of the switch's transport since it started (none: zeros)."""

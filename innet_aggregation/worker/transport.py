@@ -395,6 +395,9 @@ class Transport:
         self.epoch: int | None = None               # set by start()
         self.calls = 0                              # calls issued, the empty ones included
         self.broken: BaseException | None = None
+        # Per block of the last call, who was in its final round (a bitmap), if a round
+        # was released; None: everyone in every block (fallback.py hands it to a laggard).
+        self.last_members: np.ndarray | None = None
         self.label = ""                             # the call running, for errors
         # Asked on every timer wake-up (at most ``max_rto`` apart): a reason to give
         # up the call now (the job's lease is lost), or None.
@@ -583,6 +586,7 @@ class Transport:
         if blocks.whole.shape[1] != k or out.whole.shape[1] != k or len(out) != len(blocks):
             raise ValueError(f"blocks and out must be as many blocks of {k} values")
         self.calls += 1
+        self.last_members = None
         n, elements = len(blocks), blocks.flat.size
         if not n:
             return np.zeros(0, np.int64)
@@ -608,6 +612,7 @@ class Transport:
                 self.carry.restore(key, *taken)
             raise
         self.waits = call.waits()
+        self.last_members = call.members
         if call.carried:
             chunks = np.concatenate([c for c, _ in call.carried])
             self.carry.keep(key, chunks, np.concatenate([v for _, v in call.carried]))
@@ -805,6 +810,7 @@ class _Call:
         self.deferring = False
         self.unsent = np.zeros(w, dtype=bool)
         self.carried: list[tuple[np.ndarray, np.ndarray]] = []   # (chunks, own values) left out
+        self.members: np.ndarray | None = None   # per chunk, who is in its last round (released)
         self.fast = FastCall.bind(self)  # the common results in C, if it handles this call
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
@@ -1044,6 +1050,8 @@ class _Call:
             self._mismatch(int(chunks[first]), int(got[first]))
         t.stats.results_received += len(index)
         t.left_out[:] = 0                 # a whole result: every worker is in
+        if self.members is not None:
+            self.members[chunks] = (1 << t.num_workers) - 1
         t.quorum = t.awaited = 0
         self._measure(s, now)
         self._settle(packets, rows, index, s, chunks, now)
@@ -1092,6 +1100,9 @@ class _Call:
             t.left_out = np.where(inside, 0, t.left_out + len(index))
             t.follow_releases(bitmap, count)
             self._measure(s, now)
+            if self.members is None:
+                self.members = np.full(self.n, (1 << t.num_workers) - 1, dtype=np.int64)
+            self.members[chunks] = bitmap
             self._settle(packets, index, index, s, chunks, now,
                          left_out=(bitmap >> t.worker_id) & 1 == 0)
             rest = np.ones(len(packets), dtype=bool)
