@@ -611,7 +611,7 @@ def sharing(r: dict | None) -> dict[str, str]:
                else "never came back")
             + (f" ({f['never_back']} of them finished on gloo)" if f["never_back"] else "")
             + f", over {len(costs)} preemption{'s' * (len(costs) > 1)} (median, range)")
-    md = (provenance(r) + f"\n{p['jobs']} jobs of {p['ranks']} ranks ({p['jobs'] // 2} high "
+    md = (provenance(r) + f"\n{p['jobs']} jobs of {p['ranks']} ranks ({p.get('high', p['jobs'] // 2)} high "
           f"priority), a pool for {p['fit']}, {p['calls']} calls of {mib(p['size'])} each, "
           f"{rate(p['bw'])}{' Mbit/s' if p['bw'] else ''} links, arrivals {p['gap']:g} s apart "
           f"on average, INA_SWITCH_TIMEOUT={p['switch_timeout']:g} s, {seeds} seed"
@@ -620,7 +620,12 @@ def sharing(r: dict | None) -> dict[str, str]:
                    "preemptions", "switch calls", "gloo calls"], body)
           + f"\nThe high jobs' mean JCT with priorities over FCFS: **{spread(ratio)}** "
           f"(per seed {', '.join(f'{x:.2f}' for x in f['high_jct_ratios'])}; goal at most "
-          f"{f['goal']:g}: {f['judged']}); all jobs': {spread(f['all_jct_ratio'])}; every job "
+          f"{f['goal']:g}: {f['judged']})"
+          + (f"; the best any policy could give, every high job on the switch from its "
+             f"arrival at the JCT of the jobs that never left it: per seed "
+             f"{', '.join('-' if x is None else f'{x:.2f}' for x in f['best_high_jct_ratios'])}"
+             if "best_high_jct_ratios" in f else "")
+          + f"; all jobs': {spread(f['all_jct_ratio'])}; every job "
           f"finished with every result exact: {'yes' if f['all_finished'] else 'no'}. "
           f"{cost[0].upper() + cost[1:]}.\n\n"
           f"![Each job's calls over time under each policy, first seed](generated/sharing.png)\n")

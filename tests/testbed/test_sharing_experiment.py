@@ -27,6 +27,7 @@ SEED = 3          # schedule(3, 2, ...): job0 low at 0, job1 high at 0.39 x --ga
     (("--jobs", "17"), "--jobs must be 2 to 16"),
     (("--calls", "0"), "--calls, --size and --seeds must be at least 1, not 0, 131072, 3"),
     (("--gap", "-1"), "--gap must be at least 0"),
+    (("--high", "6"), "--high must be 1 to 5 (both classes present), not 6"),
     (("--bw", "5000"), "cannot be shaped"),
 ])
 def test_settings_that_cannot_run_are_refused(argv, message):
@@ -36,10 +37,11 @@ def test_settings_that_cannot_run_are_refused(argv, message):
     assert done.returncode == 1 and message in done.stderr.splitlines()[-1], done.stderr
 
 
-def test_the_schedule_is_seeded_with_half_the_jobs_high():
+def test_the_schedule_is_seeded_with_a_third_of_the_jobs_high():
     jobs = se.schedule(1, 6, 4.0)
     assert jobs == se.schedule(1, 6, 4.0) != se.schedule(2, 6, 4.0)
-    assert sorted(j["class"] for j in jobs) == ["high"] * 3 + ["low"] * 3
+    assert sorted(j["class"] for j in jobs) == ["high"] * 2 + ["low"] * 4
+    assert sorted(j["class"] for j in se.schedule(1, 6, 4.0, 3)) == ["high"] * 3 + ["low"] * 3
     assert jobs[0]["arrival"] == 0 and [j["arrival"] for j in jobs] == sorted(
         j["arrival"] for j in jobs)
     assert [j["class"] for j in se.schedule(SEED, 2, 1.0)] == ["low", "high"]
@@ -55,6 +57,20 @@ def test_a_preemption_is_costed_from_the_calls_paths():
                [3, "gloo", why], [6, "switch", "installed again"], [7, "gloo", why]]
     assert se.preemptions(calls, changes) == [{"gloo_calls": 2, "to_return_s": 3.0},
                                               {"gloo_calls": 2, "to_return_s": None}]
+    # Back on the switch "from call 9", which it never made: it finished on gloo.
+    assert se.preemptions(calls, changes + [[9, "switch", "installed again"]])[-1] == {
+        "gloo_calls": 2, "to_return_s": None}
+
+
+def test_the_best_ratio_puts_every_high_job_on_the_switch_from_arrival():
+    def job(policy, cls, jct, gloo):
+        return {"policy": policy, "class": cls, "jct_s": jct, "gloo_calls": gloo}
+    rows = [job("priority", "high", 12.0, 0), job("priority", "low", 30.0, 20),
+            job("fcfs", "low", 10.0, 0), job("fcfs", "high", 20.0, 30),
+            job("fcfs", "high", 9.0, 0)]
+    # Alone: the median JCT of jobs that never left the switch (12, 10, 9): 10.
+    assert se.best_ratio(rows) == pytest.approx((10.0 + 9.0) / (20.0 + 9.0))
+    assert se.best_ratio([r for r in rows if r["gloo_calls"]]) is None
 
 
 def test_a_high_job_preempts_a_low_one_under_priority_and_not_under_fcfs(tmp_path):
