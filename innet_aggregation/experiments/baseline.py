@@ -8,7 +8,7 @@ Why the ratio has a limit: a ring allreduce sends 2(n-1)/n times the tensor from
 every worker; in-network aggregation sends it once (and receives it once). When
 both are limited by the links, t_switch / t_gloo -> n / (2(n-1)): 0.67 for n = 4,
 0.57 for n = 8, before each protocol's headers. The limit used here is measured,
-not assumed (testbed.links): each testbed first times a TCP transfer of the
+not assumed (experiments.link_model): each testbed first times a TCP transfer of the
 tensor's bytes from one host to another after the same pause as a call (the rate
 the links deliver, HTB's refilled bucket included), and each path's link time is
 the bytes it put on the wire (every worker's /proc/net/dev, the largest) at that
@@ -58,13 +58,13 @@ from pathlib import Path
 from innet_aggregation.p4src import protocol
 
 from ..testbed.layout import add_topology_arguments, check_topology
-from ..testbed.links import bound, burst_bytes
+from ..testbed.links import burst_bytes
 from ..testbed.stopping import Stopped, stop_on_signals
 from ..testbed.targets import add_switch_arguments, default_target
 from . import record
-from .calls import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_arguments, agg_frame_bytes,
-                    breakdown_line, breakdown_ms, check_arguments, csv_list, measure,
-                    measure_capacity, ms, mtu_for, path_figures)
+from .calls import (CSV_FIELDS, WARMUP, add_measure_arguments, breakdown_line, breakdown_ms,
+                    check_arguments, csv_list, measure, measure_capacity, ms, path_figures)
+from .link_model import IP_TCP, agg_frame_bytes, bound, mtu_for
 from .progress import Progress
 from .stats import MIN_CALLS, judge, median_interval, ratio_interval
 

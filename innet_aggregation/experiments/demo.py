@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from innet_aggregation.p4src import protocol
 
 from . import record
-from .calls import agg_frame_bytes
+from .link_model import agg_frame_bytes
 from ..testbed.layout import add_program_argument, add_topology_arguments, check_deadline
 from .progress import Progress
 from .trace_picture import draw

@@ -35,9 +35,9 @@ from ..testbed.layout import default_values_per_packet
 from ..testbed.stopping import Stopped, stop_on_signals
 from ..testbed.targets import add_switch_arguments, default_target
 from . import record
-from .calls import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_arguments, agg_frame_bytes,
-                    check_arguments, csv_list, measure, measure_capacity, ms, mtu_for,
-                    path_figures)
+from .calls import (CSV_FIELDS, WARMUP, add_measure_arguments, check_arguments, csv_list,
+                    measure, measure_capacity, ms, path_figures)
+from .link_model import IP_TCP, agg_frame_bytes, mtu_for
 from .progress import Progress
 
 MIB = 2**20
