@@ -39,9 +39,10 @@ class NativeUnavailable(Exception):
 
 
 def _generator_sources() -> list[Path]:
-    """Every file the C unit is a function of, besides the JSON and the drop port."""
-    return sorted(Path(frontend.__file__).parent.glob("*.py")) + [
-        Path(emit_c.__file__), RUNTIME, Path(__file__)]
+    """Every file the C unit is a function of, besides the JSON and the drop port: the
+    front end, this backend's printer (printer.py, packet.py, literals.py), this loader."""
+    return (sorted(Path(frontend.__file__).parent.glob("*.py")) + sorted(HERE.glob("*.py"))
+            + [RUNTIME])
 
 
 def build(json_text: bytes, drop_port: int, print_unit) -> Path:
