@@ -1,8 +1,8 @@
 """C printer: a lowered program (``frontend.ir``) as one C translation unit.
 
-The unit defines the program's sizes, includes ``runtime.c`` (tables, PRE, I/O)
-and adds ``ss_setup``, ``ss_ingress`` and ``ss_egress``, one printer rule per IR
-node. Every field is a ``uint64_t`` slot of the packet state (signed fields
+The unit defines the program's sizes, includes ``runtime.c`` (tables, PRE, I/O: it
+includes control.c and io.c) and adds ``ss_setup``, ``ss_ingress`` and
+``ss_egress``, one printer rule per IR node. Every field is a ``uint64_t`` slot of the packet state (signed fields
 sign-extended), so fields, keys, parameters and registers wider than 64 bits are
 refused. An expression prints as C code equal to its value modulo 2^64: ring
 operations (+ - * ~ & | ^ <<) are exact whatever the value; an operation that
