@@ -2,14 +2,14 @@
 
 The unit defines the program's sizes, includes ``runtime.c`` (tables, PRE, I/O: it
 includes control.c and io.c) and adds ``ss_setup``, ``ss_ingress`` and
-``ss_egress``, one printer rule per IR node. Every field is a ``uint64_t`` slot of the packet state (signed fields
-sign-extended), so fields, keys, parameters and registers wider than 64 bits are
-refused. An expression prints as C code equal to its value modulo 2^64: ring
-operations (+ - * ~ & | ^ <<) are exact whatever the value; an operation that
-needs the value itself (comparison, >>, /, %, saturation, an index) is printed
-only where the IR's bounds prove it fits uint64_t or int64_t, otherwise the
-program is refused (``NativeUnsupported``) and runs on the Python backend.
-Nothing from the JSON reaches the C text except numbers, each through
+``ss_egress``, one printer rule per IR node. Every field is a ``uint64_t`` slot of
+the packet state (signed fields sign-extended), so fields, keys, parameters and
+registers wider than 64 bits are refused. An expression prints as C code equal to
+its value modulo 2^64: ring operations (+ - * ~ & | ^ <<) are exact whatever the
+value; an operation that needs the value itself (comparison, >>, /, %, saturation,
+an index) is printed only where the IR's bounds prove it fits uint64_t or int64_t,
+otherwise the program is refused (``NativeUnsupported``) and runs on the Python
+backend. Nothing from the JSON reaches the C text except numbers, each through
 ``validate.num`` or ``validate.u64`` (an int in range, or refused): literals.py. The
 parser, the checksums and the deparser are packet.py's; the controls, tables,
 actions and registers, and the unit, here.
