@@ -47,7 +47,6 @@ Writes <out>/baseline.csv, <out>/baseline.png and a JSON record of every figure
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
 import statistics
@@ -65,6 +64,7 @@ from . import record
 from .calls import (CSV_FIELDS, WARMUP, add_measure_arguments, breakdown_line, breakdown_ms,
                     check_arguments, csv_list, measure, measure_capacity, ms, path_figures)
 from .link_model import IP_TCP, agg_frame_bytes, bound, mtu_for
+from .output import pyplot, write_csv
 from .progress import Progress
 from .stats import MIN_CALLS, judge, median_interval, ratio_interval
 
@@ -235,9 +235,7 @@ def highest_link_bound(lines: list[dict]) -> dict[tuple, float | None]:
 
 
 def plot(lines: list[dict], path: Path, target: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ns = sorted({l["n"] for l in lines})
     shaped = sorted({l["bw_mbit"] for l in lines if l["bw_mbit"]})
@@ -349,10 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PermissionError("needs root (Mininet)")
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
-        with open(args.out / "baseline.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out / "baseline.csv", CSV_FIELDS, rows, extra="ignore")
         lines = table(rows)
         plot(lines, args.out / "baseline.png", args.target or default_target())
         figures = {"arguments": {k: (str(v) if isinstance(v, Path) else v)

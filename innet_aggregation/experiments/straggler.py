@@ -45,7 +45,6 @@ training time), <out>/straggler_steps.png (the step-time distributions) and
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -55,9 +54,10 @@ from pathlib import Path
 import numpy as np
 
 from . import record
-from .demo import MODELS
+from .models import MODELS
 from ..testbed.layout import add_program_argument
 from ..testbed.links import check_rate, check_workers
+from .output import pyplot, write_csv
 from .progress import Progress
 from ..testbed.stopping import Stopped, stop_on_signals
 from ..testbed.targets import add_switch_arguments, default_target
@@ -426,13 +426,6 @@ def run(args) -> tuple[list[dict], list[dict], dict, dict]:
     return rows, steps, curves, settings
 
 
-def write_csv(rows: list[dict], fields: list[str], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _cell(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -469,9 +462,7 @@ def plot(rows: list[dict], steps: list[dict], curves: dict, out: Path, accuracy:
     """Accuracy against the job's training time (every seed's curve), and the step-time
     distributions (every rank's steps of every seed, an empirical CDF), one panel per
     scenario, the reference in each."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     scenarios = [s for s in SCENARIOS if any(r["scenario"] == s for r in rows)]
     colors = {"ina": "tab:blue", "ina+deadline": "tab:green", "gloo": "tab:orange"}
@@ -536,8 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         rows, steps, curves, settings = run(args)
-        write_csv(rows, CSV_FIELDS, args.out / "straggler.csv")
-        write_csv(steps, STEP_FIELDS, args.out / "straggler_steps.csv")
+        write_csv(args.out / "straggler.csv", CSV_FIELDS, rows)
+        write_csv(args.out / "straggler_steps.csv", STEP_FIELDS, steps)
         paths = plot(rows, steps, curves, args.out, args.accuracy)
         seeds = seeds_of(args)
         ratios = seed_ratios(rows, seeds)
