@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from innet_aggregation.experiments.demo import redone_after_warmup
-from innet_aggregation.testbed.links import LINK_BOUND
+from innet_aggregation.experiments.link_model import LINK_BOUND
 from innet_aggregation.experiments.sharing import plot as plot_sharing
 
 REPO = Path(__file__).resolve().parents[1]

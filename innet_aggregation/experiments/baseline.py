@@ -8,7 +8,7 @@ Why the ratio has a limit: a ring allreduce sends 2(n-1)/n times the tensor from
 every worker; in-network aggregation sends it once (and receives it once). When
 both are limited by the links, t_switch / t_gloo -> n / (2(n-1)): 0.67 for n = 4,
 0.57 for n = 8, before each protocol's headers. The limit used here is measured,
-not assumed (testbed.links): each testbed first times a TCP transfer of the
+not assumed (experiments.link_model): each testbed first times a TCP transfer of the
 tensor's bytes from one host to another after the same pause as a call (the rate
 the links deliver, HTB's refilled bucket included), and each path's link time is
 the bytes it put on the wire (every worker's /proc/net/dev, the largest) at that
@@ -47,7 +47,6 @@ Writes <out>/baseline.csv, <out>/baseline.png and a JSON record of every figure
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
 import statistics
@@ -58,13 +57,14 @@ from pathlib import Path
 from innet_aggregation.p4src import protocol
 
 from ..testbed.layout import add_topology_arguments, check_topology
-from ..testbed.links import bound, burst_bytes
+from ..testbed.links import burst_bytes
 from ..testbed.stopping import Stopped, stop_on_signals
 from ..testbed.targets import add_switch_arguments, default_target
 from . import record
-from .calls import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_arguments, agg_frame_bytes,
-                    breakdown_line, breakdown_ms, check_arguments, csv_list, measure,
-                    measure_capacity, ms, mtu_for, path_figures)
+from .calls import (CSV_FIELDS, WARMUP, add_measure_arguments, breakdown_line, breakdown_ms,
+                    check_arguments, csv_list, measure, measure_capacity, ms, path_figures)
+from .link_model import IP_TCP, agg_frame_bytes, bound, mtu_for
+from .output import pyplot, write_csv
 from .progress import Progress
 from .stats import MIN_CALLS, judge, median_interval, ratio_interval
 
@@ -235,9 +235,7 @@ def highest_link_bound(lines: list[dict]) -> dict[tuple, float | None]:
 
 
 def plot(lines: list[dict], path: Path, target: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ns = sorted({l["n"] for l in lines})
     shaped = sorted({l["bw_mbit"] for l in lines if l["bw_mbit"]})
@@ -349,10 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PermissionError("needs root (Mininet)")
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
-        with open(args.out / "baseline.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out / "baseline.csv", CSV_FIELDS, rows, extra="ignore")
         lines = table(rows)
         plot(lines, args.out / "baseline.png", args.target or default_target())
         figures = {"arguments": {k: (str(v) if isinstance(v, Path) else v)

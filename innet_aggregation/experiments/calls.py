@@ -9,16 +9,12 @@ from __future__ import annotations
 import math
 import statistics
 
-from innet_aggregation.p4src import protocol
-
 from ..testbed.gradients import DATA
 from ..testbed.gradients import load as load_gradients
-from ..testbed.layout import link_mtu
-from ..testbed.links import capacity_mbit, check_rate, check_workers, link_time_s
+from ..testbed.links import check_rate, check_workers
+from .link_model import agg_frame_bytes, capacity_mbit, link_time_s
 from .stats import MIN_CALLS, median_interval
 
-ETH = 14
-IP_TCP = 20 + 32                # TCP with timestamps, as Linux sends it
 WARMUP = 2                      # unrecorded calls a point: the first probes every block
 MAX_REPS = 200                  # a point's timed calls, however short its calls
 BULK_PORT = 5201
@@ -32,14 +28,6 @@ def csv_list(kind):
     def parse(text: str):
         return [kind(x) for x in text.split(",") if x.strip()]
     return parse
-
-
-def agg_frame_bytes(values: int) -> int:
-    return ETH + protocol.packet_format(values).ip_bytes
-
-
-def mtu_for(values: int) -> int:
-    return link_mtu(protocol.packet_format(values))
 
 
 def add_measure_arguments(parser) -> None:
@@ -140,7 +128,7 @@ def breakdown_line(switch: list[dict], gloo: list[dict]) -> str:
 
 
 def measure_capacity(agents, payload: int, reps: int) -> dict:
-    """The links' delivered rate (testbed.links), Mbit/s of frames: a TCP transfer of
+    """The links' delivered rate (link_model.capacity_mbit), Mbit/s of frames: a TCP transfer of
     ``payload`` bytes from worker 0 to worker 1, ``reps`` times, each after a pause."""
     answers = agents.call({"op": "bulk", "bytes": payload, "reps": reps, "port": BULK_PORT},
                           timeout=1800)

@@ -28,7 +28,6 @@ firing on packets that were only late), and prints a summary table.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 from . import record
 from .calls import csv_list
 from ..testbed.layout import add_program_argument, add_topology_arguments, check_deadline
+from .output import pyplot, write_csv
 from .progress import Progress
 from ..testbed.stopping import Stopped, stop_on_signals
 from ..testbed.targets import add_switch_arguments, default_target
@@ -169,13 +169,6 @@ def run(args) -> list[dict]:
     return rows
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
     out: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -248,9 +241,7 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
     """Median (bars: min..max) against loss, one panel per size, one line per direction.
 
     The x axis is categorical: the loss rates span three decades and include 0."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by = groups(rows)
     sizes = sorted({r["size"] for r in rows})
@@ -349,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         points(args)
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
-        write_csv(rows, args.out / "loss.csv")
+        write_csv(args.out / "loss.csv", CSV_FIELDS, rows)
         paths = plot(rows, args.out)
         record.write("loss-experiment", {"points": figures(rows)}, params=vars(args),
                      load_before=load, out=args.out)

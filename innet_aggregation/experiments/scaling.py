@@ -25,7 +25,6 @@ Writes <out>/scaling.csv, <out>/scaling.png and a JSON record (experiments.recor
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -35,9 +34,10 @@ from ..testbed.layout import default_values_per_packet
 from ..testbed.stopping import Stopped, stop_on_signals
 from ..testbed.targets import add_switch_arguments, default_target
 from . import record
-from .calls import (CSV_FIELDS, IP_TCP, WARMUP, add_measure_arguments, agg_frame_bytes,
-                    check_arguments, csv_list, measure, measure_capacity, ms, mtu_for,
-                    path_figures)
+from .calls import (CSV_FIELDS, WARMUP, add_measure_arguments, check_arguments, csv_list,
+                    measure, measure_capacity, ms, path_figures)
+from .link_model import IP_TCP, agg_frame_bytes, mtu_for
+from .output import pyplot, write_csv
 from .progress import Progress
 
 MIB = 2**20
@@ -133,9 +133,7 @@ def print_table(lines: list[dict]) -> None:
 
 
 def plot(lines: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ns = [l["n"] for l in lines]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -177,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PermissionError("needs root (Mininet)")
         args.out.mkdir(parents=True, exist_ok=True)
         rows = run(args)
-        with open(args.out / "scaling.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out / "scaling.csv", CSV_FIELDS, rows, extra="ignore")
         lines = table(rows, args.values, args.bw)
         plot(lines, args.out / "scaling.png",
              f"1 MiB allreduce, {args.bw:g} Mbit/s links, {args.target}, {args.values} values "

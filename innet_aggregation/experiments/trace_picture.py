@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from innet_aggregation.worker.breakdown import PHASES
+from .output import pyplot
 
 # The training thread's ranges that frame a step, as the rows' first.
 STEP = {"DistributedDataParallel.forward": "forward", "Optimizer.step": "optimizer"}
@@ -40,9 +41,7 @@ def intervals(trace: dict) -> dict[str, list[tuple[float, float]]]:
 
 
 def draw(trace_path: Path, out: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = intervals(json.loads(Path(trace_path).read_text()))
     names = list(rows)

@@ -1,3 +1,5 @@
+"""`python -m innet_aggregation.switch_ctl`: the switch-ctl command line (cli.py)."""
+
 import sys
 
 from .cli import main

@@ -16,14 +16,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from innet_aggregation import IMPORT_ROOT
 
 from .stopping import dies_with_parent, whole
 
-if TYPE_CHECKING:   # a type only: importing the topology would pull in Mininet
-    from .topology import Testbed
+
+class Hosts(Protocol):
+    """What the agents need of a topology (topology.Testbed has it): its Mininet hosts,
+    a folder for their logs, and the job file their worker processes load. A protocol,
+    not the Testbed, because the Testbed's CLI starts agents (no import circle)."""
+    hosts: list
+    workdir: Path
+    config_path: Path
 
 
 class AgentError(RuntimeError):
@@ -31,7 +37,7 @@ class AgentError(RuntimeError):
 
 
 class HostAgents:
-    def __init__(self, testbed: Testbed, gloo: bool = True, start_timeout: float = 180.0):
+    def __init__(self, testbed: Hosts, gloo: bool = True, start_timeout: float = 180.0):
         self.testbed = testbed
         self.gloo = gloo
         self.start_timeout = start_timeout

@@ -1,14 +1,12 @@
-"""The links' model, measured rather than assumed, and what the testbed refuses.
+"""How the testbed shapes its links, and what it refuses to build.
 
 A shaped link is an HTB class of ``rate`` with a bucket of ``HTB_BURST_S`` at that
 rate (``burst_bytes``), which refills in every pause (before a call, between a
 ring's steps): the bucket is kept small against a call, so that a call goes out at
-the rate and not at the bucket's. The benchmarks still measure each testbed's
-capacity as its links deliver it (a TCP bulk transfer of a call's bytes, after the
-same pause, ``Host.bulk`` in testbed.train) and compute each path's link time from
-that capacity and the bytes the path actually put on the wire (``link_time_s``).
-First transmissions above the nominal rate are flagged ("burst"), never called
-bound by the links, and each path's share of its link time is reported.
+the rate and not at the bucket's. What the links then deliver is measured, not
+assumed, by the experiments (experiments/link_model.py). Rates the links cannot be
+shaped to and more workers than the switch or the machine holds are refused before
+anything starts.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ MAX_TESTBED_WORKERS = min(protocol.MAX_WORKERS, 250)   # the switch's lanes; 10.
 # resident here with 1 MiB calls of recorded gradients), with room for larger tensors;
 # more workers than memory holds swap or die.
 WORKER_MEMORY_MB = 450
-LINK_BOUND = 0.8              # first transmissions at this share of the link: bound by it
 
 
 def burst_bytes(mbit: float) -> int:
@@ -64,28 +61,3 @@ def check_workers(n: int, memory_mb: float | None = None) -> None:
         raise ValueError(f"{n} workers need about {n * WORKER_MEMORY_MB} MB "
                          f"({WORKER_MEMORY_MB} MB each) and this machine has {memory_mb:.0f} MB "
                          f"available: at most {int(memory_mb // WORKER_MEMORY_MB)} workers")
-
-
-def capacity_mbit(wire_bytes: int, payload: int, first_chunk: int, seconds: float) -> float:
-    """A bulk transfer's delivered rate in Mbit/s of frames on the wire: the sender
-    put ``wire_bytes`` on its link for ``payload`` bytes of data; the receiver timed
-    ``seconds`` from its first read (``first_chunk`` bytes, already there) to its last,
-    so those bytes' share of the frames is not counted."""
-    if seconds <= 0 or not 0 <= first_chunk < payload:
-        raise ValueError(f"no rate from {payload} bytes, {first_chunk} before the clock, "
-                         f"in {seconds} s")
-    return 8 * wire_bytes * (payload - first_chunk) / payload / seconds / 1e6
-
-
-def link_time_s(wire_bytes: float, mbit: float) -> float:
-    """The least time ``wire_bytes`` take on a link delivering ``mbit`` Mbit/s."""
-    return 8 * wire_bytes / (mbit * 1e6)
-
-
-def bound(first_tx_share: float | None) -> str:
-    """What set a call's time, from its first transmissions' share of the nominal rate:
-    "burst" above 100 % (the bucket, not the link), "links" from ``LINK_BOUND``, else
-    "hosts" (the CPU the workers and the switch share); unshaped links: "hosts"."""
-    if first_tx_share is None or first_tx_share < LINK_BOUND:
-        return "hosts"
-    return "burst" if first_tx_share > 1.0 else "links"

@@ -25,7 +25,7 @@ every worker can compute the sum of all workers' inputs and check the result
 (``exact``: equal for integers, else within the block floating point bound, which
 also covers gloo's float32 sums) and report a digest of it (compared across runs
 for bit-identity). ``bulk`` times a TCP transfer from worker 0 to worker 1 over the
-same links (testbed.links: the capacity they deliver).
+same links (experiments.link_model: the capacity they deliver).
 With ``barrier``, each timed call starts after a barrier, and the checks after it
 wait at a second one, so that no worker's checking runs beside another's call on
 the cores they share. Bytes sent and TCP retransmissions are read from this host's

@@ -11,7 +11,6 @@ from innet_aggregation.experiments import loss as loss_experiment
 from innet_aggregation.experiments import record
 from innet_aggregation.experiments import scaling as scaling_experiment
 from innet_aggregation.experiments import straggler as straggler_experiment
-from innet_aggregation.experiments import straggler_figures
 
 
 def test_a_record_names_its_commit_date_machine_and_load(tmp_path):
@@ -196,7 +195,7 @@ def test_the_straggler_experiment_records_each_run_as_it_prints_it(tmp_path):
             answers = [_straggler_answer(rank, times[rank], clocks[rank], accuracies,
                                          slept=[1] if scenario == "straggler" and rank == 1 else [],
                                          **counters) for rank in range(2)]
-            rows.append(straggler_figures.summarize(scenario, mode, seed, answers, args, 50.0,
+            rows.append(straggler_experiment.summarize(scenario, mode, seed, answers, args, 50.0,
                                                     500.0, 0))
             rows[-1].update(load_before=2.5, load_after=3.25)
     dl, no = rows[2], rows[1]
@@ -208,7 +207,7 @@ def test_the_straggler_experiment_records_each_run_as_it_prints_it(tmp_path):
     assert (dl["released_pct"], dl["late_pct"], dl["carried_pct"]) == (5.0, 5.0, 8.0)
     assert rows[1]["released_pct"] is None and rows[1]["deadline_ms"] == 0.0
     assert dl["step_p50_ms"] == 10.0 and rows[1]["step_p99_ms"] > 500
-    ratios = straggler_figures.seed_ratios(rows, [4, 5])
+    ratios = straggler_experiment.seed_ratios(rows, [4, 5])
     assert ratios["straggler_time_ratio"] == {"per_seed": [2.5 / 3, 2.5 / 3], "median": 2.5 / 3}
     assert ratios["straggler_steps_ratio"]["median"] == 0.75
     assert ratios["straggler_accuracy_points"]["median"] == 0.0

@@ -8,7 +8,7 @@ send that host results and keep its owner's jobs off it).
 With ``learn_hosts`` on, a host the fabric map does not list is learned the same
 way: a nonce of its own goes out of every port that faces hosts (on every switch of
 a tree), and the one the rank echoes names the port it is behind. Learning trusts
-whoever answers at that MAC, so the job gets no L2 route to a learned MAC (jobs.py).
+whoever answers at that MAC, so the job gets no L2 route to a learned MAC (placement.py).
 
 A nonce is bound to the registration it answers, (job, rank, token): the frame
 carries a tag (wire.proof_tag) keyed by the rank's own token, so the rank ignores a

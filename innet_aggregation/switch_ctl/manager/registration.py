@@ -16,8 +16,8 @@ rank the manager holds has behind another port, and never a pool service address
 its job gets no L2 route to it (placement.worker): the switch's mac_table, which
 every job shares, holds listed hosts at their listed ports only.
 
-A mixin of ``Jobs`` (jobs.py): it reads and changes the jobs' state under
-``Jobs.cond``, and asks the scheduler to try a job that became complete.
+A room of ``Jobs`` (jobs.py): it reads and changes the jobs' state (jobstate.py)
+under ``cond``, and asks the scheduler to try a job that became complete.
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ import time
 
 from . import sharing
 from .records import Member, Pending, same_token
+from .scheduling import Scheduling
 from .tenants import tenant_of
 from .wire import BadRequest, Register
 
 log = logging.getLogger("innet_aggregation.manager")
 
 
-class Registration:
+class Registration(Scheduling):
     """Registration, the waiting room's side of ``Jobs``."""
+
     def member(self, request: Register) -> Member:
         """The rank's interface the fabric knows, and the switch port behind it; what
         the request alone can be refused for is refused here, before the port proof."""

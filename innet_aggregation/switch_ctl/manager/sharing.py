@@ -1,25 +1,22 @@
 """How the manager shares its switch among tenants: the caps on waiting
 registrations and each tenant's quotas (checked when a rank registers), and
 preemption of running jobs by a complete job of higher priority that does not fit.
-Jobs' own steps (``Jobs`` calls them under its cond), in a file of their own.
+Steps of the scheduler (scheduling.py) and the waiting room (registration.py), under
+the jobs' cond, on the jobs' state (jobstate.py).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from .jobstate import JobState
 from .pool import Holding
+from .records import Pending, Running
 from .tenants import over_quota, tenant_of, wire_key
 from .wire import BadRequest, Register, job_name_of
-
-if TYPE_CHECKING:
-    from .jobs import Jobs
-    from .records import Pending, Running
 
 PREEMPTED_KEPT = 256         # preempted jobs whose ranks' renewals are told why
 
 
-def admit(jobs: "Jobs", request: Register, slots: int, peer: str, new_job: bool) -> None:
+def admit(jobs: JobState, request: Register, slots: int, peer: str, new_job: bool) -> None:
     """Refuse a registration over the caps on waiting registrations (in all, from
     its address, its tenant's) or, for a new job, over its tenant's quotas; under
     cond."""
@@ -47,7 +44,7 @@ def admit(jobs: "Jobs", request: Register, slots: int, peer: str, new_job: bool)
         raise BadRequest(f"{why}: rank {request.rank} of job {request.name} refused")
 
 
-def tenant_jobs(jobs: "Jobs", tenant: str) -> dict[str, tuple[int, int]]:
+def tenant_jobs(jobs: JobState, tenant: str) -> dict[str, tuple[int, int]]:
     """The tenant's jobs that hold or ask for resources (not those leaving): name ->
     (slots, service addresses)."""
     held = {p.name: (p.slots, 1) for p in jobs.pending.values()}
@@ -57,7 +54,7 @@ def tenant_jobs(jobs: "Jobs", tenant: str) -> dict[str, tuple[int, int]]:
     return {name: h for name, h in held.items() if tenant_of(name) == tenant}
 
 
-def over_services(jobs: "Jobs", pending: "Pending", services: int) -> str | None:
+def over_services(jobs: JobState, pending: Pending, services: int) -> str | None:
     """Why a complete tree job spanning ``services`` switches breaks its tenant's
     services quota (its first service address was counted when it registered)."""
     tenant = jobs.tenant(pending.name)
@@ -70,7 +67,7 @@ def over_services(jobs: "Jobs", pending: "Pending", services: int) -> str | None
     return None if why is None else f"{why}: job {pending.title} spans {services} switches"
 
 
-def preempt(jobs: "Jobs", pending: "Pending", macs: frozenset[str], held: list[Holding],
+def preempt(jobs: JobState, pending: Pending, macs: frozenset[str], held: list[Holding],
             services: int) -> None:
     """Take the running jobs of lower priority off the switch that the waiting job
     needs gone to fit (the lowest priority first, of those the newest), none more:

@@ -39,9 +39,11 @@ class NativeUnavailable(Exception):
 
 
 def _generator_sources() -> list[Path]:
-    """Every file the C unit is a function of, besides the JSON and the drop port."""
-    return sorted(Path(frontend.__file__).parent.glob("*.py")) + [
-        Path(emit_c.__file__), RUNTIME, Path(__file__)]
+    """Every file the C unit is a function of, besides the JSON and the drop port: the
+    front end, this backend's printer (printer.py, packet.py, literals.py), this loader,
+    and the runtime (runtime.c and the files it includes)."""
+    return (sorted(Path(frontend.__file__).parent.glob("*.py")) + sorted(HERE.glob("*.py"))
+            + sorted(HERE.glob("*.c")))
 
 
 def build(json_text: bytes, drop_port: int, print_unit) -> Path:

@@ -1,16 +1,18 @@
 """C printer: a lowered program (``frontend.ir``) as one C translation unit.
 
-The unit defines the program's sizes, includes ``runtime.c`` (tables, PRE, I/O)
-and adds ``ss_setup``, ``ss_ingress`` and ``ss_egress``, one printer rule per IR
-node. Every field is a ``uint64_t`` slot of the packet state (signed fields
-sign-extended), so fields, keys, parameters and registers wider than 64 bits are
-refused. An expression prints as C code equal to its value modulo 2^64: ring
-operations (+ - * ~ & | ^ <<) are exact whatever the value; an operation that
-needs the value itself (comparison, >>, /, %, saturation, an index) is printed
-only where the IR's bounds prove it fits uint64_t or int64_t, otherwise the
-program is refused (``NativeUnsupported``) and runs on the Python backend.
-Nothing from the JSON reaches the C text except numbers, each through
-``validate.num`` or ``validate.u64`` (an int in range, or refused).
+The unit defines the program's sizes, includes ``runtime.c`` (tables, PRE, I/O: it
+includes control.c and io.c) and adds ``ss_setup``, ``ss_ingress`` and
+``ss_egress``, one printer rule per IR node. Every field is a ``uint64_t`` slot of
+the packet state (signed fields sign-extended), so fields, keys, parameters and
+registers wider than 64 bits are refused. An expression prints as C code equal to
+its value modulo 2^64: ring operations (+ - * ~ & | ^ <<) are exact whatever the
+value; an operation that needs the value itself (comparison, >>, /, %, saturation,
+an index) is printed only where the IR's bounds prove it fits uint64_t or int64_t,
+otherwise the program is refused (``NativeUnsupported``) and runs on the Python
+backend. Nothing from the JSON reaches the C text except numbers, each through
+``validate.num`` or ``validate.u64`` (an int in range, or refused): literals.py. The
+parser, the checksums and the deparser are packet.py's; the controls, tables,
+actions and registers, and the unit, here.
 """
 
 from __future__ import annotations
@@ -19,54 +21,18 @@ import re
 
 from innet_aggregation.softswitch.frontend import ir
 from innet_aggregation.softswitch.frontend.lower import named, walk
-from innet_aggregation.softswitch.frontend.program import Field, Header, Program, Unsupported, mask
-from innet_aggregation.softswitch.frontend.validate import HASH_ALGORITHMS, MAX_CELLS, MAX_CHECKSUM_BITS, \
-    MAX_FIELD_LIST, MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num, u64
+from innet_aggregation.softswitch.frontend.program import Field, Header, Program, mask
+from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_FIELD_LIST, MAX_ID, \
+    MAX_LOOKAHEAD, num
 
-U64 = (1 << 64) - 1
-I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
-_lit = u64
-MAX_BYTES = MAX_HEADER_BITS // 8 + 1     # bounds of a header's size and bit positions
-HASH_CODES = {algo: i for i, algo in enumerate(HASH_ALGORITHMS)}   # runtime.c's ss_calc
-
-
-class NativeUnsupported(Unsupported):
-    """A construct the C printer cannot print exactly; the Python backend runs it."""
-
-
-def _kind(e: ir.Expr) -> str | None:
-    """"u" if the value fits uint64_t, "s" if it fits int64_t, else None."""
-    if not e.known:
-        return None
-    if 0 <= e.lo and e.hi <= U64:
-        return "u"
-    if I64_MIN <= e.lo and e.hi <= I64_MAX:
-        return "s"
-    return None
-
-
-def _exact(e: ir.Expr, what: str) -> str:
-    kind = _kind(e)
-    if kind is None:
-        raise NativeUnsupported(f"{what} may not fit in 64 bits")
-    return kind
-
-
-def _slit(value: int) -> str:
-    """A signed 64-bit C literal (INT64_MIN has no literal of its own)."""
-    return ("(-0x7fffffffffffffffLL - 1)" if value == I64_MIN
-            else f"({num(value, I64_MIN, I64_MAX + 1)}LL)")
-
-
-def _w(width: int) -> str:
-    """A width the C code handles: 1 to 64 bits."""
-    return num(width, 1, 65)
-
+from .literals import (I64_MAX, I64_MIN, MAX_BYTES, U64, NativeUnsupported, exact_kind, kind_of,
+                       lit, slit, wlit)
+from .packet import PacketPrinter
 
 PARAM = re.compile(r"\bad\[")    # x_Param's code: an action's parameter in the table's data
 
 
-class CPrinter:
+class CPrinter(PacketPrinter):
     """Prints the C unit of one lowered program."""
 
     def __init__(self, program: Program):
@@ -149,14 +115,14 @@ class CPrinter:
         if e.fits(width, signed):
             return code
         if signed:
-            return f"ss_sext({code}, {_w(width)})"
-        return f"(({code}) & {_lit(mask(width))})"
+            return f"ss_sext({code}, {wlit(width)})"
+        return f"(({code}) & {lit(mask(width))})"
 
     def expr(self, e: ir.Expr) -> str:
         return getattr(self, "x_" + type(e).__name__)(e)
 
     def x_Const(self, e: ir.Const) -> str:
-        return _lit(e.value)
+        return lit(e.value)
 
     def x_FieldRef(self, e: ir.FieldRef) -> str:
         return self.fref(e.field)
@@ -170,11 +136,11 @@ class CPrinter:
     def x_Lookahead(self, e: ir.Lookahead) -> str:
         if e.width > 64 or e.bit_offset < 0:
             raise NativeUnsupported(f"lookahead of {e.width} bits")
-        return f"ss_get(S->pkt + S->off, {num(e.bit_offset, 0, MAX_LOOKAHEAD)}, {_w(e.width)})"
+        return f"ss_get(S->pkt + S->off, {num(e.bit_offset, 0, MAX_LOOKAHEAD)}, {wlit(e.width)})"
 
     def stack_slot(self, fields: list, index: ir.Expr) -> str:
         """The field of element ``index`` (ss_index drops the packet past the stack)."""
-        _exact(index, "a header stack index")      # negative: past the stack as a uint64_t
+        exact_kind(index, "a header stack index")      # negative: past the stack as a uint64_t
         if self.touched is not None:
             self.touched.update(f.id for f in fields)
         ids = ", ".join(num(f.id, 0, len(self.prog.field_list)) for f in fields)
@@ -207,14 +173,14 @@ class CPrinter:
             raise NativeUnsupported(f"{e.op} to {e.width} bits")
         a = self.expr(e.a)
         if e.op == "two_comp_mod":
-            return f"ss_sext({a}, {_w(e.width)})"
-        kind = _exact(e.a, f"the operand of {e.op}")
+            return f"ss_sext({a}, {wlit(e.width)})"
+        kind = exact_kind(e.a, f"the operand of {e.op}")
         x = f"(int64_t)({a})" if kind == "s" else f"({a})"
         parts = []
         if kind == "s" and (not e.a.known or e.a.lo < e.lo):
-            parts.append(f"{x} < {_slit(e.lo)} ? (uint64_t){_slit(e.lo)}")
+            parts.append(f"{x} < {slit(e.lo)} ? (uint64_t){slit(e.lo)}")
         if e.hi <= I64_MAX or kind == "u":
-            hi_c = _slit(e.hi) if kind == "s" else _lit(e.hi)
+            hi_c = slit(e.hi) if kind == "s" else lit(e.hi)
             parts.append(f"{x} > {hi_c} ? (uint64_t){hi_c}")
         return "(" + " : ".join(parts + [f"(uint64_t){x}"]) + ")"
 
@@ -222,7 +188,7 @@ class CPrinter:
         op, a, b = e.op, e.a, e.b
         ac, bc = self.expr(a), self.expr(b)
         if op in ir.COMPARISONS:
-            ka, kb = _kind(a), _kind(b)
+            ka, kb = kind_of(a), kind_of(b)
             if op in ("==", "!=") and a.known and b.known and max(a.hi, b.hi) - min(a.lo, b.lo) <= U64:
                 return f"(uint64_t)(({ac}) {op} ({bc}))"
             if ka == "u" and kb == "u":
@@ -235,17 +201,17 @@ class CPrinter:
         if op in ("+", "-", "*", "&", "|", "^"):
             return f"(({ac}) {op} ({bc}))"
         if op in ("<<", ">>"):
-            if _exact(b, "a shift amount") != "u":
+            if exact_kind(b, "a shift amount") != "u":
                 raise NativeUnsupported("shift by a possibly negative amount")
             if op == "<<":
                 if isinstance(b, ir.Const) and b.value < 64:
                     return f"(({ac}) << {b.value}U)"
                 return f"(({bc}) >= 64 ? 0ULL : ({ac}) << ({bc}))"
-            if _exact(a, "the left operand of >>") == "u":
+            if exact_kind(a, "the left operand of >>") == "u":
                 return f"(({bc}) >= 64 ? 0ULL : ({ac}) >> ({bc}))"
             return f"(uint64_t)((int64_t)({ac}) >> (({bc}) >= 63 ? 63 : ({bc})))"
         # / and %
-        if _exact(a, op) != "u" or _exact(b, op) != "u":
+        if exact_kind(a, op) != "u" or exact_kind(b, op) != "u":
             raise NativeUnsupported(f"{op} of a possibly negative value")
         return f"ss_div(S, {ac}, {bc}, {int(op == '%')})"
 
@@ -294,17 +260,6 @@ class CPrinter:
         fixed = num(header.nbytes, 0, MAX_BYTES)
         return fixed if header.length is None else f"({fixed} + ({self.fref(header.length)} >> 3))"
 
-    def varbit_layout(self, header: Header, n: str):
-        """(field, its bit position, its width) as C code; ``n``: the varbit's bits now."""
-        pos, after = 0, False
-        for f in header.fields:
-            at = num(pos, 0, MAX_HEADER_BITS)
-            yield f, f"({at} + {n})" if after else at, f"(int){n}" if f.varbit else _w(f.width)
-            if f.varbit:
-                after = True
-            else:
-                pos += f.width
-
     def s_SetValid(self, s: ir.SetValid) -> None:
         self.add(f"S->v[{self.hid(s.header)}] = {int(s.valid)};")
 
@@ -316,7 +271,7 @@ class CPrinter:
 
     def in_range(self, index: ir.Expr, size: int) -> str:
         """The C test that ``_ix`` (the value of ``index``) is a cell of ``size``."""
-        kind = _exact(index, "an index")
+        kind = exact_kind(index, "an index")
         if index.lo >= 0 and index.hi < size:
             return "1"
         if kind == "u":
@@ -438,7 +393,7 @@ class CPrinter:
                      f"{{ c->cpk[{n}][_ix]++; c->cby[{n}][_ix] += S->in_len; }}")
 
     def s_Random(self, s: ir.Random) -> None:
-        if _exact(s.lo, "a random bound") != "u" or _exact(s.hi, "a random bound") != "u":
+        if exact_kind(s.lo, "a random bound") != "u" or exact_kind(s.hi, "a random bound") != "u":
             raise NativeUnsupported("random bounds that may be negative")
         f = s.field
         value = ir.Const(0).bounded(s.lo.lo, s.hi.hi)
@@ -541,157 +496,7 @@ class CPrinter:
             self.add(f"{self.return_label}: ;")
 
     # ------------------------------------------------------------------ parser
-    def fail(self, code: str) -> str:
-        return f"{{ perr = {code}; goto {self.parsed}; }}"
-
-    def too_short(self, nbytes: str) -> None:
-        self.add(f"if (S->plen - S->off < (uint64_t)({nbytes})) "
-                 f"{self.fail(num(self.prog.too_short, 0, MAX_ID))}")
-
-    def s_Require(self, s: ir.Require) -> None:
-        self.too_short(num(s.nbytes, 0, MAX_LOOKAHEAD + MAX_BYTES))
-
-    def s_Extract(self, s: ir.Extract) -> None:
-        header = s.header
-        self.too_short(num(header.nbytes, 0, MAX_BYTES))
-        self.add("{ const uint8_t *_p = S->pkt + S->off;")
-        pos = 0
-        for f in header.fields:
-            if pos % 8 == 0 and f.width in (8, 16, 32, 64):
-                code = f"ss_ld{_w(f.width)}(_p + {num(pos // 8, 0, MAX_BYTES)})"
-            else:
-                code = f"ss_get(_p, {num(pos, 0, MAX_HEADER_BITS)}, {_w(f.width)})"
-            if f.signed:
-                code = f"ss_sext({code}, {_w(f.width)})"
-            self.add(f"  {self.fref(f)} = {code};")
-            pos += f.width
-        self.add(f"  S->off += {num(header.nbytes, 0, MAX_BYTES)}; "
-                 f"S->v[{self.hid(header)}] = 1; }}")
-
-    def s_ExtractVL(self, s: ir.ExtractVL) -> None:
-        header = s.header
-        fixed = num(header.nbytes, 0, MAX_BYTES)
-        if _exact(s.nbits, "a varbit length") != "u":
-            raise NativeUnsupported("a varbit length that may be negative")
-        self.add(f"{{ uint64_t _n = {self.expr(s.nbits)};")
-        self.add(f"  if (_n & 7) {self.fail(num(s.invalid_argument, 0, MAX_ID))}")
-        self.add(f"  if (_n >= 2147483648ULL || S->plen - S->off < {fixed} + (_n >> 3)) "
-                 f"{self.fail(num(self.prog.too_short, 0, MAX_ID))}")
-        self.add(f"  if ({fixed} + (_n >> 3) > {num(header.max_nbytes, 0, MAX_BYTES)}) "
-                 f"{self.fail(num(s.too_long, 0, MAX_ID))}")
-        self.add("  const uint8_t *_p = S->pkt + S->off;")
-        for f, pos, width in self.varbit_layout(header, "_n"):
-            code = f"ss_get(_p, {pos}, {width})"
-            if f.signed:
-                code = f"ss_sext({code}, {_w(f.width)})"
-            self.add(f"  {self.fref(f)} = {code};")
-        self.add(f"  {self.fref(header.length)} = _n; S->off += {fixed} + (_n >> 3); "
-                 f"S->v[{self.hid(header)}] = 1; }}")
-
-    def s_Verify(self, s: ir.Verify) -> None:
-        self.add(f"if (!({self.expr(s.cond)})) {self.fail(self.expr(s.error))}")
-
-    def s_Advance(self, s: ir.Advance) -> None:
-        if _exact(s.nbytes, "an advance") != "u":
-            raise NativeUnsupported("advance by a possibly negative amount")
-        self.add(f"{{ uint64_t _adv = {self.expr(s.nbytes)};")
-        self.add(f"  if (S->plen - S->off < _adv) {self.fail(num(self.prog.too_short, 0, MAX_ID))}")
-        self.add("  S->off += _adv; }")
-
-    def parser(self) -> None:
-        lowered, prog = self.ir, self.prog
-        self.parsed = self.label("parsed")
-        nstates = len(lowered.states)
-        self.add(f"int st = {num(lowered.init, 0, nstates)};")
-        self.add("for (int _guard = 0; st >= 0; _guard++) {")
-        self.depth += 1
-        # A parser loop that extracts nothing would spin for ever: give up as too short.
-        self.add(f"if (_guard > 100000) {self.fail(num(prog.too_short, 0, MAX_ID))}")
-        self.add("switch (st) {")
-        for state in lowered.states:
-            self.nested(f"case {num(state.index, 0, nstates)}: {{", self.state, state)
-        self.add("default: st = -1;")
-        self.add("}")
-        self.depth -= 1
-        self.add("}")
-        self.add(f"{self.parsed}: ;")
-
-    def state(self, state: ir.ParserState) -> None:
-        nstates = len(self.ir.states)
-        self.block(state.ops)
-        default = num(state.default, -1, nstates)
-        if state.key is None:
-            self.add(f"st = {default};")
-        else:
-            if state.key_bits > 64:
-                raise NativeUnsupported(f"a select key of more than 64 bits "
-                                        f"(parser state {state.index})")
-            self.add(f"{{ uint64_t _key = {self.expr(state.key)};")
-            for i, (value, case_mask, nxt) in enumerate(state.cases):
-                cond = (f"(_key & {_lit(case_mask)}) == {_lit(value & case_mask)}"
-                        if case_mask is not None else f"_key == {_lit(value)}")
-                self.add(f"  {'else ' if i else ''}if ({cond}) st = {num(nxt, -1, nstates)};")
-            self.add(f"  {'else ' if state.cases else ''}st = {default}; }}")
-        self.add("break;")
-
     # ------------------------------------------------------------------ checksums
-    def calculation(self, calc: ir.Calculation) -> str:
-        """Prints the lines that gather ``calc``'s input into ``_cb`` (``_cn`` bits);
-        returns the C expression of its value."""
-        nbits = sum(sum(f.width for f in fields) if header is not None else fields[1]
-                    for header, fields in calc.inputs)
-        self.add(f"uint8_t _cb[{num((nbits + 7) // 8 + 16, 16, MAX_CHECKSUM_BITS // 8 + 17)}] "
-                 "= {0}; uint32_t _cn = 0;")
-        for header, fields in calc.inputs:
-            if header is None:
-                value, width = fields
-                if width > 64:
-                    raise NativeUnsupported(f"a {width}-bit constant in a checksum")
-                self.add(f"ss_put(_cb, _cn, {_w(width)}, {_lit(value)}); _cn += {_w(width)};")
-                continue
-            test = "" if header.metadata else f"if (S->v[{self.hid(header)}]) "
-            puts = " ".join(self.calc_put(header, f) for f in fields)
-            self.add(f"{test}{{ {puts} }}")
-        payload = ("S->pkt + S->off, S->plen - S->off" if calc.payload else "0, 0")
-        return (f"ss_calc({num(HASH_CODES[calc.algo], 0, len(HASH_CODES))}, _cb, "
-                f"(_cn + 7) >> 3, {payload})")
-
-    def calc_put(self, header: Header, f) -> str:
-        """One field into ``_cb``: a varbit one as many bits as it holds now."""
-        width = f"(int){self.fref(header.length)}" if f.varbit else _w(f.width)
-        return f"ss_put(_cb, _cn, {width}, {self.fref(f)}); _cn += {width};"
-
-    def checksum(self, cs: ir.Checksum, verify: bool) -> None:
-        self.add(f"uint64_t _csum = {self.calculation(cs.calc)};")
-        target = cs.target
-        if verify:
-            err = self.prog.std("checksum_error")
-            if err is not None:
-                self.add(f"if (_csum != {self.fref(target)}) {self.fref(err)} = 1;")
-        else:
-            value = ir.Const(0).bounded(0, mask(HASH_ALGORITHMS[cs.calc.algo]))
-            self.add(f"{self.fref(target)} = "
-                     f"{self.store(value, '_csum', target.width, target.signed)};")
-
-    def s_HashOffset(self, s: ir.HashOffset) -> None:
-        self.add("{")
-        self.depth += 1
-        self.add(f"uint64_t _hb = {self.expr(s.base)}, _hs = {self.expr(s.size)};")
-        value = self.calculation(s.calc)
-        f = s.field
-        code = f"({value} % (_hs ? _hs : 1) + _hb)"       # uint64_t, as BMv2
-        self.add(f"{self.fref(f)} = "
-                 f"{self.store(ir.Const(0).bounded(0, U64), code, f.width, f.signed)};")
-        self.depth -= 1
-        self.add("}")
-
-    def checksums(self, checksums: list, verify: bool) -> None:
-        for cs in checksums:
-            if cs.cond is None:
-                self.nested("{", self.checksum, cs, verify)
-            else:
-                self.nested(f"if ({self.expr(cs.cond)}) {{", self.checksum, cs, verify)
-
     # ------------------------------------------------------------------ unit
     def control(self, nodes: list, name: str) -> None:
         self.exit_label = self.label(f"exit_{name}")
@@ -793,27 +598,7 @@ class CPrinter:
                  "|| S->abort) "
                  "return -1;")
         self.checksums(self.ir.update, False)
-        self.add("uint32_t o = 0;")
-        for header in self.ir.deparse:
-            if header.length is not None:
-                self.deparse_varbit(header)
-                continue
-            test = "" if header.metadata else f"if (S->v[{self.hid(header)}]) "
-            nbytes = num(header.nbytes, 0, MAX_BYTES)
-            self.add(f"{test}{{")
-            self.add(f"    if (o + {nbytes} > cap) return -1;")
-            self.add(f"    uint8_t *_p = out + o; memset(_p, 0, {nbytes});")
-            pos = 0
-            for f in header.fields:
-                if pos % 8 == 0 and f.width in (8, 16, 32, 64):
-                    self.add(f"    ss_st{_w(f.width)}(_p + {num(pos // 8, 0, MAX_BYTES)}, "
-                             f"{self.fref(f)});")
-                else:
-                    self.add(f"    ss_put(_p, {num(pos, 0, MAX_HEADER_BITS)}, {_w(f.width)}, "
-                             f"{self.fref(f)});")
-                pos += f.width
-            self.add(f"    o += {nbytes};")
-            self.add("}")
+        self.deparser()
         self.add("if (o + (S->plen - S->off) > cap) return -1;")
         self.add("memcpy(out + o, S->pkt + S->off, S->plen - S->off);")
         self.add("return o + (S->plen - S->off);")
@@ -843,16 +628,6 @@ class CPrinter:
             self.add(f"    memcpy(D->f + {num(lo, 0, n)}, S->f + {num(lo, 0, n)}, "
                      f"{num(hi - lo, 1, n)} * sizeof(uint64_t));")
         self.add("    memcpy(D->v, S->v, sizeof *S - offsetof(ss_state, v));")
-        self.add("}")
-
-    def deparse_varbit(self, header: Header) -> None:
-        self.add(f"if (S->v[{self.hid(header)}]) {{")
-        self.add(f"    uint64_t _n = {self.fref(header.length)}; uint64_t _nb = {self.size(header)};")
-        self.add("    if (o + _nb > cap) return -1;")
-        self.add("    uint8_t *_p = out + o; memset(_p, 0, _nb);")
-        for f, pos, width in self.varbit_layout(header, "_n"):
-            self.add(f"    ss_put(_p, {pos}, {width}, {self.fref(f)});")
-        self.add("    o += _nb;")
         self.add("}")
 
 

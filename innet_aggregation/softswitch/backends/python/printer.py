@@ -9,40 +9,24 @@ integers, truncated to a field's width where stored, and only where the IR's
 bounds do not prove the value fits. This backend runs every program the front
 half accepts; the native backend falls back to it. Names become identifiers of
 ``[A-Za-z0-9_]`` only, and every number goes through ``validate.num`` (an int in
-range, or refused).
+range, or refused): literals.py. The parser, the checksums and the headers' layouts
+are packet.py's; the controls, tables and actions, and the two functions, here.
 """
 
 from __future__ import annotations
 
-import keyword
 import random
 import re
-import struct
 
 from innet_aggregation.softswitch.backends.python import runtime
 from innet_aggregation.softswitch.frontend import ir
 from innet_aggregation.softswitch.frontend.lower import walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, Unsupported, mask
-from innet_aggregation.softswitch.frontend.validate import HASH_ALGORITHMS, MAX_BITS, MAX_FIELD_LIST, \
-    MAX_HEADER_BITS, MAX_ID, MAX_LOOKAHEAD, num
+from innet_aggregation.softswitch.frontend.validate import MAX_BITS, MAX_FIELD_LIST, MAX_ID, \
+    MAX_LOOKAHEAD, num
 
-_STRUCT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
-_BIG = 1 << (MAX_BITS + 1)               # bounds every constant and mask of a program
-MAX_BYTES = MAX_HEADER_BITS // 8 + 1
-HASH_CODES = {algo: i for i, algo in enumerate(HASH_ALGORITHMS)}   # runtime.hash_value's
-
-
-def _lit(value: int) -> str:
-    return num(value, -_BIG, _BIG)
-
-
-def _id(value: int) -> str:
-    return num(value, 0, MAX_ID)
-
-
-def _ident(text: str) -> str:
-    out = re.sub(r"\W", "_", text)
-    return out if out and not out[0].isdigit() and not keyword.iskeyword(out) else f"x{out}"
+from .literals import MAX_BYTES, id_lit, ident, lit
+from .packet import PacketPrinter
 
 
 class Source:
@@ -74,7 +58,7 @@ class Compiled:
         self.namespace = {}                 # globals of the generated functions
 
 
-class PyPrinter:
+class PyPrinter(PacketPrinter):
     """Prints the two packet functions of one lowered program."""
 
     def __init__(self, program: Program):
@@ -99,22 +83,22 @@ class PyPrinter:
         self.valid_vars: dict[int, str] = {}
         used_prefixes, used_vars = set(), set()
         for header in program.headers.values():
-            prefix = _ident(header.name)
+            prefix = ident(header.name)
             while prefix in used_prefixes:
                 prefix += "_"
             used_prefixes.add(prefix)
             self.valid_vars[header.id] = f"V_{prefix}"
             for field in header.fields:
-                var = f"F_{prefix}__{_ident(field.name)}"
+                var = f"F_{prefix}__{ident(field.name)}"
                 while var in used_vars:
                     var += "_"
                 used_vars.add(var)
                 self.vars[field.id] = var
         for spec in program.registers.values():
-            self.ns[f"R{_id(spec.id)}"] = spec.cells
+            self.ns[f"R{id_lit(spec.id)}"] = spec.cells
         for spec in program.counters.values():
-            self.ns[f"CP{_id(spec.id)}"] = spec.packets
-            self.ns[f"CB{_id(spec.id)}"] = spec.bytes
+            self.ns[f"CP{id_lit(spec.id)}"] = spec.packets
+            self.ns[f"CB{id_lit(spec.id)}"] = spec.bytes
         # Every field, validity bit and bookkeeping value that crosses ingress -> egress.
         self.state_vars: list[str] = []
         for header in program.headers.values():
@@ -131,7 +115,7 @@ class PyPrinter:
 
     def bits(self, field: Field) -> str:
         """A field's bits as a non-negative integer (unsigned fields always are)."""
-        return f"({self.v(field)} & {_lit(mask(field.width))})" if field.signed else self.v(field)
+        return f"({self.v(field)} & {lit(mask(field.width))})" if field.signed else self.v(field)
 
     def valid_code(self, header: Header) -> str:
         return "True" if header.metadata else self.vv(header)
@@ -162,13 +146,13 @@ class PyPrinter:
             return code
         if signed:
             half = 1 << (width - 1)
-            return f"((({code}) + {_lit(half)}) & {_lit(mask(width))}) - {_lit(half)}"
-        return f"({code}) & {_lit(mask(width))}"
+            return f"((({code}) + {lit(half)}) & {lit(mask(width))}) - {lit(half)}"
+        return f"({code}) & {lit(mask(width))}"
 
     def x_Const(self, e: ir.Const) -> str:
         if e.boolean:
             return "True" if e.value else "False"
-        return _lit(e.value)
+        return lit(e.value)
 
     def x_FieldRef(self, e: ir.FieldRef) -> str:
         return self.v(e.field)
@@ -177,7 +161,7 @@ class PyPrinter:
         return self.vv(e.header)
 
     def x_Param(self, e: ir.Param) -> str:
-        return f"ad{_id(e.index)}"
+        return f"ad{id_lit(e.index)}"
 
     def x_Lookahead(self, e: ir.Lookahead) -> str:
         return (f"_lookahead(pkt, off, {num(e.bit_offset, 0, MAX_LOOKAHEAD)}, "
@@ -205,10 +189,10 @@ class PyPrinter:
         if e.op == "two_comp_mod":
             half = 1 << (width - 1)
             if e.a.fits(width, False) and isinstance(e.a, (ir.FieldRef, ir.Param)):
-                return f"({a} - {_lit(1 << width)} if {a} >= {_lit(half)} else {a})"
-            return f"((({a}) + {_lit(half)}) & {_lit(mask(width))}) - {_lit(half)}"
+                return f"({a} - {lit(1 << width)} if {a} >= {lit(half)} else {a})"
+            return f"((({a}) + {lit(half)}) & {lit(mask(width))}) - {lit(half)}"
         tmp = self.temp("t")
-        lo, hi = _lit(e.lo), _lit(e.hi)
+        lo, hi = lit(e.lo), lit(e.hi)
         return f"({lo} if ({tmp} := {a}) < {lo} else {hi} if {tmp} > {hi} else {tmp})"
 
     def x_Binary(self, e: ir.Binary) -> str:
@@ -299,16 +283,16 @@ class PyPrinter:
         reg, f = s.register, s.field
         cell = ir.Const(0).bounded(0, mask(reg.width))
         self.guarded(s.index, reg.size, lambda ix: f"{self.v(f)} = " + self.store(
-            cell, f"R{_id(reg.id)}[{ix}]", f.width, f.signed))
+            cell, f"R{id_lit(reg.id)}[{ix}]", f.width, f.signed))
 
     def s_RegisterWrite(self, s: ir.RegisterWrite) -> None:
         reg = s.register
         value = self.temp("vx")
         self.add(f"{value} = {self.store(s.value, self.expr(s.value), reg.width, False)}")
-        self.guarded(s.index, reg.size, lambda ix: f"R{_id(reg.id)}[{ix}] = {value}")
+        self.guarded(s.index, reg.size, lambda ix: f"R{id_lit(reg.id)}[{ix}] = {value}")
 
     def s_Count(self, s: ir.Count) -> None:
-        n = _id(s.counter.id)
+        n = id_lit(s.counter.id)
         self.guarded(s.index, s.counter.size, lambda ix: f"CP{n}[{ix}] += 1",
                      lambda ix: f"CB{n}[{ix}] += in_len")
 
@@ -338,7 +322,7 @@ class PyPrinter:
 
     def s_Apply(self, node: ir.Apply) -> None:
         spec = node.table
-        tid = _id(spec.id)
+        tid = id_lit(spec.id)
         keys = [self.expr(k) for k in node.keys]
         if not keys:
             self.add("_hit = False")
@@ -366,13 +350,13 @@ class PyPrinter:
                 self.add("    _a, _d = _e")
         for i, action in enumerate(node.actions):
             self.add("if True:" if len(node.actions) == 1
-                     else f"{'elif' if i else 'if'} _a == {_id(action.id)}:")
+                     else f"{'elif' if i else 'if'} _a == {id_lit(action.id)}:")
             self.src.depth += 1
             self.action(action)
             self.src.depth -= 1
         for i, (cond, body) in enumerate(node.branches):
             test = ("_hit" if cond == "hit" else "not _hit" if cond == "miss"
-                    else f"_a in ({''.join(_id(aid) + ', ' for aid in cond)})")
+                    else f"_a in ({''.join(id_lit(aid) + ', ' for aid in cond)})")
             self.nested(f"{'elif' if i else 'if'} {test}:", body)
 
     def action(self, action: ir.Action) -> None:
@@ -450,175 +434,6 @@ class PyPrinter:
             block += [f"    {head}", f"        _SPE.append((_clone, ({values},)))"]
         egress.lines[i:i + 1] = ["    " + line for line in block]
 
-    # ------------------------------------------------------------------ parser
-    def s_Require(self, s: ir.Require) -> None:
-        self.add(f"if plen - off < {num(s.nbytes, 0, MAX_LOOKAHEAD + MAX_BYTES)}:")
-        self.add(f"    raise ParserError({_id(self.prog.too_short)})")
-
-    def s_ExtractVL(self, s: ir.ExtractVL) -> None:
-        header = s.header
-        n, fixed = self.temp("n"), num(header.nbytes, 0, MAX_BYTES)
-        self.add(f"{n} = {self.expr(s.nbits)}")
-        self.add(f"if {n} & 7:")
-        self.add(f"    raise ParserError({_id(s.invalid_argument)})")
-        self.add(f"if {n} >= 2147483648 or plen - off < {fixed} + ({n} >> 3):")
-        self.add(f"    raise ParserError({_id(self.prog.too_short)})")
-        self.add(f"if {fixed} + ({n} >> 3) > {num(header.max_nbytes, 0, MAX_BYTES)}:")
-        self.add(f"    raise ParserError({_id(s.too_long)})")
-        self.add(f"_bits = int.from_bytes(pkt[off:off + {fixed} + ({n} >> 3)], 'big')")
-        for f, after, width in self.varbit_layout(header, n):
-            part = f"(_bits >> {after}) & {width}"
-            if f.signed:
-                half = 1 << (f.width - 1)
-                part = f"((({part}) + {_lit(half)}) & {_lit(mask(f.width))}) - {_lit(half)}"
-            self.add(f"{self.v(f)} = {part}")
-        self.add(f"{self.v(header.length)} = {n}")
-        self.add(f"off += {fixed} + ({n} >> 3)")
-        self.add(f"{self.vv(header)} = True")
-
-    def varbit_layout(self, header: Header, n: str):
-        """(field, its shift from the header's end, its mask) as code; ``n``: the varbit's bits."""
-        rest = sum(f.width for f in header.fields if not f.varbit)
-        for f in header.fields:
-            if f.varbit:
-                yield f, num(rest, 0, MAX_HEADER_BITS + 1), f"((1 << {n}) - 1)"
-                continue
-            rest -= f.width
-            varbit_after = any(g.varbit for g in header.fields[header.fields.index(f):])
-            shift = num(rest, 0, MAX_HEADER_BITS + 1)
-            yield f, f"({shift} + {n})" if varbit_after else shift, _lit(mask(f.width))
-
-    def s_Verify(self, s: ir.Verify) -> None:
-        self.add(f"if not {self.expr(s.cond)}:")
-        self.add(f"    raise ParserError({self.expr(s.error)})")
-
-    def s_Advance(self, s: ir.Advance) -> None:
-        var = self.temp("adv")
-        self.add(f"{var} = {self.expr(s.nbytes)}")
-        self.add(f"if plen - off < {var}:")
-        self.add(f"    raise ParserError({_id(self.prog.too_short)})")
-        self.add(f"off += {var}")
-
-    def parser(self) -> None:
-        lowered = self.ir
-        nstates = len(lowered.states)
-        self.add("try:")
-        self.src.depth += 1
-        self.add(f"st = {num(lowered.init, 0, nstates)}")
-        if lowered.parser_loops:
-            self.add("_guard = 0")
-        self.add("while True:")
-        self.src.depth += 1
-        if lowered.parser_loops:
-            # A loop that extracts nothing would spin for ever: give up as too short.
-            self.add("_guard += 1")
-            self.add("if _guard > 100000:")
-            self.add(f"    raise ParserError({_id(self.prog.too_short)})")
-        for state in lowered.states:
-            self.add(f"if st == {num(state.index, 0, nstates)}:")
-            self.src.depth += 1
-            self.where = f"parser state {state.index}"
-            self.add("pass")
-            self.block(state.ops)
-            self.transitions(state)
-            self.src.depth -= 1
-        self.add("if st < 0:")
-        self.add("    break")
-        self.src.depth -= 2
-        self.add("except ParserError as _e:")
-        self.add("    perr = _e.code")
-
-    def transitions(self, state: ir.ParserState) -> None:
-        nstates = len(self.ir.states)
-        default = num(state.default, -1, nstates)
-        if state.key is None:
-            self.add(f"st = {default}")
-            return
-        self.add(f"_key = {self.expr(state.key)}")
-        for i, (value, case_mask, nxt) in enumerate(state.cases):
-            cond = (f"(_key & {_lit(case_mask)}) == {_lit(value & case_mask)}"
-                    if case_mask is not None else f"_key == {_lit(value)}")
-            self.add(f"{'elif' if i else 'if'} {cond}:")
-            self.add(f"    st = {num(nxt, -1, nstates)}")
-        self.add("else:" if state.cases else "if True:")
-        self.add(f"    st = {default}")
-
-    # ------------------------------------------------------------------ checksums
-    def checksums(self, checksums: list, verify: bool) -> None:
-        for cs in checksums:
-            if cs.cond is not None:
-                self.add(f"if {self.expr(cs.cond)}:")
-                self.src.depth += 1
-            self.add(f"_csum = {self.calculation(cs.calc)}")
-            target = cs.target
-            if verify:
-                err = self.std("checksum_error")
-                self.add(f"if _csum != {self.v(target)}:")
-                self.add(f"    {self.v(err)} = 1" if err is not None else "    pass")
-            else:
-                value = ir.Const(0).bounded(0, mask(HASH_ALGORITHMS[cs.calc.algo]))
-                self.add(f"{self.v(target)} = "
-                         f"{self.store(value, '_csum', target.width, target.signed)}")
-            if cs.cond is not None:
-                self.src.depth -= 1
-
-    def s_HashOffset(self, s: ir.HashOffset) -> None:
-        base, size = self.temp("hb"), self.temp("hs")
-        self.add(f"{base} = {self.expr(s.base)}")
-        self.add(f"{size} = {self.expr(s.size)}")
-        value = self.calculation(s.calc)
-        code = f"(({value}) % ({size} or 1) + {base}) & {_lit(mask(64))}"   # uint64_t, as BMv2
-        f = s.field
-        self.add(f"{self.v(f)} = "
-                 f"{self.store(ir.Const(0).bounded(0, mask(64)), code, f.width, f.signed)}")
-
-    def calculation(self, calc: ir.Calculation) -> str:
-        """Prints the lines that gather ``calc``'s input bits into ``_cbits`` (``_cn`` of
-        them); returns the code of its value."""
-        self.add("_cbits = 0")
-        self.add("_cn = 0")
-        for header, fields in calc.inputs:
-            self.checksum_input(header, fields)
-        self.add("_cbits <<= (-_cn) & 7")
-        data = "_cbits.to_bytes((_cn + 7) >> 3, 'big')"
-        if calc.payload:
-            data += " + bytes(pkt[off:])"
-        if calc.algo == "csum16":
-            return f"csum16({data})"
-        return f"_hash({_lit(HASH_CODES[calc.algo])}, {data})"
-
-    def checksum_input(self, header, fields) -> None:
-        """Append one input to _cbits; the fields of an invalid header are skipped, a
-        varbit field is as long as it is now."""
-        if header is None:
-            value, width = fields
-            self.add(f"_cbits = (_cbits << {num(width, 1, MAX_BITS + 1)}) | {_lit(value)}")
-            self.add(f"_cn += {num(width, 1, MAX_BITS + 1)}")
-            return
-        prefix = ""
-        if not header.metadata:
-            self.add(f"if {self.vv(header)}:")
-            prefix = "    "
-        runs: list = [[]]                 # fixed-width runs, split at the varbit field
-        for f in fields:
-            if f.varbit:
-                runs += [f, []]
-            else:
-                runs[-1].append(f)
-        for run in runs:
-            if isinstance(run, Field):
-                n = self.v(header.length)
-                self.add(f"{prefix}_cbits = (_cbits << {n}) | {self.v(run)}")
-                self.add(f"{prefix}_cn += {n}")
-            elif run:
-                width = num(sum(f.width for f in run), 0, MAX_HEADER_BITS + 1)
-                parts = " | ".join(f"({self.bits(f)} << {num(s, 0, MAX_HEADER_BITS)})" if s
-                                   else self.bits(f) for f, s in _shifts(run))
-                self.add(f"{prefix}_cbits = (_cbits << {width}) | {parts}")
-                self.add(f"{prefix}_cn += {width}")
-        if prefix and not any(runs):
-            self.add(f"{prefix}pass")
-
     # ------------------------------------------------------------------ controls
     def control(self, nodes: list) -> None:
         if not nodes:
@@ -627,105 +442,6 @@ class PyPrinter:
         self.nested("try:", nodes)
         self.add("except _Exit:")
         self.add("    pass")
-
-    def header_struct(self, header: Header):
-        """struct layout for one header: format, how to split it into fields and back."""
-        if header.name in self.structs:
-            return self.structs[header.name]
-        fmt = "!"
-        unpack_lines = []   # statements turning piece vars p0.. into field vars
-        pack_args = []      # expressions of field vars for each struct piece
-        pieces = 0
-        group: list[Field] = []
-        bits = 0
-        segments = []
-        for field in header.fields:
-            group.append(field)
-            bits += field.width
-            if bits % 8 == 0:
-                segments.append(group)
-                group, bits = [], 0
-        for seg in segments:
-            nbytes = sum(f.width for f in seg) // 8
-            if len(seg) == 1 and nbytes in _STRUCT_CODES:
-                code = _STRUCT_CODES[nbytes]
-                fmt += code.lower() if seg[0].signed else code
-                unpack_lines.append((self.v(seg[0]), f"_p{pieces}"))
-                pack_args.append(self.v(seg[0]))
-                pieces += 1
-                continue
-            # Split the segment into standard struct sizes, big-endian.
-            sizes = []
-            rest = nbytes
-            for size in (8, 4, 2, 1):
-                while rest >= size:
-                    sizes.append(size)
-                    rest -= size
-            piece_vars = []
-            for size in sizes:
-                fmt += _STRUCT_CODES[size]
-                piece_vars.append((f"_p{pieces}", size))
-                pieces += 1
-            total_bits = nbytes * 8
-            joined = []
-            shift = total_bits
-            for var, size in piece_vars:
-                shift -= size * 8
-                joined.append(f"({var} << {_lit(shift)})" if shift else var)
-            seg_expr = " | ".join(joined)
-            unpack_lines.append(("_seg", seg_expr))
-            shift = total_bits
-            fields_expr = []
-            for f in seg:
-                shift -= f.width
-                part = (f"(_seg >> {_lit(shift)}) & {_lit(mask(f.width))}" if shift
-                        else f"_seg & {_lit(mask(f.width))}")
-                if f.signed:
-                    half = 1 << (f.width - 1)
-                    part = f"((({part}) + {_lit(half)}) & {_lit(mask(f.width))}) - {_lit(half)}"
-                unpack_lines.append((self.v(f), part))
-                fields_expr.append((f, shift))
-            packed = " | ".join(f"({self.bits(f)} << {_lit(s)})" if s else self.bits(f)
-                                for f, s in fields_expr)
-            shift = total_bits
-            for var, size in piece_vars:
-                shift -= size * 8
-                if shift == total_bits - size * 8:    # the top piece: already in range
-                    pack_args.append(f"({packed}) >> {_lit(shift)}" if shift else f"({packed})")
-                else:
-                    part = f"(({packed}) >> {_lit(shift)})" if shift else f"({packed})"
-                    pack_args.append(f"{part} & {_lit(mask(size * 8))}")
-        struct_obj = struct.Struct(fmt)
-        name = f"S_{num(header.id, 0, len(self.prog.headers))}"
-        self.ns[name] = struct_obj
-        layout = (name, pieces, unpack_lines, pack_args)
-        self.structs[header.name] = layout
-        return layout
-
-    def s_Extract(self, s: ir.Extract) -> None:
-        header = s.header
-        name, pieces, unpack_lines, _ = self.header_struct(header)
-        nbytes = num(header.nbytes, 0, MAX_BYTES)
-        self.add(f"if plen - off < {nbytes}:")
-        self.add(f"    raise ParserError({_id(self.prog.too_short)})")
-        simple = all(target.startswith("F_") and value.startswith("_p")
-                     for target, value in unpack_lines)
-        if simple:
-            targets = ", ".join(target for target, _ in unpack_lines)
-            self.add(f"{targets}, = {name}.unpack_from(pkt, off)")
-        else:
-            piece_names = ", ".join(f"_p{i}" for i in range(pieces))
-            self.add(f"{piece_names}, = {name}.unpack_from(pkt, off)")
-            for target, value in unpack_lines:
-                self.add(f"{target} = {value}")
-        self.add(f"off += {nbytes}")
-        self.add(f"{self.vv(header)} = True")
-
-    def deparse_varbit(self, header: Header) -> None:
-        n = self.v(header.length)
-        self.add(f"if {self.vv(header)}:")
-        parts = [f"({self.bits(f)} << {shift})" for f, shift, _ in self.varbit_layout(header, n)]
-        self.add(f"    _out.append(({' | '.join(parts)}).to_bytes({self.size(header)}, 'big'))")
 
     def generate(self) -> Compiled:
         std = {n: self.std(n) for n in ("ingress_port", "packet_length", "instance_type",
@@ -736,7 +452,7 @@ class PyPrinter:
         ingress = self.src = Source(1)
         self.add("plen = in_len = plen_reg = len(pkt)")
         self.add("off = 0")
-        self.add(f"perr = {_id(self.prog.no_error)}")
+        self.add(f"perr = {id_lit(self.prog.no_error)}")
         self.add(f"{self.v(std['ingress_port'])} = ingress_port")
         if special:
             self.special_entry(std["instance_type"])
@@ -770,7 +486,7 @@ class PyPrinter:
         self.control(self.ir.egress)
         if special:
             self.add(_E2E_MARK)
-        self.add(f"if {self.v(std['egress_spec'])} == {_id(self.drop_port)}:")
+        self.add(f"if {self.v(std['egress_spec'])} == {id_lit(self.drop_port)}:")
         self.add("    return None")
         self.checksums(self.ir.update, False)
         self.add("_out = []")
@@ -847,13 +563,6 @@ def _drop_dead_stores(lines: list[str], live: set[str]) -> None:
         m = re.match(r"(\s*)(F_\w+) = (.*)$", line)
         if m and m.group(2) not in live and not re.search(r"\w\(", m.group(3)):
             lines[i] = f"{m.group(1)}pass"
-
-
-def _shifts(fields):
-    shift = sum(f.width for f in fields)
-    for f in fields:
-        shift -= f.width
-        yield f, shift
 
 
 def compile_program(program: Program) -> Compiled:

@@ -1,12 +1,13 @@
-"""The switch work, done by the sweeper thread outside ``Jobs.cond`` (which every
-registration, renewal, close and listing takes): state changes happen under the lock
-(a job allocated and its row written INSTALLING; lapsed or closed, REMOVING), and
-``sweep`` does the switch I/O after: it takes the removing jobs off the switches,
-installs the installing ones, repairs the switches and reads what they hold. A switch
+"""Installation: the switch work, done by the sweeper thread (``Jobs.sweep``) outside
+``Jobs.cond`` (which every registration, renewal, close and listing takes): state
+changes happen under the lock (a job allocated and its row written INSTALLING; lapsed
+or closed, REMOVING), and the switch I/O after (installer.py): it takes the removing
+jobs off the switches, installs the installing ones, repairs the switches and reads
+what they hold. A switch
 that hangs or restarts (and takes tens of seconds to get its program back) delays
 installs and removals, never a renewal.
 
-A mixin of ``Jobs`` (jobs.py).
+A room of ``Jobs`` (jobs.py).
 """
 
 from __future__ import annotations
@@ -18,64 +19,14 @@ from ..client import P4RuntimeError
 from ..overlaps import JobOverlap
 from .installer import MARK, refusal
 from .records import Running
+from .scheduling import Scheduling
 from .store import REMOVING, RUNNING
-from .tenants import tenant_of
 
 log = logging.getLogger("innet_aggregation.manager")
 
 
-class SwitchWork:
+class Installation(Scheduling):
     """The sweeper's side of ``Jobs``: the switch work, outside its cond."""
-    def sweep(self) -> None:
-        """Reclaim the jobs with a rank whose lease ran out and give waiting jobs a
-        try (under the lock); then the switch work, outside it."""
-        with self.cond:
-            self._live()
-            now = time.monotonic()
-            for running in list(self.running.values()):
-                late = sorted(r for r, deadline in running.leases.items()
-                              if r not in running.closed and deadline < now)
-                if late:
-                    self.tally.count(self.tally.expiries, tenant_of(running.name))
-                    self._finish(running, f"rank{'s' * (len(late) > 1)} "
-                                          f"{', '.join(map(str, late))} stopped renewing")
-            self._schedule()
-            removing = list(self.removing.values())
-        for running in removing:
-            self._remove(running)
-        with self.cond:
-            self._schedule()
-            installing = list(self.installing.values())
-        for running in installing:
-            self._install(running)
-        with self.cond:
-            trees = [r.tree for r in self.running.values()]
-        try:
-            self.installer.repair(trees)
-            seen = self.installer.installed()
-        except P4RuntimeError as exc:
-            with self.cond:
-                if str(exc) != self._trouble:
-                    log.warning("the switch%s cannot be repaired or read now (%s): jobs wait, "
-                                "and it is tried again every %g s",
-                                "es" * (len(self.installer.installers) > 1), exc,
-                                self.config.sweep_seconds)
-                self._trouble = str(exc)
-            return
-        with self.cond:
-            if self._trouble:
-                log.info("the switches are reachable: scheduling the jobs that wait")
-            self._seen, self._trouble = seen, ""
-            ours = {r.job.id for jobs in (self.running, self.installing, self.removing)
-                    for r in jobs.values()}
-            orphans = sorted({j.id for j in seen if j.mark == MARK and j.id not in ours})
-            if orphans and orphans != self._orphans:
-                log.warning("the switches hold job%s %s marked as this manager's that its "
-                            "database does not know (was the database replaced?): left in "
-                            "place, their resources held; remove them by hand",
-                            "s" * (len(orphans) > 1), ", ".join(map(str, orphans)))
-            self._orphans = orphans
-            self._schedule()
 
     def _install(self, running: Running) -> None:
         """Put an installing job on its switches; the row says running after. A switch
@@ -119,16 +70,6 @@ class SwitchWork:
                      len(running.tokens))
             self.cond.notify_all()
 
-    def _finish(self, running: Running, why: str) -> None:
-        """The job leaves: its row says removing before the sweeper takes it off the
-        switches; what it holds stays held until they confirmed."""
-        self.store.set_state(running.name, REMOVING)
-        del self.running[running.name]
-        self.removing[running.name] = running
-        log.info("job %s (id %d) leaving %s: %s", running.name, running.job.id,
-                 ", ".join(running.tree.switches), why)
-        self.wake.set()
-
     def _remove(self, running: Running) -> None:
         """Take a removing job off its switches and reset its slots; its row and its
         resources go once they confirmed, else it is tried again next sweep."""
@@ -145,4 +86,36 @@ class SwitchWork:
                 self._seen = [j for j in self._seen if j.id != running.job.id]
             log.info("job %s (id %d) removed and its %d slots reset on %s", running.name,
                      running.job.id, running.job.num_slots, ", ".join(running.tree.switches))
+            self._schedule()
+
+    def _read(self) -> None:
+        """Repair the switches (the running jobs' entries back on a restarted one) and
+        read what they hold: until they answer, no job is scheduled."""
+        with self.cond:
+            trees = [r.tree for r in self.running.values()]
+        try:
+            self.installer.repair(trees)
+            seen = self.installer.installed()
+        except P4RuntimeError as exc:
+            with self.cond:
+                if str(exc) != self._trouble:
+                    log.warning("the switch%s cannot be repaired or read now (%s): jobs wait, "
+                                "and it is tried again every %g s",
+                                "es" * (len(self.installer.installers) > 1), exc,
+                                self.config.sweep_seconds)
+                self._trouble = str(exc)
+            return
+        with self.cond:
+            if self._trouble:
+                log.info("the switches are reachable: scheduling the jobs that wait")
+            self._seen, self._trouble = seen, ""
+            ours = {r.job.id for jobs in (self.running, self.installing, self.removing)
+                    for r in jobs.values()}
+            orphans = sorted({j.id for j in seen if j.mark == MARK and j.id not in ours})
+            if orphans and orphans != self._orphans:
+                log.warning("the switches hold job%s %s marked as this manager's that its "
+                            "database does not know (was the database replaced?): left in "
+                            "place, their resources held; remove them by hand",
+                            "s" * (len(orphans) > 1), ", ".join(map(str, orphans)))
+            self._orphans = orphans
             self._schedule()

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from innet_aggregation.experiments import straggler as se
-from innet_aggregation.experiments import straggler_figures as sf
 from innet_aggregation.testbed.model import accuracy_of as _accuracy
 
 TARGET = 0.95
@@ -20,11 +19,11 @@ def curve(*accuracies: float, step_s: float = 2.0, every: int = 5):
 
 def test_time_to_accuracy_is_where_it_holds_not_the_first_touch():
     touched = curve(0.80, 0.95, 0.93, 0.96, 0.94, 0.95, 0.96, 0.97, 0.90)
-    assert sf.first_crossing(touched, TARGET) == 1
-    assert sf.held_crossing(touched, TARGET) == 5          # 0.95, 0.96, 0.97 in a row
-    assert sf.held_crossing(touched, TARGET, hold=2) == 5   # 0.96, 0.94 is broken
-    assert sf.held_crossing(touched, TARGET, hold=1) == 1   # hold 1 is the first touch
-    assert sf.held_crossing(curve(0.90, 0.95, 0.96, 0.95, 0.97), TARGET) == 1
+    assert se.first_crossing(touched, TARGET) == 1
+    assert se.held_crossing(touched, TARGET) == 5          # 0.95, 0.96, 0.97 in a row
+    assert se.held_crossing(touched, TARGET, hold=2) == 5   # 0.96, 0.94 is broken
+    assert se.held_crossing(touched, TARGET, hold=1) == 1   # hold 1 is the first touch
+    assert se.held_crossing(curve(0.90, 0.95, 0.96, 0.95, 0.97), TARGET) == 1
 
 
 def test_an_accuracy_exactly_at_the_target_is_at_it():
@@ -34,13 +33,13 @@ def test_an_accuracy_exactly_at_the_target_is_at_it():
     logits[:18] = torch.nn.functional.one_hot((y[:18] + 1) % 10, 10).float()   # 18 wrong
     score = _accuracy(torch.nn.Identity(), logits, y)
     assert score == 342 / 360 and score >= 0.95
-    assert sf.held_crossing(curve(0.90, score, score, score), TARGET) == 1
+    assert se.held_crossing(curve(0.90, score, score, score), TARGET) == 1
 
 
 def test_a_touch_the_run_ends_before_it_held_is_not_reached():
-    assert sf.held_crossing(curve(0.90, 0.94, 0.96, 0.97), TARGET) is None
-    assert sf.first_crossing(curve(0.90, 0.94), TARGET) is None
-    assert sf.held_crossing([], TARGET) is None
+    assert se.held_crossing(curve(0.90, 0.94, 0.96, 0.97), TARGET) is None
+    assert se.first_crossing(curve(0.90, 0.94), TARGET) is None
+    assert se.held_crossing([], TARGET) is None
 
 
 def answers(curves_s: list[list[float]], accuracies: list[float], steps: int, **counters):
@@ -59,7 +58,7 @@ def args(*argv: str):
 
 
 def row(seed, scenario, mode, curves_s, accuracies, steps=20, p99=None):
-    r = sf.summarize(scenario, mode, seed, answers(curves_s, accuracies, steps), args(),
+    r = se.summarize(scenario, mode, seed, answers(curves_s, accuracies, steps), args(),
                      50.0, 500.0, 0)
     if p99 is not None:
         r["step_p99_ms"] = p99
@@ -81,7 +80,7 @@ def test_a_curve_that_ends_before_the_last_step_is_refused():
     broken = answers([[1.0, 2.0]], [0.9, 0.96], 20)
     broken[0]["curve"] = broken[0]["curve"][:1]
     with pytest.raises(ValueError, match="the last check is at step 10, not the run's last"):
-        sf.summarize("straggler", "ina", 0, broken, args(), 50.0, 500.0, 0)
+        se.summarize("straggler", "ina", 0, broken, args(), 50.0, 500.0, 0)
 
 
 def seed_rows(seed: int, touch_s: float, held_s: float, steps_s: float, dl_steps_s: float,
@@ -114,7 +113,7 @@ def test_the_ratios_are_the_held_times_and_the_same_steps_times_per_seed_and_the
     by = {(r["seed"], r["scenario"], r["mode"]): r for r in rows}
     assert by[(0, "straggler", "ina")]["first_crossing_s"] == 9.0
     assert by[(0, "straggler", "ina")]["time_to_target_s"] == pytest.approx(27.0)  # first check >= 25.8
-    ratios = sf.seed_ratios(rows, [0, 1, 2])
+    ratios = se.seed_ratios(rows, [0, 1, 2])
     assert list(ratios) == ["straggler_time_ratio", "straggler_steps_ratio",
                             "straggler_accuracy_points", "loss_p99_ratio"]
     held = [15.0 / 27.0, 18.0 / 22.5, 22.0 / 22.5]
@@ -136,7 +135,7 @@ def test_a_seed_that_never_held_the_target_leaves_the_median_unread():
     for r in never:
         if r["mode"] == "ina+deadline" and r["scenario"] == "straggler":
             r["time_to_target_s"] = None
-    ratios = sf.seed_ratios(rows + never, [0, 1, 2])
+    ratios = se.seed_ratios(rows + never, [0, 1, 2])
     assert ratios["straggler_time_ratio"]["per_seed"][2] is None
     assert ratios["straggler_time_ratio"]["median"] is None
     assert ratios["straggler_steps_ratio"]["median"] == pytest.approx(0.9)

@@ -10,7 +10,7 @@ import pytest
 
 from innet_aggregation.experiments import baseline as baseline_experiment
 
-from .test_topology import _skip_reason
+from tests.testbed.test_topology import _skip_reason
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 

@@ -11,7 +11,7 @@ import pytest
 
 from innet_aggregation.p4src import protocol
 from innet_aggregation.testbed import gradients, links
-from innet_aggregation.experiments import stats
+from innet_aggregation.experiments import link_model, stats
 from innet_aggregation.worker import quantize
 
 
@@ -48,21 +48,21 @@ def test_ratio_interval_and_judging_on_the_interval():
 def test_capacity_arithmetic():
     # 1,000,000 B of data in 1,040,000 B of frames; the receiver's clock started after
     # 100,000 B had arrived and ran 0.0864 s: 936,000 B of frames, 86.67 Mbit/s.
-    assert links.capacity_mbit(1_040_000, 1_000_000, 100_000, 0.0864) == pytest.approx(86.6667,
+    assert link_model.capacity_mbit(1_040_000, 1_000_000, 100_000, 0.0864) == pytest.approx(86.6667,
                                                                                       rel=1e-4)
-    assert links.link_time_s(1_250_000, 100) == pytest.approx(0.1)
+    assert link_model.link_time_s(1_250_000, 100) == pytest.approx(0.1)
     with pytest.raises(ValueError):
-        links.capacity_mbit(1000, 1000, 1000, 0.1)      # nothing after the clock started
+        link_model.capacity_mbit(1000, 1000, 1000, 0.1)      # nothing after the clock started
     with pytest.raises(ValueError):
-        links.capacity_mbit(1000, 1000, 0, 0.0)
+        link_model.capacity_mbit(1000, 1000, 0, 0.0)
 
 
 def test_burst_and_bound():
     assert links.burst_bytes(500) == 62_500        # 1 ms at 500 Mbit/s: 1/16 of a 1 MiB call
     assert links.burst_bytes(1) == links.MIN_BURST_BYTES
-    assert links.bound(None) == "hosts" and links.bound(0.5) == "hosts"
-    assert links.bound(0.9) == "links" and links.bound(1.0) == "links"
-    assert links.bound(1.12) == "burst"            # above the link: never "links"
+    assert link_model.bound(None) == "hosts" and link_model.bound(0.5) == "hosts"
+    assert link_model.bound(0.9) == "links" and link_model.bound(1.0) == "links"
+    assert link_model.bound(1.12) == "burst"            # above the link: never "links"
 
 
 def test_refusals_name_the_reason():
