@@ -33,6 +33,12 @@
 #ifndef AF_XDP
 #define AF_XDP 44
 #endif
+#ifndef XDP_USE_SG
+#define XDP_USE_SG (1 << 4)      /* this machine's headers predate it (kernel 6.6) */
+#endif
+#ifndef XDP_PKT_CONTD
+#define XDP_PKT_CONTD (1 << 0)
+#endif
 #define BATCH 64
 
 static double now(void) {
@@ -153,11 +159,11 @@ static long run_uring(int fd, int len, double until) {
 static long run_xdp(int ifindex, int len, double until) {
     int fd = socket(AF_XDP, SOCK_RAW, 0);
     if (fd < 0) die("socket(AF_XDP)");
-    /* chunks of 8 KiB for 4 KiB frames: more than a page needs huge pages */
-    unsigned nf = 256, fsz = len > 3800 ? 8192 : 4096;
-    void *umem = mmap(NULL, (size_t)nf * fsz, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | (fsz > 4096 ? MAP_HUGETLB : 0), -1, 0);
-    if (umem == MAP_FAILED) die("mmap umem (huge pages: /proc/sys/vm/nr_hugepages)");
+    /* chunks of a page (more needs huge pages): a longer frame is several chunks,
+     * XDP_PKT_CONTD on all but its last (multi-buffer, XDP_USE_SG) */
+    unsigned nf = 256, fsz = 4096, segs = ((unsigned)len + fsz - 1) / fsz;
+    void *umem = mmap(NULL, (size_t)nf * fsz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (umem == MAP_FAILED) die("mmap umem");
     struct xdp_umem_reg reg = {.addr = (uint64_t)(uintptr_t)umem, .len = (uint64_t)nf * fsz, .chunk_size = fsz};
     if (setsockopt(fd, SOL_XDP, XDP_UMEM_REG, &reg, sizeof reg)) die("XDP_UMEM_REG");
     int ents = (int)nf;
@@ -173,8 +179,13 @@ static long run_xdp(int ifindex, int len, double until) {
                        MAP_SHARED | MAP_POPULATE, fd, XDP_UMEM_PGOFF_COMPLETION_RING);
     if (tx == MAP_FAILED || cr == MAP_FAILED) die("mmap xdp");
     struct sockaddr_xdp sx = {.sxdp_family = AF_XDP, .sxdp_ifindex = (unsigned)ifindex,
-                              .sxdp_queue_id = 0, .sxdp_flags = XDP_COPY};
-    if (bind(fd, (struct sockaddr *)&sx, sizeof sx)) die("bind(AF_XDP, XDP_COPY)");
+                              .sxdp_queue_id = 0,
+                              .sxdp_flags = XDP_COPY | (segs > 1 ? XDP_USE_SG : 0)};
+    /* EBUSY: the last run's socket still holds the queue (freed after the process) */
+    for (int tries = 0; bind(fd, (struct sockaddr *)&sx, sizeof sx); tries++) {
+        if (errno != EBUSY || tries == 200) die("bind(AF_XDP, XDP_COPY)");
+        usleep(10000);
+    }
     for (unsigned i = 0; i < nf; i++) memcpy((uint8_t *)umem + (size_t)i * fsz, frame, len);
     unsigned *tx_prod = (void *)(tx + off.tx.producer), *tx_cons = (void *)(tx + off.tx.consumer);
     struct xdp_desc *txd = (void *)(tx + off.tx.desc);
@@ -185,17 +196,21 @@ static long run_xdp(int ifindex, int len, double until) {
         for (int i = 0; i < 16; i++) {
             unsigned cons = __atomic_load_n(tx_cons, __ATOMIC_ACQUIRE);
             int put = 0;
-            for (; put < BATCH && free_chunks && prod - cons < nf; put++, prod++, free_chunks--) {
+            for (; put < BATCH && free_chunks >= segs && prod + segs - cons <= nf; put++) {
                 /* the frame is copied in as the switch would write each output */
-                memcpy((uint8_t *)umem + (size_t)next * fsz, frame, len);
-                txd[prod & (nf - 1)] = (struct xdp_desc){.addr = (uint64_t)next * fsz, .len = (unsigned)len};
-                next = (next + 1) % nf;
+                for (unsigned s = 0, at = 0; s < segs; s++, at += fsz, prod++, free_chunks--) {
+                    unsigned part = (unsigned)len - at < fsz ? (unsigned)len - at : fsz;
+                    memcpy((uint8_t *)umem + (size_t)next * fsz, frame + at, part);
+                    txd[prod & (nf - 1)] = (struct xdp_desc){.addr = (uint64_t)next * fsz, .len = part,
+                                                             .options = s + 1 < segs ? XDP_PKT_CONTD : 0};
+                    next = (next + 1) % nf;
+                }
             }
             __atomic_store_n(tx_prod, prod, __ATOMIC_RELEASE);
             if (sendto(fd, NULL, 0, MSG_DONTWAIT, NULL, 0) < 0 && errno != EAGAIN && errno != ENOBUFS
                 && errno != EBUSY) die("sendto(AF_XDP)");
             unsigned cp = __atomic_load_n(cr_prod, __ATOMIC_ACQUIRE), cc = *cr_cons;
-            n += cp - cc;
+            n += (cp - cc) / segs;
             free_chunks += cp - cc;
             __atomic_store_n(cr_cons, cp, __ATOMIC_RELEASE);
         }
