@@ -31,6 +31,9 @@ class Plan:
                                                 # one a frame (_Frames)
     shifts: dict = _field(default_factory=dict)   # register name -> shift of key's bits
     bits: int = 0                       # key bits every index keeps (shares <= 2 ** bits)
+    # key field -> True where registers indexed by it are reached only while its header
+    # is valid: a frame whose key header the parser left invalid takes no share's lock.
+    guarded: dict = _field(default_factory=dict)
     reason: str | None = None
 
 
@@ -228,14 +231,21 @@ def plan(program) -> Plan:
         if frames.clash:
             return Plan(reason="a frame can reach registers indexed by "
                                + " and by ".join(sorted(_name(f) for f in frames.clash)))
-    return Plan(keys=list(by_field), shifts=shifts, bits=bits)
+    guarded = {}
+    for f, accesses in by_field.items():
+        mine = {id(a) for a in accesses}
+        frames = _Frames(lambda access: id(access) in mine, {id(program.header(f.header))})
+        start = {(frozenset({(id(program.header(f.header)), False)}), frozenset())}
+        out = frames.walk(lowered.egress, frames.walk(lowered.ingress, start))
+        guarded[f] = not frames.clash and not any(True in used for _, used in out)
+    return Plan(keys=list(by_field), shifts=shifts, bits=bits, guarded=guarded)
 
 
 def describe(result: Plan) -> str:
     """The line the switch prints at start."""
     if result.reason is None:
-        return (f"register state can be shared out by "
+        return (f"register state is shared out by "
                 f"{' or '.join(_name(f) for f in result.keys)} "
-                f"({len(result.shifts)} registers, {result.bits} bits of it); the lanes "
-                f"still run the pipeline under one lock")
+                f"({len(result.shifts)} registers, {result.bits} bits of it): the lanes "
+                f"run the pipeline in parallel, a frame under the lock of its share only")
     return f"the lanes run the pipeline under one lock: {result.reason}"

@@ -13,9 +13,17 @@
  * SS_MAXCELLS cells, allocations that fail make ss_new fail), and every control-plane
  * call checks the table, register, counter, entry and output it is given.
  *
- * Every control-plane call and every data-plane batch holds ctx->mu (recursive, so
- * Python can hold it across several calls for a consistent read or a multi-update
- * write); the data plane never sees half a change.
+ * Locks. Every control-plane call holds ctx->mu (recursive, so Python can hold it
+ * across several calls for a consistent read or a multi-update write) and, from the
+ * outermost hold, ctx->dp for writing: the data plane never sees half a change. A
+ * data-plane batch holds ctx->dp for reading. Where the front end proved register
+ * state shardable by a header field (frontend/shards.py), the printed parser ends
+ * with ss_shards_take: the frame holds the lock of its field's share of the cells
+ * (ctx->shard[field % nshards]) to its end, so lanes run the pipeline in parallel and
+ * two frames that can touch one cell never do so at once. Where it did not
+ * (nshards 0), a batch holds ctx->dp for writing: one lane at a time. Counters,
+ * statistics and the random generator are atomic; the output queues have a lock
+ * each (ss_outq). Lock order: dp, shards in ascending order, an output queue.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -45,6 +53,7 @@
                                     fills while the other is sent) */
 #define SS_MAXPORTS 512
 #define SS_MAXLANES 16           /* I/O threads (ss_io_start) */
+#define SS_SHARDS 64             /* locks of register shares, at most (ss_shards_take) */
 #define SS_OUTMAX 64             /* outputs kept by ss_process (control-plane tests) */
 #define SS_SESSIONS 32768        /* clone session ids (PI's: 1 to 32767) */
 #define SS_PASSES 32             /* clones, resubmits and recirculations per received frame */
@@ -95,11 +104,15 @@ typedef struct {
     uint32_t n;
 } ss_stage;
 
-/* A port's way out: the pipeline fills one stage (under ctx->mu) while one lane at a
- * time sends the other (without it), so a port's frames leave in the order the
- * pipeline made them, whichever lanes made them: a worker's loss detection reads a
- * result that overtakes an earlier one as a loss. */
+/* A port's way out: lanes append to one stage (under mu) while one lane at a time
+ * sends the other (without it), so a port's frames leave in the order they were
+ * appended, whichever lanes made them. Order guaranteed: the frames one lane makes
+ * for a port leave in the order it made them; the frames made under one share's lock
+ * (every result of one slot) leave each port in the order they were made, as the
+ * share's lock is held until the frame's outputs are appended. A worker's loss
+ * detection reads a result that overtakes an earlier one of its slot as a loss. */
 typedef struct {
+    pthread_mutex_t mu;
     ss_stage st[2];
     int fill;                    /* the stage the pipeline fills */
     int busy;                    /* a lane is sending the other */
@@ -113,6 +126,7 @@ typedef struct {
     int index;
     pthread_t thread;
     uint8_t *rxbuf;
+    uint8_t *txbuf;              /* egress writes a frame here; ss_tx_emit copies it out */
 } ss_lane;
 
 /* A port's PACKET_RX_RING (TPACKET_V2): the kernel copies each frame into the next
@@ -125,6 +139,10 @@ typedef struct {
 
 typedef struct ss_ctx {
     pthread_mutex_t mu;
+    pthread_rwlock_t dp;
+    int cp_depth;                /* holds of mu: the outermost takes dp for writing */
+    int nshards;                 /* 0: one lane at a time; else a power of two */
+    pthread_mutex_t shard[SS_SHARDS];
     ss_table t[SS_NTABLES + 1];
     uint64_t *reg[SS_NREGS + 1];
     uint32_t reg_size[SS_NREGS + 1];
@@ -134,7 +152,6 @@ typedef struct ss_ctx {
     uint32_t ctr_size[SS_NCTRS + 1];
     ss_group *groups[65536];
     ss_group *sessions[SS_SESSIONS];
-    int passes;                  /* left for the frame being processed */
     uint64_t rng;
     uint64_t drop_port;
     /* ss_process: the outputs of the last call */
@@ -145,7 +162,6 @@ typedef struct ss_ctx {
     int nlanes;
     ss_outq *outq;               /* by port index (noutq of them, nports in use) */
     int noutq;
-    uint8_t *scratch;            /* an output to a port the switch does not have */
     volatile int stop, running;
     int nports, port_no[SS_MAXPORTS], rxfd[SS_MAXPORTS], txfd[SS_MAXPORTS];
     int port_index[SS_MAXPORTS];
@@ -158,6 +174,41 @@ typedef struct ss_ctx {
     uint64_t stat_ring_drops, stat_no_room, stat_no_port;
     int failed;                  /* ss_setup could not allocate or was given a bad size */
 } ss_ctx;
+
+#define SS_COUNT(x, n) __atomic_add_fetch(&(x), (n), __ATOMIC_RELAXED)
+
+static __thread int ss_passes;          /* left for the frame this thread processes */
+static __thread uint64_t ss_held;       /* the shares' locks it holds (ss_shards_take) */
+static __thread uint8_t *ss_txbuf;      /* its lane's output buffer (ss_tx_slot) */
+
+static void ss_cp_lock(ss_ctx *c) {
+    pthread_mutex_lock(&c->mu);
+    if (c->cp_depth++ == 0) pthread_rwlock_wrlock(&c->dp);
+}
+
+static void ss_cp_unlock(ss_ctx *c) {
+    if (--c->cp_depth == 0) pthread_rwlock_unlock(&c->dp);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A batch: beside other lanes where the state is sharded, else alone. */
+static void ss_dp_lock(ss_ctx *c) {
+    if (c->nshards) pthread_rwlock_rdlock(&c->dp);
+    else pthread_rwlock_wrlock(&c->dp);
+}
+
+/* The locks of the shares in ``mask``, in ascending order (at most one frame's worth
+ * of them, taken once a frame, after its parser). */
+static void ss_shards_take(ss_ctx *c, uint64_t mask) {
+    if (ss_held) return;
+    ss_held = mask;
+    for (uint64_t m = mask; m; m &= m - 1) pthread_mutex_lock(&c->shard[__builtin_ctzll(m)]);
+}
+
+static void ss_shards_give(ss_ctx *c) {
+    for (uint64_t m = ss_held; m; m &= m - 1) pthread_mutex_unlock(&c->shard[__builtin_ctzll(m)]);
+    ss_held = 0;
+}
 
 static void ss_setup(ss_ctx *c);
 SS_EXPORT void ss_free(ss_ctx *c);
@@ -264,9 +315,12 @@ static uint64_t ss_calc(int algo, const uint8_t *a, uint32_t na, const uint8_t *
 #undef SS_BYTE
 
 static inline uint64_t ss_random(ss_ctx *c, uint64_t lo, uint64_t hi) {
-    uint64_t x = c->rng;              /* xorshift64* */
-    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
-    c->rng = x;
+    uint64_t x = __atomic_load_n(&c->rng, __ATOMIC_RELAXED), y;   /* xorshift64* */
+    do {
+        y = x;
+        y ^= y >> 12; y ^= y << 25; y ^= y >> 27;
+    } while (!__atomic_compare_exchange_n(&c->rng, &x, y, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    x = y;
     x *= 0x2545F4914F6CDD1DULL;
     uint64_t span = hi - lo;
     return span == ~0ULL ? x : lo + x % (span + 1);
@@ -385,8 +439,8 @@ static inline __attribute__((always_inline)) int32_t ss_lookup_exact(const ss_ta
 
 /* ------------------------------------------------------------------ control API */
 
-SS_EXPORT void ss_lock(ss_ctx *c) { pthread_mutex_lock(&c->mu); }
-SS_EXPORT void ss_unlock(ss_ctx *c) { pthread_mutex_unlock(&c->mu); }
+SS_EXPORT void ss_lock(ss_ctx *c) { ss_cp_lock(c); }
+SS_EXPORT void ss_unlock(ss_ctx *c) { ss_cp_unlock(c); }
 
 SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     ss_ctx *c = calloc(1, sizeof *c);
@@ -395,6 +449,11 @@ SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     pthread_mutexattr_init(&a);
     pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
     pthread_mutex_init(&c->mu, &a);
+    pthread_rwlockattr_t w;      /* writers first: a control-plane call never waits for ever */
+    pthread_rwlockattr_init(&w);
+    pthread_rwlockattr_setkind_np(&w, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&c->dp, &w);
+    for (int i = 0; i < SS_SHARDS; i++) pthread_mutex_init(&c->shard[i], NULL);
     c->drop_port = drop_port;
     c->rng = seed | 1;
     ss_setup(c);
@@ -448,7 +507,7 @@ static int ss_ctr_ok(ss_ctx *c, int n, uint32_t i) {
 SS_EXPORT int32_t ss_tbl_add(ss_ctx *c, int ti, const uint64_t *key, const uint64_t *mask,
                              int32_t prio, int32_t action, const uint64_t *data) {
     if (!ss_table_ok(ti)) return -1;
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     ss_table *t = &c->t[ti];
     int32_t i;
     if (t->nfree) {
@@ -480,22 +539,22 @@ SS_EXPORT int32_t ss_tbl_add(ss_ctx *c, int ti, const uint64_t *key, const uint6
     t->pkts[i] = t->bytes[i] = 0;
     t->nlive++;
     ss_table_reindex(t);
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     return i;
 }
 
 SS_EXPORT void ss_tbl_set_action(ss_ctx *c, int ti, int32_t i, int32_t action, const uint64_t *data) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_entry_ok(c, ti, i)) {
         ss_table *t = &c->t[ti];
         t->action[i] = action;
         memcpy(t->data + (size_t)i * (t->nd + 1), data, t->nd * 8);
     }
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT void ss_tbl_del(ss_ctx *c, int ti, int32_t i) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_entry_ok(c, ti, i)) {
         ss_table *t = &c->t[ti];
         t->live[i] = 0;
@@ -503,52 +562,52 @@ SS_EXPORT void ss_tbl_del(ss_ctx *c, int ti, int32_t i) {
         t->freel[t->nfree++] = i;
         ss_table_reindex(t);
     }
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT void ss_tbl_default(ss_ctx *c, int ti, int32_t action, const uint64_t *data) {
     if (!ss_table_ok(ti)) return;
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     ss_table *t = &c->t[ti];
     t->def_action = action;
     memcpy(t->def_data, data, t->nd * 8);
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT void ss_tbl_counter(ss_ctx *c, int ti, int32_t i, uint64_t *pkts_bytes, int write) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_entry_ok(c, ti, i)) {
         ss_table *t = &c->t[ti];
         if (write) { t->pkts[i] = pkts_bytes[0]; t->bytes[i] = pkts_bytes[1]; }
         else { pkts_bytes[0] = t->pkts[i]; pkts_bytes[1] = t->bytes[i]; }
     }
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT uint64_t ss_reg_get(ss_ctx *c, int r, uint32_t i) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     uint64_t v = ss_reg_ok(c, r, i) ? c->reg[r][(size_t)i * c->reg_stride[r]] : 0;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     return v;
 }
 
 SS_EXPORT void ss_reg_set(ss_ctx *c, int r, uint32_t i, uint64_t v) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_reg_ok(c, r, i)) c->reg[r][(size_t)i * c->reg_stride[r]] = v;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT uint64_t ss_ctr_get(ss_ctx *c, int n, uint32_t i, int bytes) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     uint64_t v = ss_ctr_ok(c, n, i) ? (bytes ? c->cby[n][i] : c->cpk[n][i]) : 0;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     return v;
 }
 
 SS_EXPORT void ss_ctr_set(ss_ctx *c, int n, uint32_t i, int bytes, uint64_t v) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_ctr_ok(c, n, i)) (bytes ? c->cby[n] : c->cpk[n])[i] = v;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 static void ss_group_free(ss_group *g) {
@@ -569,10 +628,10 @@ static void ss_replicas_set(ss_ctx *c, ss_group **slot, int n, const uint16_t *p
         memcpy(g->port, ports, (size_t)n * 2);
         memcpy(g->rid, rids, (size_t)n * 2);
     }
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     ss_group *old = *slot;
     *slot = g;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     ss_group_free(old);
 }
 
@@ -597,8 +656,8 @@ typedef uint8_t *(*ss_slot_fn)(ss_ctx *c, uint32_t port, uint32_t *cap);
 /* Another pass for a copy of the frame (clone, resubmit, recirculate), or none left:
  * simple_switch would loop for ever, here the copy is dropped. */
 static int ss_another(ss_ctx *c) {
-    if (c->passes <= 0) { c->stat_drop++; return 0; }
-    c->passes--;
+    if (ss_passes <= 0) { SS_COUNT(c->stat_drop, 1); return 0; }
+    ss_passes--;
     return 1;
 }
 
@@ -612,7 +671,7 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
                           uint32_t instance, ss_slot_fn slot, ss_emit_fn emit) {
     uint32_t cap;
     uint8_t *out = slot(c, port, &cap);
-    if (!out) { c->stat_no_room++; return; }   /* its E2E clones are never made */
+    if (!out) { SS_COUNT(c->stat_no_room, 1); return; }   /* its E2E clones are never made */
     ss_state K;
     S->clone = S->resub_fl = S->recirc_fl = 0;
     int64_t n = ss_egress(c, S, port, has_rid, rid, instance, out, cap, &K);
@@ -625,7 +684,7 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
             ss_pass(c, frame, (uint32_t)n, 0, 4, S, S->recirc_fl, slot, emit);
             free(frame);
         } else {
-            c->stat_drop++;
+            SS_COUNT(c->stat_drop, 1);
         }
     }
     /* An egress that aborted made no E2E state (K): its clones are dropped with it. */
@@ -653,7 +712,7 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
     if (from) ss_keep(&S, from, field_list);
     ss_set_instance(&S, instance);
     ss_ingress(c, &S);
-    if (S.abort) { c->stat_drop++; return; }
+    if (S.abort) { SS_COUNT(c->stat_drop, 1); return; }
     ss_group *g = S.clone ? c->sessions[S.clone & 0x7FFF] : NULL;
     if (g) {
         ss_state K;
@@ -680,7 +739,7 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
     uint64_t grp = ss_mcast(&S), spec = ss_spec(&S);
     if (grp) {
         g = c->groups[grp & 0xFFFF];
-        if (!g || grp > 0xFFFF) { c->stat_no_port++; return; }
+        if (!g || grp > 0xFFFF) { SS_COUNT(c->stat_no_port, 1); return; }
         for (int i = 0; i < g->n; i++) {
             ss_state *R = &S;        /* the last replica is S itself: it is not read again */
             if (i + 1 < g->n) ss_replica(R = &E, &S);
@@ -695,8 +754,9 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
 /* Ingress, PRE, egress for one frame; ``slot`` gives the buffer for each output. */
 static void ss_run(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
                    ss_slot_fn slot, ss_emit_fn emit) {
-    c->passes = SS_PASSES;
+    ss_passes = SS_PASSES;
     ss_pass(c, pkt, len, port, 0, NULL, 0, slot, emit);
+    ss_shards_give(c);
 }
 
 static uint8_t *ss_out_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
@@ -716,15 +776,15 @@ static void ss_out_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) 
 /* One frame through the pipeline; its outputs are read with ss_output. */
 SS_EXPORT int ss_process(ss_ctx *c, const uint8_t *frame, uint32_t len, uint32_t port) {
     if (len > SS_SLOT) return 0;
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (!c->outbuf && !(c->outbuf = malloc((size_t)SS_OUTMAX * (SS_SLOT + SS_MAXHDR)))) {
-        pthread_mutex_unlock(&c->mu);
+        ss_cp_unlock(c);
         return 0;
     }
     c->nout = 0;
     ss_run(c, frame, len, port, ss_out_slot, ss_out_emit);
     int n = (int)c->nout;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     return n;
 }
 
@@ -742,18 +802,9 @@ static int ss_port_known(const ss_ctx *c, uint32_t port) {
 }
 
 static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
+    (void)c; (void)port;
     *cap = SS_SLOT + SS_MAXHDR;
-    if (!ss_port_known(c, port)) return c->scratch;     /* ss_tx_emit counts it */
-    ss_outq *q = &c->outq[c->port_index[port]];
-    ss_stage *st = &q->st[q->fill];
-    return st->n < SS_PORT_TXMAX ? st->tx[st->n].buf : NULL;
-}
-
-static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
-    (void)frame;
-    if (!ss_port_known(c, port)) { c->stat_no_port++; return; }
-    ss_outq *q = &c->outq[c->port_index[port]];
-    q->st[q->fill].tx[q->st[q->fill].n++].len = len;
+    return ss_txbuf;
 }
 
 /* A stage's frames out of port index k, in one sendmmsg if the kernel takes them. */
@@ -772,33 +823,63 @@ static void ss_send_stage(ss_ctx *c, int k, ss_stage *st) {
         int r = sendmmsg(c->txfd[k], msgs + sent, st->n - sent, 0);
         if (r > 0) {
             sent += r;
-            __atomic_add_fetch(&c->stat_tx, (uint64_t)r, __ATOMIC_RELAXED);
+            SS_COUNT(c->stat_tx, (uint64_t)r);
             continue;
         }
         if (r < 0 && errno == EINTR) continue;
         /* e.g. EMSGSIZE: that frame is lost, not the rest */
-        __atomic_add_fetch(&c->stat_txerr, 1, __ATOMIC_RELAXED);
+        SS_COUNT(c->stat_txerr, 1);
         sent++;
     }
     st->n = 0;
 }
 
 /* Send what port index k has staged, unless another lane is sending its frames (it
- * takes these too when it is done); with ctx->mu held, released around the sends. */
-static void ss_flush_port(ss_ctx *c, int k) {
+ * takes these too when it is done); with q->mu held, released around the sends. */
+static void ss_send_staged(ss_ctx *c, int k) {
     ss_outq *q = &c->outq[k];
     while (!q->busy && q->st[q->fill].n) {
         ss_stage *st = &q->st[q->fill];
         q->fill ^= 1;
         q->busy = 1;
-        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&q->mu);
         ss_send_stage(c, k, st);
-        pthread_mutex_lock(&c->mu);
+        pthread_mutex_lock(&q->mu);
         q->busy = 0;
     }
 }
 
-/* Every port's staged frames (ctx->mu held): after each batch, so what a multicast
+static void ss_flush_port(ss_ctx *c, int k) {
+    ss_outq *q = &c->outq[k];
+    pthread_mutex_lock(&q->mu);
+    ss_send_staged(c, k);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* The frame egress wrote in this lane's buffer, appended to its port's stage: sent
+ * first if the stage is full, or waited for while another lane sends (the frame's
+ * share lock held meanwhile: a sender takes no lock but q->mu). */
+static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
+    if (!ss_port_known(c, port)) { SS_COUNT(c->stat_no_port, 1); return; }
+    int k = c->port_index[port];
+    ss_outq *q = &c->outq[k];
+    pthread_mutex_lock(&q->mu);
+    while (q->st[q->fill].n == SS_PORT_TXMAX) {
+        if (!q->busy) {
+            ss_send_staged(c, k);
+            continue;
+        }
+        pthread_mutex_unlock(&q->mu);
+        sched_yield();
+        pthread_mutex_lock(&q->mu);
+    }
+    ss_stage *st = &q->st[q->fill];
+    memcpy(st->tx[st->n].buf, frame, len);
+    st->tx[st->n++].len = len;
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Every port's staged frames, after each batch (no lock held), so what a multicast
  * made for several ports goes out as one sendmmsg per port. */
 static void ss_flush(ss_ctx *c) {
     for (int k = 0; k < c->nports; k++) ss_flush_port(c, k);
@@ -834,30 +915,12 @@ static size_t ss_with_vlan_tag(struct msghdr *h, uint8_t *frame, size_t len) {
  * never cut short; anything else is counted and run. */
 static int ss_admit(ss_ctx *c, int k, int pkttype, int too_long) {
     if (c->sees_outgoing[k] && pkttype == PACKET_OUTGOING) return 0;
-    c->stat_rx++;
+    SS_COUNT(c->stat_rx, 1);
     if (too_long) {
-        c->stat_drop++;
+        SS_COUNT(c->stat_drop, 1);
         return 0;
     }
     return 1;
-}
-
-/* Room on every port for one more frame's outputs (64 copies a port), sending what
- * is staged where there is not, or waiting for the lane that sends it (ctx->mu held,
- * released meanwhile). */
-static void ss_make_room(ss_ctx *c) {
-    for (int k = 0; k < c->nports; k++) {
-        ss_outq *q = &c->outq[k];
-        while (q->st[q->fill].n + 64 > SS_PORT_TXMAX) {
-            if (!q->busy) {
-                ss_flush_port(c, k);
-                continue;
-            }
-            pthread_mutex_unlock(&c->mu);
-            sched_yield();
-            pthread_mutex_lock(&c->mu);
-        }
-    }
 }
 
 /* What queued on port k's socket while it had no ring (before ss_io_start, or
@@ -883,17 +946,16 @@ static int ss_receive(ss_ctx *c, ss_lane *l, int k) {
     }
     int n = recvmmsg(c->rxfd[k], msgs, SS_BATCH, MSG_DONTWAIT | MSG_TRUNC, NULL);
     if (n <= 0) return 0;
-    pthread_mutex_lock(&c->mu);
+    ss_dp_lock(c);
     for (int i = 0; i < n; i++) {
         if (!ss_admit(c, k, addr[i].sll_pkttype, msgs[i].msg_len > SS_SLOT - 4
                                                  || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)))
             continue;
-        ss_make_room(c);
         size_t len = ss_with_vlan_tag(&msgs[i].msg_hdr, iov[i].iov_base, msgs[i].msg_len);
         ss_run(c, iov[i].iov_base, len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
     }
+    pthread_rwlock_unlock(&c->dp);
     ss_flush(c);
-    pthread_mutex_unlock(&c->mu);
     return n;
 }
 
@@ -969,12 +1031,12 @@ static void ss_ring_run(ss_ctx *c, int k, struct tpacket2_hdr *h, uint32_t statu
 }
 
 /* What port k's socket lost since the last call: frames the kernel found no ring
- * slot (or buffer) for. Reading resets the kernel's count; with ctx->mu held. */
+ * slot (or buffer) for. Reading resets the kernel's count. */
 static void ss_count_losses(ss_ctx *c, int k) {
     struct tpacket_stats st;
     socklen_t len = sizeof st;
     if (!getsockopt(c->rxfd[k], SOL_PACKET, PACKET_STATISTICS, &st, &len))
-        c->stat_ring_drops += st.tp_drops;
+        SS_COUNT(c->stat_ring_drops, st.tp_drops);
 }
 
 /* Up to SS_BATCH frames from port k's ring through the pipeline; how many it took.
@@ -983,19 +1045,18 @@ static void ss_count_losses(ss_ctx *c, int k) {
 static int ss_ring_receive(ss_ctx *c, int k) {
     ss_ring *r = &c->ring[k];
     int n = 0;
-    pthread_mutex_lock(&c->mu);
+    ss_dp_lock(c);
     for (; n < SS_BATCH; n++) {
         struct tpacket2_hdr *h = ss_ring_frame(r, r->head);
         uint32_t status = __atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE);
         if (!(status & TP_STATUS_USER)) break;
         if (status & TP_STATUS_LOSING) ss_count_losses(c, k);
-        ss_make_room(c);
         ss_ring_run(c, k, h, status);
         __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
         r->head = r->head + 1 == r->frames ? 0 : r->head + 1;
     }
+    pthread_rwlock_unlock(&c->dp);
     if (n) ss_flush(c);
-    pthread_mutex_unlock(&c->mu);
     return n;
 }
 
@@ -1005,6 +1066,7 @@ static void *ss_loop(void *arg) {
     char name[16];
     snprintf(name, sizeof name, "ss-lane-%d", l->index);
     pthread_setname_np(pthread_self(), name);
+    ss_txbuf = l->txbuf;
     int ep = epoll_create1(0);
     for (int k = l->index; k < c->nports; k += c->nlanes) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)k};
@@ -1025,11 +1087,10 @@ static void *ss_loop(void *arg) {
  * sockets take over (a frame that lands in between is lost, as BMv2 loses those
  * that arrive while its pipeline is replaced). */
 static void ss_rings_close(ss_ctx *c, int n) {
+    ss_txbuf = c->lane[0].txbuf;         /* the lanes have stopped: this thread is one */
     for (int k = 0; k < n; k++)
         while (c->ring[k].map && ss_ring_receive(c, k) > 0) {}
-    pthread_mutex_lock(&c->mu);
     for (int k = 0; k < n; k++) ss_count_losses(c, k);
-    pthread_mutex_unlock(&c->mu);
     for (int k = 0; k < n; k++) ss_ring_close(&c->ring[k], c->rxfd[k]);
 }
 
@@ -1052,11 +1113,11 @@ static int ss_outq_alloc(ss_ctx *c, int n) {
     ss_outq_free(c);
     if (!(c->outq = calloc((size_t)(n > 0 ? n : 1), sizeof *c->outq))) return -1;
     c->noutq = n;
+    for (int k = 0; k < n; k++) pthread_mutex_init(&c->outq[k].mu, NULL);
     for (int k = 0; k < n; k++)
         for (int s = 0; s < 2; s++)
             for (int j = 0; j < SS_PORT_TXMAX; j++)
                 if (!(c->outq[k].st[s].tx[j].buf = malloc(SS_SLOT + SS_MAXHDR))) return -1;
-    if (!c->scratch && !(c->scratch = malloc(SS_SLOT + SS_MAXHDR))) return -1;
     return 0;
 }
 
@@ -1089,6 +1150,7 @@ SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, 
         l->c = c;
         l->index = i;
         if (!l->rxbuf && !(l->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT))) return -1;
+        if (!l->txbuf && !(l->txbuf = malloc(SS_SLOT + SS_MAXHDR))) return -1;
     }
     if (ss_outq_alloc(c, n)) return -1;
     c->nlanes = lanes;
@@ -1131,21 +1193,21 @@ SS_EXPORT void ss_free(ss_ctx *c) {
     for (int g = 0; g < SS_SESSIONS; g++)
         ss_group_free(c->sessions[g]);
     ss_outq_free(c);
-    free(c->scratch);
-    for (int i = 0; i < SS_MAXLANES; i++) free(c->lane[i].rxbuf);
+    for (int i = 0; i < SS_MAXLANES; i++) { free(c->lane[i].rxbuf); free(c->lane[i].txbuf); }
     free(c->outbuf);
     pthread_mutex_destroy(&c->mu);
+    pthread_rwlock_destroy(&c->dp);
     free(c);
 }
 
 /* The data plane's counters, in loader.IO_COUNTERS' order; the sockets' losses read
  * now (while the loop runs: the caller owns the sockets, and may close them after). */
 SS_EXPORT void ss_io_stats(ss_ctx *c, uint64_t *out) {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->mu);          /* not dp: the counters are atomic */
     if (c->running)
         for (int k = 0; k < c->nports; k++) ss_count_losses(c, k);
-    out[0] = c->stat_rx; out[1] = __atomic_load_n(&c->stat_tx, __ATOMIC_RELAXED); out[2] = c->stat_drop;
-    out[3] = __atomic_load_n(&c->stat_txerr, __ATOMIC_RELAXED); out[4] = c->stat_asserts; out[5] = c->stat_ring_drops;
-    out[6] = c->stat_no_room; out[7] = c->stat_no_port;
+    uint64_t *in[] = {&c->stat_rx, &c->stat_tx, &c->stat_drop, &c->stat_txerr, &c->stat_asserts,
+                      &c->stat_ring_drops, &c->stat_no_room, &c->stat_no_port};
+    for (int i = 0; i < 8; i++) out[i] = __atomic_load_n(in[i], __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->mu);
 }
