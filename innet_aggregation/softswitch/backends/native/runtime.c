@@ -126,7 +126,7 @@ typedef struct {
     int index;
     pthread_t thread;
     uint8_t *rxbuf;
-    uint8_t *txbuf;              /* egress writes a frame here; ss_tx_emit copies it out */
+    uint8_t *txbuf;              /* egress writes an output to a missing port here */
 } ss_lane;
 
 /* A port's PACKET_RX_RING (TPACKET_V2): the kernel copies each frame into the next
@@ -179,7 +179,7 @@ typedef struct ss_ctx {
 
 static __thread int ss_passes;          /* left for the frame this thread processes */
 static __thread uint64_t ss_held;       /* the shares' locks it holds (ss_shards_take) */
-static __thread uint8_t *ss_txbuf;      /* its lane's output buffer (ss_tx_slot) */
+static __thread uint8_t *ss_txbuf;      /* its lane's spare output buffer (ss_tx_slot) */
 
 static void ss_cp_lock(ss_ctx *c) {
     pthread_mutex_lock(&c->mu);
@@ -649,7 +649,9 @@ SS_EXPORT void ss_session_set(ss_ctx *c, uint32_t sid, int n, const uint16_t *po
 
 /* ------------------------------------------------------------------ packet path */
 
-typedef void (*ss_emit_fn)(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len);
+/* An output: ``slot`` gives the buffer egress writes it in, ``emit`` then sends it,
+ * or with n < 0 gives the buffer back unsent; every slot is emitted once. */
+typedef void (*ss_emit_fn)(ss_ctx *c, uint32_t port, uint8_t *frame, int64_t n);
 
 typedef uint8_t *(*ss_slot_fn)(ss_ctx *c, uint32_t port, uint32_t *cap);
 
@@ -676,16 +678,19 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
     S->clone = S->resub_fl = S->recirc_fl = 0;
     int64_t n = ss_egress(c, S, port, has_rid, rid, instance, out, cap, &K);
     if (n >= 0 && !S->recirc_fl) {
-        emit(c, port, out, (uint32_t)n);
+        emit(c, port, out, n);
     } else if (n >= 0 && n <= SS_SLOT && ss_another(c)) {
-        uint8_t *frame = malloc((size_t)n + 1);    /* the slot is the next output's */
+        uint8_t *frame = malloc((size_t)n + 1);    /* the slot is given back */
+        if (frame) memcpy(frame, out, (size_t)n);
+        emit(c, port, out, -1);
         if (frame) {
-            memcpy(frame, out, (size_t)n);
             ss_pass(c, frame, (uint32_t)n, 0, 4, S, S->recirc_fl, slot, emit);
             free(frame);
         } else {
             SS_COUNT(c->stat_drop, 1);
         }
+    } else {
+        emit(c, port, out, -1);
     }
     /* An egress that aborted made no E2E state (K): its clones are dropped with it. */
     ss_group *g = S->clone && !S->abort ? c->sessions[S->clone & 0x7FFF] : NULL;
@@ -766,10 +771,11 @@ static uint8_t *ss_out_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
     return c->outbuf + (size_t)c->nout * (SS_SLOT + SS_MAXHDR);
 }
 
-static void ss_out_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
+static void ss_out_emit(ss_ctx *c, uint32_t port, uint8_t *frame, int64_t len) {
     (void)frame;
+    if (len < 0) return;
     c->out_port[c->nout] = port;
-    c->out_len[c->nout] = len;
+    c->out_len[c->nout] = (uint32_t)len;
     c->nout++;
 }
 
@@ -799,12 +805,6 @@ SS_EXPORT const uint8_t *ss_output(ss_ctx *c, int i, uint32_t *port, uint32_t *l
 
 static int ss_port_known(const ss_ctx *c, uint32_t port) {
     return port < SS_MAXPORTS && c->port_index[port] >= 0;
-}
-
-static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
-    (void)c; (void)port;
-    *cap = SS_SLOT + SS_MAXHDR;
-    return ss_txbuf;
 }
 
 /* A stage's frames out of port index k, in one sendmmsg if the kernel takes them. */
@@ -856,11 +856,14 @@ static void ss_flush_port(ss_ctx *c, int k) {
     pthread_mutex_unlock(&q->mu);
 }
 
-/* The frame egress wrote in this lane's buffer, appended to its port's stage: sent
- * first if the stage is full, or waited for while another lane sends (the frame's
- * share lock held meanwhile: a sender takes no lock but q->mu). */
-static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
-    if (!ss_port_known(c, port)) { SS_COUNT(c->stat_no_port, 1); return; }
+/* The next slot of the port's stage, port index k's lock held until ss_tx_emit: a
+ * full stage is sent first, or waited for while another lane sends (the frame's share
+ * lock held meanwhile: a sender takes no lock but q->mu). No lock is taken between
+ * the two (a frame's shares are taken after its parser), so none waits on q->mu's
+ * holder. An output to a port the switch does not have goes to the lane's buffer. */
+static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
+    *cap = SS_SLOT + SS_MAXHDR;
+    if (!ss_port_known(c, port)) return ss_txbuf;      /* ss_tx_emit counts it */
     int k = c->port_index[port];
     ss_outq *q = &c->outq[k];
     pthread_mutex_lock(&q->mu);
@@ -874,8 +877,20 @@ static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
         pthread_mutex_lock(&q->mu);
     }
     ss_stage *st = &q->st[q->fill];
-    memcpy(st->tx[st->n].buf, frame, len);
-    st->tx[st->n++].len = len;
+    return st->tx[st->n].buf;
+}
+
+static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, int64_t n) {
+    (void)frame;
+    if (!ss_port_known(c, port)) {
+        if (n >= 0) SS_COUNT(c->stat_no_port, 1);
+        return;
+    }
+    ss_outq *q = &c->outq[c->port_index[port]];
+    if (n >= 0) {
+        ss_stage *st = &q->st[q->fill];
+        st->tx[st->n++].len = (uint32_t)n;
+    }
     pthread_mutex_unlock(&q->mu);
 }
 
