@@ -1,4 +1,4 @@
-"""Whether lanes could run a program's pipeline without one shared lock.
+"""Whether lanes run a program's pipeline without one shared lock.
 
 Lanes may run the pipeline in parallel, each owning a share of register state, only
 where two frames that can touch the same register cell are sure to be steered to the
@@ -7,7 +7,9 @@ that no control writes, and no frame can reach registers through two such fields
 (the aggregation program's slot-reset PacketOut indexes the bitmaps by its own slot
 field, on a branch no aggregation packet takes): frame -> field value -> share, as
 RSS steers by flow. ``plan`` proves that from the lowered program, or names what
-stops it; the switch prints the answer at start (``describe``).
+stops it; the switch prints the answer at start (``describe``), and the native
+backend acts on it: a frame holds the lock of its field's share (``field % shares``)
+from its parser's end to its own, not one lock for every lane.
 
 For each register it finds the shift at which the field's bits sit in the index
 (``cell = slot ++ set``: 1), so the share of a cell is ``(index >> shift) % shares``,
