@@ -339,6 +339,13 @@ class CPrinter:
         self.add(f"{{ uint64_t _ix = {self.expr(index)}; {prelude}int _in = {test}; "
                  f"_ix = _in ? _ix : 0; {lvalue} = _in ? ({value}) : {lvalue}; }}")
 
+    def branch_free(self, index: ir.Expr, size: int) -> bool:
+        """A register access ``selected`` (in a loop); not where the state is sharded
+        and the index may be out of range: cell 0, which stands in, may be another
+        share's, whose lock this frame does not hold."""
+        return self.scalars is not None and (self.shards.reason is not None
+                                             or self.in_range(index, size) == "1")
+
     def cell(self, reg) -> str:
         """The C lvalue of ``reg``'s cell ``_ix`` (in a loop, of the register _i steps on)."""
         r = num(self.reg_index[reg.name], 0, len(self.reg_index))
@@ -420,7 +427,7 @@ class CPrinter:
         reg, f = s.register, s.field
         cell = ir.Const(0).bounded(0, mask(reg.width))
         value = self.store(cell, self.cell(reg), f.width, f.signed)
-        if self.scalars is not None:
+        if self.branch_free(s.index, reg.size):
             self.selected(s.index, reg.size, self.fref(f), value)
         else:
             self.guarded(s.index, reg.size, f"{self.fref(f)} = {value};")
@@ -428,7 +435,7 @@ class CPrinter:
     def s_RegisterWrite(self, s: ir.RegisterWrite) -> None:
         reg = s.register
         value = self.store(s.value, self.expr(s.value), reg.width, False)
-        if self.scalars is not None:
+        if self.branch_free(s.index, reg.size):
             self.selected(s.index, reg.size, self.cell(reg), "_vx", f"uint64_t _vx = {value}; ")
         else:
             self.guarded(s.index, reg.size, f"{self.cell(reg)} = _vx;", f"uint64_t _vx = {value}; ")
