@@ -332,19 +332,16 @@ class CPrinter:
 
     def selected(self, index: ir.Expr, size: int, lvalue: str, value: str,
                  prelude: str = "") -> None:
-        """In a loop's function, ``lvalue = value`` with no branch: out of range, cell 0
-        stands in and ``lvalue`` keeps what it held (as ``guarded`` skips it), so the
-        loop has no control flow and the C compiler vectorizes it."""
+        """In a loop's function, ``lvalue = value`` with no branch: out of range, the
+        spare cell past the register's last (ss_reg_init) stands in and ``lvalue``
+        keeps what it held (as ``guarded`` skips it), so the loop has no control flow
+        and the C compiler vectorizes it. The spare is no share's (lanes may write it
+        at once; what it holds is never used), so a frame never touches a cell of a
+        share whose lock it does not hold, as cell 0 standing in did."""
         test = self.in_range(index, size)
         self.add(f"{{ uint64_t _ix = {self.expr(index)}; {prelude}int _in = {test}; "
-                 f"_ix = _in ? _ix : 0; {lvalue} = _in ? ({value}) : {lvalue}; }}")
-
-    def branch_free(self, index: ir.Expr, size: int) -> bool:
-        """A register access ``selected`` (in a loop); not where the state is sharded
-        and the index may be out of range: cell 0, which stands in, may be another
-        share's, whose lock this frame does not hold."""
-        return self.scalars is not None and (self.shards.reason is not None
-                                             or self.in_range(index, size) == "1")
+                 f"_ix = _in ? _ix : {num(size, 1, MAX_CELLS + 1)}ULL; "
+                 f"{lvalue} = _in ? ({value}) : {lvalue}; }}")
 
     def cell(self, reg) -> str:
         """The C lvalue of ``reg``'s cell ``_ix`` (in a loop, of the register _i steps on)."""
@@ -427,7 +424,7 @@ class CPrinter:
         reg, f = s.register, s.field
         cell = ir.Const(0).bounded(0, mask(reg.width))
         value = self.store(cell, self.cell(reg), f.width, f.signed)
-        if self.branch_free(s.index, reg.size):
+        if self.scalars is not None:
             self.selected(s.index, reg.size, self.fref(f), value)
         else:
             self.guarded(s.index, reg.size, f"{self.fref(f)} = {value};")
@@ -435,7 +432,7 @@ class CPrinter:
     def s_RegisterWrite(self, s: ir.RegisterWrite) -> None:
         reg = s.register
         value = self.store(s.value, self.expr(s.value), reg.width, False)
-        if self.branch_free(s.index, reg.size):
+        if self.scalars is not None:
             self.selected(s.index, reg.size, self.cell(reg), "_vx", f"uint64_t _vx = {value}; ")
         else:
             self.guarded(s.index, reg.size, f"{self.cell(reg)} = _vx;", f"uint64_t _vx = {value}; ")

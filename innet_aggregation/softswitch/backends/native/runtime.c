@@ -464,10 +464,12 @@ SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     return c;
 }
 
-/* A register, or the first of `stride` registers stored side by side in its block. */
+/* A register, or the first of `stride` registers stored side by side in its block;
+ * one spare cell past the last, where a loop's access out of range goes (the printer's
+ * ``selected``), never read for a value nor seen by the control plane. */
 static void ss_reg_init(ss_ctx *c, int r, uint32_t size, uint32_t stride) {
     if (size < 1 || size > SS_MAXCELLS || stride < 1 || stride > SS_NREGS) { c->failed = 1; return; }
-    c->reg[r] = calloc((size_t)size * stride, sizeof(uint64_t));
+    c->reg[r] = calloc(((size_t)size + 1) * stride, sizeof(uint64_t));
     if (!c->reg[r]) { c->failed = 1; return; }
     c->reg_size[r] = size;
     c->reg_stride[r] = stride;
