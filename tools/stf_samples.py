@@ -508,7 +508,7 @@ def construct_of(message: str) -> str:
 
 
 def run_sample(name: str, files: tuple[Path, Path], commands: list[Command], target: str,
-               logs: Path, pad: bool = True) -> Result:
+               logs: Path, pad: bool = True, io_threads: int | None = None) -> Result:
     from finsy import P4CloneSessionEntry
     from finsy.proto import p4i, p4r
     from google.protobuf import text_format
@@ -532,7 +532,8 @@ def run_sample(name: str, files: tuple[Path, Path], commands: list[Command], tar
             _run("ip", "netns", "exec", host.netns, "ip", "addr", "flush", "dev", host.ifname)
         port_of_host = {host.index: port for host, port in zip(topo.hosts, ports)}
         switch_ports = {port_of_host[h.index]: h.switch_ifname for h in topo.hosts}
-        with SwitchProcess(target, switch_ports, log_path=log_path) as switch:
+        with SwitchProcess(target, switch_ports, log_path=log_path,
+                           io_threads=io_threads) as switch:
             conn = SwitchConnection(switch.grpc_addr).connect()
             wires = Wires(topo, port_of_host)
             try:
@@ -621,7 +622,7 @@ def _fallback(log_path: Path) -> str:
 
 
 def run_one(p4: Path, samples: Path, targets: list[str], cache: Path, logs: Path,
-            pad: bool) -> list[Result]:
+            pad: bool, io_threads: int | None = None) -> list[Result]:
     name = str(p4.relative_to(samples).with_suffix(""))
     files = compile_sample(p4, cache)
     if isinstance(files, str):
@@ -635,7 +636,7 @@ def run_one(p4: Path, samples: Path, targets: list[str], cache: Path, logs: Path
     if unsupported:
         return [Result(name, t, "driver-unsupported", "STF command " + ", ".join(unsupported),
                        construct=",".join(unsupported)) for t in targets]
-    return [run_sample(name, files, commands, t, logs, pad) for t in targets]
+    return [run_sample(name, files, commands, t, logs, pad, io_threads) for t in targets]
 
 
 # ---------------------------------------------------------------------- summary
@@ -726,6 +727,8 @@ def compiler_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from innet_aggregation.softswitch.dataplane import io_threads_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=Path,
                         help="p4c's testdata/p4_16_samples (read in place, nothing copied)")
@@ -734,6 +737,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="samples run at once (default 2)")
     parser.add_argument("--only",
                         help="comma-separated globs on the sample's name or path (e.g. 'issue*')")
+    parser.add_argument("--io-threads", type=io_threads_argument, default=None, metavar="N",
+                        help="the embedded switch's lanes (default: its own choice)")
     parser.add_argument("--out", type=Path, default=Path("results/stf.csv"), help="CSV written")
     parser.add_argument("--cache", type=Path,
                         default=Path(tempfile.gettempdir()) / "stf-samples-cache",
@@ -767,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = {pool.submit(run_one, p4, args.samples.resolve(), targets, args.cache, logs,
-                               args.pad_short): p4
+                               args.pad_short, args.io_threads): p4
                    for p4 in samples}
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             for r in future.result():

@@ -1,12 +1,14 @@
 """The embedded switch's packet threads (``--io-threads``): each receives on its own
-share of the ports and sends what its frames made, while the pipeline runs under one
-lock. Eight workers on eight ports over four threads, so every slot's contributions
+share of the ports and runs the pipeline beside the others, each frame under the lock
+of its slot's share of the registers (the aggregation program is sharded). Eight workers on eight ports over four threads, so every slot's contributions
 come in on different threads and its results leave from whichever took the last."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+
+import numpy as np
 
 from .harness import Fabric, skip_unless_runnable
 from .test_end_to_end import check_run
@@ -39,3 +41,32 @@ def test_eight_workers_over_four_packet_threads_get_identical_results_within_the
         assert io["send_errors"] == io["no_room"] == io["no_port"] == 0, io
     finally:
         fabric.stop()
+
+
+def test_four_parallel_lanes_give_results_bit_identical_to_one(tmp_path):
+    """The aggregation program is sharded by slot: on four lanes the pipeline runs in
+    parallel, each frame under its slot's share's lock. The same job on one lane and on
+    four must give the same bits, every worker and every call."""
+    skip_unless_runnable("softswitch")
+    size, reps = 100_000, 2
+    saved = {}
+    for lanes in (1, 4):
+        fabric = Fabric("softswitch", 4, tmp_path / f"fabric{lanes}", io_threads=lanes,
+                        tag=f"l{lanes}")
+        (tmp_path / f"fabric{lanes}").mkdir()
+        out = tmp_path / f"out{lanes}"
+        out.mkdir()
+        fabric.start()
+        try:
+            job = fabric.job(4, num_slots=32)
+            runs = fabric.run(job, ["--size", str(size), "--reps", str(reps), "--seed", "5",
+                                    "--save", str(out)])
+            check_run(runs, job, out, size=size, seed=5, reps=reps)
+        finally:
+            fabric.stop()
+        saved[lanes] = out
+    for w in range(4):
+        for rep in range(reps):
+            one, four = (np.load(saved[lanes] / f"result_{w}_{rep}.npy") for lanes in (1, 4))
+            np.testing.assert_array_equal(four.view(np.uint32), one.view(np.uint32),
+                                          err_msg=f"worker {w}, call {rep}")

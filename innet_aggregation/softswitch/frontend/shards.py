@@ -1,4 +1,4 @@
-"""Whether lanes could run a program's pipeline without one shared lock.
+"""Whether lanes run a program's pipeline without one shared lock.
 
 Lanes may run the pipeline in parallel, each owning a share of register state, only
 where two frames that can touch the same register cell are sure to be steered to the
@@ -7,7 +7,9 @@ that no control writes, and no frame can reach registers through two such fields
 (the aggregation program's slot-reset PacketOut indexes the bitmaps by its own slot
 field, on a branch no aggregation packet takes): frame -> field value -> share, as
 RSS steers by flow. ``plan`` proves that from the lowered program, or names what
-stops it; the switch prints the answer at start (``describe``).
+stops it; the switch prints the answer at start (``describe``), and the native
+backend acts on it: a frame holds the lock of its field's share (``field % shares``)
+from its parser's end to its own, not one lock for every lane.
 
 For each register it finds the shift at which the field's bits sit in the index
 (``cell = slot ++ set``: 1), so the share of a cell is ``(index >> shift) % shares``,
@@ -31,6 +33,9 @@ class Plan:
                                                 # one a frame (_Frames)
     shifts: dict = _field(default_factory=dict)   # register name -> shift of key's bits
     bits: int = 0                       # key bits every index keeps (shares <= 2 ** bits)
+    # key field -> True where registers indexed by it are reached only while its header
+    # is valid: a frame whose key header the parser left invalid takes no share's lock.
+    guarded: dict = _field(default_factory=dict)
     reason: str | None = None
 
 
@@ -228,14 +233,21 @@ def plan(program) -> Plan:
         if frames.clash:
             return Plan(reason="a frame can reach registers indexed by "
                                + " and by ".join(sorted(_name(f) for f in frames.clash)))
-    return Plan(keys=list(by_field), shifts=shifts, bits=bits)
+    guarded = {}
+    for f, accesses in by_field.items():
+        mine = {id(a) for a in accesses}
+        frames = _Frames(lambda access: id(access) in mine, {id(program.header(f.header))})
+        start = {(frozenset({(id(program.header(f.header)), False)}), frozenset())}
+        out = frames.walk(lowered.egress, frames.walk(lowered.ingress, start))
+        guarded[f] = not frames.clash and not any(True in used for _, used in out)
+    return Plan(keys=list(by_field), shifts=shifts, bits=bits, guarded=guarded)
 
 
 def describe(result: Plan) -> str:
     """The line the switch prints at start."""
     if result.reason is None:
-        return (f"register state can be shared out by "
+        return (f"register state is shared out by "
                 f"{' or '.join(_name(f) for f in result.keys)} "
-                f"({len(result.shifts)} registers, {result.bits} bits of it); the lanes "
-                f"still run the pipeline under one lock")
+                f"({len(result.shifts)} registers, {result.bits} bits of it): the lanes "
+                f"run the pipeline in parallel, a frame under the lock of its share only")
     return f"the lanes run the pipeline under one lock: {result.reason}"

@@ -1,6 +1,6 @@
 /* Native softswitch runtime, the state the control plane writes: match tables and
  * their lookups, registers, counters, multicast groups and clone sessions, and the
- * control-plane calls on them (each checks what it is given, under ctx->mu).
+ * control-plane calls on them (each checks what it is given, under ss_cp_lock).
  *
  * Not compiled on its own: runtime.c includes it where these definitions belong,
  * after the types and the values' helpers, before the packet path that uses them.
@@ -107,8 +107,8 @@ static inline __attribute__((always_inline)) int32_t ss_lookup_exact(const ss_ta
 
 /* ------------------------------------------------------------------ control API */
 
-SS_EXPORT void ss_lock(ss_ctx *c) { pthread_mutex_lock(&c->mu); }
-SS_EXPORT void ss_unlock(ss_ctx *c) { pthread_mutex_unlock(&c->mu); }
+SS_EXPORT void ss_lock(ss_ctx *c) { ss_cp_lock(c); }
+SS_EXPORT void ss_unlock(ss_ctx *c) { ss_cp_unlock(c); }
 
 SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     ss_ctx *c = calloc(1, sizeof *c);
@@ -117,6 +117,11 @@ SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     pthread_mutexattr_init(&a);
     pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
     pthread_mutex_init(&c->mu, &a);
+    pthread_rwlockattr_t w;      /* writers first: a control-plane call never waits for ever */
+    pthread_rwlockattr_init(&w);
+    pthread_rwlockattr_setkind_np(&w, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&c->dp, &w);
+    for (int i = 0; i < SS_SHARDS; i++) pthread_mutex_init(&c->shard[i], NULL);
     c->drop_port = drop_port;
     c->rng = seed | 1;
     ss_setup(c);
@@ -127,10 +132,12 @@ SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
     return c;
 }
 
-/* A register, or the first of `stride` registers stored side by side in its block. */
+/* A register, or the first of `stride` registers stored side by side in its block;
+ * one spare cell past the last, where a loop's access out of range goes (the printer's
+ * ``selected``), never read for a value nor seen by the control plane. */
 static void ss_reg_init(ss_ctx *c, int r, uint32_t size, uint32_t stride) {
     if (size < 1 || size > SS_MAXCELLS || stride < 1 || stride > SS_NREGS) { c->failed = 1; return; }
-    c->reg[r] = calloc((size_t)size * stride, sizeof(uint64_t));
+    c->reg[r] = calloc(((size_t)size + 1) * stride, sizeof(uint64_t));
     if (!c->reg[r]) { c->failed = 1; return; }
     c->reg_size[r] = size;
     c->reg_stride[r] = stride;
@@ -170,7 +177,7 @@ static int ss_ctr_ok(ss_ctx *c, int n, uint32_t i) {
 SS_EXPORT int32_t ss_tbl_add(ss_ctx *c, int ti, const uint64_t *key, const uint64_t *mask,
                              int32_t prio, int32_t action, const uint64_t *data) {
     if (!ss_table_ok(ti)) return -1;
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     ss_table *t = &c->t[ti];
     int32_t i;
     if (t->nfree) {
@@ -202,22 +209,22 @@ SS_EXPORT int32_t ss_tbl_add(ss_ctx *c, int ti, const uint64_t *key, const uint6
     t->pkts[i] = t->bytes[i] = 0;
     t->nlive++;
     ss_table_reindex(t);
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     return i;
 }
 
 SS_EXPORT void ss_tbl_set_action(ss_ctx *c, int ti, int32_t i, int32_t action, const uint64_t *data) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_entry_ok(c, ti, i)) {
         ss_table *t = &c->t[ti];
         t->action[i] = action;
         memcpy(t->data + (size_t)i * (t->nd + 1), data, t->nd * 8);
     }
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT void ss_tbl_del(ss_ctx *c, int ti, int32_t i) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_entry_ok(c, ti, i)) {
         ss_table *t = &c->t[ti];
         t->live[i] = 0;
@@ -225,52 +232,52 @@ SS_EXPORT void ss_tbl_del(ss_ctx *c, int ti, int32_t i) {
         t->freel[t->nfree++] = i;
         ss_table_reindex(t);
     }
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT void ss_tbl_default(ss_ctx *c, int ti, int32_t action, const uint64_t *data) {
     if (!ss_table_ok(ti)) return;
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     ss_table *t = &c->t[ti];
     t->def_action = action;
     memcpy(t->def_data, data, t->nd * 8);
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT void ss_tbl_counter(ss_ctx *c, int ti, int32_t i, uint64_t *pkts_bytes, int write) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_entry_ok(c, ti, i)) {
         ss_table *t = &c->t[ti];
         if (write) { t->pkts[i] = pkts_bytes[0]; t->bytes[i] = pkts_bytes[1]; }
         else { pkts_bytes[0] = t->pkts[i]; pkts_bytes[1] = t->bytes[i]; }
     }
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT uint64_t ss_reg_get(ss_ctx *c, int r, uint32_t i) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     uint64_t v = ss_reg_ok(c, r, i) ? c->reg[r][(size_t)i * c->reg_stride[r]] : 0;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     return v;
 }
 
 SS_EXPORT void ss_reg_set(ss_ctx *c, int r, uint32_t i, uint64_t v) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_reg_ok(c, r, i)) c->reg[r][(size_t)i * c->reg_stride[r]] = v;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 SS_EXPORT uint64_t ss_ctr_get(ss_ctx *c, int n, uint32_t i, int bytes) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     uint64_t v = ss_ctr_ok(c, n, i) ? (bytes ? c->cby[n][i] : c->cpk[n][i]) : 0;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     return v;
 }
 
 SS_EXPORT void ss_ctr_set(ss_ctx *c, int n, uint32_t i, int bytes, uint64_t v) {
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (ss_ctr_ok(c, n, i)) (bytes ? c->cby[n] : c->cpk[n])[i] = v;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
 }
 
 static void ss_group_free(ss_group *g) {
@@ -291,10 +298,10 @@ static void ss_replicas_set(ss_ctx *c, ss_group **slot, int n, const uint16_t *p
         memcpy(g->port, ports, (size_t)n * 2);
         memcpy(g->rid, rids, (size_t)n * 2);
     }
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     ss_group *old = *slot;
     *slot = g;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     ss_group_free(old);
 }
 

@@ -12,21 +12,6 @@ static int ss_port_known(const ss_ctx *c, uint32_t port) {
     return port < SS_MAXPORTS && c->port_index[port] >= 0;
 }
 
-static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
-    *cap = SS_SLOT + SS_MAXHDR;
-    if (!ss_port_known(c, port)) return c->scratch;     /* ss_tx_emit counts it */
-    ss_outq *q = &c->outq[c->port_index[port]];
-    ss_stage *st = &q->st[q->fill];
-    return st->n < SS_PORT_TXMAX ? st->tx[st->n].buf : NULL;
-}
-
-static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
-    (void)frame;
-    if (!ss_port_known(c, port)) { c->stat_no_port++; return; }
-    ss_outq *q = &c->outq[c->port_index[port]];
-    q->st[q->fill].tx[q->st[q->fill].n++].len = len;
-}
-
 /* A stage's frames out of port index k, in one sendmmsg if the kernel takes them. */
 static void ss_send_stage(ss_ctx *c, int k, ss_stage *st) {
     struct mmsghdr msgs[SS_PORT_TXMAX];
@@ -43,33 +28,78 @@ static void ss_send_stage(ss_ctx *c, int k, ss_stage *st) {
         int r = sendmmsg(c->txfd[k], msgs + sent, st->n - sent, 0);
         if (r > 0) {
             sent += r;
-            __atomic_add_fetch(&c->stat_tx, (uint64_t)r, __ATOMIC_RELAXED);
+            SS_COUNT(c->stat_tx, (uint64_t)r);
             continue;
         }
         if (r < 0 && errno == EINTR) continue;
         /* e.g. EMSGSIZE: that frame is lost, not the rest */
-        __atomic_add_fetch(&c->stat_txerr, 1, __ATOMIC_RELAXED);
+        SS_COUNT(c->stat_txerr, 1);
         sent++;
     }
     st->n = 0;
 }
 
 /* Send what port index k has staged, unless another lane is sending its frames (it
- * takes these too when it is done); with ctx->mu held, released around the sends. */
-static void ss_flush_port(ss_ctx *c, int k) {
+ * takes these too when it is done); with q->mu held, released around the sends. */
+static void ss_send_staged(ss_ctx *c, int k) {
     ss_outq *q = &c->outq[k];
     while (!q->busy && q->st[q->fill].n) {
         ss_stage *st = &q->st[q->fill];
         q->fill ^= 1;
         q->busy = 1;
-        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&q->mu);
         ss_send_stage(c, k, st);
-        pthread_mutex_lock(&c->mu);
+        pthread_mutex_lock(&q->mu);
         q->busy = 0;
     }
 }
 
-/* Every port's staged frames (ctx->mu held): after each batch, so what a multicast
+static void ss_flush_port(ss_ctx *c, int k) {
+    ss_outq *q = &c->outq[k];
+    pthread_mutex_lock(&q->mu);
+    ss_send_staged(c, k);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* The next slot of the port's stage, port index k's lock held until ss_tx_emit: a
+ * full stage is sent first, or waited for while another lane sends (the frame's share
+ * lock held meanwhile: a sender takes no lock but q->mu). No lock is taken between
+ * the two (a frame's shares are taken after its parser), so none waits on q->mu's
+ * holder. An output to a port the switch does not have goes to the lane's buffer. */
+static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
+    *cap = SS_SLOT + SS_MAXHDR;
+    if (!ss_port_known(c, port)) return ss_txbuf;      /* ss_tx_emit counts it */
+    int k = c->port_index[port];
+    ss_outq *q = &c->outq[k];
+    pthread_mutex_lock(&q->mu);
+    while (q->st[q->fill].n == SS_PORT_TXMAX) {
+        if (!q->busy) {
+            ss_send_staged(c, k);
+            continue;
+        }
+        pthread_mutex_unlock(&q->mu);
+        sched_yield();
+        pthread_mutex_lock(&q->mu);
+    }
+    ss_stage *st = &q->st[q->fill];
+    return st->tx[st->n].buf;
+}
+
+static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, int64_t n) {
+    (void)frame;
+    if (!ss_port_known(c, port)) {
+        if (n >= 0) SS_COUNT(c->stat_no_port, 1);
+        return;
+    }
+    ss_outq *q = &c->outq[c->port_index[port]];
+    if (n >= 0) {
+        ss_stage *st = &q->st[q->fill];
+        st->tx[st->n++].len = (uint32_t)n;
+    }
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Every port's staged frames, after each batch (no lock held), so what a multicast
  * made for several ports goes out as one sendmmsg per port. */
 static void ss_flush(ss_ctx *c) {
     for (int k = 0; k < c->nports; k++) ss_flush_port(c, k);
@@ -105,30 +135,12 @@ static size_t ss_with_vlan_tag(struct msghdr *h, uint8_t *frame, size_t len) {
  * never cut short; anything else is counted and run. */
 static int ss_admit(ss_ctx *c, int k, int pkttype, int too_long) {
     if (c->sees_outgoing[k] && pkttype == PACKET_OUTGOING) return 0;
-    c->stat_rx++;
+    SS_COUNT(c->stat_rx, 1);
     if (too_long) {
-        c->stat_drop++;
+        SS_COUNT(c->stat_drop, 1);
         return 0;
     }
     return 1;
-}
-
-/* Room on every port for one more frame's outputs (64 copies a port), sending what
- * is staged where there is not, or waiting for the lane that sends it (ctx->mu held,
- * released meanwhile). */
-static void ss_make_room(ss_ctx *c) {
-    for (int k = 0; k < c->nports; k++) {
-        ss_outq *q = &c->outq[k];
-        while (q->st[q->fill].n + 64 > SS_PORT_TXMAX) {
-            if (!q->busy) {
-                ss_flush_port(c, k);
-                continue;
-            }
-            pthread_mutex_unlock(&c->mu);
-            sched_yield();
-            pthread_mutex_lock(&c->mu);
-        }
-    }
 }
 
 /* What queued on port k's socket while it had no ring (before ss_io_start, or
@@ -154,17 +166,16 @@ static int ss_receive(ss_ctx *c, ss_lane *l, int k) {
     }
     int n = recvmmsg(c->rxfd[k], msgs, SS_BATCH, MSG_DONTWAIT | MSG_TRUNC, NULL);
     if (n <= 0) return 0;
-    pthread_mutex_lock(&c->mu);
+    ss_dp_lock(c);
     for (int i = 0; i < n; i++) {
         if (!ss_admit(c, k, addr[i].sll_pkttype, msgs[i].msg_len > SS_SLOT - 4
                                                  || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)))
             continue;
-        ss_make_room(c);
         size_t len = ss_with_vlan_tag(&msgs[i].msg_hdr, iov[i].iov_base, msgs[i].msg_len);
         ss_run(c, iov[i].iov_base, len, (uint32_t)c->port_no[k], ss_tx_slot, ss_tx_emit);
     }
+    pthread_rwlock_unlock(&c->dp);
     ss_flush(c);
-    pthread_mutex_unlock(&c->mu);
     return n;
 }
 
@@ -240,12 +251,12 @@ static void ss_ring_run(ss_ctx *c, int k, struct tpacket2_hdr *h, uint32_t statu
 }
 
 /* What port k's socket lost since the last call: frames the kernel found no ring
- * slot (or buffer) for. Reading resets the kernel's count; with ctx->mu held. */
+ * slot (or buffer) for. Reading resets the kernel's count. */
 static void ss_count_losses(ss_ctx *c, int k) {
     struct tpacket_stats st;
     socklen_t len = sizeof st;
     if (!getsockopt(c->rxfd[k], SOL_PACKET, PACKET_STATISTICS, &st, &len))
-        c->stat_ring_drops += st.tp_drops;
+        SS_COUNT(c->stat_ring_drops, st.tp_drops);
 }
 
 /* Up to SS_BATCH frames from port k's ring through the pipeline; how many it took.
@@ -254,19 +265,18 @@ static void ss_count_losses(ss_ctx *c, int k) {
 static int ss_ring_receive(ss_ctx *c, int k) {
     ss_ring *r = &c->ring[k];
     int n = 0;
-    pthread_mutex_lock(&c->mu);
+    ss_dp_lock(c);
     for (; n < SS_BATCH; n++) {
         struct tpacket2_hdr *h = ss_ring_frame(r, r->head);
         uint32_t status = __atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE);
         if (!(status & TP_STATUS_USER)) break;
         if (status & TP_STATUS_LOSING) ss_count_losses(c, k);
-        ss_make_room(c);
         ss_ring_run(c, k, h, status);
         __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
         r->head = r->head + 1 == r->frames ? 0 : r->head + 1;
     }
+    pthread_rwlock_unlock(&c->dp);
     if (n) ss_flush(c);
-    pthread_mutex_unlock(&c->mu);
     return n;
 }
 
@@ -276,6 +286,7 @@ static void *ss_loop(void *arg) {
     char name[16];
     snprintf(name, sizeof name, "ss-lane-%d", l->index);
     pthread_setname_np(pthread_self(), name);
+    ss_txbuf = l->txbuf;
     int ep = epoll_create1(0);
     for (int k = l->index; k < c->nports; k += c->nlanes) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)k};
@@ -296,11 +307,10 @@ static void *ss_loop(void *arg) {
  * sockets take over (a frame that lands in between is lost, as BMv2 loses those
  * that arrive while its pipeline is replaced). */
 static void ss_rings_close(ss_ctx *c, int n) {
+    ss_txbuf = c->lane[0].txbuf;         /* the lanes have stopped: this thread is one */
     for (int k = 0; k < n; k++)
         while (c->ring[k].map && ss_ring_receive(c, k) > 0) {}
-    pthread_mutex_lock(&c->mu);
     for (int k = 0; k < n; k++) ss_count_losses(c, k);
-    pthread_mutex_unlock(&c->mu);
     for (int k = 0; k < n; k++) ss_ring_close(&c->ring[k], c->rxfd[k]);
 }
 
@@ -323,11 +333,11 @@ static int ss_outq_alloc(ss_ctx *c, int n) {
     ss_outq_free(c);
     if (!(c->outq = calloc((size_t)(n > 0 ? n : 1), sizeof *c->outq))) return -1;
     c->noutq = n;
+    for (int k = 0; k < n; k++) pthread_mutex_init(&c->outq[k].mu, NULL);
     for (int k = 0; k < n; k++)
         for (int s = 0; s < 2; s++)
             for (int j = 0; j < SS_PORT_TXMAX; j++)
                 if (!(c->outq[k].st[s].tx[j].buf = malloc(SS_SLOT + SS_MAXHDR))) return -1;
-    if (!c->scratch && !(c->scratch = malloc(SS_SLOT + SS_MAXHDR))) return -1;
     return 0;
 }
 
@@ -360,6 +370,7 @@ SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, 
         l->c = c;
         l->index = i;
         if (!l->rxbuf && !(l->rxbuf = malloc((size_t)SS_BATCH * SS_SLOT))) return -1;
+        if (!l->txbuf && !(l->txbuf = malloc(SS_SLOT + SS_MAXHDR))) return -1;
     }
     if (ss_outq_alloc(c, n)) return -1;
     c->nlanes = lanes;
@@ -402,21 +413,21 @@ SS_EXPORT void ss_free(ss_ctx *c) {
     for (int g = 0; g < SS_SESSIONS; g++)
         ss_group_free(c->sessions[g]);
     ss_outq_free(c);
-    free(c->scratch);
-    for (int i = 0; i < SS_MAXLANES; i++) free(c->lane[i].rxbuf);
+    for (int i = 0; i < SS_MAXLANES; i++) { free(c->lane[i].rxbuf); free(c->lane[i].txbuf); }
     free(c->outbuf);
     pthread_mutex_destroy(&c->mu);
+    pthread_rwlock_destroy(&c->dp);
     free(c);
 }
 
 /* The data plane's counters, in loader.IO_COUNTERS' order; the sockets' losses read
  * now (while the loop runs: the caller owns the sockets, and may close them after). */
 SS_EXPORT void ss_io_stats(ss_ctx *c, uint64_t *out) {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->mu);          /* not dp: the counters are atomic */
     if (c->running)
         for (int k = 0; k < c->nports; k++) ss_count_losses(c, k);
-    out[0] = c->stat_rx; out[1] = __atomic_load_n(&c->stat_tx, __ATOMIC_RELAXED); out[2] = c->stat_drop;
-    out[3] = __atomic_load_n(&c->stat_txerr, __ATOMIC_RELAXED); out[4] = c->stat_asserts; out[5] = c->stat_ring_drops;
-    out[6] = c->stat_no_room; out[7] = c->stat_no_port;
+    uint64_t *in[] = {&c->stat_rx, &c->stat_tx, &c->stat_drop, &c->stat_txerr, &c->stat_asserts,
+                      &c->stat_ring_drops, &c->stat_no_room, &c->stat_no_port};
+    for (int i = 0; i < 8; i++) out[i] = __atomic_load_n(in[i], __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->mu);
 }

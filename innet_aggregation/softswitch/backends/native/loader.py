@@ -113,7 +113,8 @@ class _Context:
 
 
 class _Lock:
-    """``with pipeline.lock``: the C mutex the data plane takes for every batch."""
+    """``with pipeline.lock``: the control plane's hold (recursive): while it is held, no
+    data-plane batch runs, so a multi-call read or write is seen whole."""
 
     def __init__(self, c: _Context):
         self.c = c

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from innet_aggregation.softswitch.frontend import ir
+from innet_aggregation.softswitch.frontend import ir, shards
 from innet_aggregation.softswitch.frontend.lower import named, walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, mask
 from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_FIELD_LIST, MAX_ID, \
@@ -58,6 +58,7 @@ class CPrinter(PacketPrinter):
                          for group in self.ir.register_groups
                          for lane, spec in enumerate(group)}
         self.ctr_index = {name: i for i, name in enumerate(program.counters)}
+        self.shards = shards.plan(program)      # lanes in parallel where it is a proof
         for field in program.field_list:
             if field.width > 64:
                 raise NativeUnsupported(f"field {field.header}.{field.name} is {field.width} "
@@ -286,12 +287,16 @@ class CPrinter(PacketPrinter):
 
     def selected(self, index: ir.Expr, size: int, lvalue: str, value: str,
                  prelude: str = "") -> None:
-        """In a loop's function, ``lvalue = value`` with no branch: out of range, cell 0
-        stands in and ``lvalue`` keeps what it held (as ``guarded`` skips it), so the
-        loop has no control flow and the C compiler vectorizes it."""
+        """In a loop's function, ``lvalue = value`` with no branch: out of range, the
+        spare cell past the register's last (ss_reg_init) stands in and ``lvalue``
+        keeps what it held (as ``guarded`` skips it), so the loop has no control flow
+        and the C compiler vectorizes it. The spare is no share's (lanes may write it
+        at once; what it holds is never used), so a frame never touches a cell of a
+        share whose lock it does not hold, as cell 0 standing in did."""
         test = self.in_range(index, size)
         self.add(f"{{ uint64_t _ix = {self.expr(index)}; {prelude}int _in = {test}; "
-                 f"_ix = _in ? _ix : 0; {lvalue} = _in ? ({value}) : {lvalue}; }}")
+                 f"_ix = _in ? _ix : {num(size, 1, MAX_CELLS + 1)}ULL; "
+                 f"{lvalue} = _in ? ({value}) : {lvalue}; }}")
 
     def cell(self, reg) -> str:
         """The C lvalue of ``reg``'s cell ``_ix`` (in a loop, of the register _i steps on)."""
@@ -390,7 +395,7 @@ class CPrinter(PacketPrinter):
     def s_Count(self, s: ir.Count) -> None:
         n = num(self.ctr_index[s.counter.name], 0, len(self.ctr_index))
         self.guarded(s.index, s.counter.size,
-                     f"{{ c->cpk[{n}][_ix]++; c->cby[{n}][_ix] += S->in_len; }}")
+                     f"{{ SS_COUNT(c->cpk[{n}][_ix], 1); SS_COUNT(c->cby[{n}][_ix], S->in_len); }}")
 
     def s_Random(self, s: ir.Random) -> None:
         if exact_kind(s.lo, "a random bound") != "u" or exact_kind(s.hi, "a random bound") != "u":
@@ -408,7 +413,7 @@ class CPrinter(PacketPrinter):
         self.add(f"goto {self.return_label};")
 
     def s_Assert(self, s: ir.Assert) -> None:
-        self.add(f"if (!({self.expr(s.cond)})) c->stat_asserts++;")
+        self.add(f"if (!({self.expr(s.cond)})) SS_COUNT(c->stat_asserts, 1);")
 
     def s_Clone(self, s: ir.Clone) -> None:
         session = self.store(s.session, self.expr(s.session), 15, False)
@@ -472,7 +477,7 @@ class CPrinter(PacketPrinter):
             self.add("if (_e >= 0) {")
             self.add("    _hit = 1; _a = _t->action[_e]; ad = _t->data + (size_t)_e * (_t->nd + 1);")
             if spec.direct_counter:
-                self.add("    _t->pkts[_e]++; _t->bytes[_e] += S->in_len;")
+                self.add("    SS_COUNT(_t->pkts[_e], 1); SS_COUNT(_t->bytes[_e], S->in_len);")
             self.add("} else { _a = _t->def_action; ad = _t->def_data; }")
         else:
             self.add("_a = _t->def_action; ad = _t->def_data;")
@@ -532,7 +537,19 @@ class CPrinter(PacketPrinter):
         for name, spec in prog.counters.items():
             self.add(f"    ss_ctr_init(c, {num(self.ctr_index[name], 0, len(prog.counters))}, "
                      f"{num(spec.size, 1, MAX_CELLS + 1)}U);")
+        if self.shards.reason is None:
+            self.add(f"    c->nshards = {num(1 << min(self.shards.bits, 6), 1, 65)};")
         self.add("}")
+
+    def take_shards(self) -> None:
+        """After the parser, the locks of the shares this frame's key fields name (a
+        field whose registers are reached only while its header is valid: only then)."""
+        self.add("{ uint64_t _m = 0;")
+        for f in self.shards.keys:
+            test = (f"if ({self.valid_code(self.prog.header(f.header))}) "
+                    if self.shards.guarded[f] else "")
+            self.add(f"  {test}_m |= 1ULL << ({self.fref(f)} & (uint64_t)(c->nshards - 1));")
+        self.add("  ss_shards_take(c, _m); }")
 
     def unit(self, runtime_path: str) -> str:
         prog = self.prog
@@ -571,6 +588,8 @@ class CPrinter(PacketPrinter):
             self.add(f"{self.fref(std['parser_error'])} = perr;")
         if self.ir.special:
             self.add("if (S->parse_only) return;")
+        if self.shards.reason is None:
+            self.take_shards()
         self.checksums(self.ir.verify, True)
         self.control(self.ir.ingress, "ingress")
         self.depth = 0

@@ -17,9 +17,17 @@
  * control.c (tables, registers, counters, PRE, and the control-plane calls) and io.c
  * (the AF_PACKET rings, sends and lanes) where their definitions belong.
  *
- * Every control-plane call and every data-plane batch holds ctx->mu (recursive, so
- * Python can hold it across several calls for a consistent read or a multi-update
- * write); the data plane never sees half a change.
+ * Locks. Every control-plane call holds ctx->mu (recursive, so Python can hold it
+ * across several calls for a consistent read or a multi-update write) and, from the
+ * outermost hold, ctx->dp for writing: the data plane never sees half a change. A
+ * data-plane batch holds ctx->dp for reading. Where the front end proved register
+ * state shardable by a header field (frontend/shards.py), the printed parser ends
+ * with ss_shards_take: the frame holds the lock of its field's share of the cells
+ * (ctx->shard[field % nshards]) to its end, so lanes run the pipeline in parallel and
+ * two frames that can touch one cell never do so at once. Where it did not
+ * (nshards 0), a batch holds ctx->dp for writing: one lane at a time. Counters,
+ * statistics and the random generator are atomic; the output queues have a lock
+ * each (ss_outq). Lock order: dp, shards in ascending order, an output queue.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -49,6 +57,7 @@
                                     fills while the other is sent) */
 #define SS_MAXPORTS 512
 #define SS_MAXLANES 16           /* I/O threads (ss_io_start) */
+#define SS_SHARDS 64             /* locks of register shares, at most (ss_shards_take) */
 #define SS_OUTMAX 64             /* outputs kept by ss_process (control-plane tests) */
 #define SS_SESSIONS 32768        /* clone session ids (PI's: 1 to 32767) */
 #define SS_PASSES 32             /* clones, resubmits and recirculations per received frame */
@@ -99,11 +108,15 @@ typedef struct {
     uint32_t n;
 } ss_stage;
 
-/* A port's way out: the pipeline fills one stage (under ctx->mu) while one lane at a
- * time sends the other (without it), so a port's frames leave in the order the
- * pipeline made them, whichever lanes made them: a worker's loss detection reads a
- * result that overtakes an earlier one as a loss. */
+/* A port's way out: lanes append to one stage (under mu) while one lane at a time
+ * sends the other (without it), so a port's frames leave in the order they were
+ * appended, whichever lanes made them. Order guaranteed: the frames one lane makes
+ * for a port leave in the order it made them; the frames made under one share's lock
+ * (every result of one slot) leave each port in the order they were made, as the
+ * share's lock is held until the frame's outputs are appended. A worker's loss
+ * detection reads a result that overtakes an earlier one of its slot as a loss. */
 typedef struct {
+    pthread_mutex_t mu;
     ss_stage st[2];
     int fill;                    /* the stage the pipeline fills */
     int busy;                    /* a lane is sending the other */
@@ -117,6 +130,7 @@ typedef struct {
     int index;
     pthread_t thread;
     uint8_t *rxbuf;
+    uint8_t *txbuf;              /* egress writes an output to a missing port here */
 } ss_lane;
 
 /* A port's PACKET_RX_RING (TPACKET_V2): the kernel copies each frame into the next
@@ -129,6 +143,10 @@ typedef struct {
 
 typedef struct ss_ctx {
     pthread_mutex_t mu;
+    pthread_rwlock_t dp;
+    int cp_depth;                /* holds of mu: the outermost takes dp for writing */
+    int nshards;                 /* 0: one lane at a time; else a power of two */
+    pthread_mutex_t shard[SS_SHARDS];
     ss_table t[SS_NTABLES + 1];
     uint64_t *reg[SS_NREGS + 1];
     uint32_t reg_size[SS_NREGS + 1];
@@ -138,7 +156,6 @@ typedef struct ss_ctx {
     uint32_t ctr_size[SS_NCTRS + 1];
     ss_group *groups[65536];
     ss_group *sessions[SS_SESSIONS];
-    int passes;                  /* left for the frame being processed */
     uint64_t rng;
     uint64_t drop_port;
     /* ss_process: the outputs of the last call */
@@ -149,7 +166,6 @@ typedef struct ss_ctx {
     int nlanes;
     ss_outq *outq;               /* by port index (noutq of them, nports in use) */
     int noutq;
-    uint8_t *scratch;            /* an output to a port the switch does not have */
     volatile int stop, running;
     int nports, port_no[SS_MAXPORTS], rxfd[SS_MAXPORTS], txfd[SS_MAXPORTS];
     int port_index[SS_MAXPORTS];
@@ -162,6 +178,41 @@ typedef struct ss_ctx {
     uint64_t stat_ring_drops, stat_no_room, stat_no_port;
     int failed;                  /* ss_setup could not allocate or was given a bad size */
 } ss_ctx;
+
+#define SS_COUNT(x, n) __atomic_add_fetch(&(x), (n), __ATOMIC_RELAXED)
+
+static __thread int ss_passes;          /* left for the frame this thread processes */
+static __thread uint64_t ss_held;       /* the shares' locks it holds (ss_shards_take) */
+static __thread uint8_t *ss_txbuf;      /* its lane's spare output buffer (ss_tx_slot) */
+
+static void ss_cp_lock(ss_ctx *c) {
+    pthread_mutex_lock(&c->mu);
+    if (c->cp_depth++ == 0) pthread_rwlock_wrlock(&c->dp);
+}
+
+static void ss_cp_unlock(ss_ctx *c) {
+    if (--c->cp_depth == 0) pthread_rwlock_unlock(&c->dp);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A batch: beside other lanes where the state is sharded, else alone. */
+static void ss_dp_lock(ss_ctx *c) {
+    if (c->nshards) pthread_rwlock_rdlock(&c->dp);
+    else pthread_rwlock_wrlock(&c->dp);
+}
+
+/* The locks of the shares in ``mask``, in ascending order (at most one frame's worth
+ * of them, taken once a frame, after its parser). */
+static void ss_shards_take(ss_ctx *c, uint64_t mask) {
+    if (ss_held) return;
+    ss_held = mask;
+    for (uint64_t m = mask; m; m &= m - 1) pthread_mutex_lock(&c->shard[__builtin_ctzll(m)]);
+}
+
+static void ss_shards_give(ss_ctx *c) {
+    for (uint64_t m = ss_held; m; m &= m - 1) pthread_mutex_unlock(&c->shard[__builtin_ctzll(m)]);
+    ss_held = 0;
+}
 
 static void ss_setup(ss_ctx *c);
 SS_EXPORT void ss_free(ss_ctx *c);
@@ -268,9 +319,12 @@ static uint64_t ss_calc(int algo, const uint8_t *a, uint32_t na, const uint8_t *
 #undef SS_BYTE
 
 static inline uint64_t ss_random(ss_ctx *c, uint64_t lo, uint64_t hi) {
-    uint64_t x = c->rng;              /* xorshift64* */
-    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
-    c->rng = x;
+    uint64_t x = __atomic_load_n(&c->rng, __ATOMIC_RELAXED), y;   /* xorshift64* */
+    do {
+        y = x;
+        y ^= y >> 12; y ^= y << 25; y ^= y >> 27;
+    } while (!__atomic_compare_exchange_n(&c->rng, &x, y, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    x = y;
     x *= 0x2545F4914F6CDD1DULL;
     uint64_t span = hi - lo;
     return span == ~0ULL ? x : lo + x % (span + 1);
@@ -292,15 +346,17 @@ static inline uint64_t ss_index(ss_state *S, uint64_t i, uint64_t n) {
 
 /* ------------------------------------------------------------------ packet path */
 
-typedef void (*ss_emit_fn)(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len);
+/* An output: ``slot`` gives the buffer egress writes it in, ``emit`` then sends it,
+ * or with n < 0 gives the buffer back unsent; every slot is emitted once. */
+typedef void (*ss_emit_fn)(ss_ctx *c, uint32_t port, uint8_t *frame, int64_t n);
 
 typedef uint8_t *(*ss_slot_fn)(ss_ctx *c, uint32_t port, uint32_t *cap);
 
 /* Another pass for a copy of the frame (clone, resubmit, recirculate), or none left:
  * simple_switch would loop for ever, here the copy is dropped. */
 static int ss_another(ss_ctx *c) {
-    if (c->passes <= 0) { c->stat_drop++; return 0; }
-    c->passes--;
+    if (ss_passes <= 0) { SS_COUNT(c->stat_drop, 1); return 0; }
+    ss_passes--;
     return 1;
 }
 
@@ -314,21 +370,24 @@ static void ss_egress_out(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, ui
                           uint32_t instance, ss_slot_fn slot, ss_emit_fn emit) {
     uint32_t cap;
     uint8_t *out = slot(c, port, &cap);
-    if (!out) { c->stat_no_room++; return; }   /* its E2E clones are never made */
+    if (!out) { SS_COUNT(c->stat_no_room, 1); return; }   /* its E2E clones are never made */
     ss_state K;
     S->clone = S->resub_fl = S->recirc_fl = 0;
     int64_t n = ss_egress(c, S, port, has_rid, rid, instance, out, cap, &K);
     if (n >= 0 && !S->recirc_fl) {
-        emit(c, port, out, (uint32_t)n);
+        emit(c, port, out, n);
     } else if (n >= 0 && n <= SS_SLOT && ss_another(c)) {
-        uint8_t *frame = malloc((size_t)n + 1);    /* the slot is the next output's */
+        uint8_t *frame = malloc((size_t)n + 1);    /* the slot is given back */
+        if (frame) memcpy(frame, out, (size_t)n);
+        emit(c, port, out, -1);
         if (frame) {
-            memcpy(frame, out, (size_t)n);
             ss_pass(c, frame, (uint32_t)n, 0, 4, S, S->recirc_fl, slot, emit);
             free(frame);
         } else {
-            c->stat_drop++;
+            SS_COUNT(c->stat_drop, 1);
         }
+    } else {
+        emit(c, port, out, -1);
     }
     /* An egress that aborted made no E2E state (K): its clones are dropped with it. */
     ss_group *g = S->clone && !S->abort ? c->sessions[S->clone & 0x7FFF] : NULL;
@@ -355,7 +414,7 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
     if (from) ss_keep(&S, from, field_list);
     ss_set_instance(&S, instance);
     ss_ingress(c, &S);
-    if (S.abort) { c->stat_drop++; return; }
+    if (S.abort) { SS_COUNT(c->stat_drop, 1); return; }
     ss_group *g = S.clone ? c->sessions[S.clone & 0x7FFF] : NULL;
     if (g) {
         ss_state K;
@@ -382,7 +441,7 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
     uint64_t grp = ss_mcast(&S), spec = ss_spec(&S);
     if (grp) {
         g = c->groups[grp & 0xFFFF];
-        if (!g || grp > 0xFFFF) { c->stat_no_port++; return; }
+        if (!g || grp > 0xFFFF) { SS_COUNT(c->stat_no_port, 1); return; }
         for (int i = 0; i < g->n; i++) {
             ss_state *R = &S;        /* the last replica is S itself: it is not read again */
             if (i + 1 < g->n) ss_replica(R = &E, &S);
@@ -397,8 +456,9 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
 /* Ingress, PRE, egress for one frame; ``slot`` gives the buffer for each output. */
 static void ss_run(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
                    ss_slot_fn slot, ss_emit_fn emit) {
-    c->passes = SS_PASSES;
+    ss_passes = SS_PASSES;
     ss_pass(c, pkt, len, port, 0, NULL, 0, slot, emit);
+    ss_shards_give(c);
 }
 
 static uint8_t *ss_out_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
@@ -408,25 +468,26 @@ static uint8_t *ss_out_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
     return c->outbuf + (size_t)c->nout * (SS_SLOT + SS_MAXHDR);
 }
 
-static void ss_out_emit(ss_ctx *c, uint32_t port, uint8_t *frame, uint32_t len) {
+static void ss_out_emit(ss_ctx *c, uint32_t port, uint8_t *frame, int64_t len) {
     (void)frame;
+    if (len < 0) return;
     c->out_port[c->nout] = port;
-    c->out_len[c->nout] = len;
+    c->out_len[c->nout] = (uint32_t)len;
     c->nout++;
 }
 
 /* One frame through the pipeline; its outputs are read with ss_output. */
 SS_EXPORT int ss_process(ss_ctx *c, const uint8_t *frame, uint32_t len, uint32_t port) {
     if (len > SS_SLOT) return 0;
-    pthread_mutex_lock(&c->mu);
+    ss_cp_lock(c);
     if (!c->outbuf && !(c->outbuf = malloc((size_t)SS_OUTMAX * (SS_SLOT + SS_MAXHDR)))) {
-        pthread_mutex_unlock(&c->mu);
+        ss_cp_unlock(c);
         return 0;
     }
     c->nout = 0;
     ss_run(c, frame, len, port, ss_out_slot, ss_out_emit);
     int n = (int)c->nout;
-    pthread_mutex_unlock(&c->mu);
+    ss_cp_unlock(c);
     return n;
 }
 
