@@ -1,11 +1,14 @@
 """One rank of the deadline tests (a job with ``deadline_ms``; the session alone):
 
     python -m tests.worker.deadline_calls --config job.toml --worker-id 0 --out DIR \
-        [--calls 8] [--size 16384] [--sleep 0.3 --sleep-calls 2,5] [--lead-limit N]
+        [--calls 8] [--size 16384] [--sleep 0.3 --sleep-calls 2,5] [--until-stalled]
+        [--lead-limit N]
 
 Every call all-reduces, under one name, ``run.make_inputs(size, SEED, call, rank)``
 (normal values, steady scales per 64), which any process can recompute; a rank given
-``--sleep`` first sleeps that long before the calls in ``--sleep-calls``;
+``--sleep`` first sleeps that long before the calls in ``--sleep-calls`` (with
+``--until-stalled``, only until the other ranks' calls have stopped for ``STALLED``
+seconds, at most that long: they wait for it at the lead limit, however loaded the host);
 ``--lead-limit`` lowers the released rounds a late rank may trail by (transport's
 LEAD_LIMIT, so a test reaches it in a few calls); ``--rcvbuf`` shrinks the socket's
 receive buffer before a sleep, so most results sent meanwhile are lost. Per call,
@@ -29,6 +32,20 @@ from innet_aggregation.worker.session import AggregationSession
 
 SEED = 11
 NAME = "bucket"
+STALLED = 2.0           # seconds without another rank's call done: they wait for this one
+
+
+def sleep_until_stalled(out: Path, rank: int, most: float) -> None:
+    """Until no other rank has finished a call for STALLED seconds, at most ``most``."""
+    end = time.monotonic() + most
+    done, since = -1, time.monotonic()
+    while (now := time.monotonic()) < end:
+        now_done = sum(1 for f in out.glob("*.npz") if not f.name.startswith(f"{rank}."))
+        if now_done != done:
+            done, since = now_done, now
+        elif now - since >= STALLED:
+            return
+        time.sleep(0.1)
 
 
 def main() -> None:
@@ -40,6 +57,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16384)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--sleep-calls", default="")
+    parser.add_argument("--until-stalled", action="store_true")
     parser.add_argument("--lead-limit", type=int, default=None)
     parser.add_argument("--rcvbuf", type=int, default=None)
     args = parser.parse_args()
@@ -54,7 +72,10 @@ def main() -> None:
                 if args.rcvbuf:      # what comes while it sleeps mostly lost in the kernel
                     session.transport.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
                                                       args.rcvbuf)
-                time.sleep(args.sleep)
+                if args.until_stalled:
+                    sleep_until_stalled(out, rank, args.sleep)
+                else:
+                    time.sleep(args.sleep)
             values = make_inputs(args.size, SEED, call, rank, steady=True)
             session.allreduce(values, name=NAME)
             (chunks, carried), = carry.values() if carry else ((np.zeros(0, np.int64),

@@ -140,7 +140,9 @@ def test_with_one_slot_a_rank_held_past_the_stale_window_does_not_diverge(fabric
     """One slot: every released round is a packet id of that slot, so a rank the others
     left STALE_ROUNDS ids behind would have its old packet taken as a newer round, which
     restarts it with its values alone, and apply that while the others applied the
-    original. Rank 2 sleeps 8 s, time for the others to run past STALE_ROUNDS rounds,
+    original. Rank 2 sleeps until the others have stopped (at most 60 s: on a loaded
+    host the others take longer than any fixed time), time for them to run past
+    STALE_ROUNDS rounds if nothing held them,
     with a socket buffer too small to hold what they release meanwhile, so it sends its
     packets of those rounds when it wakes: the others stopped at LEAD_LIMIT (half the
     window), so the switch drops them as stale and the peers send the results; every
@@ -151,7 +153,8 @@ def test_with_one_slot_a_rank_held_past_the_stale_window_does_not_diverge(fabric
     job = fabric.job(3, num_slots=1, deadline_ms=DEADLINE_MS)
     calls = protocol.STALE_ROUNDS // (SIZE // k) + 4
     logs, runs = run_calls(fabric, tmp_path, job, calls,
-                           ["--sleep", "8", "--sleep-calls", "2", "--rcvbuf", "2304"],
+                           ["--sleep", "60", "--until-stalled", "--sleep-calls", "2",
+                            "--rcvbuf", "2304"],
                            timeout=150)
     missed = sum(len(log["left_out"]) for log in logs[2])
     assert missed >= transport.LEAD_LIMIT - 64, missed
