@@ -73,7 +73,9 @@ def test_prometheus_sees_the_managers_job_and_the_switchs_aggregation(tmp_path):
             assert r.wait(60) == 0, r.stderr[-3000:]
         until(lambda: prometheus.query(f"{running} == 1") == [], 20,
               "Prometheus saw the job leave")
-        assert prometheus.value('ina_manager_pool_used{resource="slots"}') == 0
+        # Removing, the job holds its slots until the sweeper has taken it off the switch.
+        until(lambda: prometheus.query('ina_manager_pool_used{resource="slots"} == 0') != [],
+              20, "Prometheus saw the job's slots free again")
     finally:
         prometheus.stop()
         bed.stop()
