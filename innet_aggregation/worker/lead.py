@@ -74,12 +74,12 @@ class Kept:
     def keep(self, number: int, work: np.ndarray, members, sig: int, k: int,
              deadline: bool, poisoned: bool = False) -> None:
         flat = work.reshape(-1)
-        buffer = next((b for b in self._spare if b.shape == flat.shape and b.dtype == flat.dtype),
-                      None)
-        if buffer is None:
+        at = next((i for i, b in enumerate(self._spare)
+                   if b.shape == flat.shape and b.dtype == flat.dtype), None)
+        if at is None:
             buffer = flat.copy()
-        else:
-            self._spare.remove(buffer)
+        else:           # by position: list.remove would compare arrays element by element
+            buffer = self._spare.pop(at)
             np.copyto(buffer, flat)
         record = Record(number, buffer, None if members is None else members.copy(), sig, k,
                         poisoned)

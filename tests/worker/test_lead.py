@@ -26,6 +26,17 @@ def test_without_a_deadline_only_the_last_call_is_kept_and_its_buffer_reused():
     assert kept.get(3).result.tolist() == (first + 2).tolist()
 
 
+def test_calls_of_several_sizes_in_turn_reuse_only_a_buffer_of_their_size():
+    """DDP's buckets: calls of different sizes one after another (the spare list once
+    compared arrays element by element to remove one, and a training step raised)."""
+    kept = Kept()
+    sizes = [330, 2410, 330, 2410, 7, 330]
+    for number, size in enumerate(sizes, 1):
+        kept.keep(number, np.full(size, number, np.float32), None, number, K, deadline=False)
+        assert kept.get(number).result.tolist() == [number] * size
+    assert [r.number for r in kept.records] == [len(sizes)]
+
+
 def test_under_a_deadline_the_calls_a_lead_can_span_are_kept():
     """A lead spans at most LEAD_LIMIT released rounds past the late rank's pending call:
     a call is kept while the calls after it hold at most 2 LEAD_LIMIT blocks."""
