@@ -159,7 +159,7 @@ class Call:
     @timed("wait")
     def _poll(self, seconds: float) -> bool:
         """Whether a datagram came within ``seconds``."""
-        return bool(self.t._poll.poll(max(seconds * 1000.0, 0.0)))
+        return bool(self.t.poller.poll(max(seconds * 1000.0, 0.0)))
 
     @timed("wait")
     def _coalesce(self, wake: float) -> None:

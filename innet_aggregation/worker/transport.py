@@ -292,10 +292,10 @@ class Transport:
             self.sock.close()
             raise
         self.io = BatchSocket(self.sock, self.tx, self.rx)
-        self._poll = select.poll()
-        self._poll.register(self.sock, select.POLLIN)
+        self.poller = select.poll()   # the socket, and the repair socket if any
+        self.poller.register(self.sock, select.POLLIN)
         if self.bounded.repair is not None:
-            self._poll.register(self.bounded.repair.ask_sock, select.POLLIN)
+            self.poller.register(self.bounded.repair.ask_sock, select.POLLIN)
 
     def close(self) -> None:
         self.bounded.close()
@@ -365,7 +365,7 @@ class Transport:
             self.send(np.zeros(1, dtype=np.int64))
             while rtt is None and (left := sent_at + max(4 * self.deadline, 1.0)
                                    - time.monotonic()) > 0:
-                if self._poll.poll(left * 1000.0):
+                if self.poller.poll(left * 1000.0):
                     packets, _, _ = self.receive()
                     if (leading_bytes(packets, self.identity_bytes) == echo).any():
                         rtt = time.monotonic() - sent_at
