@@ -9,8 +9,8 @@ tensors), so numpy-only workers start fast.
 
 from .quantize import NonFiniteError
 from .session import AggregationSession, CallStats
-from .transport import (AggregationTimeout, CallMismatch, RetransmitPolicy, SendRefused, Stats,
-                        TransportBroken)
+from .errors import AggregationTimeout, CallMismatch, SendRefused, TransportBroken
+from .transport import RetransmitPolicy, Stats
 
 __all__ = ["AggregationSession", "AggregationTimeout", "CallMismatch", "CallStats",
            "NonFiniteError", "RetransmitPolicy", "SendRefused", "Stats", "SwitchHookState",

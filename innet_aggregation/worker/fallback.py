@@ -60,8 +60,8 @@ import numpy as np
 
 from .lead import Kept, Record, hand_over, replay
 from .quantize import NonFiniteError
-from .transport import (AggregationTimeout, CallAborted, CallMismatch, SendRefused,
-                        TransportBroken)
+from .errors import (AggregationTimeout, CallAborted, CallMismatch, SendRefused,
+                     TransportBroken)
 
 MODES = ("gloo", "error")
 # Seconds a switch call may go without progress before it is given up: 5 times the

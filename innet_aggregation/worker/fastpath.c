@@ -2,14 +2,14 @@
  *
  * Python (transport.py) owns every array of a call; this unit gets pointers to them
  * (struct fp_call, filled once per call by fastpath.py) and, for the results of a
- * batch in arrival order, does what _Call._on_results, _store, _load and _transmit
+ * batch in arrival order, does what Call._on_results, _store, _load and transmit
  * do, as long as a result is the common case: it answers the slot's packet in
  * flight (identity bytes), every worker contributed, its fingerprint sum is the
  * call's, and its scale is kept (not redone, not poisoned), for a whole block of a
  * float32 output. It stops at the first result that is anything else and returns
  * how many it handled; Python handles the rest of the batch unchanged. The next
  * packets of the slots handled go out in one sendmmsg (UDP GSO runs of consecutive
- * slots, as batchio.py cuts them). fp_run does _Call.run's waiting and draining
+ * slots, as batchio.py cuts them). fp_run does Call.run's waiting and draining
  * around that for as long as nothing else comes and no timer is due.
  *
  * The numerics are quantize.quantize's and quantize.dequantize's, element by
@@ -123,7 +123,7 @@ static void dequantize_row(const struct fp_call *c, const uint8_t *src, int64_t 
     }
 }
 
-/* _Call._load for one slot: its next chunk into its packet, its expected result. */
+/* Call._load for one slot: its next chunk into its packet, its expected result. */
 static void load(struct fp_call *c, int64_t s, int64_t chunk, double now) {
     uint8_t *row = c->tx + s * c->packet_bytes;
     int64_t set = c->next_set[s], id = c->next_pkt_id[s];
@@ -320,7 +320,7 @@ static int64_t fp_receive(struct fp_call *c, struct mmsghdr *msgs, int rows, dou
     return handle_batch(c, c->rx, c->rx_stride, c->datagrams, msgs, now, fd, gso);
 }
 
-/* _Call._next_wakeup: the earliest timer (the timeout after the later of a slot's
+/* Call._next_wakeup: the earliest timer (the timeout after the later of a slot's
  * send and the call's last answer, capped by peer_timeout) or RACK deadline. */
 EXPORT double fp_next_wakeup(struct fp_call *c, double rto, double peer_timeout,
                              double progress_at, int64_t rack_seq, double rack_rtt,
@@ -345,7 +345,7 @@ EXPORT double fp_next_wakeup(struct fp_call *c, double rto, double peer_timeout,
     return wake;
 }
 
-/* _Call.run's loop for as long as it meets only the common case, so that a wake-up
+/* Call.run's loop for as long as it meets only the common case, so that a wake-up
  * costs no Python: wait for results (never past the next timer or progress log),
  * drain the socket through handle, and where only a few came (fewer than
  * ``coalesce_batch``) let more gather for up to ``coalesce`` seconds. Returns 1

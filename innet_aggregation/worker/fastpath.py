@@ -147,9 +147,9 @@ class FastCall:
                             ("agreed", call.agreed), ("own", call.own),
                             ("next_set", t.next_set), ("next_pkt_id", t.next_pkt_id),
                             ("fingerprints", call.fingerprints), ("expected", call.expected),
-                            ("sent_at", call.sent_at), ("first_sent_at", call.first_sent_at),
-                            ("sent_seq", call.sent_seq), ("retries", call.retries),
-                            ("resent", call.resent), ("told", call.told),
+                            ("sent_at", call.loss.sent_at), ("first_sent_at", call.loss.first_sent_at),
+                            ("sent_seq", call.loss.sent_seq), ("retries", call.loss.retries),
+                            ("resent", call.loss.resent), ("told", call.told),
                             ("queue", self.queue), ("rx", t.rx)):
             setattr(s, name, _ptr(array))
         s.min_rto, s.max_rto = t.policy.min_rto, t.policy.max_rto
@@ -173,7 +173,7 @@ class FastCall:
         return cls(lib, call)
 
     def run(self, wake: float, coalesce_batch: int) -> tuple[np.ndarray, np.ndarray, float]:
-        """``_Call.run``'s waiting and receiving, in C until a timer or the progress log
+        """``Call.run``'s waiting and receiving, in C until a timer or the progress log
         is due, the call is done, or a batch needs Python: that batch's rest (results,
         WAITING headers), and the next wake-up."""
         call, t, s = self.call, self.call.t, self.state
@@ -188,10 +188,10 @@ class FastCall:
         return packets, headers, s.wake
 
     def next_wakeup(self) -> float:
-        """``_Call._next_wakeup``, one loop over the slots."""
+        """``Call._next_wakeup``, one loop over the slots."""
         call, t = self.call, self.call.t
         return self.lib.fp_next_wakeup(self.ref, t.rto.rto, t.policy.peer_timeout,
-                                       call.progress_at, call.rack_seq, call.rack_rtt,
+                                       call.progress_at, call.loss.rack_seq, call.loss.rack_rtt,
                                        t.rto.reorder_window)
 
     def results(self, packets: np.ndarray, now: float) -> int:
@@ -205,7 +205,8 @@ class FastCall:
     def _state_in(self) -> None:
         """The call's and the RTT estimator's state, for C to go on from."""
         s, call, rto = self.state, self.call, self.call.t.rto
-        s.next_seq, s.rack_seq, s.rack_rtt = call.next_seq, call.rack_seq, call.rack_rtt
+        loss = call.loss
+        s.next_seq, s.rack_seq, s.rack_rtt = loss.next_seq, loss.rack_seq, loss.rack_rtt
         s.progress_at, s.in_flight = call.progress_at, call.in_flight
         s.has_srtt, s.srtt = rto.srtt is not None, rto.srtt or 0.0
         s.rttvar, s.min_rtt, s.rto = rto.rttvar, rto.min_rtt, rto.rto
@@ -218,7 +219,7 @@ class FastCall:
         s, call, t = self.state, self.call, self.call.t
         if s.has_srtt:
             t.rto.srtt, t.rto.rttvar, t.rto.min_rtt, t.rto.rto = s.srtt, s.rttvar, s.min_rtt, s.rto
-        call.next_seq, call.rack_seq, call.rack_rtt = s.next_seq, s.rack_seq, s.rack_rtt
+        call.loss.next_seq, call.loss.rack_seq, call.loss.rack_rtt = s.next_seq, s.rack_seq, s.rack_rtt
         call.progress_at, call.in_flight = s.progress_at, s.in_flight
         for name in TIMED:
             t.timing.credit(_PHASE[name], getattr(s, name))

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import quantize
-from .transport import LEAD_LIMIT, CallMismatch
+from .bounded import LEAD_LIMIT
+from .errors import CallMismatch
 
 DTYPES = ("float16", "float32", "float64")      # a result's dtype on the wire, by index
 HEADER = 6                                       # the int64 fields a handed-over call's header has

@@ -157,7 +157,7 @@ CONSTANTS = {
     "the retransmission timer's 2 s ceiling": Code(TRANSPORT, "RetransmitPolicy.max_rto"),
     "default 10 s lease": Code("innet_aggregation.switch_ctl.manager.config",
                                "DEFAULT_LEASE_SECONDS"),
-    "(at most 0.5 s apart)": Code(TRANSPORT, "ABORT_POLL"),
+    "(at most 0.5 s apart)": Code("innet_aggregation.worker.call", "ABORT_POLL"),
     "look there every 0.5 s": Code(FALLBACK, "STORE_POLL"),
     "logging every 10 s which rank": Code(TRANSPORT, "RetransmitPolicy.progress_interval"),
     "The default is 30 minutes": Code(TRANSPORT, "RetransmitPolicy.peer_timeout / 60"),

@@ -9,7 +9,7 @@ Every call all-reduces, under one name, ``run.make_inputs(size, SEED, call, rank
 ``--sleep`` first sleeps that long before the calls in ``--sleep-calls`` (with
 ``--until-stalled``, only until the other ranks' calls have stopped for ``STALLED``
 seconds, at most that long: they wait for it at the lead limit, however loaded the host);
-``--lead-limit`` lowers the released rounds a late rank may trail by (transport's
+``--lead-limit`` lowers the released rounds a late rank may trail by (bounded.py's
 LEAD_LIMIT, so a test reaches it in a few calls); ``--rcvbuf`` shrinks the socket's
 receive buffer before a sleep, so most results sent meanwhile are lost. Per call,
 DIR/RANK.CALL.npz holds the result and the blocks this rank's values were left out
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from innet_aggregation.worker import transport
+from innet_aggregation.worker import bounded
 from innet_aggregation.worker.run import make_inputs
 from innet_aggregation.worker.session import AggregationSession
 
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--rcvbuf", type=int, default=None)
     args = parser.parse_args()
     if args.lead_limit is not None:
-        transport.LEAD_LIMIT = args.lead_limit
+        bounded.LEAD_LIMIT = args.lead_limit
     rank, out = args.worker_id, Path(args.out)
     sleeps = {int(c) for c in args.sleep_calls.split(",") if c}
     with AggregationSession.from_config(args.config, rank) as session:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from innet_aggregation.p4src import protocol
-from innet_aggregation.worker import transport
+from innet_aggregation.worker import bounded
 from innet_aggregation.worker.run import make_inputs
 
 from .deadline_calls import SEED
@@ -157,4 +157,4 @@ def test_with_one_slot_a_rank_held_past_the_stale_window_does_not_diverge(fabric
                             "--rcvbuf", "2304"],
                            timeout=150)
     missed = sum(len(log["left_out"]) for log in logs[2])
-    assert missed >= transport.LEAD_LIMIT - 64, missed
+    assert missed >= bounded.LEAD_LIMIT - 64, missed

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from innet_aggregation.worker.bounded import LEAD_LIMIT
 from innet_aggregation.worker.carry import Carry
+from innet_aggregation.worker.errors import CallMismatch
 from innet_aggregation.worker.lead import Kept, Record, replay
-from innet_aggregation.worker.transport import LEAD_LIMIT, CallMismatch
 
 K = 4
 
