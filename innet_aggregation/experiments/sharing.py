@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from ..testbed.links import burst_bytes, check_rate
+from .output import pyplot, write_csv
 from .progress import Progress, duration
 from .record import spread, write
 
@@ -59,6 +60,8 @@ POLICIES = ("priority", "fcfs")
 JOB_SLOTS = 16
 LEASE, SWEEP = 3.0, 0.5
 PORT = 29800                     # rendezvous ports: PORT + a run's jobs
+CSV_FIELDS = ["seed", "policy", "job", "class", "arrival_s", "finish_s", "jct_s", "calls",
+              "wrong", "switch_calls", "gloo_calls", "preemptions"]
 GOAL = 0.7                       # high jobs' mean JCT, priority over fcfs (issue 46)
 
 
@@ -347,10 +350,7 @@ def report(f: dict, seeds: list[int], say) -> None:
 def plot(rows: list[dict], seed: int, path: Path) -> None:
     """The first seed's jobs over time under each policy: each call a tick coloured by
     its path, from the job's arrival to its end."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True, sharey=True)
     for ax, policy in zip(axes, POLICIES):
         jobs = [r for r in rows if (r["seed"], r["policy"]) == (seed, policy)]
@@ -441,12 +441,10 @@ def run(args) -> int:
     report(f, seeds, say)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    columns = ["seed", "policy", "job", "class", "arrival_s", "finish_s", "jct_s", "calls",
-               "wrong", "switch_calls", "gloo_calls"]
-    (out / "sharing.csv").write_text(
-        ",".join(columns + ["preemptions"]) + "\n" + "".join(
-            ",".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in columns)
-            + f",{len(r['preemptions'])}\n" for r in rows))
+    write_csv(out / "sharing.csv", CSV_FIELDS,
+              [{c: (len(r[c]) if c == "preemptions" else
+                    round(r[c], 3) if isinstance(r[c], float) else r[c]) for c in CSV_FIELDS}
+               for r in rows])
     plot(rows, seeds[0], out / "sharing.png")
     f["jobs"] = [{k: v for k, v in r.items() if k != "path_at"} for r in rows]
     f["timeline"] = [r for r in rows if r["seed"] == seeds[0]]
