@@ -87,6 +87,12 @@ static int ss_xsk_open(ss_xsk *x, int ifindex, uint32_t maxlen) {
     int err = 0, n = (int)SS_XSK_CHUNKS;
     x->fd = socket(AF_XDP, SOCK_RAW | SOCK_CLOEXEC, 0);
     if (x->fd < 0) return -errno;
+    /* Each frame's skb is charged to the socket until the peer takes it: at the
+     * default send buffer (wmem_default) a kick of 4 KiB frames stops after a dozen,
+     * EAGAIN. Room for the UMEM's worth (privileged), else as much as SO_SNDBUF gives. */
+    int room = (int)(SS_XSK_CHUNKS * 2 * SS_XSK_CHUNK);
+    if (setsockopt(x->fd, SOL_SOCKET, SO_SNDBUFFORCE, &room, sizeof room))
+        setsockopt(x->fd, SOL_SOCKET, SO_SNDBUF, &room, sizeof room);
     x->umem = mmap(NULL, (size_t)SS_XSK_CHUNKS * SS_XSK_CHUNK, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (x->umem == MAP_FAILED) {
