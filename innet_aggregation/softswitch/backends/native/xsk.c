@@ -40,7 +40,7 @@
 #define SS_XSK_CHUNKS 1024u          /* 4 MiB of frames in flight a port, as the AF_PACKET
                                         sockets' SO_SNDBUF; also the rings' sizes */
 #define SS_XSK_WAIT_NS 20000         /* a sleep while no completion comes */
-#define SS_XSK_STALLED 50000         /* sleeps (1 s) with no progress: the rest is lost */
+#define SS_XSK_STALLED_NS 1000000000LL   /* no progress for this long: the rest is lost */
 
 typedef struct ss_xsk {
     int fd;
@@ -53,7 +53,7 @@ typedef struct ss_xsk {
     uint32_t prod;               /* descriptors written; the kernel has taken those below *tx_cons */
     uint32_t counted;            /* descriptors whose frames are counted (sent or lost) */
     uint32_t owed;               /* frames the kernel dropped (EBUSY) not yet counted */
-    uint32_t maxlen;             /* the longest frame it sends (the port's MTU, or a chunk) */
+    uint32_t maxlen;             /* the longest frame it sends (the port's MTU, a header, a tag) */
     uint32_t nfree, free[SS_XSK_CHUNKS];   /* chunks no frame in flight holds */
 } ss_xsk;
 
@@ -177,6 +177,7 @@ static uint32_t ss_xsk_count(ss_xsk *x, uint64_t *sent, uint64_t *lost) {
 static void ss_xsk_send(ss_xsk *x, const struct iovec *iov, uint32_t n, uint64_t *sent,
                         uint64_t *lost) {
     uint32_t i = 0, idle = 0;
+    struct timespec since = {0, 0};
     for (;;) {
         uint32_t cons = ss_xsk_count(x, sent, lost), freed = ss_xsk_reap(x), put = 0;
         for (; i < n; i++, put++) {
@@ -214,7 +215,11 @@ static void ss_xsk_send(ss_xsk *x, const struct iovec *iov, uint32_t n, uint64_t
         else if (++idle > 16) {
             /* the peer holds our frames (a socket not read yet): wait for it, but not
              * for ever (a device that never takes them) */
-            if (idle > SS_XSK_STALLED) {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (idle == 17) since = now;
+            else if ((now.tv_sec - since.tv_sec) * 1000000000LL + now.tv_nsec - since.tv_nsec
+                     > SS_XSK_STALLED_NS) {
                 *lost += n - i;
                 return;
             }
