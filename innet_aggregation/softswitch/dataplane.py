@@ -2,8 +2,8 @@
 
 The sockets are opened here once. A Python pipeline is served by one Python thread;
 a native one by C threads (receive rings, batched sendmmsg or AF_XDP sends:
-SOFTSWITCH_TX, no GIL) on the same sockets, each receiving on its share of the ports. Committing a new pipeline stops
-one loop and starts the other kind.
+SOFTSWITCH_TX, no GIL) on the same sockets, each receiving on its share of the
+ports. Committing a new pipeline stops one loop and starts the other kind.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import os
 import select
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,7 +36,16 @@ def _af_xdp_missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_af_xdp_missing() is not None, reason=str(_af_xdp_missing()))
+needs_af_xdp = pytest.mark.skipif(_af_xdp_missing() is not None, reason=str(_af_xdp_missing()))
+
+
+def test_an_unknown_send_method_is_refused_at_start():
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+               SOFTSWITCH_TX="io_uring")
+    result = subprocess.run([sys.executable, "-m", "innet_aggregation.softswitch", "--no-p4"],
+                            capture_output=True, text=True, timeout=20, env=env)
+    assert result.returncode == 1
+    assert "SOFTSWITCH_TX must be one of sendmmsg, af_xdp, got 'io_uring'" in result.stderr
 
 
 def _mac(text: str) -> bytes:
@@ -103,6 +113,7 @@ def _forward(tx: str, monkeypatch, burst: int = 32, rounds: int = 8):
     return received, log
 
 
+@needs_af_xdp
 def test_af_xdp_sends_the_same_frames_in_the_same_order_as_sendmmsg(monkeypatch):
     by_mmsg, log_mmsg = _forward("sendmmsg", monkeypatch)
     by_xdp, log_xdp = _forward("af_xdp", monkeypatch)
@@ -133,6 +144,7 @@ int main(int argc, char **argv) {
 """
 
 
+@needs_af_xdp
 def test_a_port_without_af_xdp_falls_back_to_sendmmsg_and_says_so(monkeypatch, tmp_path):
     """Queue 0 of one port's interface held by another AF_XDP socket: that port cannot
     bind one (EBUSY), sends with sendmmsg, and the switch names it and why."""
