@@ -344,6 +344,8 @@ def main() -> int:
                              "default $SOFTSWITCH_TX, else sendmmsg); several: each target "
                              "with each, in the same rounds")
     args = parser.parse_args()
+    if not set(args.tx) <= {"sendmmsg", "af_xdp"}:     # a default from the environment
+        parser.error(f"SOFTSWITCH_TX must be one of sendmmsg, af_xdp, got {args.tx[0]!r}")
     args.targets = args.targets or ["ceiling"] + available_targets()
     if args.lanes:
         if max(args.lanes) > args.workers or min(args.lanes) < 1:
