@@ -23,8 +23,14 @@ rounds' ratios with theirs. Beside the rate, the switch process's CPU time (all
 threads) per contribution: what the rate becomes where the switch shares the cores
 with the workers, and less moved by other load than the rate is.
 
+Both the native switch and the reflector send as SOFTSWITCH_TX says (sendmmsg, or
+af_xdp: AF_XDP in copy mode, the same code in both); --tx sendmmsg af_xdp times
+every target with each, in the same rounds, and gives each its own ceiling. Each
+prints how it sends before the runs.
+
     sudo .venv/bin/python benchmarks/bench_switch.py [--seconds 1] [--window 64]
         [--repeats 9] [--sizes 64 256] [--targets ceiling softswitch softswitch-python bmv2]
+        [--tx sendmmsg af_xdp]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import select
 import shutil
 import socket
 import statistics
@@ -140,19 +147,38 @@ class Native:
 
 
 class Reflector:
-    """The ceiling, started like a switch target (no P4Runtime)."""
+    """The ceiling, started like a switch target (no P4Runtime), sending as ``tx``."""
 
-    def __init__(self, native: Native, topo: Namespaces):
+    def __init__(self, native: Native, topo: Namespaces, tx: str):
         self.process = subprocess.Popen(dies_with_parent([native.reflector]
-                                                         + [h.switch_ifname for h in topo.hosts]))
+                                                         + [h.switch_ifname for h in topo.hosts]),
+                                        stdout=subprocess.PIPE, text=True,
+                                        env=dict(os.environ, SOFTSWITCH_TX=tx))
+        self.sends = "?"
 
     def __enter__(self):
-        time.sleep(0.2)
+        """Once it says it is ready, and how it sends."""
+        if select.select([self.process.stdout], [], [], 10)[0]:
+            self.sends = self.process.stdout.readline().strip().removeprefix("ready: ")
         return self
 
     def __exit__(self, *exc):
         self.process.terminate()
         self.process.wait(timeout=10)
+
+
+def switch_sends(switch: SwitchProcess) -> str:
+    """How the switch's native loop sends, from the line its log has once a pipeline
+    runs (softswitch.dataplane.describe_tx); "-" for other targets."""
+    for _ in range(50):
+        lines = [line for line in switch.log_path.read_text(errors="replace").splitlines()
+                 if " sends: " in line]
+        if lines:
+            return lines[-1].split(" sends: ", 1)[1]
+        if not switch.target == "softswitch":
+            return "-"
+        time.sleep(0.1)
+    return "?"
 
 
 def worker_sockets(topo: Namespaces) -> list[socket.socket]:
@@ -173,12 +199,12 @@ class Bench:
     ``run`` times one run."""
 
     def __init__(self, native: Native, target: str, build: tuple[Path, Path], window: int,
-                 stack: ExitStack, tag: str, workers: int = WORKERS):
+                 stack: ExitStack, tag: str, workers: int = WORKERS, tx: str = "sendmmsg"):
         """``target``: ceiling, a switch target, or softswitch:L (the native backend on
-        L packet I/O lanes, --io-threads)."""
+        L packet I/O lanes, --io-threads); ``tx``: how it sends (SOFTSWITCH_TX)."""
         program, p4info = build
         fmt = protocol.PacketFormat.load(program)
-        self.native, self.target, self.k = native, target, fmt.values_per_packet
+        self.native, self.target, self.k, self.tx = native, target, fmt.values_per_packet, tx
         self.workers = workers
         switch_target, _, lanes = target.partition(":")
         pool = fmt.pool_size
@@ -186,16 +212,26 @@ class Bench:
         self.cycle = 2 * pool        # slot n % pool, shadow set flipping on each reuse
         topo = stack.enter_context(Namespaces(workers, tag=tag, mtu=link_mtu(fmt)))
         if target == "ceiling":
-            self.pid = stack.enter_context(Reflector(native, topo)).process.pid
+            reflector = stack.enter_context(Reflector(native, topo, tx))
+            self.pid, self.sends = reflector.process.pid, reflector.sends
             self.want = CONTRIBUTION
         else:
-            switch = stack.enter_context(SwitchProcess(switch_target, topo.switch_ports,
-                                                       io_threads=int(lanes) if lanes else None))
+            switch = SwitchProcess(switch_target, topo.switch_ports,
+                                   io_threads=int(lanes) if lanes else None)
+            outer = os.environ.get("SOFTSWITCH_TX")
+            os.environ["SOFTSWITCH_TX"] = tx        # the switch's environment
+            try:
+                stack.enter_context(switch)
+            finally:
+                os.environ.pop("SOFTSWITCH_TX")
+                if outer is not None:
+                    os.environ["SOFTSWITCH_TX"] = outer
             self.pid = switch.process.pid
             with SwitchConnection(switch.grpc_addr, switch.device_id) as conn:
                 controller = Controller(conn)
                 controller.push(program, p4info)
                 controller.apply(job_config(switch, topo, pool))
+            self.sends = switch_sends(switch)
             self.want = RESULT
         self.socks = worker_sockets(topo)
         stack.callback(lambda: [sock.close() for sock in self.socks])
@@ -302,7 +338,14 @@ def main() -> int:
                              "(--io-threads; at most one a port: --workers)")
     parser.add_argument("--workers", type=int, default=WORKERS,
                         help=f"workers, each a port of the switch (default {WORKERS})")
+    parser.add_argument("--tx", nargs="+", choices=("sendmmsg", "af_xdp"),
+                        default=[os.environ.get("SOFTSWITCH_TX", "sendmmsg")],
+                        help="how the native switch and the reflector send (SOFTSWITCH_TX; "
+                             "default $SOFTSWITCH_TX, else sendmmsg); several: each target "
+                             "with each, in the same rounds")
     args = parser.parse_args()
+    if not set(args.tx) <= {"sendmmsg", "af_xdp"}:     # a default from the environment
+        parser.error(f"SOFTSWITCH_TX must be one of sendmmsg, af_xdp, got {args.tx[0]!r}")
     args.targets = args.targets or ["ceiling"] + available_targets()
     if args.lanes:
         if max(args.lanes) > args.workers or min(args.lanes) < 1:
@@ -327,11 +370,16 @@ def main() -> int:
     native = Native()
     try:
         with ExitStack() as stack:
+            runs = [(tx, build, target) for tx in args.tx for build in builds
+                    for target in args.targets]
             benches = [Bench(native, target, build, args.window, stack,
-                             f"bs{os.getpid() % 1000}x{len(args.targets) * b + i}", args.workers)
-                       for b, build in enumerate(builds) for i, target in enumerate(args.targets)]
+                             f"bs{os.getpid() % 1000}x{i}", args.workers, tx)
+                       for i, (tx, build, target) in enumerate(runs)]
             load = os.getloadavg()[0]
             print(f"load average before: {load:.2f} on {os.cpu_count()} cores")
+            for bench in benches:
+                print(f"  {bench.k} values, {bench.target}, SOFTSWITCH_TX={bench.tx}: "
+                      f"{bench.sends}")
             if "bmv2" in args.targets:
                 print(f"bmv2: {bmv2_path()}, {BMV2_BUILD}")
             for bench in benches:           # warm up, and size each target's runs
@@ -345,9 +393,16 @@ def main() -> int:
                     progress.advance(f"round {repeat + 1}, {bench.k} values, {bench.target}")
     finally:
         native.close()
-    report(benches)
+    rows = []
+    for tx in args.tx:
+        group = [b for b in benches if b.tx == tx]
+        if len(args.tx) > 1:
+            print(f"\n--- SOFTSWITCH_TX={tx} (switch and ceiling) ---")
+        report(group)
+        rows += [dict(row, tx=tx, target=row["target"] if len(args.tx) == 1
+                      else f"{row['target']} ({tx})") for row in figures(group)]
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
-    record.write("bench-switch", figures(benches), params=vars(args), load_before=load)
+    record.write("bench-switch", rows, params=vars(args), load_before=load)
     return 0
 
 

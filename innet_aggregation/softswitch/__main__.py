@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s softswitch %(levelname)s %(message)s")
 
     from innet_aggregation.softswitch.frontend import Unsupported
-    from innet_aggregation.softswitch.dataplane import DataPlane, check_interface
+    from innet_aggregation.softswitch.dataplane import DataPlane, check_interface, tx_method
     from innet_aggregation.softswitch.p4runtime import Device, serve
     from innet_aggregation.softswitch.backends import load_pipeline
 
@@ -268,7 +268,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     try:
-        dataplane = DataPlane(args.ports, args.io_threads)
+        tx = tx_method()
+    except ValueError as exc:
+        print(f"softswitch: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        dataplane = DataPlane(args.ports, args.io_threads, tx)
     except (OSError, ValueError) as exc:
         print(f"softswitch: error: cannot open the interfaces: {exc}", file=sys.stderr)
         return 1

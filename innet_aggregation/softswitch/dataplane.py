@@ -1,9 +1,9 @@
 """Packet I/O on Linux interfaces with AF_PACKET.
 
 The sockets are opened here once. A Python pipeline is served by one Python thread;
-a native one by C threads (receive rings, batched sendmmsg, no GIL) on the same
-sockets, each receiving on its share of the ports. Committing a new pipeline stops
-one loop and starts the other kind.
+a native one by C threads (receive rings, batched sendmmsg or AF_XDP sends:
+SOFTSWITCH_TX, no GIL) on the same sockets, each receiving on its share of the
+ports. Committing a new pipeline stops one loop and starts the other kind.
 """
 
 from __future__ import annotations
@@ -61,6 +61,34 @@ def default_io_threads(ports: int) -> int:
     return max(1, min(ports, MAX_IO_THREADS, (os.cpu_count() or 1) // 4))
 
 
+TX_METHODS = ("sendmmsg", "af_xdp")
+
+
+def tx_method() -> str:
+    """How the native loop sends (SOFTSWITCH_TX), checked once as the switch starts:
+    sendmmsg on the AF_PACKET sockets, or af_xdp, an AF_XDP socket in copy mode per
+    port (backends/native/xsk.c), each port falling back to sendmmsg where it cannot
+    have one."""
+    method = os.environ.get("SOFTSWITCH_TX", "sendmmsg")
+    if method not in TX_METHODS:
+        raise ValueError(f"SOFTSWITCH_TX must be one of {', '.join(TX_METHODS)}, got {method!r}")
+    return method
+
+
+def describe_tx(asked: str, ports: list["Port"], states: list[int]) -> str:
+    """The line said as a native loop starts: how each port sends, and why not as asked."""
+    if asked == "sendmmsg":
+        return "sends: sendmmsg on every port (SOFTSWITCH_TX=sendmmsg)"
+    xdp = [p.ifname for p, state in zip(ports, states) if state == 1]
+    refused = [f"{p.ifname} ({os.strerror(-state)})" for p, state in zip(ports, states)
+               if state < 0]
+    line = f"sends: AF_XDP in copy mode on {', '.join(xdp) or 'no port'}"
+    if refused:
+        line += ("; sendmmsg on " + ", ".join(refused)
+                 + ": no AF_XDP socket could be bound there")
+    return line
+
+
 def check_interface(ifname: str) -> int:
     """The interface's index; raises ValueError if it does not exist here."""
     try:
@@ -99,9 +127,12 @@ class Port:
 class DataPlane:
     """Receives on every port, runs the current pipeline, sends what it returns."""
 
-    def __init__(self, ports: dict[int, str], io_threads: int | None = None):
+    def __init__(self, ports: dict[int, str], io_threads: int | None = None,
+                 tx: str = "sendmmsg"):
+        """``tx``: how a native loop sends (tx_method())."""
         self.ports = {n: Port(n, ifname) for n, ifname in ports.items()}
         self.io_threads = io_threads or default_io_threads(len(ports))
+        self.tx = tx
         self.pipeline = None
         self.stopping = threading.Event()
         # The Python loop's counters; the native loops' (IO_COUNTERS) are theirs, summed
@@ -140,10 +171,12 @@ class DataPlane:
     def _start_loop(self) -> None:
         pipeline = self.pipeline
         if getattr(pipeline, "native", False):
-            pipeline.start_io([(n, p.rx.fileno(), p.tx.fileno())
-                               for n, p in sorted(self.ports.items())], self.io_threads)
+            ports = [p for _, p in sorted(self.ports.items())]
+            states = pipeline.start_io([(p.number, p.rx.fileno(), p.tx.fileno()) for p in ports],
+                                       self.io_threads, self.tx == "af_xdp")
             log.info("%d lanes; %s", min(self.io_threads, max(len(self.ports), 1)),
                      pipeline.lanes_line)
+            log.info("%s", describe_tx(self.tx, ports, states))
             self.running = pipeline
             return
         self.stopping.clear()

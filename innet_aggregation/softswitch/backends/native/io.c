@@ -6,19 +6,32 @@
  * drives.
  */
 
+#include "xsk.c"
+
 /* ------------------------------------------------------------------ I/O loop */
 
 static int ss_port_known(const ss_ctx *c, uint32_t port) {
     return port < SS_MAXPORTS && c->port_index[port] >= 0;
 }
 
-/* A stage's frames out of port index k, in one sendmmsg if the kernel takes them. */
+/* A stage's frames out of port index k: in one sendmmsg if the kernel takes them, or
+ * through the port's AF_XDP socket where it has one. */
 static void ss_send_stage(ss_ctx *c, int k, ss_stage *st) {
     struct mmsghdr msgs[SS_PORT_TXMAX];
     struct iovec iov[SS_PORT_TXMAX];
     for (uint32_t j = 0; j < st->n; j++) {
         iov[j].iov_base = st->tx[j].buf;
         iov[j].iov_len = st->tx[j].len;
+    }
+    if (c->xsk && c->xsk[k].fd >= 0) {
+        uint64_t sent = 0, lost = 0;
+        ss_xsk_send(&c->xsk[k], iov, st->n, &sent, &lost);
+        if (sent) SS_COUNT(c->stat_tx, sent);
+        if (lost) SS_COUNT(c->stat_txerr, lost);
+        st->n = 0;
+        return;
+    }
+    for (uint32_t j = 0; j < st->n; j++) {
         memset(&msgs[j], 0, sizeof msgs[j]);
         msgs[j].msg_hdr.msg_iov = &iov[j];
         msgs[j].msg_hdr.msg_iovlen = 1;
@@ -341,15 +354,49 @@ static int ss_outq_alloc(ss_ctx *c, int n) {
     return 0;
 }
 
+/* An AF_XDP socket a port where one was asked for (ss_io_start's tx), on the
+ * interface its send socket is bound to; where none can be had, the port sends with
+ * sendmmsg, and tx_state says why (-errno; 1: AF_XDP, 0: not asked). */
+static int ss_xsk_start(ss_ctx *c, int n) {
+    if (!c->tx_xdp) {
+        for (int k = 0; k < n; k++) c->tx_state[k] = 0;
+        return 0;
+    }
+    if (!(c->xsk = calloc((size_t)(n > 0 ? n : 1), sizeof *c->xsk))) return -1;
+    for (int k = 0; k < n; k++) {
+        struct sockaddr_ll sll;
+        socklen_t len = sizeof sll;
+        c->xsk[k].fd = -1;
+        if (getsockname(c->txfd[k], (struct sockaddr *)&sll, &len)) c->tx_state[k] = -errno;
+        else c->tx_state[k] = ss_xsk_open(&c->xsk[k], sll.sll_ifindex, ss_port_frame(c->txfd[k]));
+        if (!c->tx_state[k]) c->tx_state[k] = 1;
+    }
+    return 0;
+}
+
+static void ss_xsk_stop(ss_ctx *c) {
+    for (int k = 0; c->xsk && k < c->nports; k++)
+        if (c->xsk[k].fd >= 0) ss_xsk_close(&c->xsk[k]);
+    free(c->xsk);
+    c->xsk = NULL;
+}
+
+/* How port index k sends in the running loop: 1 AF_XDP, 0 sendmmsg (as asked), or
+ * -errno: AF_XDP was asked for and could not be had, so sendmmsg. */
+SS_EXPORT int ss_io_tx(ss_ctx *c, int k) {
+    return k >= 0 && k < c->nports ? c->tx_state[k] : 0;
+}
+
 static void ss_lanes_join(ss_ctx *c, int n) {
     c->stop = 1;
     for (int i = 0; i < n; i++) pthread_join(c->lane[i].thread, NULL);
 }
 
 /* Start the data plane's threads, ``lanes`` of them (1 to SS_MAXLANES, at most one a
- * port), on sockets the caller opened (and still owns). */
+ * port), on sockets the caller opened (and still owns); with ``tx_xdp``, each port
+ * sends through an AF_XDP socket of its own where it can have one (ss_io_tx). */
 SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, const int *txfds,
-                          int lanes) {
+                          int lanes, int tx_xdp) {
     if (c->running || n > SS_MAXPORTS || lanes < 1 || lanes > SS_MAXLANES) return -1;
     if (lanes > n) lanes = n > 0 ? n : 1;
     for (int i = 0; i < SS_MAXPORTS; i++) c->port_index[i] = -1;
@@ -375,15 +422,19 @@ SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, 
     if (ss_outq_alloc(c, n)) return -1;
     c->nlanes = lanes;
     c->stop = 0;
+    c->tx_xdp = tx_xdp;
+    if (ss_xsk_start(c, n)) return -1;
     for (int k = 0; k < n; k++)
         if (ss_ring_open(&c->ring[k], rxfds[k])) {
             ss_rings_close(c, k);
+            ss_xsk_stop(c);
             return -1;
         }
     for (int i = 0; i < lanes; i++)
         if (pthread_create(&c->lane[i].thread, NULL, ss_loop, &c->lane[i])) {
             ss_lanes_join(c, i);
             ss_rings_close(c, n);
+            ss_xsk_stop(c);
             return -1;
         }
     c->running = 1;
@@ -394,6 +445,7 @@ SS_EXPORT void ss_io_stop(ss_ctx *c) {
     if (!c->running) return;
     ss_lanes_join(c, c->nlanes);
     ss_rings_close(c, c->nports);
+    ss_xsk_stop(c);
     c->running = 0;
 }
 

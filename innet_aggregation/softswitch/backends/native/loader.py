@@ -78,7 +78,8 @@ def _load(so: Path) -> ctypes.CDLL:
         "ss_process": (I, [P, ctypes.c_char_p, U32, U32]),
         "ss_output": (ctypes.POINTER(ctypes.c_uint8), [P, I, ctypes.POINTER(U32),
                                                        ctypes.POINTER(U32)]),
-        "ss_io_start": (I, [P, I, ctypes.POINTER(I), ctypes.POINTER(I), ctypes.POINTER(I), I]),
+        "ss_io_start": (I, [P, I, ctypes.POINTER(I), ctypes.POINTER(I), ctypes.POINTER(I), I, I]),
+        "ss_io_tx": (I, [P, I]),
         "ss_io_stop": (None, [P]),
         "ss_io_stats": (None, [P, c_u64p]),
         "ss_free": (None, [P]),
@@ -304,14 +305,18 @@ class NativePipeline:
         return out
 
     # ------------------------------------------------------------------ data plane
-    def start_io(self, ports: list[tuple[int, int, int]], threads: int = 1) -> None:
+    def start_io(self, ports: list[tuple[int, int, int]], threads: int = 1,
+                 af_xdp: bool = False) -> list[int]:
         """Run the C packet loop on (port number, rx fd, tx fd) sockets owned by the
-        caller, in ``threads`` threads (at most one a port) that share the ports out."""
+        caller, in ``threads`` threads (at most one a port) that share the ports out;
+        with ``af_xdp``, each port sends through an AF_XDP socket where it can. How
+        each port sends: 1 AF_XDP, 0 sendmmsg, -errno: sendmmsg, AF_XDP refused."""
         n = len(ports)
         arr = ctypes.c_int * max(n, 1)
         numbers, rx, tx = (arr(*[p[k] for p in ports]) for k in range(3))
-        if self.c.lib.ss_io_start(self.c.ctx, n, numbers, rx, tx, threads) != 0:
+        if self.c.lib.ss_io_start(self.c.ctx, n, numbers, rx, tx, threads, int(af_xdp)) != 0:
             raise OSError("cannot start the native data-plane threads")
+        return [self.c.lib.ss_io_tx(self.c.ctx, k) for k in range(n)]
 
     def stop_io(self) -> None:
         self.c.lib.ss_io_stop(self.c.ctx)

@@ -171,6 +171,8 @@ typedef struct ss_ctx {
     int port_index[SS_MAXPORTS];
     uint8_t sees_outgoing[SS_MAXPORTS];  /* no PACKET_IGNORE_OUTGOING (kernels before 4.20) */
     ss_ring ring[SS_MAXPORTS];
+    struct ss_xsk *xsk;          /* by port index: AF_XDP sends (io.c, xsk.c), fd -1: sendmmsg */
+    int tx_xdp, tx_state[SS_MAXPORTS];   /* asked for AF_XDP; each port's (ss_io_tx) */
     uint64_t stat_rx, stat_tx, stat_drop, stat_txerr, stat_asserts;
     /* frames lost outside the pipeline's own drops: the receive rings' (the kernel's
      * tp_drops), outputs with no send slot left, outputs to a port or multicast
