@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from innet_aggregation.softswitch.frontend import ir, shards
+from innet_aggregation.softswitch.frontend import ir, prepared, shards
 from innet_aggregation.softswitch.frontend.lower import named, walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, mask
 from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_FIELD_LIST, MAX_ID, \
@@ -59,6 +59,8 @@ class CPrinter(PacketPrinter):
                          for lane, spec in enumerate(group)}
         self.ctr_index = {name: i for i, name in enumerate(program.counters)}
         self.shards = shards.plan(program)      # lanes in parallel where it is a proof
+        self.prepared = prepared.plan(program)  # a multicast's shared headers deparsed once
+        self.shared_fields: set[int] = set()    # fields only their deparse names
         for field in program.field_list:
             if field.width > 64:
                 raise NativeUnsupported(f"field {field.header}.{field.name} is {field.width} "
@@ -567,6 +569,7 @@ class CPrinter(PacketPrinter):
             f"#define SS_MAXHDR {num(maxhdr, 64, MAX_ID)}",
             f"#define SS_MAXCELLS {num(MAX_CELLS, 1, MAX_CELLS + 1)}",
             f"#define SS_INGRESS_PORT {num(std['ingress_port'].id, 0, len(prog.field_list))}",
+            *(["#define SS_PREPARED 1"] if self.prepared.shared else []),
             f"#include {_c_string(runtime_path)}",
             "",
             f"static uint64_t ss_spec(const ss_state *S) {{ return {self.fref(std['egress_spec'])}; }}",
@@ -624,20 +627,30 @@ class CPrinter(PacketPrinter):
         self.depth = 0
         self.add("}")
         self.replica()
+        if self.prepared.shared:
+            self.prepare()
         return "\n".join(head + self.functions + self.lines) + "\n"
 
 
     def replica(self) -> None:
         """ss_replica: the state a copy's egress starts from. Only the fields egress
         names (and field lists, which a recirculation or E2E clone keeps) are copied;
-        the rest, ingress's temporaries mostly, are never read again."""
+        the rest, ingress's temporaries mostly, are never read again. ss_replica_shared:
+        the same for a copy whose shared headers ss_prepare deparsed (their fields
+        left out where nothing else in egress names them)."""
         touched = self.touched | {f.id for fields in self.prog.field_lists.values()
                                   for f in fields}
         self.touched = None
-        self.add("static void ss_replica(ss_state *D, const ss_state *S) {")
-        ids = sorted(touched)
-        runs = []
-        for i in ids:
+        self.copier("ss_replica", touched | self.shared_fields)
+        if self.prepared.shared:
+            self.copier("ss_replica_shared", touched)
+
+    def copier(self, name: str, ids: set) -> None:
+        """A function that copies the fields ``ids`` (memcpy of each run of them) and the
+        state past the fields."""
+        self.add(f"static void {name}(ss_state *D, const ss_state *S) {{")
+        runs: list = []
+        for i in sorted(ids):
             if runs and runs[-1][1] == i:
                 runs[-1][1] = i + 1
             else:
