@@ -144,6 +144,7 @@ class DataPlane:
                                for n, p in sorted(self.ports.items())], self.io_threads)
             log.info("%d lanes; %s", min(self.io_threads, max(len(self.ports), 1)),
                      pipeline.lanes_line)
+            log.info("%s", pipeline.multicast_line)
             self.running = pipeline
             return
         self.stopping.clear()

@@ -18,7 +18,7 @@ from innet_aggregation import cbuild
 from innet_aggregation.cbuild import cache_dir, compiler  # noqa: F401 (the tests' names)
 from innet_aggregation.softswitch import frontend
 from innet_aggregation.softswitch.backends.native import printer as emit_c
-from innet_aggregation.softswitch.frontend import DROP_PORT, shards
+from innet_aggregation.softswitch.frontend import DROP_PORT, prepared, shards
 from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
 
 HERE = Path(__file__).resolve().parent
@@ -271,6 +271,7 @@ class NativePipeline:
         self.actions = program.actions
         self.errors = program.errors
         self.lanes_line = shards.describe(shards.plan(program))   # said as the lanes start
+        self.multicast_line = prepared.describe(prepared.plan(program))   # said then too
         self.tables = {name: NativeTable(spec, i, c, program.actions)
                        for i, (name, spec) in enumerate(program.tables.items())}
         self.registers = {}
