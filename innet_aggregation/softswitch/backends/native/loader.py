@@ -96,6 +96,14 @@ def _u64s(values) -> ctypes.Array:
     return arr
 
 
+def _fits(spec, value: int) -> int:
+    """A register cell's new value, refused if its width cannot hold it (C keeps a
+    register of up to 32 bits in 32-bit cells)."""
+    if not 0 <= value < 1 << spec.width:
+        raise ValueError(f"register {spec.name}: {value} does not fit its {spec.width} bits")
+    return value
+
+
 class _Context:
     """The C state of one pipeline; freed when nothing refers to it any more (every
     view below holds this object, not the bare pointer)."""
@@ -278,7 +286,7 @@ class NativePipeline:
         for i, (name, spec) in enumerate(program.registers.items()):
             self.registers[name] = _Spec(spec, cells=_Cells(
                 spec.size, lambda j, i=i: lib.ss_reg_get(c.ctx, i, j),
-                lambda j, v, i=i: lib.ss_reg_set(c.ctx, i, j, v)))
+                lambda j, v, i=i, spec=spec: lib.ss_reg_set(c.ctx, i, j, _fits(spec, v))))
         self.counters = {}
         for i, (name, spec) in enumerate(program.counters.items()):
             self.counters[name] = _Spec(

@@ -303,12 +303,14 @@ class CPrinter(PacketPrinter):
     def cell(self, reg) -> str:
         """The C lvalue of ``reg``'s cell ``_ix`` (in a loop, of the register _i steps on)."""
         r = num(self.reg_index[reg.name], 0, len(self.reg_index))
+        cells = "c->reg32" if narrow(reg) else "c->reg"
         step = self.reg_step.get(reg, 0)
         by = f"_i * {num(step, 1, len(self.reg_index))}U" if step else ""
         if reg.name not in self.reg_lane:
-            return f"c->reg[{r} + {by}][_ix]" if step else f"c->reg[{r}][_ix]"
+            return f"{cells}[{r} + {by}][_ix]" if step else f"{cells}[{r}][_ix]"
         stride = num(self.reg_lane[reg.name][2], 2, len(self.reg_index) + 1)
-        return f"c->reg[{r}][_ix * {stride}U + {by}]" if step else f"c->reg[{r}][_ix * {stride}U]"
+        return (f"{cells}[{r}][_ix * {stride}U + {by}]" if step
+                else f"{cells}[{r}][_ix * {stride}U]")
 
     def loop_steps(self, iterations: list) -> tuple[dict, dict] | None:
         """Each name of the first iteration and how it steps from one iteration to the
@@ -322,6 +324,8 @@ class CPrinter(PacketPrinter):
                 ids = [f.id for f in run]
                 steps, into = {b - a for a, b in zip(ids, ids[1:])}, fields
             else:
+                if len({narrow(r) for r in run}) != 1:
+                    return None
                 lanes = [self.reg_lane.get(r.name) for r in run]
                 if all(lane is None for lane in lanes):
                     ids = [self.reg_index[r.name] for r in run]
@@ -380,7 +384,7 @@ class CPrinter(PacketPrinter):
     def s_RegisterRead(self, s: ir.RegisterRead) -> None:
         reg, f = s.register, s.field
         cell = ir.Const(0).bounded(0, mask(reg.width))
-        value = self.store(cell, self.cell(reg), f.width, f.signed)
+        value = self.store(cell, f"(uint64_t){self.cell(reg)}", f.width, f.signed)
         if self.scalars is not None:
             self.selected(s.index, reg.size, self.fref(f), value)
         else:
@@ -532,7 +536,7 @@ class CPrinter(PacketPrinter):
             first, lane, stride = self.reg_lane.get(name, (name, 0, 1))
             if lane == 0:
                 self.add(f"    ss_reg_init(c, {r}, {num(spec.size, 1, MAX_CELLS + 1)}U, "
-                         f"{num(stride, 1, nregs + 1)}U);")
+                         f"{num(stride, 1, nregs + 1)}U, {int(narrow(spec))});")
             else:
                 self.add(f"    ss_reg_lane(c, {r}, {num(self.reg_index[first], 0, nregs)}, "
                          f"{num(lane, 1, nregs)}U);")
@@ -661,6 +665,11 @@ class CPrinter(PacketPrinter):
                      f"{num(hi - lo, 1, n)} * sizeof(uint64_t));")
         self.add("    memcpy(D->v, S->v, sizeof *S - offsetof(ss_state, v));")
         self.add("}")
+
+
+def narrow(reg) -> bool:
+    """Whether a register's cells are uint32_t (runtime.c's reg32): up to 32 bits wide."""
+    return reg.width <= 32
 
 
 def _c_string(text: str) -> str:

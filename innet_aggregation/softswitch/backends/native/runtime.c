@@ -151,7 +151,11 @@ typedef struct ss_ctx {
     int nshards;                 /* 0: one lane at a time; else a power of two */
     pthread_mutex_t shard[SS_SHARDS];
     ss_table t[SS_NTABLES + 1];
-    uint64_t *reg[SS_NREGS + 1];
+    uint64_t *reg[SS_NREGS + 1];         /* a register's cells; of one up to 32 bits wide,
+                                            the block ss_free frees (cells: reg32) */
+    uint32_t *reg32[SS_NREGS + 1];       /* cells of a register up to 32 bits wide: half
+                                            the memory a frame's reads and writes move */
+    uint8_t reg_narrow[SS_NREGS + 1];
     uint32_t reg_size[SS_NREGS + 1];
     uint32_t reg_stride[SS_NREGS + 1];   /* registers stored side by side: cell i at [i * stride] */
     uint8_t reg_lane[SS_NREGS + 1];      /* 1: reg points into another register's block */
