@@ -7,7 +7,8 @@
  * ss_egress() and ss_replica() (a multicast or clone copy's state: only the fields
  * egress names) (and ss_keep(), ss_reset_meta(), ss_set_instance() for clone, resubmit
  * and recirculate; and, with SS_PREPARED, ss_prepare() and ss_replica_shared(): the
- * headers every copy of a multicast deparses alike, deparsed once, frontend/prepared.py). One unit lets the compiler inline table lookups into the pipeline.
+ * headers every copy of a multicast deparses alike, deparsed once, frontend/prepared.py).
+ * One unit lets the compiler inline table lookups into the pipeline.
  *
  * Every array access is bounds-checked: the generated code checks its indices
  * against the sizes it was built with, ss_setup's sizes are checked here (1 to
