@@ -176,6 +176,7 @@ class DataPlane:
                                        self.io_threads, self.tx == "af_xdp")
             log.info("%d lanes; %s", min(self.io_threads, max(len(self.ports), 1)),
                      pipeline.lanes_line)
+            log.info("%s", pipeline.multicast_line)
             log.info("%s", describe_tx(self.tx, ports, states))
             self.running = pipeline
             return

@@ -113,10 +113,10 @@ def test_the_c_runtime_refuses_sizes_outside_1_to_2_24_whatever_the_source(tmp_p
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     text = program_files("primitives")[0].read_bytes()
     source = emit_c.emit(frontend.load(text), str(RUNTIME))
-    assert "ss_reg_init(c, 0, 16U, 1U);" in source
+    assert "ss_reg_init(c, 0, 16U, 1U, 1);" in source
     for bad in ("0U, 1U", "4294967295U, 1U", f"{2**24 + 1}U, 1U", "16U, 0U", "16U, 2U"):
         no_pipeline(text + bad.encode(),
-                source.replace("ss_reg_init(c, 0, 16U, 1U)", f"ss_reg_init(c, 0, {bad})"))
+                source.replace("ss_reg_init(c, 0, 16U, 1U, 1)", f"ss_reg_init(c, 0, {bad}, 1)"))
 
 
 def test_the_c_runtime_refuses_a_lane_outside_its_block_whatever_the_source(tmp_path,

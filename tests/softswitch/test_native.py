@@ -222,9 +222,10 @@ def test_registers_touched_together_are_stored_side_by_side_and_read_apart():
     (group,) = program.ir.register_groups
     assert [spec.name.rsplit(".", 1)[1] for spec in group] == [f"value_{i}" for i in range(k)]
     unit = emit_c.emit(program, "runtime.c")
-    # One block of k lanes for the group, its last value register in the last lane.
-    block = re.search(rf"ss_reg_init\(c, (\d+), {group[0].size}U, {k}U\);", unit)
-    assert block, f"no block of {group[0].size} cells x {k} lanes"
+    # One block of k lanes for the group, its last value register in the last lane; its
+    # 32-bit cells stored in 32 bits (narrow: 1).
+    block = re.search(rf"ss_reg_init\(c, (\d+), {group[0].size}U, {k}U, 1\);", unit)
+    assert block, f"no block of {group[0].size} 32-bit cells x {k} lanes"
     assert re.search(rf"ss_reg_lane\(c, \d+, {block[1]}, {k - 1}U\);", unit)
 
     pipe = NativePipeline(protocol.PROGRAM_JSON.read_bytes())
@@ -236,6 +237,9 @@ def test_registers_touched_together_are_stored_side_by_side_and_read_apart():
     assert [cells[1][4], cells[1][6], cells[0][0], cells[k - 1][0]] == [0, 0, 0, 0x22222222]
     assert cells[k - 1][group[0].size - 1] == 0x33333333 and cells[0][group[0].size - 1] == 0
     assert sum(any(pipe.registers[spec.name].cells) for spec in group) == 2
+    with pytest.raises(ValueError, match=r"value_1: 4294967296 does not fit its 32 bits"):
+        cells[1][5] = 1 << 32
+    assert cells[1][5] == 0x11111111
 
 
 def test_a_read_add_write_per_value_is_one_repeat_printed_as_a_loop():

@@ -134,11 +134,14 @@ SS_EXPORT ss_ctx *ss_new(uint32_t drop_port, uint64_t seed) {
 
 /* A register, or the first of `stride` registers stored side by side in its block;
  * one spare cell past the last, where a loop's access out of range goes (the printer's
- * ``selected``), never read for a value nor seen by the control plane. */
-static void ss_reg_init(ss_ctx *c, int r, uint32_t size, uint32_t stride) {
+ * ``selected``), never read for a value nor seen by the control plane. ``narrow``: up
+ * to 32 bits wide, its cells uint32_t (reg32). */
+static void ss_reg_init(ss_ctx *c, int r, uint32_t size, uint32_t stride, int narrow) {
     if (size < 1 || size > SS_MAXCELLS || stride < 1 || stride > SS_NREGS) { c->failed = 1; return; }
-    c->reg[r] = calloc(((size_t)size + 1) * stride, sizeof(uint64_t));
+    c->reg[r] = calloc(((size_t)size + 1) * stride, narrow ? sizeof(uint32_t) : sizeof(uint64_t));
     if (!c->reg[r]) { c->failed = 1; return; }
+    if (narrow) c->reg32[r] = (uint32_t *)(void *)c->reg[r];
+    c->reg_narrow[r] = (uint8_t)!!narrow;
     c->reg_size[r] = size;
     c->reg_stride[r] = stride;
 }
@@ -146,7 +149,9 @@ static void ss_reg_init(ss_ctx *c, int r, uint32_t size, uint32_t stride) {
 /* Register r as lane `lane` of first's block. */
 static void ss_reg_lane(ss_ctx *c, int r, int first, uint32_t lane) {
     if (!c->reg[first] || lane >= c->reg_stride[first]) { c->failed = 1; return; }
-    c->reg[r] = c->reg[first] + lane;
+    c->reg_narrow[r] = c->reg_narrow[first];
+    if (c->reg_narrow[r]) c->reg32[r] = c->reg32[first] + lane;
+    else c->reg[r] = c->reg[first] + lane;
     c->reg_size[r] = c->reg_size[first];
     c->reg_stride[r] = c->reg_stride[first];
     c->reg_lane[r] = 1;
@@ -256,14 +261,20 @@ SS_EXPORT void ss_tbl_counter(ss_ctx *c, int ti, int32_t i, uint64_t *pkts_bytes
 
 SS_EXPORT uint64_t ss_reg_get(ss_ctx *c, int r, uint32_t i) {
     ss_cp_lock(c);
-    uint64_t v = ss_reg_ok(c, r, i) ? c->reg[r][(size_t)i * c->reg_stride[r]] : 0;
+    uint64_t v = 0;
+    if (ss_reg_ok(c, r, i))
+        v = c->reg_narrow[r] ? c->reg32[r][(size_t)i * c->reg_stride[r]]
+                             : c->reg[r][(size_t)i * c->reg_stride[r]];
     ss_cp_unlock(c);
     return v;
 }
 
 SS_EXPORT void ss_reg_set(ss_ctx *c, int r, uint32_t i, uint64_t v) {
     ss_cp_lock(c);
-    if (ss_reg_ok(c, r, i)) c->reg[r][(size_t)i * c->reg_stride[r]] = v;
+    if (ss_reg_ok(c, r, i) && c->reg_narrow[r])     /* the control plane gives the width's bits */
+        c->reg32[r][(size_t)i * c->reg_stride[r]] = (uint32_t)v;
+    else if (ss_reg_ok(c, r, i))
+        c->reg[r][(size_t)i * c->reg_stride[r]] = v;
     ss_cp_unlock(c);
 }
 

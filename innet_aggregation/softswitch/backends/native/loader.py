@@ -18,7 +18,7 @@ from innet_aggregation import cbuild
 from innet_aggregation.cbuild import cache_dir, compiler  # noqa: F401 (the tests' names)
 from innet_aggregation.softswitch import frontend
 from innet_aggregation.softswitch.backends.native import printer as emit_c
-from innet_aggregation.softswitch.frontend import DROP_PORT, shards
+from innet_aggregation.softswitch.frontend import DROP_PORT, prepared, shards
 from innet_aggregation.softswitch.backends.tables import Entry, TableEntries
 
 HERE = Path(__file__).resolve().parent
@@ -95,6 +95,14 @@ def _u64s(values) -> ctypes.Array:
     for i, v in enumerate(values):
         arr[i] = v & 0xFFFFFFFFFFFFFFFF
     return arr
+
+
+def _fits(spec, value: int) -> int:
+    """A register cell's new value, refused if its width cannot hold it (C keeps a
+    register of up to 32 bits in 32-bit cells)."""
+    if not 0 <= value < 1 << spec.width:
+        raise ValueError(f"register {spec.name}: {value} does not fit its {spec.width} bits")
+    return value
 
 
 class _Context:
@@ -272,13 +280,14 @@ class NativePipeline:
         self.actions = program.actions
         self.errors = program.errors
         self.lanes_line = shards.describe(shards.plan(program))   # said as the lanes start
+        self.multicast_line = prepared.describe(prepared.plan(program))   # said then too
         self.tables = {name: NativeTable(spec, i, c, program.actions)
                        for i, (name, spec) in enumerate(program.tables.items())}
         self.registers = {}
         for i, (name, spec) in enumerate(program.registers.items()):
             self.registers[name] = _Spec(spec, cells=_Cells(
                 spec.size, lambda j, i=i: lib.ss_reg_get(c.ctx, i, j),
-                lambda j, v, i=i: lib.ss_reg_set(c.ctx, i, j, v)))
+                lambda j, v, i=i, spec=spec: lib.ss_reg_set(c.ctx, i, j, _fits(spec, v))))
         self.counters = {}
         for i, (name, spec) in enumerate(program.counters.items()):
             self.counters[name] = _Spec(

@@ -34,8 +34,11 @@ class PacketPrinter:
         header = s.header
         self.too_short(num(header.nbytes, 0, MAX_BYTES))
         self.add("{ const uint8_t *_p = S->pkt + S->off;")
-        pos = 0
-        for f in header.fields:
+        for f, pos, n in self.runs(header):
+            if n > 1:
+                self.add(f"  ss_ld{wlit(f.width)}n({self.run_ref(f, n)}, "
+                         f"_p + {num(pos // 8, 0, MAX_BYTES)}, {num(n, 2, MAX_ID)}U);")
+                continue
             if pos % 8 == 0 and f.width in (8, 16, 32, 64):
                 code = f"ss_ld{wlit(f.width)}(_p + {num(pos // 8, 0, MAX_BYTES)})"
             else:
@@ -43,7 +46,6 @@ class PacketPrinter:
             if f.signed:
                 code = f"ss_sext({code}, {wlit(f.width)})"
             self.add(f"  {self.fref(f)} = {code};")
-            pos += f.width
         self.add(f"  S->off += {num(header.nbytes, 0, MAX_BYTES)}; "
                  f"S->v[{self.hid(header)}] = 1; }}")
 
@@ -194,9 +196,37 @@ class PacketPrinter:
         self.add("}")
 
     def deparser(self) -> None:
-        """The valid headers' bytes into ``out`` from offset ``o``, in deparse order."""
+        """The valid headers' bytes into ``out`` from offset ``o``, in deparse order; a
+        multicast copy (``S->prep`` set) copies the headers every copy deparses alike
+        (frontend/prepared.py) from the bytes ``ss_prepare`` made once."""
         self.add("uint32_t o = 0;")
-        for header in self.ir.deparse:
+        shared = self.prepared.shared
+        self.deparse(self.ir.deparse[:len(self.ir.deparse) - len(shared)])
+        if not shared:
+            return
+        self.add("if (S->prep) {")
+        self.add("    if (o + S->nprep > cap) return -1;")
+        self.add("    memcpy(out + o, S->prep, S->nprep); o += S->nprep;")
+        self.add("} else {")
+        own, self.touched = self.touched, set()
+        self.depth += 1
+        self.deparse(shared)
+        self.depth -= 1
+        self.shared_fields, self.touched = self.touched - own, own
+        self.add("}")
+
+    def prepare(self) -> None:
+        """ss_prepare: the headers every copy of a multicast deparses alike, once."""
+        self.add("static int64_t ss_prepare(const ss_state *S, uint8_t *out, uint32_t cap) {")
+        self.depth = 1
+        self.add("uint32_t o = 0;")
+        self.deparse(self.prepared.shared)
+        self.add("return o;")
+        self.depth = 0
+        self.add("}")
+
+    def deparse(self, headers: list) -> None:
+        for header in headers:
             if header.length is not None:
                 self.deparse_varbit(header)
                 continue
@@ -204,15 +234,44 @@ class PacketPrinter:
             nbytes = num(header.nbytes, 0, MAX_BYTES)
             self.add(f"{test}{{")
             self.add(f"    if (o + {nbytes} > cap) return -1;")
-            self.add(f"    uint8_t *_p = out + o; memset(_p, 0, {nbytes});")
-            pos = 0
-            for f in header.fields:
-                if pos % 8 == 0 and f.width in (8, 16, 32, 64):
-                    self.add(f"    ss_st{wlit(f.width)}(_p + {num(pos // 8, 0, MAX_BYTES)}, "
-                             f"{self.fref(f)});")
+            whole = all(pos % 8 == 0 and f.width in (8, 16, 32, 64)
+                        for f, pos, _ in self.runs(header))
+            # Every byte written by a field: nothing to clear first.
+            self.add(f"    uint8_t *_p = out + o;{'' if whole else f' memset(_p, 0, {nbytes});'}")
+            for f, pos, n in self.runs(header):
+                at = num(pos // 8, 0, MAX_BYTES)
+                if n > 1:
+                    self.add(f"    ss_st{wlit(f.width)}n(_p + {at}, {self.run_ref(f, n)}, "
+                             f"{num(n, 2, MAX_ID)}U);")
+                elif pos % 8 == 0 and f.width in (8, 16, 32, 64):
+                    self.add(f"    ss_st{wlit(f.width)}(_p + {at}, {self.fref(f)});")
                 else:
                     self.add(f"    ss_put(_p, {num(pos, 0, MAX_HEADER_BITS)}, {wlit(f.width)}, "
                              f"{self.fref(f)});")
-                pos += f.width
             self.add(f"    o += {nbytes};")
             self.add("}")
+
+    # ------------------------------------------------------------------ runs
+    RUN = 8     # like fields side by side from which one loop moves them
+
+    def runs(self, header: Header):
+        """(field, its bit position, n): n > 1 where the field starts a run of n unsigned
+        whole-byte fields of one width, side by side in the packet and by id (a header
+        of values), which one loop the C compiler vectorizes moves; else 1."""
+        fields, pos, i = header.fields, 0, 0
+        while i < len(fields):
+            f, n = fields[i], 1
+            if pos % 8 == 0 and f.width in (8, 16, 32, 64) and not f.signed:
+                while (i + n < len(fields) and fields[i + n].width == f.width
+                       and not fields[i + n].signed and fields[i + n].id == f.id + n):
+                    n += 1
+            n = n if n >= self.RUN else 1
+            yield f, pos, n
+            pos += f.width * n
+            i += n
+
+    def run_ref(self, first, n: int) -> str:
+        """The fields of a run, from ``first``, as a pointer to the first's slot."""
+        if self.touched is not None:
+            self.touched.update(range(first.id, first.id + n))
+        return f"S->f + {num(first.id, 0, len(self.prog.field_list))}"

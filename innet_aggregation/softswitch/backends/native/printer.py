@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from innet_aggregation.softswitch.frontend import ir, shards
+from innet_aggregation.softswitch.frontend import ir, prepared, shards
 from innet_aggregation.softswitch.frontend.lower import named, walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, mask
 from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_FIELD_LIST, MAX_ID, \
@@ -59,6 +59,8 @@ class CPrinter(PacketPrinter):
                          for lane, spec in enumerate(group)}
         self.ctr_index = {name: i for i, name in enumerate(program.counters)}
         self.shards = shards.plan(program)      # lanes in parallel where it is a proof
+        self.prepared = prepared.plan(program)  # a multicast's shared headers deparsed once
+        self.shared_fields: set[int] = set()    # fields only their deparse names
         for field in program.field_list:
             if field.width > 64:
                 raise NativeUnsupported(f"field {field.header}.{field.name} is {field.width} "
@@ -301,12 +303,14 @@ class CPrinter(PacketPrinter):
     def cell(self, reg) -> str:
         """The C lvalue of ``reg``'s cell ``_ix`` (in a loop, of the register _i steps on)."""
         r = num(self.reg_index[reg.name], 0, len(self.reg_index))
+        cells = "c->reg32" if narrow(reg) else "c->reg"
         step = self.reg_step.get(reg, 0)
         by = f"_i * {num(step, 1, len(self.reg_index))}U" if step else ""
         if reg.name not in self.reg_lane:
-            return f"c->reg[{r} + {by}][_ix]" if step else f"c->reg[{r}][_ix]"
+            return f"{cells}[{r} + {by}][_ix]" if step else f"{cells}[{r}][_ix]"
         stride = num(self.reg_lane[reg.name][2], 2, len(self.reg_index) + 1)
-        return f"c->reg[{r}][_ix * {stride}U + {by}]" if step else f"c->reg[{r}][_ix * {stride}U]"
+        return (f"{cells}[{r}][_ix * {stride}U + {by}]" if step
+                else f"{cells}[{r}][_ix * {stride}U]")
 
     def loop_steps(self, iterations: list) -> tuple[dict, dict] | None:
         """Each name of the first iteration and how it steps from one iteration to the
@@ -320,6 +324,8 @@ class CPrinter(PacketPrinter):
                 ids = [f.id for f in run]
                 steps, into = {b - a for a, b in zip(ids, ids[1:])}, fields
             else:
+                if len({narrow(r) for r in run}) != 1:
+                    return None
                 lanes = [self.reg_lane.get(r.name) for r in run]
                 if all(lane is None for lane in lanes):
                     ids = [self.reg_index[r.name] for r in run]
@@ -378,7 +384,7 @@ class CPrinter(PacketPrinter):
     def s_RegisterRead(self, s: ir.RegisterRead) -> None:
         reg, f = s.register, s.field
         cell = ir.Const(0).bounded(0, mask(reg.width))
-        value = self.store(cell, self.cell(reg), f.width, f.signed)
+        value = self.store(cell, f"(uint64_t){self.cell(reg)}", f.width, f.signed)
         if self.scalars is not None:
             self.selected(s.index, reg.size, self.fref(f), value)
         else:
@@ -530,7 +536,7 @@ class CPrinter(PacketPrinter):
             first, lane, stride = self.reg_lane.get(name, (name, 0, 1))
             if lane == 0:
                 self.add(f"    ss_reg_init(c, {r}, {num(spec.size, 1, MAX_CELLS + 1)}U, "
-                         f"{num(stride, 1, nregs + 1)}U);")
+                         f"{num(stride, 1, nregs + 1)}U, {int(narrow(spec))});")
             else:
                 self.add(f"    ss_reg_lane(c, {r}, {num(self.reg_index[first], 0, nregs)}, "
                          f"{num(lane, 1, nregs)}U);")
@@ -567,6 +573,7 @@ class CPrinter(PacketPrinter):
             f"#define SS_MAXHDR {num(maxhdr, 64, MAX_ID)}",
             f"#define SS_MAXCELLS {num(MAX_CELLS, 1, MAX_CELLS + 1)}",
             f"#define SS_INGRESS_PORT {num(std['ingress_port'].id, 0, len(prog.field_list))}",
+            *(["#define SS_PREPARED 1"] if self.prepared.shared else []),
             f"#include {_c_string(runtime_path)}",
             "",
             f"static uint64_t ss_spec(const ss_state *S) {{ return {self.fref(std['egress_spec'])}; }}",
@@ -624,20 +631,30 @@ class CPrinter(PacketPrinter):
         self.depth = 0
         self.add("}")
         self.replica()
+        if self.prepared.shared:
+            self.prepare()
         return "\n".join(head + self.functions + self.lines) + "\n"
 
 
     def replica(self) -> None:
         """ss_replica: the state a copy's egress starts from. Only the fields egress
         names (and field lists, which a recirculation or E2E clone keeps) are copied;
-        the rest, ingress's temporaries mostly, are never read again."""
+        the rest, ingress's temporaries mostly, are never read again. ss_replica_shared:
+        the same for a copy whose shared headers ss_prepare deparsed (their fields
+        left out where nothing else in egress names them)."""
         touched = self.touched | {f.id for fields in self.prog.field_lists.values()
                                   for f in fields}
         self.touched = None
-        self.add("static void ss_replica(ss_state *D, const ss_state *S) {")
-        ids = sorted(touched)
-        runs = []
-        for i in ids:
+        self.copier("ss_replica", touched | self.shared_fields)
+        if self.prepared.shared:
+            self.copier("ss_replica_shared", touched)
+
+    def copier(self, name: str, ids: set) -> None:
+        """A function that copies the fields ``ids`` (memcpy of each run of them) and the
+        state past the fields."""
+        self.add(f"static void {name}(ss_state *D, const ss_state *S) {{")
+        runs: list = []
+        for i in sorted(ids):
             if runs and runs[-1][1] == i:
                 runs[-1][1] = i + 1
             else:
@@ -648,6 +665,11 @@ class CPrinter(PacketPrinter):
                      f"{num(hi - lo, 1, n)} * sizeof(uint64_t));")
         self.add("    memcpy(D->v, S->v, sizeof *S - offsetof(ss_state, v));")
         self.add("}")
+
+
+def narrow(reg) -> bool:
+    """Whether a register's cells are uint32_t (runtime.c's reg32): up to 32 bits wide."""
+    return reg.width <= 32
 
 
 def _c_string(text: str) -> str:

@@ -6,7 +6,9 @@
  * and SS_MAXCELLS, includes this file, then defines ss_setup(), ss_ingress(),
  * ss_egress() and ss_replica() (a multicast or clone copy's state: only the fields
  * egress names) (and ss_keep(), ss_reset_meta(), ss_set_instance() for clone, resubmit
- * and recirculate). One unit lets the compiler inline table lookups into the pipeline.
+ * and recirculate; and, with SS_PREPARED, ss_prepare() and ss_replica_shared(): the
+ * headers every copy of a multicast deparses alike, deparsed once, frontend/prepared.py).
+ * One unit lets the compiler inline table lookups into the pipeline.
  *
  * Every array access is bounds-checked: the generated code checks its indices
  * against the sizes it was built with, ss_setup's sizes are checked here (1 to
@@ -92,6 +94,8 @@ typedef struct {
     uint32_t clone;              /* session | 0x8000 once a clone was asked for, else 0 */
     uint32_t clone_fl, resub_fl, recirc_fl;   /* field list ids (0: none) */
     int parse_only;              /* an I2E clone's parse of the original packet */
+    const uint8_t *prep;         /* a multicast copy: its shared headers' bytes (ss_prepare) */
+    uint32_t nprep;
     const uint8_t *pkt;
     uint64_t plen, off, plen_reg, in_len;
     int abort;                   /* a division by zero or a stack index past the stack: the packet is dropped */
@@ -148,7 +152,11 @@ typedef struct ss_ctx {
     int nshards;                 /* 0: one lane at a time; else a power of two */
     pthread_mutex_t shard[SS_SHARDS];
     ss_table t[SS_NTABLES + 1];
-    uint64_t *reg[SS_NREGS + 1];
+    uint64_t *reg[SS_NREGS + 1];         /* a register's cells; of one up to 32 bits wide,
+                                            the block ss_free frees (cells: reg32) */
+    uint32_t *reg32[SS_NREGS + 1];       /* cells of a register up to 32 bits wide: half
+                                            the memory a frame's reads and writes move */
+    uint8_t reg_narrow[SS_NREGS + 1];
     uint32_t reg_size[SS_NREGS + 1];
     uint32_t reg_stride[SS_NREGS + 1];   /* registers stored side by side: cell i at [i * stride] */
     uint8_t reg_lane[SS_NREGS + 1];      /* 1: reg points into another register's block */
@@ -223,6 +231,10 @@ static int64_t ss_egress(ss_ctx *c, ss_state *S, uint32_t port, int has_rid, uin
                          uint32_t instance, uint8_t *out, uint32_t cap, ss_state *e2e);
 static void ss_keep(ss_state *dst, const ss_state *src, uint32_t field_list);
 static void ss_replica(ss_state *dst, const ss_state *src);
+#ifdef SS_PREPARED
+static void ss_replica_shared(ss_state *dst, const ss_state *src);
+static int64_t ss_prepare(const ss_state *S, uint8_t *out, uint32_t cap);
+#endif
 static void ss_reset_meta(ss_state *S);
 static void ss_set_instance(ss_state *S, uint64_t instance);
 static uint64_t ss_spec(const ss_state *S);
@@ -264,6 +276,23 @@ static inline void ss_st8(uint8_t *p, uint64_t v) { p[0] = (uint8_t)v; }
 static inline void ss_st16(uint8_t *p, uint64_t v) { uint16_t x = __builtin_bswap16((uint16_t)v); memcpy(p, &x, 2); }
 static inline void ss_st32(uint8_t *p, uint64_t v) { uint32_t x = __builtin_bswap32((uint32_t)v); memcpy(p, &x, 4); }
 static inline void ss_st64(uint8_t *p, uint64_t v) { uint64_t x = __builtin_bswap64(v); memcpy(p, &x, 8); }
+
+/* A run of n like fields (a header of values): one loop each way, which the compiler
+ * vectorizes; the parser and deparser call them for runs the printer finds. */
+#define SS_RUN(w)                                                                          \
+    static __attribute__((noinline, unused)) void ss_ld##w##n(                              \
+        uint64_t *restrict f, const uint8_t *restrict p, uint32_t n) {                     \
+        for (uint32_t i = 0; i < n; i++) f[i] = ss_ld##w(p + i * (w / 8));                 \
+    }                                                                                      \
+    static __attribute__((noinline, unused)) void ss_st##w##n(                              \
+        uint8_t *restrict p, const uint64_t *restrict f, uint32_t n) {                     \
+        for (uint32_t i = 0; i < n; i++) ss_st##w(p + i * (w / 8), f[i]);                  \
+    }
+SS_RUN(8)
+SS_RUN(16)
+SS_RUN(32)
+SS_RUN(64)
+#undef SS_RUN
 
 /* ss_calc: BMv2's hash algorithms over a then b (a calculation's fields, then the payload), in
  * validate.HASH_ALGORITHMS' order: csum16, cksum16, crc16, crc16_custom, crc32,
@@ -444,8 +473,17 @@ static void ss_pass(ss_ctx *c, const uint8_t *pkt, uint32_t len, uint32_t port,
     if (grp) {
         g = c->groups[grp & 0xFFFF];
         if (!g || grp > 0xFFFF) { SS_COUNT(c->stat_no_port, 1); return; }
+#ifdef SS_PREPARED
+        uint8_t prep[SS_MAXHDR];     /* the headers every copy deparses alike, once */
+        int64_t nprep = g->n > 1 ? ss_prepare(&S, prep, sizeof prep) : -1;
+        if (nprep >= 0) { S.prep = prep; S.nprep = (uint32_t)nprep; }
+#endif
         for (int i = 0; i < g->n; i++) {
             ss_state *R = &S;        /* the last replica is S itself: it is not read again */
+#ifdef SS_PREPARED
+            if (i + 1 < g->n && S.prep) ss_replica_shared(R = &E, &S);
+            else
+#endif
             if (i + 1 < g->n) ss_replica(R = &E, &S);
             ss_egress_out(c, R, g->port[i], 1, g->rid[i], 5, slot, emit);
         }
