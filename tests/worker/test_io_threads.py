@@ -27,7 +27,11 @@ def test_eight_workers_over_four_packet_threads_get_identical_results_within_the
     (tmp_path / "fabric").mkdir()
     fabric.start()
     try:
-        assert lane_threads(fabric.switch.process.pid) == [f"ss-lane-{i}" for i in range(4)]
+        lanes = [f"ss-lane-{i}" for i in range(4)]
+        started = time.monotonic() + 5        # the lanes start once the pipeline is set
+        while lane_threads(fabric.switch.process.pid) != lanes and time.monotonic() < started:
+            time.sleep(0.1)
+        assert lane_threads(fabric.switch.process.pid) == lanes
         job = fabric.job(8, num_slots=32)
         size, reps = 200_000, 3
         runs = fabric.run(job, ["--size", str(size), "--reps", str(reps), "--seed", "8",
