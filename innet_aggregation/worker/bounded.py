@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 
 import numpy as np
 
@@ -51,6 +52,10 @@ from .wire import PKT_ID_MASK
 # others' window in flight and the redone blocks stay within the other half).
 LEAD_LIMIT = STALE_ROUNDS // 2
 EARLY_ROUNDS = 1 << 16        # a released round this many ahead of its slot's is a duplicate
+# A slot that waited the deadline asks its peers for its round first, and releases it
+# only if none answered within this share of the deadline (``BoundedCall.release``).
+ASK_GRACE = 0.5
+HOLD_RETRY = 0.01             # seconds: a release held for the store's word is tried again
 SO_RCVBUFFORCE = 33           # asm-generic/socket.h: past rmem_max, with CAP_NET_ADMIN
 
 log = logging.getLogger("worker")
@@ -141,9 +146,10 @@ class BoundedTime:
 
     def contribution(self, slots: np.ndarray) -> None:
         """The slots' new packets: a QUORUM names its quorum; a contribution asks for
-        nothing (the call's recovery sets it to ask once a timer expires)."""
+        nothing (the call's recovery sets it to ask once a timer expires). No QUORUM
+        while the store's word is stale (``BoundedCall.release``)."""
         t = self.t
-        quorum = self.quorum if self.quorum and self.lead_ok() else 0
+        quorum = self.quorum if self.quorum and self.lead_ok() and t.word_fresh() else 0
         t.tx_contributions[slots] = quorum
         t.tx_type[slots] = MSG_QUORUM if quorum else int(MsgType.CONTRIBUTION)
 
@@ -197,6 +203,8 @@ class BoundedCall:
         self.deadline = self.time.deadline if quantized else 0.0
         w = t.num_slots
         self.releasing = np.zeros(w, dtype=bool)
+        self.asked = np.full(w, np.inf)       # when the peers were asked before a release
+        self.grace = ASK_GRACE * self.deadline
         self.deferring = False
         self.unsent = np.zeros(w, dtype=bool)
         self.carried: list[tuple[np.ndarray, np.ndarray]] = []   # (chunks, own values) left out
@@ -217,6 +225,7 @@ class BoundedCall:
         """The slots took their next packets: their release is not asked yet; whether
         their sends wait for the end of the batch (``flush``)."""
         self.releasing[slots] = False
+        self.asked[slots] = np.inf
         if self.deferring:
             self.unsent[slots] = True
             return True
@@ -251,27 +260,68 @@ class BoundedCall:
             self.on_released(group, now)
 
     def timer(self, first_sent_at: np.ndarray) -> float:
-        """When the earliest slot not yet releasing has waited the deadline."""
+        """When the earliest slot not yet releasing has waited the deadline (and, once
+        it asked its peers, the grace); while the store's word is stale, not sooner
+        than ``HOLD_RETRY`` from now."""
         if self.deadline and not self.releasing.all() and self.time.lead_ok():
-            return first_sent_at[~self.releasing].min() + self.deadline
+            due = first_sent_at + self.deadline
+            due = np.where(np.isfinite(self.asked), np.maximum(due, self.asked + self.grace),
+                           due)[~self.releasing].min()
+            if not self.call.t.word_fresh():
+                return max(due, time.monotonic() + HOLD_RETRY)
+            return due
         return np.inf
 
     def release(self, now: float) -> None:
         """Slots that have waited the job's deadline since this worker's contribution
         ask the switch to release their round with what it holds: the packet goes out
         again as a RELEASE (its retransmissions too), which every worker's copy of the
-        round answers alike (RELEASED, ``on_released``)."""
+        round answers alike (RELEASED, ``on_released``).
+
+        Only if nothing says the switch's copy may not be the one the others took. A
+        switch that restarted holds no round: a worker's packet there starts its round
+        afresh, and released it holds that worker's values alone, which the others,
+        who took the round before the restart, never apply. So a due slot first asks
+        its peers for its round (``repair.py``: a late worker, frozen across the
+        restart, gets what they took) and releases only if none answered within
+        ``ASK_GRACE`` of the deadline; and nothing asks the switch to release while
+        this rank's word that no peer left the switch path is stale
+        (``Fallback.word_fresh``: a rank frozen while they went to gloo), in-flight
+        releases and quorums going out again as plain contributions."""
         if not self.deadline:
             return
         call, t = self.call, self.call.t
         due = ~self.releasing & (call.loss.first_sent_at + self.deadline <= now)
+        if not t.word_fresh():
+            self._hold()
+            return
         if not due.any() or not self.time.lead_ok():
             return
+        if self.time.repair is not None:
+            ask = due & ~np.isfinite(self.asked)
+            if ask.any():
+                self.time.ask_peers(np.flatnonzero(ask))
+                self.asked[ask] = now
+            due &= self.asked + self.grace <= now
+            if not due.any():
+                return
         slots = np.flatnonzero(due)
         self.releasing[slots] = True
         t.tx_type[slots] = MSG_RELEASE
         t.stats.releases += call.transmit(slots, now)
         call.loss.resent[slots] = True          # Karn: the answer may be either packet's
+
+    def _hold(self) -> None:
+        """No packet asks the switch to release (``release``): releases and quorums in
+        flight are plain contributions again, which ask for a WAITING reply, and
+        release once the word is fresh."""
+        t = self.call.t
+        asking = (t.tx_type == MSG_RELEASE) | (t.tx_type == MSG_QUORUM)
+        if asking.any():
+            t.tx_type[asking] = int(MsgType.CONTRIBUTION)
+            t.tx_contributions[asking] = 1
+            self.releasing[asking] = False
+            self.asked[asking] = np.inf
 
     def split_released(self, packets: np.ndarray, now: float) -> np.ndarray:
         """The batch's released rounds taken (``on_released``); the rest returned."""

@@ -166,7 +166,7 @@ class Stats:
     released: int = 0                 # results the switch released before every worker was in
     late: int = 0                     # of which this worker's contribution was not in
     carried_values: int = 0           # values carried into the next call of the same name
-    repairs_asked: int = 0            # rounds asked of the peers (a timer expired under a deadline)
+    repairs_asked: int = 0            # slots asked of the peers (a timer expired, or before a release)
 
     def __sub__(self, other: "Stats") -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
@@ -241,6 +241,9 @@ class Transport:
         # Asked on every timer wake-up (at most ``max_rto`` apart): a reason to give
         # up the call now (the job's lease is lost), or None.
         self.abort = lambda: None
+        # Asked before a packet asks the switch to release a round (bounded.py): whether
+        # this rank's word on its peers' path is recent (fallback.Fallback.word_fresh).
+        self.word_fresh = lambda: True
         # One packet per slot, rewritten when the slot takes its next chunk; a
         # retransmission resends the row as it is.
         self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
