@@ -25,7 +25,9 @@ out of LEAD_LIMIT released rounds in a row, the others neither release nor send 
 (``BoundedTime.lead_ok``) until a round has every worker again, and a deadline job's
 socket buffer holds twice that many results (``lead_buffer``). A result lost on its way
 to a late worker, of a round the switch no longer holds (its resends are stale there),
-comes from the peers, who keep what they took (``repair.py``): a timer's expiry asks them.
+comes from the peers, who keep what they took (``repair.py``): a timer's expiry asks them,
+and so does a slot before its release, since a switch that restarted would release a
+round the others took with this worker's values alone (``BoundedCall.release``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ input (the switch writes results in place as they arrive); from there on every c
 goes to gloo. The others' switch calls may still hear the
 switch wait for that rank (a call the switch answers waits up to the group's timeout:
 slow is not dead), so the rank says in the group's store that it left (``_Signals``),
-and theirs give up on that word, within a second: every rank reaches the recovery. A
+and theirs give up on that word, within a second: every rank reaches the recovery
+(under a deadline, a rank whose look is older than ``WORD_AGE``, its process frozen,
+asks the switch to release nothing until it has looked again: ``word_fresh``). A
 rank returns call k before its peers know k is done: safe, since a peer that did not
 complete k gets exactly k's bits from the hand-over.
 
