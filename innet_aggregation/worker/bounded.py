@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 
 import numpy as np
 
@@ -57,7 +56,6 @@ EARLY_ROUNDS = 1 << 16        # a released round this many ahead of its slot's i
 # A slot that waited the deadline asks its peers for its round first, and releases it
 # only if none answered within this share of the deadline (``BoundedCall.release``).
 ASK_GRACE = 0.5
-HOLD_RETRY = 0.01             # seconds: a release held for the store's word is tried again
 SO_RCVBUFFORCE = 33           # asm-generic/socket.h: past rmem_max, with CAP_NET_ADMIN
 
 log = logging.getLogger("worker")
@@ -148,10 +146,9 @@ class BoundedTime:
 
     def contribution(self, slots: np.ndarray) -> None:
         """The slots' new packets: a QUORUM names its quorum; a contribution asks for
-        nothing (the call's recovery sets it to ask once a timer expires). No QUORUM
-        while the store's word is stale (``BoundedCall.release``)."""
+        nothing (the call's recovery sets it to ask once a timer expires)."""
         t = self.t
-        quorum = self.quorum if self.quorum and self.lead_ok() and t.word_fresh() else 0
+        quorum = self.quorum if self.quorum and self.lead_ok() else 0
         t.tx_contributions[slots] = quorum
         t.tx_type[slots] = MSG_QUORUM if quorum else int(MsgType.CONTRIBUTION)
 
@@ -263,15 +260,11 @@ class BoundedCall:
 
     def timer(self, first_sent_at: np.ndarray) -> float:
         """When the earliest slot not yet releasing has waited the deadline (and, once
-        it asked its peers, the grace); while the store's word is stale, not sooner
-        than ``HOLD_RETRY`` from now."""
+        it asked its peers, the grace)."""
         if self.deadline and not self.releasing.all() and self.time.lead_ok():
             due = first_sent_at + self.deadline
-            due = np.where(np.isfinite(self.asked), np.maximum(due, self.asked + self.grace),
-                           due)[~self.releasing].min()
-            if not self.call.t.word_fresh():
-                return max(due, time.monotonic() + HOLD_RETRY)
-            return due
+            return np.where(np.isfinite(self.asked), np.maximum(due, self.asked + self.grace),
+                            due)[~self.releasing].min()
         return np.inf
 
     def release(self, now: float) -> None:
@@ -280,23 +273,17 @@ class BoundedCall:
         again as a RELEASE (its retransmissions too), which every worker's copy of the
         round answers alike (RELEASED, ``on_released``).
 
-        Only if nothing says the switch's copy may not be the one the others took. A
-        switch that restarted holds no round: a worker's packet there starts its round
-        afresh, and released it holds that worker's values alone, which the others,
-        who took the round before the restart, never apply. So a due slot first asks
-        its peers for its round (``repair.py``: a late worker, frozen across the
-        restart, gets what they took) and releases only if none answered within
-        ``ASK_GRACE`` of the deadline; and nothing asks the switch to release while
-        this rank's word that no peer left the switch path is stale
-        (``Fallback.word_fresh``: a rank frozen while they went to gloo), in-flight
-        releases and quorums going out again as plain contributions."""
+        First its peers are asked for the round. A switch that restarted holds no round:
+        a worker's packet there starts its round afresh, and released it holds that
+        worker's values alone, which the others, who took the round before the
+        restart, never apply (a late worker frozen across the restart sends such
+        rounds). So a due slot asks its peers for its round (``repair.py``: a peer that
+        took it sends it) and releases only if none answered within ``ASK_GRACE`` of
+        the deadline."""
         if not self.deadline:
             return
         call, t = self.call, self.call.t
         due = ~self.releasing & (call.loss.first_sent_at + self.deadline <= now)
-        if not t.word_fresh():
-            self._hold()
-            return
         if not due.any() or not self.time.lead_ok():
             return
         if self.time.repair is not None:
@@ -312,18 +299,6 @@ class BoundedCall:
         t.tx_type[slots] = MSG_RELEASE
         t.stats.releases += call.transmit(slots, now)
         call.loss.resent[slots] = True          # Karn: the answer may be either packet's
-
-    def _hold(self) -> None:
-        """No packet asks the switch to release (``release``): releases and quorums in
-        flight are plain contributions again, which ask for a WAITING reply, and
-        release once the word is fresh."""
-        t = self.call.t
-        asking = (t.tx_type == MSG_RELEASE) | (t.tx_type == MSG_QUORUM)
-        if asking.any():
-            t.tx_type[asking] = int(MsgType.CONTRIBUTION)
-            t.tx_contributions[asking] = 1
-            self.releasing[asking] = False
-            self.asked[asking] = np.inf
 
     def split_released(self, packets: np.ndarray, now: float) -> np.ndarray:
         """The batch's released rounds taken (``on_released``); the rest returned."""

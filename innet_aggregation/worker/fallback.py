@@ -25,9 +25,7 @@ input (the switch writes results in place as they arrive); from there on every c
 goes to gloo. The others' switch calls may still hear the
 switch wait for that rank (a call the switch answers waits up to the group's timeout:
 slow is not dead), so the rank says in the group's store that it left (``_Signals``),
-and theirs give up on that word, within a second: every rank reaches the recovery
-(under a deadline, a rank whose look is older than ``WORD_AGE``, its process frozen,
-asks the switch to release nothing until it has looked again: ``word_fresh``). A
+and theirs give up on that word, within a second: every rank reaches the recovery. A
 rank returns call k before its peers know k is done: safe, since a peer that did not
 complete k gets exactly k's bits from the hand-over.
 
@@ -56,7 +54,6 @@ import hashlib
 import os
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,10 +70,6 @@ MODES = ("gloo", "error")
 # restart is ridden out on gloo, not waited for; round trips are 0.1-10 ms.
 DEFAULT_SWITCH_TIMEOUT = 10.0
 STORE_POLL = 0.5             # seconds between a waiting call's looks for a rank that left
-# Seconds a look at the store stays this rank's word that no peer left the switch path:
-# two looks' time. Older (the process was frozen, or the store is slow), and no packet
-# asks the switch to release a round (``word_fresh``).
-WORD_AGE = 2 * STORE_POLL
 SWITCH, GLOO = "switch", "gloo"
 CLOSING = -1                 # the call number a closing rank reports in an agreement
 # What a switch call can end with that gloo can take over (a NonFiniteError is a
@@ -167,20 +160,6 @@ class Fallback:
         if m is not None and m.lost:
             return f"lease lost ({m.lost})"
         return self._left
-
-    def word_fresh(self) -> bool:
-        """Whether this rank knows, from a look at the group's store begun less than
-        ``WORD_AGE`` ago, that no peer has left the switch path (or that one has: the
-        call then gives up). Asked before a packet asks the switch to release a round:
-        a rank frozen while the switch restarted and its peers went to gloo must not
-        release, on the wiped switch, a round holding its values alone (its peers redo
-        that call through gloo). Stale: the look is asked for now, and False."""
-        s = self._signals
-        if s is None or self.path != SWITCH or self._left is not None \
-                or time.monotonic() - s.looked_at <= WORD_AGE:
-            return True
-        s.wake.set()
-        return False
 
     def _episode(self) -> str:
         """The store's key for the next fall to gloo: the same on every rank."""
@@ -409,7 +388,6 @@ class Fallback:
         self._stop.set()
         if self._signals is not None:
             self._signals.stop.set()
-            self._signals.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
         if self.standby is not None:
@@ -420,18 +398,14 @@ class Fallback:
 
 class _Signals:
     """A rank's word that it left the switch path, through the group's store, and the
-    look for a peer's, every ``STORE_POLL`` while on the switch path, or at once when
-    ``wake`` is set (``Fallback.word_fresh``): on a thread of its own, as the store's
-    host may be behind the very switch that died (a store call then blocks for the
-    store's timeout, which the session's call must not). ``looked_at``: when the last
-    look that found no word began."""
+    look for a peer's, every ``STORE_POLL`` while on the switch path: on a thread of its
+    own, as the store's host may be behind the very switch that died (a store call
+    then blocks for the store's timeout, which the session's call must not)."""
 
     def __init__(self, store, fallback: Fallback):
         self.store = store
         self.fallback = fallback
         self.stop = threading.Event()
-        self.wake = threading.Event()
-        self.looked_at = time.monotonic()
         threading.Thread(target=self._run, daemon=True,
                          name=f"ina-signals-{fallback.rank}").start()
 
@@ -449,18 +423,10 @@ class _Signals:
 
     def _run(self) -> None:
         f = self.fallback
-        while True:
-            self.wake.wait(STORE_POLL)
-            self.wake.clear()
-            if self.stop.is_set():
-                return
-            began = time.monotonic()
+        while not self.stop.wait(STORE_POLL):
             try:
                 key = f._episode()
-                if f.path != SWITCH or f._left is not None:
-                    continue
-                if not self.store.check([key]):
-                    self.looked_at = began
+                if f.path != SWITCH or f._left is not None or not self.store.check([key]):
                     continue
                 rank, _, cause = self.store.get(key).decode().partition("\n")
                 why = f"rank {rank} left the switch path (its call failed: {cause})"

@@ -119,7 +119,6 @@ class AggregationSession:
                                    min_rto=min(p.min_rto, quarter))
         transport.rto.policy = transport.policy
         transport.abort = fallback.abort_reason
-        transport.word_fresh = fallback.word_fresh
 
     def use_transport(self, transport: Transport) -> None:
         """The fallback's way back to the switch: every rank has a transport for the

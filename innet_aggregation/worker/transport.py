@@ -241,9 +241,6 @@ class Transport:
         # Asked on every timer wake-up (at most ``max_rto`` apart): a reason to give
         # up the call now (the job's lease is lost), or None.
         self.abort = lambda: None
-        # Asked before a packet asks the switch to release a round (bounded.py): whether
-        # this rank's word on its peers' path is recent (fallback.Fallback.word_fresh).
-        self.word_fresh = lambda: True
         # One packet per slot, rewritten when the slot takes its next chunk; a
         # retransmission resends the row as it is.
         self.tx = fmt.pack(count=num_slots, msg_type=int(MsgType.CONTRIBUTION), job_id=job_id)
