@@ -2,8 +2,8 @@
 installed again under the same id and slots: the switch's round tracker is wiped, so
 a round the others took before the restart, and the frozen rank never got, counts as
 a new one there when the rank sends it on waking. Released with its values alone, it
-would be applied by that rank only: replicas diverge silently (docs, deadline.md,
-"Limits").
+would be applied by that rank only: replicas diverge silently (deadline.md, "A
+switch that restarted").
 
 Four ranks of conservation_calls.py, a 40 ms deadline. Every rank pauses before call
 2; the switch's packets to rank 3 are dropped, rank 3 is stopped, and the others
@@ -14,6 +14,12 @@ the fallback's agreement for rank 3), or ``stayed``: the others still wait befor
 5, on the switch path, while rank 3 catches up alone on the fresh switch; rank 3 goes
 on (SIGCONT). Checked against an independent reference (check_conserved): every call
 bit-identical on every rank, every input applied once.
+
+Before a slot asked its peers for its round ahead of its release (bounded.py),
+``stayed`` failed: rank 3's first calls differed from the others' in most values.
+``fell_back`` passed then too: the others wait for rank 3 in the agreement, and its
+look in the group's store hears of their fall first (deadline.md, "A switch that
+restarted").
 """
 
 from __future__ import annotations
@@ -68,4 +74,7 @@ def test_a_rank_frozen_across_a_switch_restart_applies_what_the_others_did(
     runner.join()
     for run in done["runs"]:
         assert run.returncode == 0, f"rank {run.worker}:\n{run.stderr[-3000:]}"
-    check_conserved(tmp_path, CALLS + ZEROS, calls=CALLS, size=SIZE)
+    logs = check_conserved(tmp_path, CALLS + ZEROS, calls=CALLS, size=SIZE)
+    if others == "stayed":        # nobody left the switch: rank 3 caught up from its peers
+        assert all(c["via"] == "switch" for log in logs for c in log), logs
+        assert logs[LATE][AHEAD - 1]["repairs_asked"] > 0, logs[LATE]
