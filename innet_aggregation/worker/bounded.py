@@ -14,7 +14,8 @@ never release.
 
 A call spans many rounds of each slot, and a rank late for one is late for the next ones
 too: once a round was released without some workers, every round goes out as a QUORUM
-contribution naming how many workers the release held, and the switch releases each the
+contribution naming how many workers the release held (from the workers it held; the
+ones it awaits send plain contributions), and the switch releases each the
 moment that many are in, so the deadline is waited once, not once a round, until a
 released round has the missing workers in again (``BoundedTime.follow_releases``; the
 Tofino program counts a QUORUM as a plain contribution, so there the deadline is waited
@@ -146,9 +147,14 @@ class BoundedTime:
 
     def contribution(self, slots: np.ndarray) -> None:
         """The slots' new packets: a QUORUM names its quorum; a contribution asks for
-        nothing (the call's recovery sets it to ask once a timer expires)."""
+        nothing (the call's recovery sets it to ask once a timer expires). A worker the
+        quorum awaits sends plain contributions: its QUORUM, for a round the others
+        took before a switch restart, would have the restarted switch release that
+        round at once with its values alone, asking nobody (``BoundedCall.release``);
+        the others' QUORUMs release the rounds it is in."""
         t = self.t
-        quorum = self.quorum if self.quorum and self.lead_ok() else 0
+        awaited = self.awaited >> t.worker_id & 1
+        quorum = self.quorum if self.quorum and self.lead_ok() and not awaited else 0
         t.tx_contributions[slots] = quorum
         t.tx_type[slots] = MSG_QUORUM if quorum else int(MsgType.CONTRIBUTION)
 

@@ -5,8 +5,9 @@ a new one there when the rank sends it on waking. Released with its values alone
 would be applied by that rank only: replicas diverge silently (deadline.md, "A
 switch that restarted").
 
-Four ranks of conservation_calls.py, a 40 ms deadline. Every rank pauses before call
-2; the switch's packets to rank 3 are dropped, rank 3 is stopped, and the others
+Four ranks of conservation_calls.py (and two, "stayed" only), a 40 ms deadline.
+Every rank pauses before call 2; the switch's packets to the last rank, rank 3, are
+dropped, rank 3 is stopped, and the others
 release its rounds through calls 2, 3 and 4 and pause before call 5. The switch is
 killed, started again and the job installed again, lossless. Then either
 ``fell_back``: the others' call 5 met the dead switch and went to gloo (they wait in
@@ -16,7 +17,10 @@ on (SIGCONT). Checked against an independent reference (check_conserved): every 
 bit-identical on every rank, every input applied once.
 
 Before a slot asked its peers for its round ahead of its release (bounded.py),
-``stayed`` failed: rank 3's first calls differed from the others' in most values.
+``stayed`` failed: rank 3's first calls differed from the others' in most values. With
+two ranks it failed with that guard alone too, until the rank a quorum awaits sent
+plain contributions (its quorum of one released a round on the restarted switch at
+once).
 ``fell_back`` passed then too: the others wait for rank 3 in the agreement, and its
 look in the group's store hears of their fall first (deadline.md, "A switch that
 restarted").
@@ -34,32 +38,33 @@ import pytest
 from .harness import Fabric
 from .test_conservation import DEADLINE_MS, SWITCH_TIMEOUT, WORLD, check_conserved
 from .test_fallback import restart_switch
-from .test_lead_fallback import AHEAD, CALLS, HELD, LATE, SIZE, ZEROS, wait_for
+from .test_lead_fallback import AHEAD, CALLS, HELD, SIZE, ZEROS, wait_for
 
 
-@pytest.mark.parametrize("others", ["fell_back", "stayed"])
+@pytest.mark.parametrize("others, world", [("fell_back", WORLD), ("stayed", WORLD), ("stayed", 2)])
 def test_a_rank_frozen_across_a_switch_restart_applies_what_the_others_did(
-        fabric: Fabric, tmp_path, others):
+        fabric: Fabric, tmp_path, others, world):
     if fabric.target != "softswitch":
         pytest.skip("run on the native embedded switch only (the fallback is the workers')")
-    job = fabric.job(WORLD, num_slots=16, deadline_ms=DEADLINE_MS)
+    job = fabric.job(world, num_slots=16, deadline_ms=DEADLINE_MS)
     done = {}
+    late_rank = world - 1          # the rank stopped
     late_pauses = f"{HELD},{AHEAD}" if others == "stayed" else str(HELD)
     runner = threading.Thread(target=lambda: done.update(runs=fabric.run(
-        job, ["--master", f"{job.hosts[0].ip}:{31700 + job.id}", "--world", str(WORLD),
+        job, ["--master", f"{job.hosts[0].ip}:{31700 + job.id}", "--world", str(world),
               "--out", str(tmp_path), "--calls", str(CALLS), "--zeros", str(ZEROS),
               "--size", str(SIZE), "--switch-timeout", str(SWITCH_TIMEOUT)],
-        extra={r: ["--pause-before", late_pauses if r == LATE else f"{HELD},{AHEAD}"]
-               for r in range(WORLD)},
+        extra={r: ["--pause-before", late_pauses if r == late_rank else f"{HELD},{AHEAD}"]
+               for r in range(world)},
         module="tests.worker.conservation_calls", timeout=120)))
     runner.start()
-    wait_for(tmp_path, HELD, range(WORLD), runner)
-    late = int((tmp_path / f"ready.{HELD}.{LATE}").read_text())
+    wait_for(tmp_path, HELD, range(world), runner)
+    late = int((tmp_path / f"ready.{HELD}.{late_rank}").read_text())
     os.kill(late, signal.SIGSTOP)
     try:
-        fabric.control.set_loss([job.hosts[LATE].switch_port], egress=1.0)
+        fabric.control.set_loss([job.hosts[late_rank].switch_port], egress=1.0)
         (tmp_path / f"go.{HELD}").touch()
-        wait_for(tmp_path, AHEAD, range(LATE), runner)
+        wait_for(tmp_path, AHEAD, range(late_rank), runner)
         fabric.switch.process.kill()      # and with it its loss, and the rounds it held
         fabric.switch.process.wait()
         if others == "fell_back":
@@ -69,12 +74,12 @@ def test_a_rank_frozen_across_a_switch_restart_applies_what_the_others_did(
     finally:
         os.kill(late, signal.SIGCONT)
     if others == "stayed":
-        wait_for(tmp_path, AHEAD, [LATE], runner)   # rank 3 caught up, alone
+        wait_for(tmp_path, AHEAD, [late_rank], runner)   # it caught up, alone
         (tmp_path / f"go.{AHEAD}").touch()
     runner.join()
     for run in done["runs"]:
         assert run.returncode == 0, f"rank {run.worker}:\n{run.stderr[-3000:]}"
-    logs = check_conserved(tmp_path, CALLS + ZEROS, calls=CALLS, size=SIZE)
-    if others == "stayed":        # nobody left the switch: rank 3 caught up from its peers
+    logs = check_conserved(tmp_path, CALLS + ZEROS, world, calls=CALLS, size=SIZE)
+    if others == "stayed":        # nobody left the switch: it caught up from its peers
         assert all(c["via"] == "switch" for log in logs for c in log), logs
-        assert logs[LATE][AHEAD - 1]["repairs_asked"] > 0, logs[LATE]
+        assert logs[late_rank][AHEAD - 1]["repairs_asked"] > 0, logs[late_rank]
