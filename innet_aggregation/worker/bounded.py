@@ -14,7 +14,8 @@ never release.
 
 A call spans many rounds of each slot, and a rank late for one is late for the next ones
 too: once a round was released without some workers, every round goes out as a QUORUM
-contribution naming how many workers the release held, and the switch releases each the
+contribution naming how many workers the release held (from the workers it held; the
+ones it awaits send plain contributions), and the switch releases each the
 moment that many are in, so the deadline is waited once, not once a round, until a
 released round has the missing workers in again (``BoundedTime.follow_releases``; the
 Tofino program counts a QUORUM as a plain contribution, so there the deadline is waited
@@ -25,7 +26,9 @@ out of LEAD_LIMIT released rounds in a row, the others neither release nor send 
 (``BoundedTime.lead_ok``) until a round has every worker again, and a deadline job's
 socket buffer holds twice that many results (``lead_buffer``). A result lost on its way
 to a late worker, of a round the switch no longer holds (its resends are stale there),
-comes from the peers, who keep what they took (``repair.py``): a timer's expiry asks them.
+comes from the peers, who keep what they took (``repair.py``): a timer's expiry asks them,
+and so does a slot before its release, since a switch that restarted would release a
+round the others took with this worker's values alone (``BoundedCall.release``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ from .wire import PKT_ID_MASK
 # others' window in flight and the redone blocks stay within the other half).
 LEAD_LIMIT = STALE_ROUNDS // 2
 EARLY_ROUNDS = 1 << 16        # a released round this many ahead of its slot's is a duplicate
+# A slot that waited the deadline asks its peers for its round first, and releases it
+# only if none answered within this share of the deadline (``BoundedCall.release``).
+ASK_GRACE = 0.5
 SO_RCVBUFFORCE = 33           # asm-generic/socket.h: past rmem_max, with CAP_NET_ADMIN
 
 log = logging.getLogger("worker")
@@ -141,9 +147,14 @@ class BoundedTime:
 
     def contribution(self, slots: np.ndarray) -> None:
         """The slots' new packets: a QUORUM names its quorum; a contribution asks for
-        nothing (the call's recovery sets it to ask once a timer expires)."""
+        nothing (the call's recovery sets it to ask once a timer expires). A worker the
+        quorum awaits sends plain contributions: its QUORUM, for a round the others
+        took before a switch restart, would have the restarted switch release that
+        round at once with its values alone, asking nobody (``BoundedCall.release``);
+        the others' QUORUMs release the rounds it is in."""
         t = self.t
-        quorum = self.quorum if self.quorum and self.lead_ok() else 0
+        awaited = self.awaited >> t.worker_id & 1
+        quorum = self.quorum if self.quorum and self.lead_ok() and not awaited else 0
         t.tx_contributions[slots] = quorum
         t.tx_type[slots] = MSG_QUORUM if quorum else int(MsgType.CONTRIBUTION)
 
@@ -197,6 +208,8 @@ class BoundedCall:
         self.deadline = self.time.deadline if quantized else 0.0
         w = t.num_slots
         self.releasing = np.zeros(w, dtype=bool)
+        self.asked = np.full(w, np.inf)       # when the peers were asked before a release
+        self.grace = ASK_GRACE * self.deadline
         self.deferring = False
         self.unsent = np.zeros(w, dtype=bool)
         self.carried: list[tuple[np.ndarray, np.ndarray]] = []   # (chunks, own values) left out
@@ -217,6 +230,7 @@ class BoundedCall:
         """The slots took their next packets: their release is not asked yet; whether
         their sends wait for the end of the batch (``flush``)."""
         self.releasing[slots] = False
+        self.asked[slots] = np.inf
         if self.deferring:
             self.unsent[slots] = True
             return True
@@ -251,22 +265,41 @@ class BoundedCall:
             self.on_released(group, now)
 
     def timer(self, first_sent_at: np.ndarray) -> float:
-        """When the earliest slot not yet releasing has waited the deadline."""
+        """When the earliest slot not yet releasing has waited the deadline (and, once
+        it asked its peers, the grace)."""
         if self.deadline and not self.releasing.all() and self.time.lead_ok():
-            return first_sent_at[~self.releasing].min() + self.deadline
+            due = first_sent_at + self.deadline
+            return np.where(np.isfinite(self.asked), np.maximum(due, self.asked + self.grace),
+                            due)[~self.releasing].min()
         return np.inf
 
     def release(self, now: float) -> None:
         """Slots that have waited the job's deadline since this worker's contribution
         ask the switch to release their round with what it holds: the packet goes out
         again as a RELEASE (its retransmissions too), which every worker's copy of the
-        round answers alike (RELEASED, ``on_released``)."""
+        round answers alike (RELEASED, ``on_released``).
+
+        First its peers are asked for the round. A switch that restarted holds no round:
+        a worker's packet there starts its round afresh, and released it holds that
+        worker's values alone, which the others, who took the round before the
+        restart, never apply (a late worker frozen across the restart sends such
+        rounds). So a due slot asks its peers for its round (``repair.py``: a peer that
+        took it sends it) and releases only if none answered within ``ASK_GRACE`` of
+        the deadline."""
         if not self.deadline:
             return
         call, t = self.call, self.call.t
         due = ~self.releasing & (call.loss.first_sent_at + self.deadline <= now)
         if not due.any() or not self.time.lead_ok():
             return
+        if self.time.repair is not None:
+            ask = due & ~np.isfinite(self.asked)
+            if ask.any():
+                self.time.ask_peers(np.flatnonzero(ask))
+                self.asked[ask] = now
+            due &= self.asked + self.grace <= now
+            if not due.any():
+                return
         slots = np.flatnonzero(due)
         self.releasing[slots] = True
         t.tx_type[slots] = MSG_RELEASE

@@ -166,7 +166,7 @@ class Stats:
     released: int = 0                 # results the switch released before every worker was in
     late: int = 0                     # of which this worker's contribution was not in
     carried_values: int = 0           # values carried into the next call of the same name
-    repairs_asked: int = 0            # rounds asked of the peers (a timer expired under a deadline)
+    repairs_asked: int = 0            # slots asked of the peers (a timer expired, a release due)
 
     def __sub__(self, other: "Stats") -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) - getattr(other, f.name)

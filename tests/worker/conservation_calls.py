@@ -12,7 +12,7 @@ the caller).
 ``--calls`` calls of ``run.make_inputs(size, SEED, call, rank)`` (any process can
 recompute them), a rank given ``--sleep`` sleeping before the calls in
 ``--sleep-calls``; before each call C in ``--pause-before`` every rank writes
-DIR/ready.C.RANK and waits for DIR/go.C (the test injects or undoes a fault in
+DIR/ready.C.RANK (its process id, for a test that stops it) and waits for DIR/go.C (the test injects or undoes a fault in
 between; C may be the first zero call's number; ``--hold``: then also for DIR/go.C.RANK
 and until a peer has said in the group's store that it left the switch path, as a
 rank late for a fall to gloo hears it); then calls of zeros, which
@@ -87,7 +87,7 @@ def main() -> None:
                 if args.back_on_switch:      # a pace, while the ranks join the job again
                     time.sleep(0.1)
             if call in pauses:
-                (out / f"ready.{call}.{rank}").touch()
+                (out / f"ready.{call}.{rank}").write_text(str(os.getpid()))
                 while not (out / f"go.{call}").exists():
                     time.sleep(0.05)
                 while args.hold and not (out / f"go.{call}.{rank}").exists():
