@@ -627,9 +627,26 @@ def sharing(r: dict | None) -> dict[str, str]:
              if "best_high_jct_ratios" in f else "")
           + f"; all jobs': {spread(f['all_jct_ratio'])}; every job "
           f"finished with every result exact: {'yes' if f['all_finished'] else 'no'}. "
-          f"{cost[0].upper() + cost[1:]}.\n\n"
+          f"{cost[0].upper() + cost[1:]}.{time_spent(f.get('time_spent'), p['calls'])}\n\n"
           f"![Each job's calls over time under each policy, first seed](generated/sharing.png)\n")
     return {"sharing.md": md}
+
+
+def time_spent(t: dict | None, calls: int) -> str:
+    """Where a sharing run's time went (experiments.sharing.time_spent), if recorded."""
+    if t is None:
+        return ""
+    alone = ("" if t["start_s"] is None else
+             f" A job that never left the switch (median): {t['start_s']:.2f} s from its "
+             f"arrival to its ranks' return from init_process_group (the rendezvous, the "
+             f"manager's join), {t['first_call_s']:.2f} s its first call, "
+             f"{t['switch_s']:.2f} s its other {calls - 1}, {t['tail_s']:.2f} s to destroy "
+             f"its group.")
+    per = [f"{t[f'{way}_call_s']:.3f} s through {name}"
+           for way, name in (("switch", "the switch"), ("gloo", "gloo"))
+           if t[f"{way}_call_s"] is not None]
+    return alone + (f" A call after a job's first took {' and '.join(per)} (mean, every "
+                    f"job)." if per else "")
 
 
 def fuzz(r: dict) -> dict[str, str]:

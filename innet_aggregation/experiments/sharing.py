@@ -25,9 +25,9 @@ a fresh switch and manager:
   gloo meanwhile (the backend starts on gloo when it is not joined within
   INA_SWITCH_TIMEOUT).
 
-A job's ranks are started (torch imported) before the run's clock; a job arrives when
-they are told to go, and its completion time (JCT) runs from then, through the
-rendezvous and the manager's join, to the end of its last rank's last call. Per policy: the mean JCT of all jobs and of the high ones, the longest
+A job's ranks are started (torch imported, the programs' packet formats read) before
+the run's clock; a job arrives when they are told to go, and its completion time (JCT)
+runs from then, through the rendezvous and the manager's join, to the end of its last rank's last call. Per policy: the mean JCT of all jobs and of the high ones, the longest
 of the low ones (no starvation: every job must finish), and per preemption what it
 cost the preempted job: calls on gloo and seconds until back on the switch (from its
 ranks' own record of the path each call took, ``worker/fallback.py``). Writes
@@ -234,13 +234,43 @@ def job_row(job: dict, out: Path, started: float, seed: int, policy: str, ranks:
     if any([c["path"] for c in r["calls"]] != paths for r in records[1:]):
         raise RuntimeError(f"{job['job']}: its ranks took different paths on a call")
     finish = max(r["finished"] for r in records) - started
+    ends = [max(r["calls"][k]["at"] for r in records) - started for k in range(len(calls))]
     return {"seed": seed, "policy": policy, "job": job["job"], "class": job["class"],
             "arrival_s": job["launched"], "finish_s": finish,
             "jct_s": finish - job["launched"],
             "calls": len(calls), "wrong": sum(r["wrong"] for r in records),
             "switch_calls": paths.count("switch"), "gloo_calls": paths.count("gloo"),
             "preemptions": preemptions(calls, records[0]["changes"]),
+            "phases": phases(job["launched"], max(r["joined"] for r in records) - started,
+                             ends, paths, finish),
             "path_at": [[round(c["at"] - started, 3), c["path"]] for c in calls]}
+
+
+def phases(arrival: float, joined: float, ends: list[float], paths: list[str],
+           finish: float) -> dict:
+    """Where a job's JCT went (s, its slowest rank's): from its arrival until every rank
+    returned from init_process_group (the rendezvous, the manager's join, the vote on
+    the path), its first call, its other calls, split by the path each took (a call's
+    time: from the end of the one before), and the tail (destroy_process_group: the
+    session's close, the lease's)."""
+    steps = np.diff(ends)
+    return {"start_s": joined - arrival, "first_call_s": ends[0] - joined,
+            "switch_s": float(sum(t for t, p in zip(steps, paths[1:]) if p == "switch")),
+            "gloo_s": float(sum(t for t, p in zip(steps, paths[1:]) if p == "gloo")),
+            "tail_s": finish - ends[-1],
+            "switch_n": paths[1:].count("switch"), "gloo_n": paths[1:].count("gloo")}
+
+
+def time_spent(rows: list[dict]) -> dict:
+    """The median phases (``phases``) of the jobs that never left the switch, and the
+    mean seconds of a call after the first through each path, over every job."""
+    alone = [r["phases"] for r in rows if not r["gloo_calls"]]
+    out = {k: statistics.median(p[k] for p in alone) if alone else None
+           for k in ("start_s", "first_call_s", "switch_s", "tail_s")}
+    for way in ("switch", "gloo"):
+        n = sum(r["phases"][f"{way}_n"] for r in rows)
+        out[f"{way}_call_s"] = sum(r["phases"][f"{way}_s"] for r in rows) / n if n else None
+    return out
 
 
 def preemptions(calls: list[dict], changes: list) -> list[dict]:
@@ -314,6 +344,7 @@ def figures(rows: list[dict], seeds: list[int]) -> dict:
         "preemption_gloo_calls": spread([c["gloo_calls"] for c in costs]) if costs else None,
         "preemption_to_return_s": spread(back) if back else None,
         "never_back": sum(c["to_return_s"] is None for c in costs),
+        "time_spent": time_spent(rows),
     }
 
 
@@ -338,6 +369,15 @@ def report(f: dict, seeds: list[int], say) -> None:
     say(f"all jobs' mean JCT, priority over fcfs: {all_ratio['median']:.2f} "
         f"({all_ratio['min']:.2f}-{all_ratio['max']:.2f}); every job finished, every "
         f"result exact: {'yes' if f['all_finished'] else 'NO'}")
+    t = f["time_spent"]
+    if t["start_s"] is not None:
+        say(f"a job that never left the switch (median): {t['start_s']:.2f} s from its "
+            f"arrival to its ranks' return from init_process_group, {t['first_call_s']:.2f} s "
+            f"its first call, {t['switch_s']:.2f} s its other calls, {t['tail_s']:.2f} s to "
+            f"destroy its group")
+    say("a call after the first, mean s: "
+        + ", ".join(f"{way} {t[f'{way}_call_s']:.3f}" for way in ("switch", "gloo")
+                    if t[f"{way}_call_s"] is not None))
     if f["preemption_costs"]:
         g, t = f["preemption_gloo_calls"], f["preemption_to_return_s"]
         say(f"a preemption cost the preempted job {g['median']:g} calls on gloo "
@@ -465,14 +505,19 @@ def rank_main(args) -> int:
     import torch
     import torch.distributed as dist
 
+    from innet_aggregation.p4src import protocol
     from innet_aggregation.worker import backend    # registers "ina"
+
+    protocol.builds()    # each build's JSON parsed, once a process: no job's time either
 
     Path(f"{args.record}.ready").touch()
     go = Path(args.go)
     while not go.exists():
         time.sleep(0.02)
+    went = time.time()
     dist.init_process_group("cpu:ina", init_method=f"tcp://{args.master}", rank=args.rank,
                             world_size=args.world)
+    joined = time.time()
     fallback = backend.session_of().fallback
     calls, wrong = [], 0
     for call in range(args.calls):
@@ -487,6 +532,7 @@ def rank_main(args) -> int:
     changes = list(fallback.changes)
     dist.destroy_process_group()
     Path(args.record).write_text(json.dumps({"calls": calls, "changes": changes, "wrong": wrong,
+                                             "went": went, "joined": joined,
                                              "finished": time.time()}))
     return 0
 

@@ -103,3 +103,26 @@ def test_a_high_job_preempts_a_low_one_under_priority_and_not_under_fcfs(tmp_pat
         float(rows[1]["jct_s"]) / float(rows[3]["jct_s"]), rel=1e-3)
     assert (out / "sharing.png").stat().st_size > 10_000
     assert "high-priority mean JCT, priority over fcfs" in done.stdout
+    # Where the time went: the high job never left the switch; its phases add up to its JCT.
+    t = f["time_spent"]
+    assert t["start_s"] > 0 and t["first_call_s"] > 0 and t["switch_call_s"] > 0
+    assert t["gloo_call_s"] > 0          # the preempted job's calls on gloo
+    (high,) = [j for j in f["jobs"] if (j["policy"], j["job"]) == ("priority", "job1")]
+    p = high["phases"]
+    assert p["start_s"] + p["first_call_s"] + p["switch_s"] + p["tail_s"] == pytest.approx(
+        high["jct_s"], abs=0.01) and not p["gloo_n"]
+    assert "a job that never left the switch (median)" in done.stdout
+
+
+def test_a_jobs_time_is_split_into_its_start_its_calls_by_path_and_its_tail():
+    # Arrived at 1, back from init_process_group at 2.5, calls ending at 3, 3.5 (switch),
+    # 4.5 (gloo), 5 (switch), its group destroyed at 5.25.
+    p = se.phases(1.0, 2.5, [3.0, 3.5, 4.5, 5.0], ["switch", "switch", "gloo", "switch"], 5.25)
+    assert p == {"start_s": 1.5, "first_call_s": 0.5, "switch_s": 1.0, "gloo_s": 1.0,
+                 "tail_s": 0.25, "switch_n": 2, "gloo_n": 1}
+    alone = {"gloo_calls": 0, "phases": p}
+    on_gloo = {"gloo_calls": 3, "phases": se.phases(0.0, 3.0, [4.0, 5.0, 7.0],
+                                                    ["gloo"] * 3, 7.0)}
+    spent = se.time_spent([alone, on_gloo])
+    assert spent["start_s"] == 1.5 and spent["switch_s"] == 1.0      # the alone job's
+    assert spent["switch_call_s"] == 0.5 and spent["gloo_call_s"] == pytest.approx(4 / 3)

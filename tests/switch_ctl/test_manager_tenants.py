@@ -327,6 +327,36 @@ def test_a_job_of_higher_priority_preempts_a_lower_one_and_it_returns_after(bed)
           f"it was launched")
 
 
+def test_a_preempted_job_waits_again_at_its_place_not_behind_later_jobs(bed):
+    """Carol's first job holds the whole pool, her later one waits; hi's job preempts
+    the first, whose ranks register again after the later one: once hi's job closes,
+    the first (complete before the later one) goes on the switch before it."""
+    release, release_high = bed.workdir / "release-first", bed.workdir / "release-high"
+    first = launch(bed, "carol", "job-first", [4, 5], "--hold", str(release), INA_SLOTS="32")
+    joined(first)
+    later = launch(bed, "carol", "job-later", [0, 1], "--reps", "3", INA_SLOTS="32")
+    until(lambda: all("waiting for slots" in r.stderr for r in later), 30,
+          "carol's later job waits")
+    high = launch(bed, "hi", "job-high", [6, 7], "--hold", str(release_high),
+                  INA_SLOTS="16")
+    joined(high)
+    until(lambda: all("ina: job job-first is lost" in r.stderr for r in first), 3 * LEASE,
+          "carol's first job is told it was preempted")
+    release.touch()
+    for r in first:
+        assert r.wait(30) == 3
+    back = launch(bed, "carol", "job-first", [4, 5], "--reps", "3", INA_SLOTS="32")
+    until(lambda: all("waiting for slots" in r.stderr for r in back), 30,
+          "carol's first job waits again")
+    release_high.touch()
+    finished(high)
+    finished(back, calls=3)
+    finished(later, calls=3)
+    installed = [line.split(" installed:")[0].rsplit(" job ", 1)[1].split("/")[0]
+                 for line in bed.manager_log().splitlines() if " installed: id " in line]
+    assert installed[-4:] == ["job-first", "job-high", "job-first", "job-later"], installed
+
+
 def test_the_client_sends_no_secret_in_plaintext_off_loopback(bed, monkeypatch):
     """A plaintext listener on the management network (not loopback) hears nothing from
     a client without a CA unless it is told insecure; on loopback it is heard."""

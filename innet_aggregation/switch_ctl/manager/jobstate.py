@@ -51,6 +51,7 @@ class JobState:
         self._trouble = "not reached yet"              # why the switches could not be read
         self._orphans: list[int] = []                  # marked as ours, unknown to the database
         self._preempted: dict[str, str] = {}           # a preempted job's key -> why
+        self._places: dict[str, float] = {}            # a preempted job's name -> its place
         self.tally = Tally()                           # for the metrics (metrics.py)
         self._alive = time.monotonic()
 

@@ -65,6 +65,7 @@ class Running:
     closed: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.time)
     pending: Pending | None = None     # while installing: its ranks, waiting for the outcome
+    queued: float | None = None        # when it became complete (monotonic): its place
     priority: int = 0                  # a restored job's: its tenant's default
 
     @property

@@ -159,7 +159,8 @@ class Registration(Scheduling):
             pending.peers[member.rank] = peer
             pending.joined.setdefault(member.rank, time.monotonic())
             if len(pending.members) == pending.world and pending.complete_since is None:
-                pending.complete_since = time.monotonic()
+                # A preempted job waits at the place it had (sharing.preempt).
+                pending.complete_since = self._places.get(request.job, time.monotonic())
             log.info("job %s: rank %d of %d registered from %s (%s, %s port %d)",
                      request.job, member.rank, request.world, member.ip, member.mac,
                      member.switch, member.switch_port)

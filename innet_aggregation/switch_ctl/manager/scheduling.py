@@ -4,7 +4,8 @@ it gets from the pool (pool.py) and where (placement.py).
 A complete job that does not fit (slots, ids, ports, service addresses, or a host
 interface another job uses) waits; the waiting jobs are tried by priority, then in
 the order they became complete, and one that fits goes ahead of an earlier one that
-does not; one of higher priority may preempt running jobs (sharing.py). Its ranks
+does not; one of higher priority may preempt running jobs (sharing.py), which wait
+again at the place they had. Its ranks
 see why they wait until their own timeout ends the wait.
 """
 
@@ -91,7 +92,8 @@ class Scheduling(JobState):
         tokens = dict(pending.tokens)
         self.store.add_job(pending.name, raw, tokens, state=INSTALLING)
         running = Running(pending.name, tree, raw, tokens, {}, pending=pending,
-                          priority=pending.priority)
+                          priority=pending.priority, queued=pending.complete_since)
+        self._places.pop(pending.name, None)
         self.installing[pending.name] = running
         pending.message = f"installing job {pending.title} on the switch"
         pending.outcome = ("waiting", pending.message)

@@ -13,7 +13,7 @@ from .records import Pending, Running
 from .tenants import over_quota, tenant_of, wire_key
 from .wire import BadRequest, Register, job_name_of
 
-PREEMPTED_KEPT = 256         # preempted jobs whose ranks' renewals are told why
+PREEMPTED_KEPT = 256         # preempted jobs whose renewals are told why, and whose place is kept
 
 
 def admit(jobs: JobState, request: Register, slots: int, peer: str, new_job: bool) -> None:
@@ -72,7 +72,8 @@ def preempt(jobs: JobState, pending: Pending, macs: frozenset[str], held: list[H
     """Take the running jobs of lower priority off the switch that the waiting job
     needs gone to fit (the lowest priority first, of those the newest), none more:
     their ranks' leases are revoked, so they go on on gloo and register again (the
-    fallback), and wait their turn. Under cond."""
+    fallback), and wait their turn at the place they had (``_places``: when they first
+    became complete), not behind the jobs that came after them. Under cond."""
     lower = sorted((r for r in jobs.running.values() if r.priority < pending.priority),
                    key=lambda r: (r.priority, -r.started))
 
@@ -96,8 +97,11 @@ def preempt(jobs: JobState, pending: Pending, macs: frozenset[str], held: list[H
         why = (f"preempted by job {pending.title} of tenant {tenant_of(pending.name)} "
                f"(priority {pending.priority} over {running.priority})")
         jobs._preempted[wire_key(running.name)] = why
-        while len(jobs._preempted) > PREEMPTED_KEPT:
-            del jobs._preempted[next(iter(jobs._preempted))]
+        if running.queued is not None:
+            jobs._places[running.name] = running.queued
+        for kept in (jobs._preempted, jobs._places):
+            while len(kept) > PREEMPTED_KEPT:
+                del kept[next(iter(kept))]
         jobs.tally.count(jobs.tally.preemptions, tenant_of(running.name))
         jobs._finish(running, why)
     pending.preempting = frozenset(r.name for r in victims)
