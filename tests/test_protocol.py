@@ -95,3 +95,27 @@ def test_pack_without_values_gives_zeros_and_headers():
     np.testing.assert_array_equal(fmt.unpack(packets)["slot"], [1, 2, 3])
     with pytest.raises(ValueError):
         fmt.pack(msg_type=1)
+
+
+def test_finding_a_build_by_size_parses_only_that_build(monkeypatch):
+    """A rank joining with 64 values a packet must not parse the 6.6 MB 1,024-value build
+    (a join took 0.3 s that way): sizes come from the manifests, one JSON is loaded."""
+    monkeypatch.setattr(protocol, "_programs", {})
+    small = protocol.program(64)
+    assert small.format.values_per_packet == 64
+    parsed = [b.json for b in protocol.builds() if "format" in vars(b)]
+    assert parsed == [small.json]
+
+
+def test_a_manifest_that_names_another_size_is_refused(tmp_path, monkeypatch):
+    build = tmp_path / "k64"
+    build.mkdir()
+    for name in ("aggregation.json", "aggregation.p4info.txtpb"):
+        (build / name).write_bytes((protocol.SMALL_PROGRAM_JSON.parent / name).read_bytes())
+    manifest = json.loads(protocol.SMALL_PROGRAM_JSON.with_name("aggregation.manifest.json").read_text())
+    manifest["defines"] = ["VALUES_PER_PACKET=32"]
+    (build / "aggregation.manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(protocol, "_programs", {})
+    monkeypatch.setattr(protocol, "SMALL_PROGRAM_JSON", build / "aggregation.json")
+    with pytest.raises(ValueError, match="carries 64 values per packet, its manifest says 32"):
+        protocol.program(32)
