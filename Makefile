@@ -210,7 +210,7 @@ straggler-experiment: setup
 	$(PY) -m innet_aggregation.experiments.straggler --workers $(N) $(if $(DEADLINE),--deadline-ms $(DEADLINE)) \
 	    $(if $(SEEDS),--seeds $(SEEDS))
 
-# 6 jobs of 4 ranks (3 high priority) on a pool that fits 2, arrivals spread over time:
+# 6 jobs of 4 ranks (2 high priority) on a pool that fits 2, arrivals spread over time:
 # job completion times with priorities and preemption against first come first served.
 sharing-experiment: setup
 	$(PY) -m innet_aggregation.experiments.sharing $(if $(SEEDS),--seeds $(SEEDS))
