@@ -201,3 +201,71 @@ def test_a_quorum_of_nobody_is_refused(switch, hosts, job):
     assert hosts[0].results(1, timeout=0.5) == []
     assert delta(before, switch.counters())["ingress.malformed"] == 1
     assert switch.controller.deadline_counters(timed.job.id)["release_refused"] == 1
+
+
+def test_a_slot_reset_keeps_the_round_ids_so_only_a_finished_or_quorum_round_starts_anew(
+        switch, hosts, job):
+    """``Controller.reset`` empties the bitmaps only (deadline.md, "A slot reset"): an
+    older round stays stale and a round released by a RELEASE answers as before, but a
+    finished round is taken as a new one by a worker's resend, and a QUORUM of one
+    releases it at once with that worker's values alone."""
+    config = job(2, num_slots=2, deadline_ms=DEADLINE_MS)
+    jid, s0, s1 = config.job.id, config.job.first_slot, config.job.first_slot + 1
+    values = (np.arange(2 * k()).reshape(2, k()) - 40) * 5
+    whole = values.sum(axis=0)
+
+    def finish(slot, set_, pkt_id, quorum=0):
+        """Worker 1 first (a QUORUM of one first would release the round alone)."""
+        consumed = switch.counters()
+        hosts[1].contribute(values[1], job_id=jid, slot=slot, set_=set_, pkt_id=pkt_id)
+        wait_for(switch, consumed, "ingress.consumed", 1)
+        hosts[0].contribute(values[0], job_id=jid, slot=slot, set_=set_, pkt_id=pkt_id,
+                            quorum=quorum)
+        for h in hosts[:2]:
+            (r,) = h.results(2, timeout=2.0)
+            assert r.header["msg_type"] == protocol.MsgType.RESULT, r.header
+            assert r.header["pkt_id"] == pkt_id and (r.values == whole).all()
+
+    before = switch.counters()
+    # (s0, set 0): round 10, then round 12; (s0, set 1): round 11, released by worker 0
+    # alone; (s1, set 0) and (s1, set 1): rounds 20 and 21, finished by worker 0's QUORUM.
+    hosts[0].contribute(values[0], job_id=jid, slot=s0, set_=0, pkt_id=10)
+    wait_for(switch, before, "ingress.consumed", 1)
+    finish(s0, 0, 12)
+    hosts[0].contribute(values[0], job_id=jid, slot=s0, set_=1, pkt_id=11)
+    wait_for(switch, before, "ingress.consumed", 3)
+    hosts[0].contribute(values[0], job_id=jid, slot=s0, set_=1, pkt_id=11,
+                        msg_type=protocol.MSG_RELEASE)
+    for h in hosts[:2]:
+        released(h.results(2, timeout=1.0), values[0], 0b01, 1, 11, s0, 1)
+    finish(s1, 0, 20, quorum=1)
+    finish(s1, 1, 21, quorum=1)
+    # Before the reset a resend of a finished round gets its whole result.
+    hosts[0].contribute(values[0], job_id=jid, slot=s1, set_=0, pkt_id=20)
+    (r,) = hosts[0].results(2, timeout=1.0)
+    assert r.header["msg_type"] == protocol.MsgType.RESULT and (r.values == whole).all()
+
+    before, deadline_before = switch.counters(), switch.controller.deadline_counters(jid)
+    assert switch.controller.reset(config) == 2
+    assert delta(before, switch.counters())["ingress.slot_reset"] == 2
+    # Round 10 is older than its (slot, set)'s round: stale, unanswered.
+    hosts[1].contribute(values[1], job_id=jid, slot=s0, set_=0, pkt_id=10)
+    assert hosts[1].results(1, timeout=0.5) == []
+    # Round 11 was released: a late contribution gets the same bits.
+    hosts[1].contribute(values[1], job_id=jid, slot=s0, set_=1, pkt_id=11)
+    released(hosts[1].results(2, timeout=1.0), values[0], 0b01, 1, 11, s0, 1)
+    # Round 20 finished: worker 0's resend is now its first contribution, unanswered,
+    # and its release returns its values alone.
+    hosts[0].contribute(values[0], job_id=jid, slot=s1, set_=0, pkt_id=20)
+    assert hosts[0].results(1, timeout=0.5) == []
+    hosts[0].contribute(values[0], job_id=jid, slot=s1, set_=0, pkt_id=20,
+                        msg_type=protocol.MSG_RELEASE)
+    for h in hosts[:2]:
+        released(h.results(2, timeout=1.0), values[0], 0b01, 1, 20, s1, 0)
+    # Round 21 finished: worker 0's resend as a QUORUM of one releases it at once, alone.
+    hosts[0].contribute(values[0], job_id=jid, slot=s1, set_=1, pkt_id=21, quorum=1)
+    for h in hosts[:2]:
+        released(h.results(2, timeout=1.0), values[0], 0b01, 1, 21, s1, 1)
+    counted = delta(deadline_before, switch.controller.deadline_counters(jid))
+    assert counted == {"released": 1, "late": 1, "stale": 1, "release_refused": 0,
+                       "quorum": 1}, counted
