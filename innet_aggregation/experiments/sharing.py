@@ -25,9 +25,9 @@ a fresh switch and manager:
   gloo meanwhile (the backend starts on gloo when it is not joined within
   INA_SWITCH_TIMEOUT).
 
-A job's ranks are started (torch imported, the programs' packet formats read) before
-the run's clock; a job arrives when they are told to go, and its completion time (JCT)
-runs from then, through the rendezvous and the manager's join, to the end of its last rank's last call. Per policy: the mean JCT of all jobs and of the high ones, the longest
+A job's ranks are started (torch imported) before the run's clock; a job arrives when
+they are told to go, and its completion time (JCT) runs from then, through the
+rendezvous and the manager's join, to the end of its last rank's last call. Per policy: the mean JCT of all jobs and of the high ones, the longest
 of the low ones (no starvation: every job must finish), and per preemption what it
 cost the preempted job: calls on gloo and seconds until back on the switch (from its
 ranks' own record of the path each call took, ``worker/fallback.py``). Writes
@@ -505,10 +505,7 @@ def rank_main(args) -> int:
     import torch
     import torch.distributed as dist
 
-    from innet_aggregation.p4src import protocol
     from innet_aggregation.worker import backend    # registers "ina"
-
-    protocol.builds()    # each build's JSON parsed, once a process: no job's time either
 
     Path(f"{args.record}.ready").touch()
     go = Path(args.go)
