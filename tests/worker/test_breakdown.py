@@ -62,7 +62,10 @@ def test_a_slow_rank_is_the_wait_and_is_named(fabric, tmp_path, python_path):
         assert slow["ranks_wait_s"] > 5 * slow["network_wait_s"], slow
         assert slow["waited_for"] == [2], slow
         quick = run.reports[3]["breakdown"]
-        assert quick["ranks_wait_s"] < 0.5 and quick["waited_for"] == [], quick
+        # Not "names nobody": on a loaded host a retransmission can meet a slot a peer
+        # is a few ms late to fill, and the switch rightly names that peer (CI saw 2.6 ms
+        # on worker 1). What a quick call must not show is a wait on the pause's scale.
+        assert quick["ranks_wait_s"] < 0.5, quick
         assert quick["packets_sent"] > 0 and quick["results_received"] > 0, quick
         # INA_DEBUG=INFO: a line per call, the slow one naming worker 2.
         lines = [l for l in run.stderr.splitlines() if l.startswith(f"[ina rank {run.worker}]")]
