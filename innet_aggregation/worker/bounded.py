@@ -28,7 +28,8 @@ socket buffer holds twice that many results (``lead_buffer``). A result lost on 
 to a late worker, of a round the switch no longer holds (its resends are stale there),
 comes from the peers, who keep what they took (``repair.py``): a timer's expiry asks them,
 and so does a slot before its release, since a switch that restarted would release a
-round the others took with this worker's values alone (``BoundedCall.release``).
+round the others took with this worker's values alone (``BoundedCall.release``); for the
+same reason a QUORUM goes out again as a plain contribution (``BoundedTime.resending``).
 """
 
 from __future__ import annotations
@@ -157,6 +158,23 @@ class BoundedTime:
         quorum = self.quorum if self.quorum and self.lead_ok() and not awaited else 0
         t.tx_contributions[slots] = quorum
         t.tx_type[slots] = MSG_QUORUM if quorum else int(MsgType.CONTRIBUTION)
+
+    def resending(self, slots: np.ndarray) -> None:
+        """The slots' packets go out again: a QUORUM as a plain contribution that asks
+        whom the switch waits for. A switch that forgot the round (its slot reset, or
+        restarted) since the first copy would take a resent QUORUM as the round's first
+        packet and, at a quorum as small as the workers resending, release it at once
+        with their values alone, asking nobody, though the round had finished there
+        (its result lost on the way to them) and the others took it whole. A plain
+        contribution is counted and waits: its result comes from the peers (their
+        answer to the timer's ask) or, nobody holding it, from the release the deadline
+        sends after asking them (``BoundedCall.release``). The cost: a round whose
+        completing QUORUM was lost on its way to the switch waits for the deadline and
+        the grace."""
+        t = self.t
+        quorum = slots[t.tx_type[slots] == MSG_QUORUM]
+        t.tx_type[quorum] = int(MsgType.CONTRIBUTION)
+        t.tx_contributions[quorum] = 1
 
     def keep_early(self, packets: np.ndarray) -> None:
         """Released rounds of a slot that this worker has not reached yet (the others

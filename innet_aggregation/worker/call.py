@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO, MSG_QUORUM, MsgType
+from innet_aggregation.p4src.protocol import EXPONENT_OF_ZERO, MsgType
 
 from . import quantize
 from .bounded import BoundedCall
@@ -385,11 +385,11 @@ class Call:
             t.stats.timeouts += int(expired.sum())
             loss.timed_out(expired, now)
             # From its first timeout on, a packet asks the switch to answer it, if
-            # its slot is unfinished, with whom it waits for (a WAITING reply); a
-            # QUORUM's field is its quorum.
-            t.tx["contributions"][expired & (t.tx_type != MSG_QUORUM)] = 1
+            # its slot is unfinished, with whom it waits for (a WAITING reply).
+            t.tx["contributions"][expired] = 1
         again = np.flatnonzero(expired | lost)
         if again.size:
+            t.bounded.resending(again)
             sent = self.transmit(again, now)
             t.stats.retransmissions += sent
             t.stats.fast_retransmissions += int(min(sent, lost.sum()))
