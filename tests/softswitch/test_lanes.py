@@ -43,9 +43,9 @@ def plain_add(width: int) -> bytes:
     for primitive in action["primitives"]:
         target = primitive["parameters"][0]
         if primitive["op"] == "assign" and target["value"][0] == "values":
+            stored = {"type": "field", "value": ["scalars", "value_aggregator_stored"]}
             primitive["parameters"][1] = {"type": "expression", "value": {
-                "op": "+", "left": {"type": "field", "value": ["scalars", "value_aggregator_stored"]},
-                "right": target}}
+                "op": "+", "left": stored, "right": target}}
     return json.dumps(doc).encode()
 
 

@@ -27,12 +27,13 @@ from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_FIELD_
 
 from .literals import (I64_MAX, I64_MIN, MAX_BYTES, U64, NativeUnsupported, exact_kind, kind_of,
                        lit, slit, wlit)
+from .narrow import NarrowPrinter
 from .packet import PacketPrinter
 
 PARAM = re.compile(r"\bad\[")    # x_Param's code: an action's parameter in the table's data
 
 
-class CPrinter(PacketPrinter):
+class CPrinter(PacketPrinter, NarrowPrinter):
     """Prints the C unit of one lowered program."""
 
     def __init__(self, program: Program):
@@ -229,28 +230,6 @@ class CPrinter(PacketPrinter):
             self.add(f"{self.fref(f)} = {self.store32(self.narrow(s.value), f.width, f.signed)};")
             return
         self.add(f"{self.fref(f)} = {self.store(s.value, self.expr(s.value), f.width, f.signed)};")
-
-    @staticmethod
-    def store32(code: str, width: int, signed: bool) -> str:
-        """A uint32_t value stored into a field of ``width`` <= 32 bits (as ``store``)."""
-        if signed:
-            return f"(uint64_t)(int64_t)(int32_t)ss_sext32({code}, {wlit(width)})"
-        return f"(uint64_t)(({code}) & (uint32_t){lit(mask(width))})" if width < 32 else f"(uint64_t)({code})"
-
-    def narrow(self, e: ir.Expr) -> str:
-        """``e`` modulo 2^32 as a uint32_t expression (lanes.wraps holds for ``e``)."""
-        if isinstance(e, ir.Const):
-            return f"(uint32_t){lit(e.value % (1 << 32))}"
-        if isinstance(e, (ir.FieldRef, ir.Param)):
-            return f"(uint32_t){self.expr(e)}"
-        if isinstance(e, ir.Unary):
-            return f"(uint32_t)~({self.narrow(e.a)})"
-        if isinstance(e, ir.Binary):
-            return f"(uint32_t)(({self.narrow(e.a)}) {e.op} ({self.narrow(e.b)}))"
-        if e.op == "two_comp_mod":
-            return f"ss_sext32({self.narrow(e.a)}, {wlit(e.width)})"
-        sat = "ss_sat32s" if e.op == "sat_cast" else "ss_sat32u"
-        return f"{sat}({self.narrow(e.a.a)}, {self.narrow(e.a.b)}, {int(e.a.op == '-')})"
 
     def s_AssignStackField(self, s: ir.AssignStackField) -> None:
         f = s.fields[0]
