@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from innet_aggregation.softswitch.frontend import ir, prepared, shards
+from innet_aggregation.softswitch.frontend import ir, lanes, prepared, shards
 from innet_aggregation.softswitch.frontend.lower import named, walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, mask
 from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_FIELD_LIST, MAX_ID, \
@@ -27,12 +27,13 @@ from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_FIELD_
 
 from .literals import (I64_MAX, I64_MIN, MAX_BYTES, U64, NativeUnsupported, exact_kind, kind_of,
                        lit, slit, wlit)
+from .narrow import NarrowPrinter
 from .packet import PacketPrinter
 
 PARAM = re.compile(r"\bad\[")    # x_Param's code: an action's parameter in the table's data
 
 
-class CPrinter(PacketPrinter):
+class CPrinter(PacketPrinter, NarrowPrinter):
     """Prints the C unit of one lowered program."""
 
     def __init__(self, program: Program):
@@ -225,6 +226,9 @@ class CPrinter(PacketPrinter):
 
     def s_Assign(self, s: ir.Assign) -> None:
         f = s.field
+        if s.lanes == lanes.NARROW:
+            self.add(f"{self.fref(f)} = {self.store32(self.narrow(s.value), f.width, f.signed)};")
+            return
         self.add(f"{self.fref(f)} = {self.store(s.value, self.expr(s.value), f.width, f.signed)};")
 
     def s_AssignStackField(self, s: ir.AssignStackField) -> None:

@@ -249,6 +249,26 @@ static inline uint64_t ss_sext(uint64_t v, int w) {
     return (v ^ m) - m;
 }
 
+/* 32-bit lanes (frontend/lanes.py): values modulo 2^32, so a loop of them vectorizes
+ * in twice the lanes of uint64_t. ss_sat32s/u clamp a + b (sub: a - b) of exact
+ * 32-bit operands, as sat_cast/usat_cast to 32 bits of the exact result would. */
+static inline uint32_t ss_sext32(uint32_t v, int w) {
+    uint32_t m = 1U << (w - 1);
+    v &= w >= 32 ? ~0U : (m << 1) - 1;
+    return (v ^ m) - m;
+}
+
+static inline uint32_t ss_sat32s(uint32_t a, uint32_t b, int sub) {
+    uint32_t r = sub ? a - b : a + b;
+    uint32_t over = sub ? (a ^ b) & (a ^ r) : ~(a ^ b) & (a ^ r);
+    uint32_t clamp = (uint32_t)((int32_t)a >> 31) ^ 0x7fffffffU;
+    return (int32_t)over < 0 ? clamp : r;
+}
+
+static inline uint32_t ss_sat32u(uint32_t a, uint32_t b, int sub) {
+    return sub ? (a < b ? 0U : a - b) : (a + b < a ? ~0U : a + b);
+}
+
 static inline uint64_t ss_get(const uint8_t *p, uint32_t bitoff, int w) {
     const uint8_t *q = p + (bitoff >> 3);
     uint32_t first = bitoff & 7, nbytes = (first + w + 7) >> 3;
