@@ -190,7 +190,7 @@ def _bounds(op: str, a: Expr, b: Expr):
 class Assign:
     field: object
     value: Expr          # stored truncated to the field's width, as BMv2 does
-    lanes: int = 64      # 32: computable in uint32 arithmetic (lanes.mark decides)
+    bits: int = 64       # 32: computable in uint32 arithmetic (widths.mark decides)
 
 
 @dataclass(eq=False)

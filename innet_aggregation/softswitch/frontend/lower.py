@@ -10,7 +10,7 @@ naming the construct; what only one lacks is that printer's to refuse.
 
 from __future__ import annotations
 
-from innet_aggregation.softswitch.frontend import ir, lanes
+from innet_aggregation.softswitch.frontend import ir, widths
 from innet_aggregation.softswitch.frontend.program import (Field, Header, Program, RegisterSpec,
                                                           hexstr, mask)
 from innet_aggregation.softswitch.frontend.validate import Unsupported
@@ -642,7 +642,7 @@ def reroll(body: list) -> list:
                 best = (n, period)
         n, period = best
         if n > 1:
-            lanes.mark(body[i:i + n * period])
+            widths.mark(body[i:i + n * period])
             out.append(ir.Repeat([body[i + k * period:i + (k + 1) * period] for k in range(n)]))
         else:
             out.append(body[i])

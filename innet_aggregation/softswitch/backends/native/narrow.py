@@ -1,4 +1,4 @@
-"""C printer, 32-bit lanes: an assignment that frontend/lanes.py marked ``lanes = 32``
+"""C printer, 32-bit lanes: an assignment that frontend/widths.py marked ``bits = 32``
 printed in uint32_t arithmetic (runtime.c's ss_sext32, ss_sat32s, ss_sat32u). A mixin
 of ``CPrinter`` (printer.py); every number goes through literals.py as there.
 """
@@ -12,7 +12,7 @@ from .literals import lit, wlit
 
 
 class NarrowPrinter:
-    """The uint32_t code of ``CPrinter`` for values lanes.wraps accepts."""
+    """The uint32_t code of ``CPrinter`` for values widths.wraps accepts."""
 
     @staticmethod
     def store32(code: str, width: int, signed: bool) -> str:
@@ -24,7 +24,7 @@ class NarrowPrinter:
         return f"(uint64_t)({code})"
 
     def narrow(self, e: ir.Expr) -> str:
-        """``e`` modulo 2^32 as a uint32_t expression (lanes.wraps holds for ``e``)."""
+        """``e`` modulo 2^32 as a uint32_t expression (widths.wraps holds for ``e``)."""
         if isinstance(e, ir.Const):
             return f"(uint32_t){lit(e.value % (1 << 32))}"
         if isinstance(e, (ir.FieldRef, ir.Param)):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from innet_aggregation.softswitch.frontend import ir, lanes, prepared, shards
+from innet_aggregation.softswitch.frontend import ir, prepared, shards, widths
 from innet_aggregation.softswitch.frontend.lower import named, walk
 from innet_aggregation.softswitch.frontend.program import Field, Header, Program, mask
 from innet_aggregation.softswitch.frontend.validate import MAX_CELLS, MAX_FIELD_LIST, MAX_ID, \
@@ -226,7 +226,7 @@ class CPrinter(PacketPrinter, NarrowPrinter):
 
     def s_Assign(self, s: ir.Assign) -> None:
         f = s.field
-        if s.lanes == lanes.NARROW:
+        if s.bits == widths.NARROW:
             self.add(f"{self.fref(f)} = {self.store32(self.narrow(s.value), f.width, f.signed)};")
             return
         self.add(f"{self.fref(f)} = {self.store(s.value, self.expr(s.value), f.width, f.signed)};")

@@ -1,6 +1,6 @@
 """The aggregation add in 32-bit lanes only where 32 bits give the stored value.
 
-frontend/lanes.py lets the native printer compute a rerolled run's assignments in
+frontend/widths.py lets the native printer compute a rerolled run's assignments in
 uint32 arithmetic when the target field has at most 32 bits and the value is built
 from wrapping operations (or a 32-bit saturating add of exact 32-bit operands).
 Here the aggregation program's add is rewritten to ``stored + v`` over values and
@@ -56,7 +56,7 @@ def test_a_plain_add_wraps_at_its_own_width_on_both_backends(width):
                if a.name.endswith(".add_values"))
     (repeat,) = add.body
     assigns = [s for it in repeat.iterations for s in it if isinstance(s, ir.Assign)]
-    assert {s.lanes for s in assigns} == {32 if width <= 32 else 64}
+    assert {s.bits for s in assigns} == {32 if width <= 32 else 64}
     pipes = both(text)
     for pipe in pipes:
         install_job(pipe, 16)

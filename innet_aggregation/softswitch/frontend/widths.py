@@ -9,7 +9,7 @@ sum, not its residue: it is narrow only for ``sat_cast``/``usat_cast`` to 32 bit
 an add or subtract whose operands are exact 32-bit values of that sign, where the
 overflow test of two's complement arithmetic decides the clamp. Anything else
 (comparisons, shifts, division, wider casts, unknown bounds) stays 64-bit. The front
-end decides; a printer prints ``ir.Assign.lanes`` or ignores it (Python does)."""
+end decides; a printer prints ``ir.Assign.bits`` or ignores it (Python does)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ SATURATING = {"sat_cast": (-(1 << 31), (1 << 31) - 1), "usat_cast": (0, (1 << 32
 
 
 def mark(statements: list) -> None:
-    """Set ``lanes = 32`` on each assignment of ``statements`` computable in 32 bits."""
+    """Set ``bits = 32`` on each assignment of ``statements`` computable in 32 bits."""
     for s in statements:
         if isinstance(s, ir.Assign) and s.field.width <= NARROW and not s.field.varbit \
                 and wraps(s.value):
-            s.lanes = NARROW
+            s.bits = NARROW
 
 
 def wraps(e: ir.Expr) -> bool:
