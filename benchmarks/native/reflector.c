@@ -1,13 +1,16 @@
 /* The machine's ceiling for bench_switch: a program that only reflects frames.
  *
- *     [SOFTSWITCH_TX=sendmmsg|af_xdp] reflector IFACE...
+ *     [SOFTSWITCH_TX=sendmmsg|af_xdp] [REFLECTOR_LINEAR=1] reflector IFACE...
  *
- * One AF_PACKET socket per interface (promiscuous, outgoing frames ignored), epoll
- * over them, recvmmsg a batch, send it back out of the interface it came in on:
- * the same system calls the native switch makes, with no pipeline at all. It sends
- * as the switch does under the same SOFTSWITCH_TX: sendmmsg, or through an AF_XDP
- * socket per interface (the switch's own code, xsk.c), falling back to sendmmsg
- * where one cannot be bound. Prints how it sends once it is ready ("ready: ...");
+ * Two AF_PACKET sockets per interface, as the switch has: one receives (promiscuous,
+ * outgoing frames ignored), one only sends. epoll over the first, recvmmsg a batch,
+ * send it back out of the interface it came in on: the same system calls the native
+ * switch makes, with no pipeline at all. It sends as the switch does under the same
+ * SOFTSWITCH_TX, with the switch's own code: sendmmsg (mmsg.c), or through an AF_XDP
+ * socket per interface (xsk.c), falling back to sendmmsg where one cannot be bound.
+ * sendmmsg's frames are linear, as the switch's, with REFLECTOR_LINEAR=1; without,
+ * a frame over a page goes in page fragments, as sendmmsg's do by default, which
+ * bench_switch measured faster here (it times both, and takes the faster). Prints how it sends once it is ready ("ready: ...");
  * runs until SIGTERM.
  */
 #define _GNU_SOURCE
@@ -24,6 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../../innet_aggregation/softswitch/backends/native/mmsg.c"
 #include "../../innet_aggregation/softswitch/backends/native/xsk.c"
 
 #ifndef PACKET_IGNORE_OUTGOING
@@ -48,8 +52,10 @@ static uint32_t port_frame(int fd, const char *ifname) {
 
 int main(int argc, char **argv) {
     int n = argc - 1, fds[64];
+    static ss_mmsg txs[64];
     static ss_xsk xsk[64];
-    const char *tx = getenv("SOFTSWITCH_TX");
+    const char *tx = getenv("SOFTSWITCH_TX"), *lin = getenv("REFLECTOR_LINEAR");
+    int linear = lin && !strcmp(lin, "1");
     if (!tx) tx = "sendmmsg";
     if (n < 1 || n > 64) { fprintf(stderr, "usage: reflector IFACE...\n"); return 2; }
     if (strcmp(tx, "sendmmsg") && strcmp(tx, "af_xdp")) {
@@ -73,7 +79,8 @@ int main(int argc, char **argv) {
         int one = 1, buf = 4 << 20;
         setsockopt(fds[i], SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
         setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-        setsockopt(fds[i], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+        int bad = ss_mmsg_open(&txs[i], ifindex, port_frame(fds[i], argv[i + 1]), linear);
+        if (bad) { fprintf(stderr, "%s: send socket: %s\n", argv[i + 1], strerror(-bad)); return 1; }
         struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
         epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev);
         xsk[i].fd = -1;
@@ -83,7 +90,9 @@ int main(int argc, char **argv) {
         snprintf(said + at, sizeof said - at, "%s%s %s", at ? ", " : "", argv[i + 1],
                  err ? strerror(-err) : "AF_XDP");
     }
-    printf("ready: sends %s%s%s\n", tx, *said ? ": " : "", said);
+    int linears = 0;
+    for (int i = 0; i < n; i++) linears += txs[i].vnet;
+    printf("ready: sends %s%s%s%s\n", tx, linears ? ", linear frames" : "", *said ? ": " : "", said);
     fflush(stdout);
     static char bufs[BATCH][SLOT];
     struct mmsghdr msgs[BATCH];
@@ -104,16 +113,10 @@ int main(int argc, char **argv) {
             int r = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL);
             if (r <= 0) continue;
             for (int j = 0; j < r; j++) iov[j].iov_len = msgs[j].msg_len;
-            if (xsk[i].fd >= 0) {
-                ss_xsk_send(&xsk[i], iov, (uint32_t)r, &sent, &lost);
-                continue;
-            }
-            for (int done = 0; done < r;) {
-                int s = sendmmsg(fd, msgs + done, r - done, 0);
-                if (s <= 0) break;
-                done += s;
-            }
+            if (xsk[i].fd >= 0) ss_xsk_send(&xsk[i], iov, (uint32_t)r, &sent, &lost);
+            else ss_mmsg_send(&txs[i], iov, (uint32_t)r, &sent, &lost);
         }
     }
+    for (int i = 0; i < n; i++) ss_mmsg_close(&txs[i]);
     return 0;
 }

@@ -14,41 +14,21 @@ static int ss_port_known(const ss_ctx *c, uint32_t port) {
     return port < SS_MAXPORTS && c->port_index[port] >= 0;
 }
 
-/* A stage's frames out of port index k: in one sendmmsg if the kernel takes them, or
- * through the port's AF_XDP socket where it has one. */
+/* A stage's frames out of port index k: with sendmmsg on the port's linear send
+ * socket (mmsg.c; on the socket the caller opened where it has none), or through
+ * its AF_XDP socket where it has one. */
 static void ss_send_stage(ss_ctx *c, int k, ss_stage *st) {
-    struct mmsghdr msgs[SS_PORT_TXMAX];
     struct iovec iov[SS_PORT_TXMAX];
     for (uint32_t j = 0; j < st->n; j++) {
         iov[j].iov_base = st->tx[j].buf;
         iov[j].iov_len = st->tx[j].len;
     }
-    if (c->xsk && c->xsk[k].fd >= 0) {
-        uint64_t sent = 0, lost = 0;
-        ss_xsk_send(&c->xsk[k], iov, st->n, &sent, &lost);
-        if (sent) SS_COUNT(c->stat_tx, sent);
-        if (lost) SS_COUNT(c->stat_txerr, lost);
-        st->n = 0;
-        return;
-    }
-    for (uint32_t j = 0; j < st->n; j++) {
-        memset(&msgs[j], 0, sizeof msgs[j]);
-        msgs[j].msg_hdr.msg_iov = &iov[j];
-        msgs[j].msg_hdr.msg_iovlen = 1;
-    }
-    uint32_t sent = 0;
-    while (sent < st->n) {
-        int r = sendmmsg(c->txfd[k], msgs + sent, st->n - sent, 0);
-        if (r > 0) {
-            sent += r;
-            SS_COUNT(c->stat_tx, (uint64_t)r);
-            continue;
-        }
-        if (r < 0 && errno == EINTR) continue;
-        /* e.g. EMSGSIZE: that frame is lost, not the rest */
-        SS_COUNT(c->stat_txerr, 1);
-        sent++;
-    }
+    uint64_t sent = 0, lost = 0;
+    ss_mmsg plain = {.fd = c->txfd[k], .vnet = 0};
+    if (c->xsk && c->xsk[k].fd >= 0) ss_xsk_send(&c->xsk[k], iov, st->n, &sent, &lost);
+    else ss_mmsg_send(c->mmsg[k].fd >= 0 ? &c->mmsg[k] : &plain, iov, st->n, &sent, &lost);
+    if (sent) SS_COUNT(c->stat_tx, sent);
+    if (lost) SS_COUNT(c->stat_txerr, lost);
     st->n = 0;
 }
 
@@ -387,6 +367,22 @@ SS_EXPORT int ss_io_tx(ss_ctx *c, int k) {
     return k >= 0 && k < c->nports ? c->tx_state[k] : 0;
 }
 
+/* A linear send socket a port (mmsg.c), on the interface its send socket is bound
+ * to; a port without one (fd -1) sends on that socket. */
+static void ss_mmsg_start(ss_ctx *c, int n) {
+    for (int k = 0; k < n; k++) {
+        struct sockaddr_ll sll;
+        socklen_t len = sizeof sll;
+        c->mmsg[k].fd = -1;
+        if (!getsockname(c->txfd[k], (struct sockaddr *)&sll, &len))
+            ss_mmsg_open(&c->mmsg[k], sll.sll_ifindex, ss_port_frame(c->txfd[k]), 1);
+    }
+}
+
+static void ss_mmsg_stop(ss_ctx *c, int n) {
+    for (int k = 0; k < n; k++) ss_mmsg_close(&c->mmsg[k]);
+}
+
 static void ss_lanes_join(ss_ctx *c, int n) {
     c->stop = 1;
     for (int i = 0; i < n; i++) pthread_join(c->lane[i].thread, NULL);
@@ -430,11 +426,13 @@ SS_EXPORT int ss_io_start(ss_ctx *c, int n, const int *ports, const int *rxfds, 
             ss_xsk_stop(c);
             return -1;
         }
+    ss_mmsg_start(c, n);
     for (int i = 0; i < lanes; i++)
         if (pthread_create(&c->lane[i].thread, NULL, ss_loop, &c->lane[i])) {
             ss_lanes_join(c, i);
             ss_rings_close(c, n);
             ss_xsk_stop(c);
+            ss_mmsg_stop(c, n);
             return -1;
         }
     c->running = 1;
@@ -446,6 +444,7 @@ SS_EXPORT void ss_io_stop(ss_ctx *c) {
     ss_lanes_join(c, c->nlanes);
     ss_rings_close(c, c->nports);
     ss_xsk_stop(c);
+    ss_mmsg_stop(c, c->nports);
     c->running = 0;
 }
 

@@ -16,8 +16,9 @@
  * call checks the table, register, counter, entry and output it is given.
  *
  * The file is the types, the values' helpers and the packet path; it includes
- * control.c (tables, registers, counters, PRE, and the control-plane calls) and io.c
- * (the AF_PACKET rings, sends and lanes) where their definitions belong.
+ * mmsg.c (a port's send socket), control.c (tables, registers, counters, PRE, and the
+ * control-plane calls) and io.c (the AF_PACKET rings, sends and lanes) where their
+ * definitions belong.
  *
  * Locks. Every control-plane call holds ctx->mu (recursive, so Python can hold it
  * across several calls for a consistent read or a multi-update write) and, from the
@@ -47,6 +48,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "mmsg.c"                  /* the context holds a send socket a port */
 
 #define SS_EXPORT __attribute__((visibility("default")))
 #define SS_SLOT 16384            /* a receive slot: frames up to SS_SLOT - 4 bytes (room to put
@@ -181,6 +184,7 @@ typedef struct ss_ctx {
     ss_ring ring[SS_MAXPORTS];
     struct ss_xsk *xsk;          /* by port index: AF_XDP sends (io.c, xsk.c), fd -1: sendmmsg */
     int tx_xdp, tx_state[SS_MAXPORTS];   /* asked for AF_XDP; each port's (ss_io_tx) */
+    struct ss_mmsg mmsg[SS_MAXPORTS];   /* by port index: linear sendmmsg sends (mmsg.c) */
     uint64_t stat_rx, stat_tx, stat_drop, stat_txerr, stat_asserts;
     /* frames lost outside the pipeline's own drops: the receive rings' (the kernel's
      * tp_drops), outputs with no send slot left, outputs to a port or multicast

@@ -1,6 +1,8 @@
-"""The native switch's AF_XDP sends (SOFTSWITCH_TX=af_xdp, backends/native/xsk.c) on
-real veth pairs: the same frames, in the same order per port, as sendmmsg, and a port
-that cannot have an AF_XDP socket falls back to sendmmsg and says so."""
+"""The native switch's sends on real veth pairs: sendmmsg's linear frames
+(backends/native/mmsg.c) arrive whole and in order, frames over a page among them;
+AF_XDP (SOFTSWITCH_TX=af_xdp, backends/native/xsk.c) sends the same frames in the same
+order per port, and a port that cannot have an AF_XDP socket falls back to sendmmsg
+and says so."""
 
 from __future__ import annotations
 
@@ -37,6 +39,9 @@ def _af_xdp_missing() -> str | None:
 
 
 needs_af_xdp = pytest.mark.skipif(_af_xdp_missing() is not None, reason=str(_af_xdp_missing()))
+needs_veth = pytest.mark.skipif(os.geteuid() != 0 or cbuild.compiler() is None,
+                                reason="veth pairs and namespaces need root, the native "
+                                       "backend a C compiler")
 
 
 def test_an_unknown_send_method_is_refused_at_start():
@@ -69,7 +74,8 @@ def _collect(socks, want: list[int], timeout: float = 10.0) -> list[list[bytes]]
 def _forward(tx: str, monkeypatch, burst: int = 32, rounds: int = 8):
     """Frames from host 0 through a switch sending as ``tx``: unicast to host 2 and
     broadcasts (multicast to every port), of 60 to 8,000 bytes (past a UMEM chunk:
-    multi-buffer), in bursts; what hosts 1 and 2 received, and the switch's log."""
+    multi-buffer), in bursts; what hosts 1 and 2 received, the switch's log, and
+    the frames sent."""
     from innet_aggregation.testbed.netns import Namespaces
     from innet_aggregation.testbed.targets import SwitchProcess
 
@@ -85,7 +91,7 @@ def _forward(tx: str, monkeypatch, burst: int = 32, rounds: int = 8):
             conn.insert(P4MulticastGroupEntry(1, replicas=[(h.switch_port, 0) for h in topo.hosts]))
             src, dst = topo.hosts[0], topo.hosts[2]
             sizes = [60, 1514, 4200, 8000, 300, 4096, 4097, 9014]
-            received = [[], []]
+            received, sent = [[], []], []
             time.sleep(0.2)
             for r in range(rounds):
                 frames = []
@@ -96,6 +102,7 @@ def _forward(tx: str, monkeypatch, burst: int = 32, rounds: int = 8):
                     frames.append(head + bytes([n & 0xff]) * (sizes[n % len(sizes)] - len(head)))
                 for frame in frames:
                     socks[0].send(frame)
+                sent += frames
                 broadcasts = sum(f[:6] == b"\xff" * 6 for f in frames)
                 got = _collect(socks[1:], [broadcasts, burst])
                 received[0] += got[0]
@@ -110,13 +117,24 @@ def _forward(tx: str, monkeypatch, burst: int = 32, rounds: int = 8):
                 sock.close()
         assert switch.process.poll() is None
         log = switch.log_path.read_text()
-    return received, log
+    return received, log, sent
+
+
+@needs_veth
+def test_sendmmsg_sends_every_frame_whole_and_in_order(monkeypatch):
+    """Each frame behind a virtio-net header whose length is the frame's own: a wrong
+    length, a header left in the frame or a frame cut at a page would show here."""
+    received, log, sent = _forward("sendmmsg", monkeypatch, rounds=4)
+    assert "sends: sendmmsg on every port" in log
+    assert received[1] == sent
+    assert received[0] == [f for f in sent if f[:6] == b"\xff" * 6]
+    assert {len(f) for f in sent} >= {4097, 8000, 9014}
 
 
 @needs_af_xdp
 def test_af_xdp_sends_the_same_frames_in_the_same_order_as_sendmmsg(monkeypatch):
-    by_mmsg, log_mmsg = _forward("sendmmsg", monkeypatch)
-    by_xdp, log_xdp = _forward("af_xdp", monkeypatch)
+    by_mmsg, log_mmsg, _ = _forward("sendmmsg", monkeypatch)
+    by_xdp, log_xdp, _ = _forward("af_xdp", monkeypatch)
     assert "sends: sendmmsg on every port" in log_mmsg
     sends = [line for line in log_xdp.splitlines() if " sends: " in line]
     assert sends and "AF_XDP in copy mode on" in sends[-1] and "sendmmsg on" not in sends[-1], sends
