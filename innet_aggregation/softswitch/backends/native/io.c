@@ -32,6 +32,16 @@ static void ss_send_stage(ss_ctx *c, int k, ss_stage *st) {
     st->n = 0;
 }
 
+/* A port's queue lock: only lanes share a queue (a control-plane call's frames go to
+ * its own outputs), so one lane takes none. */
+static void ss_q_lock(ss_ctx *c, ss_outq *q) {
+    if (c->nlanes > 1) pthread_mutex_lock(&q->mu);
+}
+
+static void ss_q_unlock(ss_ctx *c, ss_outq *q) {
+    if (c->nlanes > 1) pthread_mutex_unlock(&q->mu);
+}
+
 /* Send what port index k has staged, unless another lane is sending its frames (it
  * takes these too when it is done); with q->mu held, released around the sends. */
 static void ss_send_staged(ss_ctx *c, int k) {
@@ -40,18 +50,18 @@ static void ss_send_staged(ss_ctx *c, int k) {
         ss_stage *st = &q->st[q->fill];
         q->fill ^= 1;
         q->busy = 1;
-        pthread_mutex_unlock(&q->mu);
+        ss_q_unlock(c, q);
         ss_send_stage(c, k, st);
-        pthread_mutex_lock(&q->mu);
+        ss_q_lock(c, q);
         q->busy = 0;
     }
 }
 
 static void ss_flush_port(ss_ctx *c, int k) {
     ss_outq *q = &c->outq[k];
-    pthread_mutex_lock(&q->mu);
+    ss_q_lock(c, q);
     ss_send_staged(c, k);
-    pthread_mutex_unlock(&q->mu);
+    ss_q_unlock(c, q);
 }
 
 /* The next slot of the port's stage, port index k's lock held until ss_tx_emit: a
@@ -64,15 +74,15 @@ static uint8_t *ss_tx_slot(ss_ctx *c, uint32_t port, uint32_t *cap) {
     if (!ss_port_known(c, port)) return ss_txbuf;      /* ss_tx_emit counts it */
     int k = c->port_index[port];
     ss_outq *q = &c->outq[k];
-    pthread_mutex_lock(&q->mu);
+    ss_q_lock(c, q);
     while (q->st[q->fill].n == SS_PORT_TXMAX) {
         if (!q->busy) {
             ss_send_staged(c, k);
             continue;
         }
-        pthread_mutex_unlock(&q->mu);
+        ss_q_unlock(c, q);
         sched_yield();
-        pthread_mutex_lock(&q->mu);
+        ss_q_lock(c, q);
     }
     ss_stage *st = &q->st[q->fill];
     return st->tx[st->n].buf;
@@ -89,7 +99,7 @@ static void ss_tx_emit(ss_ctx *c, uint32_t port, uint8_t *frame, int64_t n) {
         ss_stage *st = &q->st[q->fill];
         st->tx[st->n++].len = (uint32_t)n;
     }
-    pthread_mutex_unlock(&q->mu);
+    ss_q_unlock(c, q);
 }
 
 /* Every port's staged frames, after each batch (no lock held), so what a multicast

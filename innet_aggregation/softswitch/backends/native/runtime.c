@@ -216,9 +216,10 @@ static void ss_dp_lock(ss_ctx *c) {
 }
 
 /* The locks of the shares in ``mask``, in ascending order (at most one frame's worth
- * of them, taken once a frame, after its parser). */
+ * of them, taken once a frame, after its parser). One lane takes none: only lanes
+ * share the cells (a control-plane call's frame runs with ctx->dp held for writing). */
 static void ss_shards_take(ss_ctx *c, uint64_t mask) {
-    if (ss_held) return;
+    if (ss_held || c->nlanes < 2) return;
     ss_held = mask;
     for (uint64_t m = mask; m; m &= m - 1) pthread_mutex_lock(&c->shard[__builtin_ctzll(m)]);
 }
@@ -253,7 +254,7 @@ static inline uint64_t ss_sext(uint64_t v, int w) {
     return (v ^ m) - m;
 }
 
-/* 32-bit lanes (frontend/lanes.py): values modulo 2^32, so a loop of them vectorizes
+/* 32-bit lanes (frontend/widths.py): values modulo 2^32, so a loop of them vectorizes
  * in twice the lanes of uint64_t. ss_sat32s/u clamp a + b (sub: a - b) of exact
  * 32-bit operands, as sat_cast/usat_cast to 32 bits of the exact result would. */
 static inline uint32_t ss_sext32(uint32_t v, int w) {
