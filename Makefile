@@ -158,7 +158,7 @@ bench-switch: setup
 # ceiling, then the switch path and gloo's ring on unshaped links with 4 lanes
 # (docs/experiments.md, "More cores").
 bench-cores: setup
-	$(PY) benchmarks/bench_switch.py --sizes 1024 --targets ceiling --lanes 1,2,4,8 --workers 8 --repeats 5
+	$(PY) benchmarks/bench_switch.py --sizes 1024 --targets ceiling ceiling-linear --lanes 1,2,4,8 --workers 8 --repeats 5
 	$(PY) -m innet_aggregation.experiments.baseline --workers 4,8 --bw 0 --values 1024 \
 	    --io-threads 4 --min-timed-s 3 --out results/cores
 
