@@ -377,13 +377,15 @@ SS_EXPORT int ss_io_tx(ss_ctx *c, int k) {
     return k >= 0 && k < c->nports ? c->tx_state[k] : 0;
 }
 
-/* A linear send socket a port (mmsg.c), on the interface its send socket is bound
- * to; a port without one (fd -1) sends on that socket. */
+/* A linear send socket a port that sends with sendmmsg (mmsg.c; after ss_xsk_start),
+ * on the interface its send socket is bound to; a port without one (fd -1) sends on
+ * that socket. */
 static void ss_mmsg_start(ss_ctx *c, int n) {
     for (int k = 0; k < n; k++) {
         struct sockaddr_ll sll;
         socklen_t len = sizeof sll;
         c->mmsg[k].fd = -1;
+        if (c->xsk && c->xsk[k].fd >= 0) continue;
         if (!getsockname(c->txfd[k], (struct sockaddr *)&sll, &len))
             ss_mmsg_open(&c->mmsg[k], sll.sll_ifindex, ss_port_frame(c->txfd[k]), 1);
     }
